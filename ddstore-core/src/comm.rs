@@ -1,0 +1,67 @@
+//! Communicators: who the ranks are and how they exchange small records.
+//!
+//! Collectives here move metadata only (row counts, descriptors); they are
+//! called during `init`/`add` and never on the read path.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use crate::Result;
+
+/// The collective operations a store needs. Every rank of the group must
+/// make the same sequence of calls.
+pub trait Comm: Send + Sync {
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    /// Every rank's bytes, in rank order (records may differ in length).
+    fn allgather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
+    fn barrier(&self) -> Result<()>;
+    /// Ranks with equal `color` form a new group, ordered by `key` then rank.
+    fn split(&self, color: usize, key: usize) -> Result<Arc<dyn Comm>>;
+    /// Short name for messages and `info`: "mpi", "file", "torch", "single".
+    fn kind(&self) -> &'static str;
+    /// Lets a transport that needs a specific communicator (MPI RMA) find it.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A group of one: no other rank exists.
+#[derive(Debug, Default)]
+pub struct SingleComm;
+
+impl Comm for SingleComm {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        1
+    }
+    fn allgather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        Ok(vec![mine.to_vec()])
+    }
+    fn barrier(&self) -> Result<()> {
+        Ok(())
+    }
+    fn split(&self, _color: usize, _key: usize) -> Result<Arc<dyn Comm>> {
+        Ok(Arc::new(SingleComm))
+    }
+    fn kind(&self) -> &'static str {
+        "single"
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Helpers to pack fixed-size integers into allgather records.
+pub fn gather_u64(comm: &dyn Comm, value: u64) -> Result<Vec<u64>> {
+    let all = comm.allgather(&value.to_le_bytes())?;
+    all.iter()
+        .enumerate()
+        .map(|(rank, bytes)| {
+            let arr: [u8; 8] = bytes.as_slice().try_into().map_err(|_| {
+                crate::Error::Comm(format!("rank {rank} sent {} bytes, expected 8", bytes.len()))
+            })?;
+            Ok(u64::from_le_bytes(arr))
+        })
+        .collect()
+}

@@ -1,0 +1,108 @@
+//! Settings read from the environment once, when a store is created.
+
+use std::time::Duration;
+
+use crate::{Error, Result};
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Longest single read; longer runs are split (`DDSTORE_MAX_READ_BYTES`).
+    pub max_read_bytes: usize,
+    /// Reads posted before waiting for completions (`DDSTORE_MAX_INFLIGHT`).
+    pub max_inflight: usize,
+    /// How long a read or handshake waits for a peer (`DDSTORE_TIMEOUT_S`).
+    pub timeout: Duration,
+    /// How long a joining job waits for published records (`DDSTORE_HANDSHAKE_TIMEOUT_S`).
+    pub handshake_timeout: Duration,
+    /// Same-node peers read each other's shares through shared memory (`DDSTORE_SHM`).
+    pub node_sharing: bool,
+    /// Every reading thread gets its own reader (`DDSTORE_THREAD_READERS`).
+    pub thread_readers: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_read_bytes: 64 << 20,
+            max_inflight: 64,
+            timeout: Duration::from_secs(60),
+            handshake_timeout: Duration::from_secs(300),
+            node_sharing: true,
+            thread_readers: true,
+        }
+    }
+}
+
+impl Config {
+    /// Reads every `DDSTORE_*` setting; a malformed value is an error naming it.
+    pub fn from_env() -> Result<Config> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        let d = Config::default();
+        Ok(Config {
+            max_read_bytes: parse_positive(&get, "DDSTORE_MAX_READ_BYTES")?
+                .unwrap_or(d.max_read_bytes as f64) as usize,
+            max_inflight: parse_positive(&get, "DDSTORE_MAX_INFLIGHT")?
+                .unwrap_or(d.max_inflight as f64) as usize,
+            timeout: parse_positive(&get, "DDSTORE_TIMEOUT_S")?
+                .map(Duration::from_secs_f64)
+                .unwrap_or(d.timeout),
+            handshake_timeout: parse_positive(&get, "DDSTORE_HANDSHAKE_TIMEOUT_S")?
+                .map(Duration::from_secs_f64)
+                .unwrap_or(d.handshake_timeout),
+            node_sharing: parse_flag(&get, "DDSTORE_SHM")?.unwrap_or(d.node_sharing),
+            thread_readers: parse_flag(&get, "DDSTORE_THREAD_READERS")?
+                .unwrap_or(d.thread_readers),
+        })
+    }
+}
+
+fn parse_positive(get: &impl Fn(&str) -> Option<String>, key: &str) -> Result<Option<f64>> {
+    let Some(raw) = get(key) else { return Ok(None) };
+    let raw = raw.trim();
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    match raw.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 1.0 || (key.ends_with("_S") && v > 0.0) => Ok(Some(v)),
+        _ => Err(Error::invalid(format!(
+            "environment variable {key}={raw:?} is not valid: expected a positive number"
+        ))),
+    }
+}
+
+/// Parses a 0/1 style switch.
+pub fn parse_flag(get: &impl Fn(&str) -> Option<String>, key: &str) -> Result<Option<bool>> {
+    let Some(raw) = get(key) else { return Ok(None) };
+    match raw.trim().to_ascii_lowercase().as_str() {
+        "" => Ok(None),
+        "1" | "true" | "yes" | "on" => Ok(Some(true)),
+        "0" | "false" | "no" | "off" => Ok(Some(false)),
+        other => Err(Error::invalid(format!(
+            "environment variable {key}={other:?} is not valid: expected 0 or 1"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_rejects() {
+        let c = Config::from_lookup(|k| match k {
+            "DDSTORE_MAX_READ_BYTES" => Some("4096".into()),
+            "DDSTORE_SHM" => Some("0".into()),
+            "DDSTORE_TIMEOUT_S" => Some("0.5".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(c.max_read_bytes, 4096);
+        assert!(!c.node_sharing);
+        assert_eq!(c.timeout, Duration::from_millis(500));
+        let bad = Config::from_lookup(|k| (k == "DDSTORE_MAX_INFLIGHT").then(|| "lots".into()));
+        assert!(bad.unwrap_err().to_string().contains("DDSTORE_MAX_INFLIGHT"));
+    }
+}

@@ -1,0 +1,85 @@
+//! Element types a variable can hold.
+
+use crate::{Error, Result};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    /// Raw bytes of unknown type (`init` without a dtype, numpy records).
+    Bytes,
+    Bool,
+    Uint8,
+    Int32,
+    Int64,
+    Float32,
+    Float64,
+}
+
+impl DType {
+    pub const ALL: [DType; 7] = [
+        DType::Bytes,
+        DType::Bool,
+        DType::Uint8,
+        DType::Int32,
+        DType::Int64,
+        DType::Float32,
+        DType::Float64,
+    ];
+
+    pub fn itemsize(self) -> usize {
+        match self {
+            DType::Bytes | DType::Bool | DType::Uint8 => 1,
+            DType::Int32 | DType::Float32 => 4,
+            DType::Int64 | DType::Float64 => 8,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::Bytes => "bytes",
+            DType::Bool => "bool",
+            DType::Uint8 => "uint8",
+            DType::Int32 => "int32",
+            DType::Int64 => "int64",
+            DType::Float32 => "float32",
+            DType::Float64 => "float64",
+        }
+    }
+
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    pub fn from_code(code: u8) -> Result<DType> {
+        DType::ALL
+            .get(code as usize)
+            .copied()
+            .ok_or_else(|| Error::invalid(format!("unknown dtype code {code}")))
+    }
+
+    pub fn parse(name: &str) -> Result<DType> {
+        DType::ALL
+            .iter()
+            .copied()
+            .find(|d| d.name() == name)
+            .ok_or_else(|| {
+                Error::WrongType(format!(
+                    "unsupported dtype '{name}': expected one of bool, uint8, int32, int64, float32, float64"
+                ))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip() {
+        for d in DType::ALL {
+            assert_eq!(DType::from_code(d.code()).unwrap(), d);
+            assert_eq!(DType::parse(d.name()).unwrap(), d);
+        }
+        assert!(DType::parse("complex64").is_err());
+    }
+}

@@ -1,0 +1,55 @@
+//! The one error type of ddstore-core; every crate above converts into it
+//! and the Python binding maps each variant to one exception class.
+
+use std::time::Duration;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A bad argument value (maps to `ValueError`).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// A row or sample index outside the valid range (maps to `IndexError`).
+    #[error("{0}")]
+    IndexOutOfRange(String),
+    /// A buffer of the wrong dtype or kind (maps to `TypeError`).
+    #[error("{0}")]
+    WrongType(String),
+    /// A variable name that is not in the store (maps to `KeyError`).
+    #[error("unknown variable '{0}': call add() or init() on every rank first")]
+    UnknownVariable(String),
+    /// `add`/`init` of a name that already exists.
+    #[error("variable '{0}' already exists: use update() to change its rows, or a new name")]
+    AlreadyExists(String),
+    /// Any call after `free()`.
+    #[error("the store was freed; create a new PyDDStore to read again")]
+    Freed,
+    /// A peer did not answer in time.
+    #[error("timed out after {waited:?} waiting for rank {peer}: {what}")]
+    Timeout { peer: usize, waited: Duration, what: String },
+    /// Collective or handshake failures.
+    #[error("communicator: {0}")]
+    Comm(String),
+    /// Transport failures (libfabric, MPI) with the failing call named.
+    #[error("transport: {0}")]
+    Transport(String),
+    /// The operation is not possible in this configuration.
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    pub fn invalid(msg: impl Into<String>) -> Self {
+        Error::InvalidArgument(msg.into())
+    }
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io { context: context.into(), source }
+    }
+}

@@ -1,0 +1,25 @@
+//! ddstore-core: the transport-independent part of pyddstore.
+//!
+//! A [`store::Store`] holds named variables. Each rank owns a contiguous share
+//! of every variable's rows; [`layout::Layout`] maps a global row to its owner,
+//! [`plan::Plan`] turns a batch of rows into coalesced byte-range reads, and a
+//! [`transport::Transport`] moves the bytes that are not in this process.
+
+pub mod comm;
+pub mod config;
+pub mod dtype;
+pub mod error;
+pub mod file_comm;
+pub mod layout;
+pub mod plan;
+pub mod profile;
+pub mod region;
+pub mod store;
+pub mod transport;
+
+pub use comm::{Comm, SingleComm};
+pub use config::Config;
+pub use dtype::DType;
+pub use error::{Error, Result};
+pub use layout::Layout;
+pub use store::Store;

@@ -1,0 +1,73 @@
+//! What a transport (MPI RMA, libfabric) provides to the store.
+//!
+//! A transport knows nothing about variables, dtypes or Python: it allocates
+//! or registers a rank's share, tells every rank how to reach every share,
+//! and reads byte ranges of remote shares into a destination buffer.
+
+use std::sync::Arc;
+
+use crate::comm::Comm;
+use crate::region::Memory;
+use crate::Result;
+
+/// One byte range of a remote share, to land at `dst_offset` of the destination.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteRead {
+    pub owner: usize,
+    pub offset: u64,
+    pub len: usize,
+    pub dst_offset: usize,
+}
+
+/// What a share looks like after `Transport::expose`.
+pub struct Exposed {
+    /// This rank's own share: written while loading, read by memcpy.
+    pub local: Arc<dyn Memory>,
+    /// Other ranks' shares readable by memcpy (same node), indexed by rank; `None` = remote.
+    pub node_peers: Vec<Option<Arc<dyn Memory>>>,
+    /// One-sided access to every rank's share.
+    pub remote: Arc<dyn RemoteShares>,
+    /// One record per rank that another job passes to `Transport::attach` (method 2).
+    pub records: Vec<Vec<u8>>,
+}
+
+pub struct ExposeOptions {
+    /// Variable name, for messages and shared-memory file names.
+    pub name: String,
+    /// Offer the share to same-node peers through shared memory.
+    pub node_sharing: bool,
+}
+
+pub trait Transport: Send + Sync {
+    /// e.g. "mpi-rma", "ofi:tcp;ofi_rxm".
+    fn name(&self) -> String;
+    /// Collective over `comm`: allocates (or registers) `len` bytes for this
+    /// rank's share and makes every rank's share readable by every rank.
+    fn expose(&self, comm: &Arc<dyn Comm>, len: usize, opts: &ExposeOptions) -> Result<Exposed>;
+    /// Method 2: reach shares another job published (`Exposed::records`).
+    fn attach(&self, records: &[Vec<u8>]) -> Result<Arc<dyn RemoteShares>>;
+}
+
+/// Remote access to the shares of one variable.
+pub trait RemoteShares: Send + Sync {
+    /// A reader for one thread (or one forked process); readers are pooled by the store.
+    fn open_reader(&self) -> Result<Box<dyn ShareReader>>;
+    /// Registers a destination buffer once so reads into it skip registration.
+    fn register_dst(&self, _addr: usize, _len: usize) -> Result<()> {
+        Ok(())
+    }
+    fn unregister_dst(&self, _addr: usize, _len: usize) -> Result<()> {
+        Ok(())
+    }
+    /// Called in a forked child before any read: objects inherited from the
+    /// parent must be abandoned (never closed) and fresh ones opened lazily.
+    fn forget_after_fork(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+pub trait ShareReader: Send {
+    /// Reads every range into `dst`: all are posted (up to the in-flight
+    /// window) before waiting. On error no guarantee is made about `dst`.
+    fn read_many(&mut self, reads: &[RemoteRead], dst: &mut [u8]) -> Result<()>;
+}

@@ -1,0 +1,1 @@
+//! Transports behind `ddstore_core::transport::Transport`.
