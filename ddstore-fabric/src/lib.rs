@@ -1,1 +1,8 @@
-//! Transports behind `ddstore_core::transport::Transport`.
+//! Transports behind `ddstore_core::transport::Transport`:
+//! [`mpi_rma`] (method 0) and [`ofi`] (libfabric, methods 1 and 2).
+
+pub mod error;
+pub mod mpi_rma;
+pub mod ofi;
+
+pub use error::FabricError;

@@ -1,0 +1,1 @@
+//! Method 0: MPI RMA windows (to be written).
