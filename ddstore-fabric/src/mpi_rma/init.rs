@@ -99,8 +99,9 @@ pub(crate) fn is_usable() -> bool {
     is_initialized() && !is_finalized()
 }
 
-/// Initialises MPI asking for `MPI_THREAD_MULTIPLE` unless someone already
-/// did (mpi4py, the user's code). Returns true when this library initialised
+/// Initialises MPI asking for `MPI_THREAD_MULTIPLE` (or the level named by
+/// `DDSTORE_MPI_THREAD_LEVEL`: single, funneled, serialized, multiple) unless
+/// someone already did (mpi4py, the user's code). Returns true when this library initialised
 /// MPI (now or in an earlier call), that is when `finalize_if_ours` will
 /// finalise it. Never initialises twice.
 pub fn ensure_initialized() -> FabricResult<bool> {
@@ -111,13 +112,14 @@ pub fn ensure_initialized() -> FabricResult<bool> {
         ));
     }
     if !is_initialized() {
+        let wanted = requested_level()?;
         let mut provided: c_int = 0;
         // SAFETY: MPI is not initialised (checked under our lock); null argc/argv are allowed.
         let rc = unsafe {
             ffi::MPI_Init_thread(
                 std::ptr::null_mut(),
                 std::ptr::null_mut(),
-                ffi::RSMPI_THREAD_MULTIPLE,
+                wanted,
                 &mut provided,
             )
         };
@@ -126,6 +128,25 @@ pub fn ensure_initialized() -> FabricResult<bool> {
         PROVIDED_LEVEL.store(provided, Ordering::SeqCst);
     }
     Ok(INITIALISED_BY_US.load(Ordering::SeqCst))
+}
+
+fn requested_level() -> FabricResult<c_int> {
+    let raw = std::env::var("DDSTORE_MPI_THREAD_LEVEL").unwrap_or_default();
+    // SAFETY: reading link-time constants exported by the MPI shim.
+    let level = unsafe {
+        match raw.trim().to_ascii_lowercase().as_str() {
+            "" | "multiple" => ffi::RSMPI_THREAD_MULTIPLE,
+            "serialized" => ffi::RSMPI_THREAD_SERIALIZED,
+            "funneled" => ffi::RSMPI_THREAD_FUNNELED,
+            "single" => ffi::RSMPI_THREAD_SINGLE,
+            other => {
+                return Err(FabricError::Invalid(format!(
+                    "DDSTORE_MPI_THREAD_LEVEL={other:?} is not valid: expected single, funneled, serialized or multiple"
+                )))
+            }
+        }
+    };
+    Ok(level)
 }
 
 /// Calls `MPI_Finalize` if this library initialised MPI and nobody finalised it yet.

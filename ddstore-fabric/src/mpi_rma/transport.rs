@@ -72,8 +72,10 @@ fn usable_ptr(ptr: *mut u8, len: usize) -> FabricResult<*mut u8> {
     Ok(ptr)
 }
 
-/// The ranks sharing memory with this one, or `None` when this rank is alone.
-fn node_comm(comm: &MpiComm) -> FabricResult<Option<MpiComm>> {
+/// The ranks sharing memory with this one, or `None` when no rank shares
+/// memory with another. Collective; every rank gets the same kind of answer
+/// so all ranks create the same windows.
+fn node_comm(comm: &MpiComm) -> ddstore_core::Result<Option<MpiComm>> {
     let fake = std::env::var(FAKE_NODE_SIZE_ENV)
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok());
@@ -81,7 +83,12 @@ fn node_comm(comm: &MpiComm) -> FabricResult<Option<MpiComm>> {
         Some(n) if n > 0 => comm.split_raw((comm.rank() / n) as c_int, comm.rank() as c_int)?,
         _ => comm.split_node()?,
     };
-    Ok(if node.size() > 1 { Some(node) } else { None })
+    let node_sizes = gather_u64(comm, node.size() as u64)?;
+    Ok(if node_sizes.iter().any(|&n| n > 1) {
+        Some(node)
+    } else {
+        None
+    })
 }
 
 impl Transport for MpiRma {
