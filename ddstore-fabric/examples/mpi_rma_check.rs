@@ -297,7 +297,7 @@ fn time_rows(comm: &Arc<dyn Comm>, node_sharing: bool) -> CheckResult<f64> {
     Ok(us)
 }
 
-fn run() -> CheckResult {
+pub fn run() -> CheckResult {
     let comm: Arc<dyn Comm> =
         Arc::new(MpiComm::world().map_err(|e| format!("MPI_COMM_WORLD: {e}"))?);
     let level = mpi_rma::thread_level().map_err(|e| e.to_string())?;

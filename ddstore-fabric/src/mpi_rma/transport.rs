@@ -131,9 +131,8 @@ impl Transport for MpiRma {
             None
         };
         let mut node_peers: Vec<Option<Arc<dyn Memory>>> = (0..size).map(|_| None).collect();
-        let windows;
         let mut peer_views: Vec<(usize, *mut u8, usize)> = Vec::new();
-        match node {
+        let windows = match node {
             Some(node) => {
                 let shared = Window::allocate_shared(&node, len)?;
                 let node_to_global = gather_u64(&node, me as u64)?;
@@ -162,19 +161,19 @@ impl Transport for MpiRma {
                 };
                 // With one node the shared window's ranks are the global ranks
                 // (split_type keyed by rank keeps the order), so Gets use it directly.
-                windows = Arc::new(ShareWindows {
+                Arc::new(ShareWindows {
                     over_all_ranks,
                     owner_of_memory: shared,
-                });
+                })
             }
             None => {
                 let win = Window::allocate(mpi_comm, len)?;
-                windows = Arc::new(ShareWindows {
+                Arc::new(ShareWindows {
                     over_all_ranks: None,
                     owner_of_memory: win,
-                });
+                })
             }
-        }
+        };
 
         let owner: Arc<dyn std::any::Any + Send + Sync> = windows.clone();
         let (base, mine) = windows.owner_of_memory.local();
@@ -253,11 +252,11 @@ impl SharesInner {
                     r.len, r.offset, r.owner
                 )));
             }
-            if !r
+            let in_dst = r
                 .dst_offset
                 .checked_add(r.len)
-                .is_some_and(|end| end <= dst_len)
-            {
+                .is_some_and(|end| end <= dst_len);
+            if !in_dst {
                 return Err(FabricError::Invalid(format!(
                     "read of {} bytes to offset {} overflows the destination of {dst_len} bytes",
                     r.len, r.dst_offset
