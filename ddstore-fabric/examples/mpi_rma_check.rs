@@ -309,6 +309,20 @@ pub fn run() -> CheckResult {
             mpi_rma::library_version().lines().next().unwrap_or("")
         );
     }
+    // mpi4py hands communicators over as Fortran handles; in Open MPI
+    // MPI_COMM_WORLD's is 0 and 2 is MPI_COMM_NULL.
+    if mpi_rma::library_version().starts_with("Open MPI") {
+        let dup = MpiComm::from_fortran(0).map_err(|e| format!("from_fortran(0): {e}"))?;
+        if (dup.rank(), dup.size()) != (comm.rank(), comm.size()) {
+            return Err(format!("from_fortran(0) gave {dup:?}"));
+        }
+        if MpiComm::from_fortran(2).is_ok() {
+            return Err("from_fortran(MPI_COMM_NULL) was accepted".into());
+        }
+    }
+    if MpiComm::from_fortran(i64::MAX).is_ok() {
+        return Err("from_fortran(i64::MAX) was accepted".into());
+    }
     // A split communicator works and is still an MPI communicator.
     let halves = comm
         .split(comm.rank() % 2, usize::MAX - comm.rank())

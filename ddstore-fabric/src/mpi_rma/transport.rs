@@ -350,3 +350,29 @@ impl ShareReader for MpiReader {
         Ok(self.post_and_flush(reads, dst)?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ddstore_core::comm::SingleComm;
+
+    #[test]
+    fn needs_an_mpi_communicator_and_cannot_attach() {
+        let comm: Arc<dyn Comm> = Arc::new(SingleComm);
+        let opts = ExposeOptions {
+            name: "x".into(),
+            node_sharing: true,
+        };
+        let err = MpiRma::new()
+            .expose(&comm, 16, &opts)
+            .err()
+            .expect("refused");
+        assert!(
+            err.to_string().contains("needs an MPI communicator"),
+            "{err}"
+        );
+        let err = MpiRma::new().attach(&[]).err().expect("refused");
+        assert!(err.to_string().contains("another job"), "{err}");
+        assert_eq!(MpiRma::new().name(), "mpi-rma");
+    }
+}
