@@ -1,6 +1,6 @@
 //! Method 0: MPI RMA windows over rsmpi's raw ffi.
 //!
-//! - [`init`]: MPI's lifetime and the lock that serialises our MPI calls
+//! - `init`: MPI's lifetime and the lock that serialises our MPI calls
 //!   when MPI provides less than `MPI_THREAD_MULTIPLE`.
 //! - [`MpiComm`]: a private duplicate of an MPI communicator.
 //! - [`MpiRma`]: the transport; shares live in MPI window memory.
