@@ -209,7 +209,9 @@ impl PyStore {
         let data = a.bytes();
         py.detach(|| {
             store.init(&n, nrows as u64, per_row, dtype)?;
-            store.write_local(&n, 0, data)
+            store.write_local(&n, 0, data)?;
+            // Collective like upstream: every rank's rows are readable once add returns.
+            store.comm().barrier()
         })
         .py(py)?;
         self.itemsizes.lock().unwrap().insert(name, a.itemsize());

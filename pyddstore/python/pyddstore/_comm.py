@@ -13,6 +13,7 @@ a ``FileComm``              otherwise, rank and size from ``SLURM_PROCID``/``SLU
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import sys
@@ -126,7 +127,9 @@ def _mpi_comm(comm) -> _native.Comm:
         if mpi is not None:
             comm = mpi.COMM_WORLD
         else:
-            return _native.Comm.mpi(None)  # initialises MPI here; finalised at exit
+            comm = _native.Comm.mpi(None)  # initialises MPI here, finalised at exit
+            atexit.register(_native.finalize_mpi)
+            return comm
     return _native.Comm.mpi(comm.py2f())
 
 
