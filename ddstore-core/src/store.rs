@@ -229,7 +229,7 @@ impl Store {
             }
         };
         let rb = var.info.row_bytes;
-        if data.len() % rb != 0 {
+        if !data.len().is_multiple_of(rb) {
             return Err(Error::invalid(format!(
                 "update of '{name}': {} bytes is not a whole number of {rb}-byte rows",
                 data.len()
@@ -269,7 +269,7 @@ impl Store {
     pub fn get(&self, name: &str, start: i64, out: &mut [u8]) -> Result<()> {
         let var = self.var(name)?;
         let rb = var.info.row_bytes;
-        if out.len() % rb != 0 || out.is_empty() {
+        if !out.len().is_multiple_of(rb) || out.is_empty() {
             return Err(Error::invalid(format!(
                 "output for '{name}' has {} bytes, expected a positive multiple of the {rb}-byte row",
                 out.len()

@@ -62,12 +62,18 @@ def main() -> None:
     store.barrier()
     prof = store.get_profile("demo")
     if rank == 0:
-        print(f"pyddstore demo: {size} ranks, method {store.method} ({store.transport}, {store.comm_kind} comm), "
-              f"{args.rows} rows x {args.row_bytes} B, loaded in {load_s:.2f} s; every read verified")
+        print(
+            f"pyddstore demo: {size} ranks, method {store.method} "
+            f"({store.transport}, {store.comm_kind} comm), "
+            f"{args.rows} rows x {args.row_bytes} B, loaded in {load_s:.2f} s; every read verified"
+        )
         print(f"{'batch':>6} {'us/row':>9} {'GB/s':>7} {'numpy us/row':>13} {'ratio':>6}")
         for batch, us, gbs, np_us in lines:
             print(f"{batch:>6} {us:>9.2f} {gbs:>7.2f} {np_us:>13.2f} {us / np_us:>6.2f}")
-        print(f"rank 0 rows: {prof['local_rows']} own, {prof['node_rows']} same-node, {prof['remote_rows']} remote")
+        print(
+            f"rank 0 rows: {prof['local_rows']} own, {prof['node_rows']} same-node, "
+            f"{prof['remote_rows']} remote"
+        )
     store.free()
     if os.environ.get("DDSTORE_DEMO_FAIL_FAST"):
         raise SystemExit(0)

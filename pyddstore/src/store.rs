@@ -256,11 +256,7 @@ impl PyStore {
     fn get(&self, py: Python<'_>, name: String, arr: Bound<'_, PyAny>, start: i64) -> PyResult<()> {
         let mut a = Array::new(&arr, &format!("get('{name}', arr)"), true)?;
         let info = self.var_info(py, &name)?;
-        let nrows = if info.row_bytes > 0 {
-            a.nbytes() / info.row_bytes
-        } else {
-            0
-        };
+        let nrows = a.nbytes().checked_div(info.row_bytes).unwrap_or(0);
         self.check_out(py, "get", &name, &a, nrows.max(1))?;
         let store = self.store.clone();
         let out = a.bytes_mut();
@@ -341,6 +337,7 @@ impl PyStore {
     }
 
     /// Method 2 extra job: reads `name` as published by a core group.
+    #[allow(clippy::too_many_arguments)] // mirrors the record's fields one to one
     #[pyo3(signature = (name, dtype, row_bytes, itemsize, counts, records))]
     fn attach(
         &self,

@@ -74,7 +74,9 @@ def main():
     def reader(i):
         r = np.random.default_rng(100 * rank + i)
         for _ in range(50):
-            check_batch(store, "v_float32", DTYPES.index("float32"), n, (3, 5), "float32", r.integers(0, n, 16))
+            check_batch(
+                store, "v_float32", DTYPES.index("float32"), n, (3, 5), "float32", r.integers(0, n, 16)
+            )
 
     run_threads(4, reader)
 
@@ -83,8 +85,22 @@ def main():
     ok = lambda: check_batch(store, "v_float32", 4, n, (3, 5), "float32", [0, n - 1])  # noqa: E731
     bad_calls = [
         (TypeError, "dtype", store.get_batch, "v_float32", np.empty((2, 3, 5), np.float64), [0, 1]),
-        (ValueError, "expected 2 rows", store.get_batch, "v_float32", np.empty((2, 3, 4), np.float32), [0, 1]),
-        (TypeError, "contiguous", store.get_batch, "v_float32", np.empty((2, 3, 10), np.float32)[:, :, ::2], [0, 1]),
+        (
+            ValueError,
+            "expected 2 rows",
+            store.get_batch,
+            "v_float32",
+            np.empty((2, 3, 4), np.float32),
+            [0, 1],
+        ),
+        (
+            TypeError,
+            "contiguous",
+            store.get_batch,
+            "v_float32",
+            np.empty((2, 3, 10), np.float32)[:, :, ::2],
+            [0, 1],
+        ),
         (TypeError, "read-only", store.get_batch, "v_float32", np.broadcast_to(good, (2, 3, 5)), [0, 1]),
         (IndexError, f"index {n}", store.get_batch, "v_float32", good, [0, n]),
         (IndexError, "index -1", store.get_batch, "v_float32", good, [-1, 0]),

@@ -33,8 +33,14 @@ class FileComm:
     (default: Slurm job and step, or the launching process) tags every file so
     files left by an earlier job are never read."""
 
-    def __init__(self, handshake_dir=None, rank: int | None = None, size: int | None = None,
-                 job_id: str | None = None, timeout_s: float | None = None):
+    def __init__(
+        self,
+        handshake_dir=None,
+        rank: int | None = None,
+        size: int | None = None,
+        job_id: str | None = None,
+        timeout_s: float | None = None,
+    ):
         handshake_dir = handshake_dir or os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
         if not handshake_dir:
             raise DDStoreValueError(
