@@ -102,6 +102,14 @@ ssize_t ddfi_cq_readerr(struct fid_cq *cq, struct fi_cq_err_entry *buf,
 	return fi_cq_readerr(cq, buf, flags);
 }
 
+ssize_t ddfi_cq_sread(struct fid_cq *cq, void *buf, size_t count,
+		      const void *cond, int timeout)
+{
+	return fi_cq_sread(cq, buf, count, cond, timeout);
+}
+
+int ddfi_cq_signal(struct fid_cq *cq) { return fi_cq_signal(cq); }
+
 const char *ddfi_cq_strerror(struct fid_cq *cq, int prov_errno,
 			     const void *err_data, char *buf, size_t len)
 {

@@ -53,6 +53,9 @@ ssize_t ddfi_readmsg(struct fid_ep *ep, const struct fi_msg_rma *msg,
 ssize_t ddfi_cq_read(struct fid_cq *cq, void *buf, size_t count);
 ssize_t ddfi_cq_readerr(struct fid_cq *cq, struct fi_cq_err_entry *buf,
 			uint64_t flags);
+ssize_t ddfi_cq_sread(struct fid_cq *cq, void *buf, size_t count,
+		      const void *cond, int timeout);
+int ddfi_cq_signal(struct fid_cq *cq);
 const char *ddfi_cq_strerror(struct fid_cq *cq, int prov_errno,
 			     const void *err_data, char *buf, size_t len);
 

@@ -2568,6 +2568,18 @@ unsafe extern "C" {
     pub fn ddfi_cq_readerr(cq: *mut fid_cq, buf: *mut fi_cq_err_entry, flags: u64) -> isize;
 }
 unsafe extern "C" {
+    pub fn ddfi_cq_sread(
+        cq: *mut fid_cq,
+        buf: *mut ::std::os::raw::c_void,
+        count: usize,
+        cond: *const ::std::os::raw::c_void,
+        timeout: ::std::os::raw::c_int,
+    ) -> isize;
+}
+unsafe extern "C" {
+    pub fn ddfi_cq_signal(cq: *mut fid_cq) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
     pub fn ddfi_cq_strerror(
         cq: *mut fid_cq,
         prov_errno: ::std::os::raw::c_int,

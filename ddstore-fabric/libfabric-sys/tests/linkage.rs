@@ -38,6 +38,8 @@ fn every_wrapped_and_linked_symbol_resolves() {
         ("ddfi_readmsg", ddfi_readmsg as *const () as usize),
         ("ddfi_cq_read", ddfi_cq_read as *const () as usize),
         ("ddfi_cq_readerr", ddfi_cq_readerr as *const () as usize),
+        ("ddfi_cq_sread", ddfi_cq_sread as *const () as usize),
+        ("ddfi_cq_signal", ddfi_cq_signal as *const () as usize),
         ("ddfi_cq_strerror", ddfi_cq_strerror as *const () as usize),
     ];
     for (name, addr) in symbols {
