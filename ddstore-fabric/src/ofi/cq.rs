@@ -64,8 +64,38 @@ impl Cq {
         })
     }
 
+    /// A CQ whose wait blocks on a file descriptor when the provider has one
+    /// (tcp: sockets); otherwise (shm waits by spinning) one without a wait
+    /// object, which callers poll.
+    pub fn open_blocking_if_possible(domain: &Arc<Domain>, size: usize) -> FabricResult<Cq> {
+        if let Ok(cq) = Cq::open(domain, size, true) {
+            if cq.wait_fd().is_some() {
+                return Ok(cq);
+            }
+        }
+        Cq::open(domain, size, false)
+    }
+
     pub fn has_wait(&self) -> bool {
         self.has_wait
+    }
+
+    /// The file descriptor the provider's wait blocks on, if it has one
+    /// (`FI_GETWAIT`); providers without one wait by spinning.
+    pub fn wait_fd(&self) -> Option<i32> {
+        if !self.has_wait {
+            return None;
+        }
+        let mut fd: i32 = -1;
+        // SAFETY: FI_GETWAIT on a CQ opened with FI_WAIT_FD writes one int.
+        let rc = unsafe {
+            sys::ddfi_control(
+                self.fid(),
+                sys::FI_GETWAIT as i32,
+                &mut fd as *mut i32 as *mut c_void,
+            )
+        };
+        (rc == 0 && fd >= 0).then_some(fd)
     }
 
     pub(crate) fn fid(&self) -> *mut sys::fid {

@@ -139,9 +139,12 @@ impl Endpoint {
     }
 
     /// Asks the provider to cancel a posted operation (best effort).
-    pub fn cancel(&self, context: *mut c_void) {
-        // SAFETY: the endpoint is live; an unknown context is simply not found.
-        unsafe { sys::ddfi_cancel(self.fid(), context) };
+    ///
+    /// # Safety
+    /// `context` must be the context of an operation posted on this endpoint
+    /// (or one that completed); providers compare or dereference it.
+    pub unsafe fn cancel(&self, context: *mut c_void) {
+        sys::ddfi_cancel(self.fid(), context);
     }
 }
 

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use libfabric_sys as sys;
 
@@ -19,6 +19,8 @@ const WAIT_MS: i32 = 100;
 /// Polling interval bounds when the CQ has no wait object.
 const MIN_SLEEP: Duration = Duration::from_micros(5);
 const MAX_SLEEP: Duration = Duration::from_micros(100);
+/// How long to keep polling without sleeping after a poll that did work.
+const HOT: Duration = Duration::from_millis(2);
 
 pub struct Progress {
     stop: Arc<AtomicBool>,
@@ -51,11 +53,15 @@ fn run(endpoint: &Endpoint, stop: &AtomicBool) {
     let mut entries = [sys::fi_cq_entry::default(); 16];
     let mut blocking = cq.has_wait();
     let mut sleep = MIN_SLEEP;
+    // Running average of how long a poll takes when there is nothing to do.
+    let mut idle_poll = Duration::from_micros(1);
+    let mut hot_until = Instant::now();
     while !stop.load(Ordering::Acquire) {
         if blocking {
             // Sleeps in the provider's wait set (sockets, eventfds) and
             // progresses whenever a peer's request arrives.
-            match cq.wait_read(&mut entries, WAIT_MS) {
+            let waited = cq.wait_read(&mut entries, WAIT_MS);
+            match waited {
                 Ok(_) => {}
                 Err(FabricError::Ofi { code, .. }) if code == -(sys::FI_ENOSYS as i64) => {
                     blocking = false
@@ -63,11 +69,24 @@ fn run(endpoint: &Endpoint, stop: &AtomicBool) {
                 Err(_) => std::thread::sleep(Duration::from_millis(1)),
             }
         } else {
-            // Reads of our share leave no completion here, so activity is
-            // invisible: poll at a short, bounded interval.
+            // Reads of our share leave no completion here, but serving one
+            // makes the poll take longer than an idle poll: stay hot while
+            // that happens, back off to MAX_SLEEP between polls otherwise.
+            let start = Instant::now();
             let _ = cq.poll(&mut entries);
-            std::thread::sleep(sleep);
-            sleep = (sleep * 2).min(MAX_SLEEP);
+            let took = start.elapsed();
+            if took > idle_poll * 4 + Duration::from_micros(2) {
+                hot_until = start + HOT;
+                sleep = MIN_SLEEP;
+            } else {
+                idle_poll = (idle_poll * 7 + took) / 8;
+            }
+            if Instant::now() < hot_until {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(sleep);
+                sleep = (sleep * 2).min(MAX_SLEEP);
+            }
         }
     }
 }

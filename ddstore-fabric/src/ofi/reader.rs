@@ -153,7 +153,9 @@ impl OfiReader {
         settings: ReaderSettings,
     ) -> FabricResult<OfiReader> {
         let window = settings.window.max(1);
-        let cq = Arc::new(Cq::open(domain, window * 2, false)?);
+        // A wait object lets an idle reader block in the provider's wait set
+        // (sockets, eventfds), which also progresses the provider promptly.
+        let cq = Arc::new(Cq::open_blocking_if_possible(domain, window * 2)?);
         let av = Arc::new(Av::open(domain, peers.len())?);
         let ep = Arc::new(Endpoint::open(domain, cq, av)?);
         let own_len = ep.name()?.len();
@@ -368,7 +370,8 @@ impl OfiReader {
         if let Some(live) = self.live.take() {
             for (slot, state) in live.slots.iter().enumerate() {
                 if state.is_some() {
-                    live.ep.cancel(live.contexts.ptr(slot));
+                    // SAFETY: the slot holds a read posted on this endpoint.
+                    unsafe { live.ep.cancel(live.contexts.ptr(slot)) };
                 }
             }
             let Live {
@@ -385,6 +388,11 @@ impl OfiReader {
     }
 }
 
+/// Polls spun before an idle reader blocks (or sleeps, without a wait object).
+const SPINS: u32 = 32;
+/// Longest block in `fi_cq_sread`, so timeouts are checked regularly.
+const WAIT_MS: i32 = 1;
+
 /// Polls the CQ once, freeing completed slots; records a failed read and
 /// returns a timeout when the oldest read waited longer than allowed.
 fn reap(
@@ -394,8 +402,19 @@ fn reap(
 ) -> FabricResult<()> {
     let mut entries = [sys::fi_cq_entry::default(); 32];
     let mut idle: u32 = 0;
+    let cq = live.ep.cq().clone();
     loop {
-        match live.ep.cq().poll(&mut entries)? {
+        let polled = if cq.has_wait() && idle >= SPINS {
+            match cq.wait_read(&mut entries, WAIT_MS) {
+                Err(FabricError::Ofi { code, .. }) if code == -(sys::FI_ENOSYS as i64) => {
+                    cq.poll(&mut entries)
+                }
+                other => other,
+            }
+        } else {
+            cq.poll(&mut entries)
+        };
+        match polled? {
             Poll::Completed(0) => {}
             Poll::Completed(n) => {
                 for e in &entries[..n] {
@@ -439,9 +458,9 @@ fn reap(
             return Ok(());
         }
         idle += 1;
-        if idle < 64 {
+        if idle < SPINS {
             std::hint::spin_loop();
-        } else if idle < 2048 {
+        } else if idle < SPINS * 64 {
             std::thread::yield_now();
         } else {
             std::thread::sleep(Duration::from_micros(20));

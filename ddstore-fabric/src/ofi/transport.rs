@@ -41,9 +41,10 @@ impl Node {
         let domain = open_domain(info)?;
         let manual = domain.info().manual_data_progress();
         // A wait object lets the progress thread sleep until a request arrives.
-        let cq = match manual.then(|| Cq::open(&domain, 64, true)) {
-            Some(Ok(cq)) => cq,
-            _ => Cq::open(&domain, 64, false)?,
+        let cq = if manual {
+            Cq::open_blocking_if_possible(&domain, 64)?
+        } else {
+            Cq::open(&domain, 64, false)?
         };
         let av = Arc::new(Av::open(&domain, 1)?);
         let target = Arc::new(Endpoint::open(&domain, Arc::new(cq), av)?);
