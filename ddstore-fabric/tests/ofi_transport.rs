@@ -53,6 +53,11 @@ fn tcp_rxm_four_ranks() {
 }
 
 #[test]
+fn tcp_rxm_default_interface() {
+    assert_eq!(run_ranks("full", 2, "tcp", &[("FABRIC_IFACE", "")]), vec![true; 2]);
+}
+
+#[test]
 fn shm_two_ranks() {
     assert_eq!(run_ranks("full", 2, "shm", &[]), vec![true; 2]);
 }
@@ -282,6 +287,25 @@ fn full(comm: Arc<FileComm>) {
     reader.read_many(&reads, &mut big[..n]).unwrap();
     verify(&reads, &big[..n], 1, "after unregister");
     drop(reader);
+
+    // Method 2: another transport instance (its own fabric, domain and
+    // endpoints, as in a job that joins) attaches to the published records.
+    let joiner = OfiTransport::from_env(&config, None, rank).unwrap();
+    let attached = joiner.attach(&v1.records).unwrap();
+    let mut reader = attached.open_reader().unwrap();
+    let mut rng = StdRng::seed_from_u64(5 + rank as u64);
+    for _ in 0..5 {
+        let (reads, n) = random_batch(&mut rng, &lens);
+        let mut dst = vec![0u8; n];
+        reader.read_many(&reads, &mut dst).unwrap();
+        verify(&reads, &dst, 1, "attached from records");
+    }
+    drop(reader);
+    drop(attached);
+    drop(joiner);
+    let mut garbled = v1.records.clone();
+    garbled[0][0] ^= 0xff;
+    assert!(transport.attach(&garbled).is_err());
 
     if rank == 0 {
         forked_child_reads(&shares, &lens);
