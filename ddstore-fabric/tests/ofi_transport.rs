@@ -54,7 +54,19 @@ fn tcp_rxm_four_ranks() {
 
 #[test]
 fn tcp_rxm_default_interface() {
-    assert_eq!(run_ranks("full", 2, "tcp", &[("FABRIC_IFACE", "")]), vec![true; 2]);
+    assert_eq!(
+        run_ranks("full", 2, "tcp", &[("FABRIC_IFACE", "")]),
+        vec![true; 2]
+    );
+}
+
+/// Local descriptors for every destination, as cxi and verbs require.
+#[test]
+fn tcp_rxm_local_descriptors() {
+    assert_eq!(
+        run_ranks("full", 2, "tcp", &[("DDSTORE_OFI_LOCAL_MR", "1")]),
+        vec![true; 2]
+    );
 }
 
 #[test]

@@ -132,6 +132,9 @@ pub struct ReaderSettings {
     pub window: usize,
     pub timeout: Duration,
     pub max_read_bytes: usize,
+    /// Register destinations and pass descriptors even when the provider
+    /// does not require FI_MR_LOCAL (always legal; tests the cxi/verbs path).
+    pub force_local_mr: bool,
 }
 
 pub struct OfiReader {
@@ -175,7 +178,7 @@ impl OfiReader {
             broken: None,
             chunk: max_msg.min(settings.max_read_bytes.max(1)),
             virt_addr: domain.requires(sys::FI_MR_VIRT_ADDR),
-            local_mr: domain.requires(sys::FI_MR_LOCAL),
+            local_mr: domain.requires(sys::FI_MR_LOCAL) || settings.force_local_mr,
             peers,
             registry,
             settings: ReaderSettings { window, ..settings },
@@ -192,14 +195,14 @@ impl OfiReader {
                     self.peers.len()
                 ))
             })?;
-            let end = r.offset.checked_add(r.len as u64);
-            if end.is_none_or(|e| e > peer.len) {
+            let inside = matches!(r.offset.checked_add(r.len as u64), Some(e) if e <= peer.len);
+            if !inside {
                 return Err(Error::IndexOutOfRange(format!(
                     "read of {} bytes at offset {} is outside rank {}'s share of {} bytes",
                     r.len, r.offset, r.owner, peer.len
                 )));
             }
-            if r.dst_offset.checked_add(r.len).is_none_or(|e| e > dst_len) {
+            if !matches!(r.dst_offset.checked_add(r.len), Some(e) if e <= dst_len) {
                 return Err(Error::IndexOutOfRange(format!(
                     "read of {} bytes to offset {} overflows a destination of {dst_len} bytes",
                     r.len, r.dst_offset
