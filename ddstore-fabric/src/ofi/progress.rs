@@ -75,7 +75,7 @@ fn run(endpoint: &Endpoint, stop: &AtomicBool) {
             let start = Instant::now();
             let _ = cq.poll(&mut entries);
             let took = start.elapsed();
-            if took > idle_poll * 4 + Duration::from_micros(2) {
+            if took > idle_poll * 2 + Duration::from_micros(1) {
                 hot_until = start + HOT;
                 sleep = MIN_SLEEP;
             } else {
