@@ -314,9 +314,16 @@ impl OfiReader {
                                 break 'posting;
                             }
                             if let Err(e) = reap(live, &self.settings, &mut first_error) {
-                                live.free.push(slot);
                                 first_error.get_or_insert(e);
+                            }
+                            if first_error.is_some() {
+                                live.free.push(slot);
                                 break 'posting;
+                            }
+                            // Nothing of ours in flight: the provider is busy
+                            // (e.g. still connecting); do not spin flat out.
+                            if live.free.len() + 1 == live.slots.len() {
+                                std::thread::sleep(Duration::from_micros(20));
                             }
                         }
                         Err(e) => {

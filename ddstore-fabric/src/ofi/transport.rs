@@ -136,7 +136,9 @@ impl OfiTransport {
         match node.as_ref() {
             Some(n) if n.domain.usable_here() => Ok(n.clone()),
             Some(_) => Err(FabricError::Unavailable(
-                "a forked process cannot expose shares; only the parent can".into(),
+                "a forked process cannot expose or attach shares (readers of shares the parent \
+                 exposed or attached work): call expose/attach in the parent"
+                    .into(),
             )),
             None => {
                 let n = Arc::new(Node::open(&self.info)?);
