@@ -18,7 +18,10 @@ use crate::error::{FabricError, FabricResult};
 const WAIT_MS: i32 = 100;
 /// Polling interval bounds when the CQ has no wait object.
 const MIN_SLEEP: Duration = Duration::from_micros(5);
-const MAX_SLEEP: Duration = Duration::from_micros(100);
+const MAX_SLEEP: Duration = Duration::from_micros(200);
+/// A poll this long did real work (served a transfer); shorter ones are
+/// indistinguishable from scheduling noise.
+const BUSY_POLL: Duration = Duration::from_micros(20);
 /// How long to keep polling without sleeping after a poll that did work.
 const HOT: Duration = Duration::from_millis(2);
 
@@ -75,7 +78,7 @@ fn run(endpoint: &Endpoint, stop: &AtomicBool) {
             let start = Instant::now();
             let _ = cq.poll(&mut entries);
             let took = start.elapsed();
-            if took > idle_poll * 2 + Duration::from_micros(1) {
+            if took > (idle_poll * 8).max(BUSY_POLL) {
                 hot_until = start + HOT;
                 sleep = MIN_SLEEP;
             } else {
