@@ -1,1 +1,98 @@
-//! Methods 1 and 2: libfabric one-sided reads (to be written).
+//! Methods 1 and 2: libfabric one-sided reads (`fi_read`) of every rank's share.
+//!
+//! One owning wrapper per libfabric object ([`Fabric`], [`Domain`], [`Cq`],
+//! [`Av`], [`Endpoint`], [`MemoryRegion`], [`Info`]); children hold an `Arc`
+//! of their parent, so objects close in fabtests' order (endpoint, CQ/AV,
+//! MR, domain, fabric). Objects record the process that opened them and are
+//! abandoned, never closed, in a forked child.
+
+mod av;
+mod cq;
+mod domain;
+mod endpoint;
+mod error;
+mod fabric;
+mod iface;
+mod info;
+mod mr;
+mod progress;
+mod reader;
+mod record;
+mod select;
+mod transport;
+
+pub use av::Av;
+pub use cq::{Cq, CqError, Poll};
+pub use domain::Domain;
+pub use endpoint::Endpoint;
+pub use error::strerror;
+pub use fabric::Fabric;
+pub use info::{Info, InfoEntry, InfoRequest, MR_MODES};
+pub use mr::MemoryRegion;
+pub use reader::OfiReader;
+pub use record::ShareRecord;
+pub use select::{nic_for_rank, provider_candidates, FABRIC_VALUES};
+pub use transport::{OfiShares, OfiTransport};
+
+use libfabric_sys as sys;
+
+/// A provider usable for one-sided reads on this machine (for `info`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProviderInfo {
+    pub provider: String,
+    pub fabric: String,
+    pub domain: String,
+    /// mr_mode bits the provider requires, and their names.
+    pub mr_mode: u64,
+    pub mr_mode_names: Vec<&'static str>,
+    /// Reads of a share need its owner to call into libfabric.
+    pub manual_progress: bool,
+    pub max_msg_size: u64,
+}
+
+const MR_MODE_NAMES: &[(u32, &str)] = &[
+    (sys::FI_MR_LOCAL, "FI_MR_LOCAL"),
+    (sys::FI_MR_RAW, "FI_MR_RAW"),
+    (sys::FI_MR_VIRT_ADDR, "FI_MR_VIRT_ADDR"),
+    (sys::FI_MR_ALLOCATED, "FI_MR_ALLOCATED"),
+    (sys::FI_MR_PROV_KEY, "FI_MR_PROV_KEY"),
+    (sys::FI_MR_MMU_NOTIFY, "FI_MR_MMU_NOTIFY"),
+    (sys::FI_MR_RMA_EVENT, "FI_MR_RMA_EVENT"),
+    (sys::FI_MR_ENDPOINT, "FI_MR_ENDPOINT"),
+    (sys::FI_MR_HMEM, "FI_MR_HMEM"),
+];
+
+/// Every provider/domain offering RDM endpoints with one-sided reads here.
+pub fn usable_providers() -> Vec<ProviderInfo> {
+    let Ok(info) = Info::query(&InfoRequest::default()) else {
+        return Vec::new();
+    };
+    let mut out: Vec<ProviderInfo> = Vec::new();
+    for e in info.entries() {
+        let mr_mode = e.mr_mode();
+        let p = ProviderInfo {
+            provider: e.provider(),
+            fabric: e.fabric_name(),
+            domain: e.domain_name(),
+            mr_mode,
+            mr_mode_names: MR_MODE_NAMES
+                .iter()
+                .filter(|(bit, _)| mr_mode & *bit as u64 != 0)
+                .map(|(_, n)| *n)
+                .collect(),
+            manual_progress: e.manual_data_progress(),
+            max_msg_size: e.max_msg_size() as u64,
+        };
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// The runtime libfabric version, e.g. "1.17".
+pub fn libfabric_version() -> String {
+    // SAFETY: fi_version takes no arguments and returns a number.
+    let v = unsafe { sys::fi_version() };
+    format!("{}.{}", v >> 16, v & 0xffff)
+}

@@ -1,0 +1,98 @@
+//! `fid_av`: address vector (table) of the peers an endpoint reads from.
+
+use std::os::raw::c_void;
+use std::ptr;
+use std::sync::Arc;
+
+use libfabric_sys as sys;
+
+use super::domain::Domain;
+use super::error::{check, OpenedBy};
+use crate::error::{FabricError, FabricResult};
+
+pub struct Av {
+    ptr: *mut sys::fid_av,
+    opened_by: OpenedBy,
+    _domain: Arc<Domain>,
+}
+
+// SAFETY: opened in an FI_THREAD_SAFE domain; libfabric serialises access.
+unsafe impl Send for Av {}
+unsafe impl Sync for Av {}
+
+impl Av {
+    pub fn open(domain: &Arc<Domain>, count: usize) -> FabricResult<Av> {
+        let mut attr = sys::fi_av_attr {
+            type_: sys::FI_AV_TABLE,
+            count: count.max(1),
+            ..Default::default()
+        };
+        let mut ptr = ptr::null_mut();
+        // SAFETY: domain is alive; attr is valid; ptr receives the AV.
+        let rc =
+            unsafe { sys::ddfi_av_open(domain.as_ptr(), &mut attr, &mut ptr, ptr::null_mut()) };
+        check("fi_av_open", rc as i64)?;
+        Ok(Av {
+            ptr,
+            opened_by: OpenedBy::this_process(),
+            _domain: domain.clone(),
+        })
+    }
+
+    pub(crate) fn fid(&self) -> *mut sys::fid {
+        // SAFETY: ptr is a live AV; only the address of its embedded fid is taken.
+        unsafe { ptr::addr_of_mut!((*self.ptr).fid) }
+    }
+
+    /// Inserts endpoint names (from `fi_getname`), returning their fi_addr_t.
+    /// Each must be `addr_len` bytes, the length of this provider's names
+    /// (the provider reads that many bytes whatever we pass).
+    pub fn insert(&self, names: &[&[u8]], addr_len: usize) -> FabricResult<Vec<sys::fi_addr_t>> {
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                if name.len() != addr_len {
+                    return Err(FabricError::Invalid(format!(
+                        "rank {i} sent a {}-byte endpoint address, this provider uses {addr_len}",
+                        name.len()
+                    )));
+                }
+                let mut addr: sys::fi_addr_t = sys::FI_ADDR_UNSPEC;
+                // SAFETY: name is one address in this provider's format (the
+                // provider reads only its own address length); addr receives one value.
+                let rc = unsafe {
+                    sys::ddfi_av_insert(
+                        self.ptr,
+                        name.as_ptr() as *const c_void,
+                        1,
+                        &mut addr,
+                        0,
+                        ptr::null_mut(),
+                    )
+                };
+                if rc != 1 {
+                    check(
+                        "fi_av_insert",
+                        if rc < 0 {
+                            rc as i64
+                        } else {
+                            -(sys::FI_EINVAL as i64)
+                        },
+                    )?;
+                }
+                Ok(addr)
+            })
+            .collect()
+    }
+}
+
+impl Drop for Av {
+    fn drop(&mut self) {
+        if !self.opened_by.is_this_process() {
+            return; // inherited across fork(): abandon, never close
+        }
+        // SAFETY: endpoints bound to this AV hold an Arc<Av>: all closed by now.
+        unsafe { sys::ddfi_close(self.fid()) };
+    }
+}

@@ -1,0 +1,160 @@
+//! `fid_ep`: a reliable-datagram endpoint bound to one CQ and one AV.
+
+use std::os::raw::c_void;
+use std::ptr;
+use std::sync::Arc;
+
+use libfabric_sys as sys;
+
+use super::av::Av;
+use super::cq::Cq;
+use super::domain::Domain;
+use super::error::{check, ofi_error, OpenedBy};
+use crate::error::FabricResult;
+
+pub struct Endpoint {
+    ptr: *mut sys::fid_ep,
+    opened_by: OpenedBy,
+    // Dropped after the endpoint is closed, in this order.
+    cq: Arc<Cq>,
+    av: Arc<Av>,
+    domain: Arc<Domain>,
+}
+
+// SAFETY: opened in an FI_THREAD_SAFE domain; libfabric serialises access.
+unsafe impl Send for Endpoint {}
+unsafe impl Sync for Endpoint {}
+
+/// `fi_read` was not accepted now: progress the CQ and post it again.
+pub struct TryAgain;
+
+impl Endpoint {
+    /// fabtests' order: open, bind CQ (transmit and receive) and AV, enable.
+    pub fn open(domain: &Arc<Domain>, cq: Arc<Cq>, av: Arc<Av>) -> FabricResult<Endpoint> {
+        let mut ptr = ptr::null_mut();
+        // SAFETY: domain and its info entry are alive; ptr receives the endpoint.
+        let rc = unsafe {
+            sys::ddfi_endpoint(
+                domain.as_ptr(),
+                domain.info_ptr(),
+                &mut ptr,
+                ptr::null_mut(),
+            )
+        };
+        check("fi_endpoint", rc as i64)?;
+        // From here on, Drop closes the endpoint if a later step fails.
+        let ep = Endpoint {
+            ptr,
+            opened_by: OpenedBy::this_process(),
+            cq,
+            av,
+            domain: domain.clone(),
+        };
+        // SAFETY: ep, cq and av are live objects of the same domain.
+        let rc = unsafe {
+            sys::ddfi_ep_bind(
+                ep.ptr,
+                ep.cq.fid(),
+                (sys::FI_TRANSMIT | sys::FI_RECV) as u64,
+            )
+        };
+        check("fi_ep_bind(cq)", rc as i64)?;
+        // SAFETY: as above.
+        let rc = unsafe { sys::ddfi_ep_bind(ep.ptr, ep.av.fid(), 0) };
+        check("fi_ep_bind(av)", rc as i64)?;
+        // SAFETY: the endpoint is bound and not yet enabled.
+        let rc = unsafe { sys::ddfi_enable(ep.ptr) };
+        check("fi_enable", rc as i64)?;
+        Ok(ep)
+    }
+
+    pub(crate) fn fid(&self) -> *mut sys::fid {
+        // SAFETY: ptr is a live endpoint; only the address of its fid is taken.
+        unsafe { ptr::addr_of_mut!((*self.ptr).fid) }
+    }
+
+    pub fn cq(&self) -> &Arc<Cq> {
+        &self.cq
+    }
+
+    pub fn av(&self) -> &Arc<Av> {
+        &self.av
+    }
+
+    pub fn domain(&self) -> &Arc<Domain> {
+        &self.domain
+    }
+
+    /// This endpoint's address, as peers insert it into their AVs.
+    pub fn name(&self) -> FabricResult<Vec<u8>> {
+        let mut len: usize = 0;
+        // SAFETY: a zero-length query only writes the needed length.
+        let rc = unsafe { sys::ddfi_getname(self.fid(), ptr::null_mut(), &mut len) };
+        if rc != 0 && rc != -(sys::FI_ETOOSMALL as i32) {
+            return Err(ofi_error("fi_getname", rc as i64));
+        }
+        let mut buf = vec![0u8; len];
+        // SAFETY: buf has room for len bytes.
+        let rc =
+            unsafe { sys::ddfi_getname(self.fid(), buf.as_mut_ptr() as *mut c_void, &mut len) };
+        check("fi_getname", rc as i64)?;
+        buf.truncate(len);
+        Ok(buf)
+    }
+
+    /// Posts one `fi_read` of `len` bytes from `peer`'s `remote_addr` (with
+    /// `key`) into `buf`.
+    ///
+    /// # Safety
+    /// `buf..buf+len` must stay valid and untouched, and `context` must stay
+    /// valid, until the read completes on this endpoint's CQ or the endpoint
+    /// is closed; `desc` must be NULL or the descriptor of a registration
+    /// covering `buf` that outlives the read.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn post_read(
+        &self,
+        buf: *mut u8,
+        len: usize,
+        desc: *mut c_void,
+        peer: sys::fi_addr_t,
+        remote_addr: u64,
+        key: u64,
+        context: *mut c_void,
+    ) -> FabricResult<Result<(), TryAgain>> {
+        let rc = sys::ddfi_read(
+            self.ptr,
+            buf as *mut c_void,
+            len,
+            desc,
+            peer,
+            remote_addr,
+            key,
+            context,
+        );
+        if rc == -(sys::FI_EAGAIN as isize) {
+            return Ok(Err(TryAgain));
+        }
+        check("fi_read", rc as i64)?;
+        Ok(Ok(()))
+    }
+
+    /// Asks the provider to cancel a posted operation (best effort).
+    ///
+    /// # Safety
+    /// `context` must be the context of an operation posted on this endpoint
+    /// (or one that completed); providers compare or dereference it.
+    pub unsafe fn cancel(&self, context: *mut c_void) {
+        sys::ddfi_cancel(self.fid(), context);
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        if !self.opened_by.is_this_process() {
+            return; // inherited across fork(): abandon, never close
+        }
+        // SAFETY: MRs bound to this endpoint hold an Arc<Endpoint>: closed by now.
+        // Closing discards reads still in flight.
+        unsafe { sys::ddfi_close(self.fid()) };
+    }
+}

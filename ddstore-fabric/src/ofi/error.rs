@@ -1,0 +1,50 @@
+//! Turning libfabric return codes into `FabricError::Ofi`, and noticing
+//! objects inherited across `fork()`.
+
+use std::ffi::CStr;
+
+use libfabric_sys as sys;
+
+use crate::error::{FabricError, FabricResult};
+
+/// `fi_strerror` of a (positive or negative) libfabric error code.
+pub fn strerror(code: i64) -> String {
+    let errnum = code.unsigned_abs().min(i32::MAX as u64) as i32;
+    // SAFETY: fi_strerror returns a pointer to a static, NUL-terminated string
+    // for every value (an "Unknown error" text for unknown ones).
+    let msg = unsafe { CStr::from_ptr(sys::fi_strerror(errnum)) };
+    msg.to_string_lossy().into_owned()
+}
+
+pub fn ofi_error(call: &'static str, code: i64) -> FabricError {
+    FabricError::Ofi {
+        call,
+        code,
+        message: strerror(code),
+    }
+}
+
+/// `Ok(())` for 0 (or a positive count), `FabricError::Ofi` for a negative code.
+pub fn check(call: &'static str, rc: i64) -> FabricResult<()> {
+    if rc < 0 {
+        Err(ofi_error(call, rc))
+    } else {
+        Ok(())
+    }
+}
+
+/// The process that opened a libfabric object. After `fork()` the child has
+/// copies of every handle, but the objects belong to the parent's provider
+/// state: the child must abandon them, never close them.
+#[derive(Clone, Copy, Debug)]
+pub struct OpenedBy(u32);
+
+impl OpenedBy {
+    pub fn this_process() -> OpenedBy {
+        OpenedBy(std::process::id())
+    }
+    /// False in a forked child for objects the parent opened.
+    pub fn is_this_process(self) -> bool {
+        self.0 == std::process::id()
+    }
+}

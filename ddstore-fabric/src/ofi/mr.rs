@@ -1,0 +1,106 @@
+//! `fid_mr`: a registered memory region (a share, or a read destination).
+
+use std::os::raw::c_void;
+use std::ptr;
+use std::sync::Arc;
+
+use libfabric_sys as sys;
+
+use super::domain::Domain;
+use super::endpoint::Endpoint;
+use super::error::{check, OpenedBy};
+use crate::error::FabricResult;
+
+pub struct MemoryRegion {
+    ptr: *mut sys::fid_mr,
+    addr: usize,
+    len: usize,
+    opened_by: OpenedBy,
+    // Closed after the MR (FI_MR_ENDPOINT binds the MR to this endpoint).
+    _endpoint: Option<Arc<Endpoint>>,
+    _domain: Arc<Domain>,
+}
+
+// SAFETY: opened in an FI_THREAD_SAFE domain; the key and descriptor are
+// read-only after registration.
+unsafe impl Send for MemoryRegion {}
+unsafe impl Sync for MemoryRegion {}
+
+impl MemoryRegion {
+    /// Registers `addr..addr+len` with `access` (FI_REMOTE_READ for a share,
+    /// FI_READ for a read destination), honouring the domain's mr_mode:
+    /// our own key unless FI_MR_PROV_KEY, and for FI_MR_ENDPOINT a bind to
+    /// `endpoint` followed by `fi_mr_enable`.
+    ///
+    /// # Safety
+    /// The memory must stay mapped for as long as the returned value lives.
+    pub unsafe fn register(
+        domain: &Arc<Domain>,
+        endpoint: &Arc<Endpoint>,
+        addr: *const u8,
+        len: usize,
+        access: u64,
+    ) -> FabricResult<MemoryRegion> {
+        let requested_key = if domain.requires(sys::FI_MR_PROV_KEY) {
+            0
+        } else {
+            domain.unique_key()
+        };
+        let mut ptr = ptr::null_mut();
+        let rc = sys::ddfi_mr_reg(
+            domain.as_ptr(),
+            addr as *const c_void,
+            len,
+            access,
+            0,
+            requested_key,
+            0,
+            &mut ptr,
+            ptr::null_mut(),
+        );
+        check("fi_mr_reg", rc as i64)?;
+        let bind = domain.requires(sys::FI_MR_ENDPOINT);
+        let mr = MemoryRegion {
+            ptr,
+            addr: addr as usize,
+            len,
+            opened_by: OpenedBy::this_process(),
+            _endpoint: bind.then(|| endpoint.clone()),
+            _domain: domain.clone(),
+        };
+        if bind {
+            let rc = sys::ddfi_mr_bind(mr.ptr, endpoint.fid(), 0);
+            check("fi_mr_bind", rc as i64)?;
+            let rc = sys::ddfi_mr_enable(mr.ptr);
+            check("fi_mr_enable", rc as i64)?;
+        }
+        Ok(mr)
+    }
+
+    /// The key a peer passes to `fi_read` (valid after enable).
+    pub fn key(&self) -> u64 {
+        // SAFETY: ptr is a live, enabled MR.
+        unsafe { sys::ddfi_mr_key(self.ptr) }
+    }
+
+    /// The local descriptor for FI_MR_LOCAL providers.
+    pub fn desc(&self) -> *mut c_void {
+        // SAFETY: ptr is a live MR.
+        unsafe { sys::ddfi_mr_desc(self.ptr) }
+    }
+
+    /// Whether `addr..addr+len` lies inside this registration.
+    pub fn covers(&self, addr: usize, len: usize) -> bool {
+        addr >= self.addr && addr.saturating_add(len) <= self.addr + self.len
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        if !self.opened_by.is_this_process() {
+            return; // inherited across fork(): abandon, never close
+        }
+        // SAFETY: ptr is a live MR; closed exactly once, before its endpoint and domain.
+        unsafe { sys::ddfi_close(ptr::addr_of_mut!((*self.ptr).fid)) };
+    }
+}

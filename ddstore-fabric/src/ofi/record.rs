@@ -1,0 +1,76 @@
+//! The per-rank share descriptor exchanged by allgather and published for
+//! other jobs (method 2): magic, format version, then JSON.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{FabricError, FabricResult};
+
+const MAGIC: &[u8; 4] = b"DDFI";
+const FORMAT: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareRecord {
+    pub format: u32,
+    /// Provider that registered the share; readers must use the same one.
+    pub provider: String,
+    /// The exposing endpoint's address (`fi_getname`).
+    pub addr: Vec<u8>,
+    /// Virtual address of the share (remote addresses with FI_MR_VIRT_ADDR).
+    pub base: u64,
+    pub key: u64,
+    pub len: u64,
+}
+
+impl ShareRecord {
+    pub fn new(provider: String, addr: Vec<u8>, base: u64, key: u64, len: u64) -> ShareRecord {
+        ShareRecord {
+            format: FORMAT,
+            provider,
+            addr,
+            base,
+            key,
+            len,
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = MAGIC.to_vec();
+        out.extend(serde_json::to_vec(self).expect("a share record serialises"));
+        out
+    }
+
+    pub fn decode(rank: usize, bytes: &[u8]) -> FabricResult<ShareRecord> {
+        let bad = |why: String| {
+            FabricError::Invalid(format!("share record of rank {rank} is not valid: {why}"))
+        };
+        let body = bytes
+            .strip_prefix(MAGIC.as_slice())
+            .ok_or_else(|| bad("not a libfabric (method 1/2) record".into()))?;
+        let rec: ShareRecord = serde_json::from_slice(body).map_err(|e| bad(e.to_string()))?;
+        if rec.format != FORMAT {
+            return Err(bad(format!(
+                "format {} (this build reads format {FORMAT})",
+                rec.format
+            )));
+        }
+        Ok(rec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_rejects() {
+        let r = ShareRecord::new("tcp;ofi_rxm".into(), vec![1, 2, 3], 4096, 7, 100);
+        assert_eq!(ShareRecord::decode(0, &r.encode()).unwrap(), r);
+        assert!(ShareRecord::decode(3, b"junk")
+            .unwrap_err()
+            .to_string()
+            .contains("rank 3"));
+        let mut future = r.clone();
+        future.format = 9;
+        assert!(ShareRecord::decode(0, &future.encode()).is_err());
+    }
+}

@@ -1,0 +1,324 @@
+//! `OfiTransport`: methods 1 and 2 over libfabric one-sided reads.
+
+use std::sync::{Arc, Mutex};
+
+use ddstore_core::comm::Comm;
+use ddstore_core::config::Config;
+use ddstore_core::region::{share_on_node, Memory, Region};
+use ddstore_core::transport::{ExposeOptions, Exposed, RemoteShares, ShareReader, Transport};
+use libfabric_sys as sys;
+
+use super::av::Av;
+use super::cq::Cq;
+use super::domain::Domain;
+use super::endpoint::Endpoint;
+use super::fabric::Fabric;
+use super::info::{Info, InfoRequest};
+use super::mr::MemoryRegion;
+use super::progress::Progress;
+use super::reader::{DstRegistry, OfiReader, ReaderSettings};
+use super::record::ShareRecord;
+use super::select;
+use crate::error::{FabricError, FabricResult};
+
+/// Opens fabric and domain from the first entry of `info`.
+fn open_domain(info: &Info) -> FabricResult<Arc<Domain>> {
+    let fabric = Arc::new(Fabric::open(info)?);
+    Domain::open(&fabric)
+}
+
+/// This process's libfabric presence: a domain, the endpoint peers read our
+/// shares through, and (manual progress) the thread that keeps it moving.
+struct Node {
+    // Field order is close order: stop the thread, then endpoint, then domain.
+    _progress: Option<Progress>,
+    target: Arc<Endpoint>,
+    domain: Arc<Domain>,
+}
+
+impl Node {
+    fn open(info: &Info) -> FabricResult<Node> {
+        let domain = open_domain(info)?;
+        // sockets reports auto progress, but its own progress thread is slow
+        // to serve reads (measured: half the bandwidth without ours).
+        let manual = domain.info().manual_data_progress() || domain.info().provider() == "sockets";
+        // A wait object lets the progress thread sleep until a request arrives.
+        let cq = if manual {
+            Cq::open_blocking_if_possible(&domain, 64)?
+        } else {
+            Cq::open(&domain, 64, false)?
+        };
+        let av = Arc::new(Av::open(&domain, 1)?);
+        let target = Arc::new(Endpoint::open(&domain, Arc::new(cq), av)?);
+        let progress = if manual {
+            Some(Progress::start(target.clone())?)
+        } else {
+            None
+        };
+        Ok(Node {
+            _progress: progress,
+            target,
+            domain,
+        })
+    }
+}
+
+/// One-sided reads through libfabric (methods 1 and 2).
+pub struct OfiTransport {
+    config: Config,
+    provider: String,
+    request: InfoRequest,
+    info: Info,
+    node: Mutex<Option<Arc<Node>>>,
+}
+
+impl OfiTransport {
+    /// Picks the provider from `DDSTORE_FABRIC` (cxi, verbs, hsn/tcp, shm,
+    /// sockets; unset: cxi, else verbs, else tcp;ofi_rxm) and the interface
+    /// from `FABRIC_IFACE`, else `nic_map` (or `DDSTORE_NIC_MAP`) at `local_rank`.
+    pub fn from_env(
+        config: &Config,
+        nic_map: Option<&str>,
+        local_rank: usize,
+    ) -> FabricResult<OfiTransport> {
+        Self::from_lookup(config, nic_map, local_rank, |k| std::env::var(k).ok())
+    }
+
+    /// As [`OfiTransport::from_env`] with the environment given by `get`.
+    pub fn from_lookup(
+        config: &Config,
+        nic_map: Option<&str>,
+        local_rank: usize,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> FabricResult<OfiTransport> {
+        let candidates = select::provider_candidates(get("DDSTORE_FABRIC").as_deref())?;
+        let iface = select::interface(&get, nic_map, local_rank)?;
+        let mut failures = Vec::new();
+        for provider in &candidates {
+            match Self::with_provider(config, provider, iface.as_deref()) {
+                Ok(t) => return Ok(t),
+                Err(e) => failures.push(format!("{provider}: {e}")),
+            }
+        }
+        Err(FabricError::Unavailable(format!(
+            "no usable libfabric provider (DDSTORE_FABRIC accepts {}): {}",
+            select::FABRIC_VALUES,
+            failures.join("; ")
+        )))
+    }
+
+    /// A transport on `provider` (a libfabric name such as "tcp;ofi_rxm"),
+    /// optionally on interface or NIC `iface`.
+    pub fn with_provider(
+        config: &Config,
+        provider: &str,
+        iface: Option<&str>,
+    ) -> FabricResult<OfiTransport> {
+        let request = select::request(provider, iface)?;
+        let info = Info::query(&request)?;
+        let provider = info.first().provider();
+        Ok(OfiTransport {
+            config: config.clone(),
+            provider,
+            request,
+            info,
+            node: Mutex::new(None),
+        })
+    }
+
+    /// The provider chosen, as libfabric names it (e.g. "tcp;ofi_rxm").
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    fn node(&self) -> FabricResult<Arc<Node>> {
+        let mut node = self.node.lock().unwrap_or_else(|p| p.into_inner());
+        match node.as_ref() {
+            Some(n) if n.domain.usable_here() => Ok(n.clone()),
+            Some(_) => Err(FabricError::Unavailable(
+                "a forked process cannot expose or attach shares (readers of shares the parent \
+                 exposed or attached work): call expose/attach in the parent"
+                    .into(),
+            )),
+            None => {
+                let n = Arc::new(Node::open(&self.info)?);
+                *node = Some(n.clone());
+                Ok(n)
+            }
+        }
+    }
+
+    fn shares(
+        &self,
+        node: Arc<Node>,
+        peers: Vec<ShareRecord>,
+        exposed: Option<(MemoryRegion, Arc<Region>)>,
+    ) -> OfiShares {
+        OfiShares {
+            _exposed: exposed,
+            node,
+            peers: Arc::new(peers),
+            request: self.request.clone(),
+            child_domain: Mutex::new(None),
+            registry: Arc::new(DstRegistry::default()),
+            config: self.config.clone(),
+        }
+    }
+
+    fn decode_all(&self, records: &[Vec<u8>]) -> FabricResult<Vec<ShareRecord>> {
+        records
+            .iter()
+            .enumerate()
+            .map(|(rank, raw)| {
+                let rec = ShareRecord::decode(rank, raw)?;
+                if rec.provider != self.provider {
+                    return Err(FabricError::Unavailable(format!(
+                        "rank {rank} exposed its share through provider {:?} but this process \
+                         uses {:?}: set DDSTORE_FABRIC alike in every job",
+                        rec.provider, self.provider
+                    )));
+                }
+                Ok(rec)
+            })
+            .collect()
+    }
+
+    fn expose_inner(
+        &self,
+        comm: &Arc<dyn Comm>,
+        len: usize,
+        opts: &ExposeOptions,
+    ) -> ddstore_core::Result<Exposed> {
+        let node = self.node()?;
+        let region = Arc::new(if opts.node_sharing {
+            Region::shared(&opts.name, len)?
+        } else {
+            Region::anonymous(len)?
+        });
+        let node_peers = if opts.node_sharing {
+            share_on_node(comm.as_ref(), &region)?
+        } else {
+            (0..comm.size()).map(|_| None).collect()
+        };
+        // SAFETY: the region (at least one page, even for len 0) stays mapped
+        // while OfiShares holds it, and the MR is closed first.
+        let mr = unsafe {
+            MemoryRegion::register(
+                &node.domain,
+                &node.target,
+                region.as_ptr(),
+                len.max(1),
+                sys::FI_REMOTE_READ as u64,
+            )
+        }?;
+        let mine = ShareRecord::new(
+            self.provider.clone(),
+            node.target.name()?,
+            region.as_ptr() as u64,
+            mr.key(),
+            len as u64,
+        );
+        let records = comm.allgather(&mine.encode())?;
+        let peers = self.decode_all(&records)?;
+        let local: Arc<dyn Memory> = region.clone();
+        let shares = self.shares(node, peers, Some((mr, region)));
+        Ok(Exposed {
+            local,
+            node_peers,
+            remote: Arc::new(shares),
+            records,
+        })
+    }
+}
+
+impl Transport for OfiTransport {
+    fn name(&self) -> String {
+        format!("ofi:{}", self.provider)
+    }
+
+    fn expose(
+        &self,
+        comm: &Arc<dyn Comm>,
+        len: usize,
+        opts: &ExposeOptions,
+    ) -> ddstore_core::Result<Exposed> {
+        self.expose_inner(comm, len, opts)
+    }
+
+    fn attach(&self, records: &[Vec<u8>]) -> ddstore_core::Result<Arc<dyn RemoteShares>> {
+        let peers = self.decode_all(records)?;
+        let node = self.node()?;
+        Ok(Arc::new(self.shares(node, peers, None)))
+    }
+}
+
+/// Every rank's share of one variable, readable through [`OfiReader`]s.
+pub struct OfiShares {
+    // Close order: our share's MR (then its memory), then the node.
+    _exposed: Option<(MemoryRegion, Arc<Region>)>,
+    node: Arc<Node>,
+    peers: Arc<Vec<ShareRecord>>,
+    request: InfoRequest,
+    /// Fabric objects opened in a forked child (the parent's are abandoned).
+    child_domain: Mutex<Option<Arc<Domain>>>,
+    registry: Arc<DstRegistry>,
+    config: Config,
+}
+
+impl OfiShares {
+    /// The domain readers open endpoints in: the node's, or in a forked child
+    /// a fresh one (opened once, on first use).
+    fn reader_domain(&self) -> FabricResult<Arc<Domain>> {
+        if self.node.domain.usable_here() {
+            return Ok(self.node.domain.clone());
+        }
+        let mut child = self.child_domain.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(d) = child.as_ref().filter(|d| d.usable_here()) {
+            return Ok(d.clone());
+        }
+        let domain = open_domain(&Info::query(&self.request)?)?;
+        *child = Some(domain.clone());
+        Ok(domain)
+    }
+
+    /// Per-rank share lengths, as exposed.
+    pub fn share_lens(&self) -> Vec<u64> {
+        self.peers.iter().map(|p| p.len).collect()
+    }
+}
+
+impl RemoteShares for OfiShares {
+    fn open_reader(&self) -> ddstore_core::Result<Box<dyn ShareReader>> {
+        let domain = self.reader_domain()?;
+        let reader = OfiReader::open(
+            &domain,
+            self.peers.clone(),
+            self.registry.clone(),
+            ReaderSettings {
+                window: self.config.max_inflight,
+                timeout: self.config.timeout,
+                max_read_bytes: self.config.max_read_bytes,
+                force_local_mr: std::env::var("DDSTORE_OFI_LOCAL_MR").is_ok_and(|v| v == "1"),
+            },
+        )?;
+        Ok(Box::new(reader))
+    }
+
+    fn register_dst(&self, addr: usize, len: usize) -> ddstore_core::Result<()> {
+        Ok(self.registry.register(addr, len)?)
+    }
+
+    fn unregister_dst(&self, addr: usize, len: usize) -> ddstore_core::Result<()> {
+        Ok(self.registry.unregister(addr, len)?)
+    }
+
+    fn forget_after_fork(&self) -> ddstore_core::Result<()> {
+        // Inherited objects are abandoned by their Drop (they record the pid
+        // that opened them); drop any child domain of an earlier generation.
+        let mut child = self.child_domain.lock().unwrap_or_else(|p| p.into_inner());
+        if child.as_ref().is_some_and(|d| !d.usable_here()) {
+            *child = None;
+        }
+        Ok(())
+    }
+}
