@@ -16,11 +16,35 @@ fn finalize_mpi(py: Python<'_>) -> PyResult<()> {
     methods::finalize_mpi().py(py)
 }
 
+/// What this machine offers: libfabric version and providers usable for
+/// one-sided reads, and the MPI library (for `python -m pyddstore info`).
+#[pyfunction]
+fn system_info(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    use pyo3::types::PyDict;
+    let d = PyDict::new(py);
+    d.set_item("libfabric_version", ddstore_fabric::ofi::libfabric_version())?;
+    d.set_item("mpi_library", ddstore_fabric::mpi_rma::library_version().trim().to_string())?;
+    let providers = pyo3::types::PyList::empty(py);
+    for p in ddstore_fabric::ofi::usable_providers() {
+        let e = PyDict::new(py);
+        e.set_item("provider", p.provider)?;
+        e.set_item("fabric", p.fabric)?;
+        e.set_item("domain", p.domain)?;
+        e.set_item("mr_mode", p.mr_mode_names)?;
+        e.set_item("progress", if p.manual_progress { "manual" } else { "auto" })?;
+        e.set_item("max_msg_size", p.max_msg_size)?;
+        providers.append(e)?;
+    }
+    d.set_item("providers", providers)?;
+    Ok(d)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<comm::PyComm>()?;
     m.add_class::<store::PyStore>()?;
     m.add_function(wrap_pyfunction!(finalize_mpi, m)?)?;
+    m.add_function(wrap_pyfunction!(system_info, m)?)?;
     m.add("METHODS", methods::METHODS.to_vec())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

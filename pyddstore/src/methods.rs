@@ -6,6 +6,7 @@ use ddstore_core::node_only::NodeOnlyTransport;
 use ddstore_core::transport::Transport;
 use ddstore_core::{Comm, Config, Error, Result};
 use ddstore_fabric::mpi_rma::{self, MpiComm, MpiRma};
+use ddstore_fabric::ofi::OfiTransport;
 
 /// An MPI communicator from mpi4py's `py2f()` handle, or MPI_COMM_WORLD
 /// (initialising MPI here when no one has; `finalize_mpi` undoes that).
@@ -25,18 +26,26 @@ pub fn finalize_mpi() -> Result<()> {
 pub fn transport_for(
     method: u8,
     comm: &Arc<dyn Comm>,
-    _config: &Config,
-    _nic_map: Option<&str>,
+    config: &Config,
+    nic_map: Option<&str>,
 ) -> Result<Arc<dyn Transport>> {
     match (method, comm.kind()) {
         // One process has no peer to reach: its reads are memory copies.
         (0, "single") => Ok(Arc::new(NodeOnlyTransport)),
         (0, _) => Ok(Arc::new(MpiRma::new())),
-        (1 | 2, _) => Ok(Arc::new(NodeOnlyTransport)),
+        (1 | 2, _) => Ok(Arc::new(OfiTransport::from_env(config, nic_map, local_rank())?)),
         (m, _) => Err(Error::invalid(format!(
             "method={m} is not valid: expected 0 (MPI RMA), 1 or 2 (libfabric)"
         ))),
     }
+}
+
+/// This process's rank among the ranks of its node, from the launcher.
+fn local_rank() -> usize {
+    ["SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok()?.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// Methods this build can serve, for `pyddstore info` and test skips.
