@@ -35,3 +35,45 @@ def test_file_comm_without_mpi(n, handshake_dir):
 def test_method0_with_file_comm_raises(handshake_dir):
     procs = run_procs(1, "expect_error.py", "method0_file", env={"DDSTORE_HANDSHAKE_DIR": handshake_dir})
     assert "needs an MPI communicator" in procs[0].stdout
+
+
+FABRICS = ["tcp", "shm"]
+
+
+@pytest.mark.parametrize("fabric", FABRICS)
+@pytest.mark.parametrize("n", [2, 4])
+def test_method1_fabric_mpirun(fabric, n):
+    env = {"DDSTORE_FABRIC": fabric, "DDSTORE_SHM": "0"}
+    out = run_mpi(n, "store_basic.py", "1", "world", env=env).stdout
+    assert out.count(f"store_basic ok (method 1, ofi:{'shm' if fabric == 'shm' else 'tcp;ofi_rxm'})") == n
+
+
+@pytest.mark.parametrize("fabric", FABRICS)
+def test_method1_file_comm_plain_processes(fabric, handshake_dir):
+    env = {"DDSTORE_FABRIC": fabric, "DDSTORE_SHM": "0", "DDSTORE_HANDSHAKE_DIR": handshake_dir}
+    procs = run_procs(3, "store_basic.py", "1", "none", env=env)
+    assert all("store_basic ok (method 1, ofi:" in p.stdout for p in procs)
+
+
+def test_method1_sockets():
+    run_mpi(2, "store_basic.py", "1", "world", env={"DDSTORE_FABRIC": "sockets", "DDSTORE_SHM": "0"})
+
+
+@pytest.mark.parametrize("fabric", FABRICS)
+def test_method1_fork_registered_buffers_wide_rows(fabric):
+    env = {"DDSTORE_FABRIC": fabric, "DDSTORE_SHM": "0", "DDSTORE_MAX_READ_BYTES": "4096"}
+    out = run_mpi(2, "fabric_extra.py", "features", "world", env=env).stdout
+    assert out.count("fabric features ok") == 2
+
+
+@pytest.mark.parametrize("fabric", FABRICS)
+def test_method1_dead_peer_times_out(fabric, handshake_dir):
+    env = {
+        "DDSTORE_FABRIC": fabric,
+        "DDSTORE_SHM": "0",
+        "DDSTORE_TIMEOUT_S": "3",
+        "DDSTORE_HANDSHAKE_DIR": handshake_dir,
+    }
+    procs = run_procs(3, "fabric_extra.py", "dead_peer", "none", env=env, timeout=120)
+    for rank in (0, 2):
+        assert "dead peer -> TimeoutError" in procs[rank].stdout

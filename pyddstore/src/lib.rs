@@ -22,8 +22,16 @@ fn finalize_mpi(py: Python<'_>) -> PyResult<()> {
 fn system_info(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     use pyo3::types::PyDict;
     let d = PyDict::new(py);
-    d.set_item("libfabric_version", ddstore_fabric::ofi::libfabric_version())?;
-    d.set_item("mpi_library", ddstore_fabric::mpi_rma::library_version().trim().to_string())?;
+    d.set_item(
+        "libfabric_version",
+        ddstore_fabric::ofi::libfabric_version(),
+    )?;
+    d.set_item(
+        "mpi_library",
+        ddstore_fabric::mpi_rma::library_version()
+            .trim()
+            .to_string(),
+    )?;
     let providers = pyo3::types::PyList::empty(py);
     for p in ddstore_fabric::ofi::usable_providers() {
         let e = PyDict::new(py);
@@ -31,7 +39,10 @@ fn system_info(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
         e.set_item("fabric", p.fabric)?;
         e.set_item("domain", p.domain)?;
         e.set_item("mr_mode", p.mr_mode_names)?;
-        e.set_item("progress", if p.manual_progress { "manual" } else { "auto" })?;
+        e.set_item(
+            "progress",
+            if p.manual_progress { "manual" } else { "auto" },
+        )?;
         e.set_item("max_msg_size", p.max_msg_size)?;
         providers.append(e)?;
     }

@@ -10,6 +10,9 @@ use super::domain::Domain;
 use super::error::{check, OpenedBy};
 use crate::error::{FabricError, FabricResult};
 
+/// Longest endpoint name accepted from a peer (libfabric names are far shorter).
+const MAX_NAME_BYTES: usize = 1024;
+
 pub struct Av {
     ptr: *mut sys::fid_av,
     opened_by: OpenedBy,
@@ -45,19 +48,22 @@ impl Av {
     }
 
     /// Inserts endpoint names (from `fi_getname`), returning their fi_addr_t.
-    /// Each must be `addr_len` bytes, the length of this provider's names
-    /// (the provider reads that many bytes whatever we pass).
+    /// The provider reads `addr_len` bytes (the length of its own names);
+    /// shorter names (string formats such as shm's, whose length varies with
+    /// the pid) are zero-padded to that length.
     pub fn insert(&self, names: &[&[u8]], addr_len: usize) -> FabricResult<Vec<sys::fi_addr_t>> {
         names
             .iter()
             .enumerate()
             .map(|(i, name)| {
-                if name.len() != addr_len {
+                if name.is_empty() || name.len() > addr_len.max(MAX_NAME_BYTES) {
                     return Err(FabricError::Invalid(format!(
                         "rank {i} sent a {}-byte endpoint address, this provider uses {addr_len}",
                         name.len()
                     )));
                 }
+                let mut name = name.to_vec();
+                name.resize(name.len().max(addr_len) + 1, 0);
                 let mut addr: sys::fi_addr_t = sys::FI_ADDR_UNSPEC;
                 // SAFETY: name is one address in this provider's format (the
                 // provider reads only its own address length); addr receives one value.

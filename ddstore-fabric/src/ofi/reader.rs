@@ -438,7 +438,15 @@ fn reap(
             }
             Poll::Failed(err) => {
                 let slot = live.contexts.slot_of(err.context);
-                let peer = slot.and_then(|s| live.slots[s].take()).map(|f| f.peer);
+                let peer = slot
+                    .and_then(|s| live.slots[s].take())
+                    .map(|f| f.peer)
+                    .or_else(|| {
+                        // No context (shm): if every read in flight targets one peer, it is that one.
+                        let mut peers = live.slots.iter().flatten().map(|f| f.peer);
+                        let first = peers.next()?;
+                        peers.all(|p| p == first).then_some(first)
+                    });
                 if let Some(s) = slot {
                     if !live.free.contains(&s) && live.slots[s].is_none() {
                         live.free.push(s);
@@ -447,10 +455,19 @@ fn reap(
                 let who = peer
                     .map(|p| format!("rank {p}"))
                     .unwrap_or_else(|| "a peer".into());
-                first_error.get_or_insert(FabricError::Ofi {
-                    call: "fi_read",
-                    code: err.code,
-                    message: format!("read from {who} failed: {}", err.message),
+                let lost = peer_lost(err.code);
+                first_error.get_or_insert(match peer {
+                    // A peer that has gone surfaces as a cancelled or refused read.
+                    Some(peer) if lost => FabricError::Timeout {
+                        peer,
+                        waited: std::time::Duration::ZERO,
+                        detail: format!("the connection to rank {peer} is lost ({})", err.message),
+                    },
+                    _ => FabricError::Ofi {
+                        call: "fi_read",
+                        code: err.code,
+                        message: format!("read from {who} failed: {}", err.message),
+                    },
                 });
                 return Ok(());
             }
@@ -499,4 +516,20 @@ impl ShareReader for OfiReader {
         }
         Ok(self.do_reads(reads, dst)?)
     }
+}
+
+/// Completion errors meaning the peer process or its connection is gone.
+fn peer_lost(code: i64) -> bool {
+    let code = code.unsigned_abs() as u32;
+    [
+        sys::FI_ECANCELED,
+        sys::FI_ENOTCONN,
+        sys::FI_ECONNRESET,
+        sys::FI_ECONNREFUSED,
+        sys::FI_ECONNABORTED,
+        sys::FI_EHOSTUNREACH,
+        sys::FI_ESHUTDOWN,
+        sys::FI_EIO,
+    ]
+    .contains(&code)
 }
