@@ -23,8 +23,10 @@ def info() -> None:
         if key in seen:
             continue
         seen.add(key)
-        print(f"  {p['provider']:<16} domain {p['domain']:<12} progress {p['progress']:<6} "
-              f"max_msg {p['max_msg_size']:<12} mr_mode {'|'.join(p['mr_mode']) or '0'}")
+        print(
+            f"  {p['provider']:<16} domain {p['domain']:<12} progress {p['progress']:<6} "
+            f"max_msg {p['max_msg_size']:<12} mr_mode {'|'.join(p['mr_mode']) or '0'}"
+        )
     print(f"MPI: {sysinfo['mpi_library'].splitlines()[0] if sysinfo['mpi_library'] else 'not found'}")
     forced = env_choice("DDSTORE_COMM", ("mpi", "torch", "file"))
     if forced:
@@ -48,7 +50,9 @@ def info() -> None:
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="python -m pyddstore")
-    ap.add_argument("command", choices=["info", "bench"], help="info: this machine; bench: the benchmark suite")
+    ap.add_argument(
+        "command", choices=["info", "bench"], help="info: this machine; bench: the benchmark suite"
+    )
     args, rest = ap.parse_known_args(argv)
     if args.command == "info":
         if rest:

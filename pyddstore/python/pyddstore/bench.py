@@ -129,15 +129,23 @@ def numpy_ceiling(args, size: int) -> list[dict]:
             batches = rng.integers(0, len(local), (64, batch))
             bufs = [np.empty((batch, row_bytes), np.uint8) for _ in range(max(args.threads))]
             for threads in args.threads:
-                secs, nrows = timed(lambda r, t: np.take(local, r, axis=0, out=bufs[t]), batches, args.seconds,
-                                    threads)
+                secs, nrows = timed(
+                    lambda r, t: np.take(local, r, axis=0, out=bufs[t]), batches, args.seconds, threads
+                )
                 out.append(_row("numpy", "ceiling", row_bytes, batch, threads, secs, nrows))
     return out
 
 
 def _row(label, kind, row_bytes, batch, threads, secs, nrows) -> dict:
-    return {"config": label, "kind": kind, "row_bytes": row_bytes, "batch": batch, "threads": threads,
-            "us_per_row": secs / nrows * 1e6, "gb_per_s": nrows * row_bytes / secs / 1e9}
+    return {
+        "config": label,
+        "kind": kind,
+        "row_bytes": row_bytes,
+        "batch": batch,
+        "threads": threads,
+        "us_per_row": secs / nrows * 1e6,
+        "gb_per_s": nrows * row_bytes / secs / 1e9,
+    }
 
 
 def add_ratios(results: list[dict]) -> None:
@@ -157,13 +165,17 @@ def add_ratios(results: list[dict]) -> None:
 
 def print_table(results: list[dict], header: str) -> None:
     print(header)
-    print(f"{'config':<9} {'kind':<8} {'row B':>8} {'batch':>5} {'thr':>3} {'us/row':>9} {'GB/s':>7} "
-          f"{'x numpy':>8} {'% raw':>6}")
+    print(
+        f"{'config':<9} {'kind':<8} {'row B':>8} {'batch':>5} {'thr':>3} {'us/row':>9} {'GB/s':>7} "
+        f"{'x numpy':>8} {'% raw':>6}"
+    )
     for r in results:
         xr = f"{r['ratio_numpy']:.2f}" if "ratio_numpy" in r else "-"
         pr = f"{100 * r['ratio_raw']:.0f}" if "ratio_raw" in r else "-"
-        print(f"{r['config']:<9} {r['kind']:<8} {r['row_bytes']:>8} {r['batch']:>5} {r['threads']:>3} "
-              f"{r['us_per_row']:>9.2f} {r['gb_per_s']:>7.2f} {xr:>8} {pr:>6}")
+        print(
+            f"{r['config']:<9} {r['kind']:<8} {r['row_bytes']:>8} {r['batch']:>5} {r['threads']:>3} "
+            f"{r['us_per_row']:>9.2f} {r['gb_per_s']:>7.2f} {xr:>8} {pr:>6}"
+        )
 
 
 def plot(results: list[dict], path: str) -> None:
@@ -196,8 +208,12 @@ def plot(results: list[dict], path: str) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m pyddstore.bench", description=__doc__.splitlines()[0])
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
-    ap.add_argument("--configs", type=lambda s: s.split(","), default=list(CONFIGS),
-                    help=f"comma-separated, from {', '.join(CONFIGS)}")
+    ap.add_argument(
+        "--configs",
+        type=lambda s: s.split(","),
+        default=list(CONFIGS),
+        help=f"comma-separated, from {', '.join(CONFIGS)}",
+    )
     ap.add_argument("--row-sizes", type=ints, default=[256, 3072, 65536, 1 << 20])
     ap.add_argument("--batch-sizes", type=ints, default=[1, 32, 128])
     ap.add_argument("--threads", type=ints, default=[1, 2, 4])
@@ -215,8 +231,11 @@ def main(argv=None) -> None:
     results = measure(args, comm)
     if comm.rank == 0:
         add_ratios(results)
-        print_table(results, f"# pyddstore {_native.__version__} bench: {comm.size} ranks, rank 0 reads rows "
-                             f"of the other ranks; numpy = fancy indexing of a local array")
+        print_table(
+            results,
+            f"# pyddstore {_native.__version__} bench: {comm.size} ranks, rank 0 reads rows "
+            f"of the other ranks; numpy = fancy indexing of a local array",
+        )
         if args.json:
             os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
             with open(args.json, "w") as f:
