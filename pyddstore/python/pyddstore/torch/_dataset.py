@@ -16,7 +16,17 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from pyddstore import DDStoreError, PyDDStore
+from pyddstore import (
+    DDStoreError,
+    DDStoreFreedError,
+    DDStoreIndexError,
+    DDStoreKeyError,
+    DDStoreTimeoutError,
+    DDStoreTypeError,
+    DDStoreUnsupportedError,
+    DDStoreValueError,
+    PyDDStore,
+)
 
 from ._schema import (
     META_VERSION,
@@ -32,7 +42,7 @@ _DEFAULT_CHUNK_SAMPLES = 1024
 _BULK_CHUNK_BYTES = 64 << 20
 
 
-class ForkedWorkerError(DDStoreError, RuntimeError):
+class ForkedWorkerError(DDStoreUnsupportedError):
     """A read from a forked process that the store's method cannot serve (method 0)."""
 
 
@@ -126,7 +136,7 @@ class _StoredDataset(Dataset):
     def _ensure_reader(self) -> None:
         """In a forked child (a DataLoader worker), open this process's own reader once."""
         if self._freed:
-            raise DDStoreError("this dataset was freed")
+            raise DDStoreFreedError("this dataset was freed")
         pid = os.getpid()
         if pid == self._reader_pid:
             return
@@ -150,7 +160,7 @@ class _StoredDataset(Dataset):
         if i < 0:
             i += self._n
         if not 0 <= i < self._n:
-            raise IndexError(f"index {i} is out of range for a dataset of {self._n} samples")
+            raise DDStoreIndexError(f"index {i} is out of range for a dataset of {self._n} samples")
         return i
 
     def _rows(self, rows: Any) -> np.ndarray:
@@ -160,14 +170,14 @@ class _StoredDataset(Dataset):
         if arr.ndim != 1:
             arr = arr.reshape(-1)
         if arr.dtype.kind not in "iu" and arr.size:
-            raise TypeError(f"rows must be integers, got {arr.dtype}")
+            raise DDStoreTypeError(f"rows must be integers, got {arr.dtype}")
         arr = arr.astype(np.int64, copy=True)
         neg = arr < 0
         if neg.any():
             arr[neg] += self._n
         if arr.size and (arr.min() < 0 or arr.max() >= self._n):
             bad = int(np.asarray(rows).reshape(-1)[(arr < 0) | (arr >= self._n)][0])
-            raise IndexError(f"row {bad} is out of range for a dataset of {self._n} samples")
+            raise DDStoreIndexError(f"row {bad} is out of range for a dataset of {self._n} samples")
         return arr
 
     def _select(self, fields: Any) -> list[Field]:
@@ -176,7 +186,9 @@ class _StoredDataset(Dataset):
         try:
             return [self._schema.by_key[k] for k in fields]
         except KeyError as e:
-            raise KeyError(f"no stored field {e.args[0]!r}; stored fields: {self._schema.keys!r}") from None
+            raise DDStoreKeyError(
+                f"no stored field {e.args[0]!r}; stored fields: {self._schema.keys!r}"
+            ) from None
 
     def _read_into(self, f: Field, buf: np.ndarray, rows: np.ndarray) -> None:
         if _env_flag("DDSTORE_BATCH_GET", "1"):
@@ -273,7 +285,7 @@ class _StoredDataset(Dataset):
     def alloc(self, n: int, fields: Any = None) -> Buffers:
         """Per-field buffers for n rows, registered with the store once; pass as out=."""
         if n < 1:
-            raise ValueError(f"alloc needs n >= 1, got {n}")
+            raise DDStoreValueError(f"alloc needs n >= 1, got {n}")
         arrays, registered = {}, []
         try:
             for f in self._select(fields):
@@ -425,22 +437,24 @@ class DistDataset(_StoredDataset):
     ):
         super().__init__()
         if not isinstance(name, str) or not name:
-            raise ValueError("name must be a non-empty string")
+            raise DDStoreValueError("name must be a non-empty string")
         if fields is not None and encode is not None:
-            raise ValueError(
+            raise DDStoreValueError(
                 "fields= cannot be combined with encode=: return only the fields to keep from encode"
             )
         if fields is not None and (isinstance(fields, (str, int)) or not len(fields)):
-            raise ValueError(f"fields= must be a non-empty list of keys or positions, got {fields!r}")
+            raise DDStoreValueError(f"fields= must be a non-empty list of keys or positions, got {fields!r}")
         if chunk_size is not None and (int(chunk_size) != chunk_size or chunk_size < 1):
-            raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+            raise DDStoreValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
         if chunk_size is not None and add_device is not None and add_device is not False:
-            raise ValueError(
+            raise DDStoreValueError(
                 "chunk_size= loads the share into host storage; it cannot be used with add_device="
             )
         if add_device is not None and add_device is not False:
             if not torch.cuda.is_available():
-                raise ValueError(f"add_device={add_device!r} needs a GPU, but torch.cuda is not available")
+                raise DDStoreValueError(
+                    f"add_device={add_device!r} needs a GPU, but torch.cuda is not available"
+                )
             warnings.warn(
                 "add_device=: the native store keeps shares in host memory only; "
                 "this rank's share stays on the host",
@@ -569,7 +583,7 @@ class DistDataset(_StoredDataset):
     def _write_meta(hs: str, name: str, n_core: int, n: int, schema: Schema) -> None:
         """{handshake_dir}/{name}.meta.json: what a DistDatasetReader needs to read the fields."""
         if not hs:
-            raise ValueError("method=2 needs handshake_dir= (or DDSTORE_HANDSHAKE_DIR)")
+            raise DDStoreValueError("method=2 needs handshake_dir= (or DDSTORE_HANDSHAKE_DIR)")
         meta = {"version": META_VERSION, "name": name, "n_core": n_core, "num_samples": n, **schema.to_json()}
         path = os.path.join(hs, f"{name}.meta.json")
         tmp = f"{path}.tmp{os.getpid()}"
@@ -589,7 +603,7 @@ def read_meta(path: str, timeout: float) -> dict:
             break
         except FileNotFoundError:
             if time.monotonic() >= deadline:
-                raise TimeoutError(
+                raise DDStoreTimeoutError(
                     f"{path} did not appear within {timeout:.0f} s: is the core group (DistDataset with "
                     "method=2 and the same handshake_dir) running?"
                 ) from None
@@ -615,7 +629,7 @@ class DistDatasetReader(_StoredDataset):
         super().__init__()
         hs = handshake_dir if handshake_dir is not None else os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
         if not hs:
-            raise ValueError("DistDatasetReader needs handshake_dir= (or DDSTORE_HANDSHAKE_DIR)")
+            raise DDStoreValueError("DistDatasetReader needs handshake_dir= (or DDSTORE_HANDSHAKE_DIR)")
         timeout = float(os.environ.get("DDSTORE_HANDSHAKE_TIMEOUT_S", "600"))
         meta = read_meta(os.path.join(hs, f"{name}.meta.json"), timeout)
         if n_core is None:

@@ -28,6 +28,8 @@ from torch.utils.data._utils import pin_memory as _pin
 from torch.utils.data._utils import worker as _worker
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
+from pyddstore import DDStoreValueError
+
 from ._dataset import _env_flag, _StoredDataset
 
 _STATUS_INTERVAL = 1.0  # seconds between checks that worker threads are alive
@@ -160,7 +162,8 @@ class _Fetcher:
         self.it = it
         self.worker_id = worker_id
         self.dataset = it._dataset
-        self.bufs = it._pool.acquire() if it._pool is not None else None
+        self.pool = it._pool  # outlives the iterator: buffers go back on close()
+        self.bufs = self.pool.acquire() if self.pool is not None else None
         self.iter_fetcher = None
         if it._dataset_kind == _DatasetKind.Iterable:
             self.iter_fetcher = _DatasetKind.create_fetcher(
@@ -168,8 +171,8 @@ class _Fetcher:
             )
 
     def close(self) -> None:
-        if self.it._pool is not None:
-            self.it._pool.give_back(self.bufs)
+        if self.pool is not None:
+            self.pool.give_back(self.bufs)
             self.bufs = None
 
     def fetch(self, index: Any) -> Any:
@@ -180,8 +183,8 @@ class _Fetcher:
             data = it._thread_collate_fn(self.dataset[index])
         else:
             out = None
-            if it._pool is not None:
-                out = self.bufs = it._pool.fit(self.bufs, len(index))
+            if self.pool is not None:
+                out = self.bufs = self.pool.fit(self.bufs, len(index))
             if it._direct:
                 data = self.dataset._read_collated(index, out=out, pin=it._pin_memory)
                 return data
@@ -472,14 +475,14 @@ class ThreadDataLoader(DataLoader):
         super().__init__(dataset, **kwargs)
         if self.reuse_buffers:
             if not hasattr(dataset, "alloc") or not hasattr(dataset, "release"):
-                raise ValueError(
+                raise DDStoreValueError(
                     "reuse_buffers=True needs a DistDataset or DistDatasetReader (dataset.alloc)"
                 )
             if isinstance(dataset, IterableDataset):
-                raise ValueError("reuse_buffers=True needs a map-style dataset")
+                raise DDStoreValueError("reuse_buffers=True needs a map-style dataset")
             default = self.collate_fn is _collate.default_collate
             if not self.collate_copies and (self.batch_size is None or not default):
-                raise ValueError(
+                raise DDStoreValueError(
                     "reuse_buffers=True reuses each worker's buffers, so batches must be copies: it needs "
                     "batch_size= with the default collate_fn, or collate_copies=True for a collate_fn that "
                     "copies what it keeps"

@@ -14,13 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-try:
-    from pyddstore import DDStoreError
-except ImportError:  # pragma: no cover - the binding is always present in a real install
-
-    class DDStoreError(Exception):
-        """Root of pyddstore's errors."""
-
+from pyddstore import DDStoreTypeError, DDStoreValueError
 
 META_VERSION = 1
 
@@ -60,11 +54,11 @@ LIST = "list"
 DICT = "dict"
 
 
-class SchemaError(DDStoreError, ValueError):
+class SchemaError(DDStoreValueError):
     """Samples that cannot be stored: ragged shapes, missing keys, differing structures."""
 
 
-class SchemaTypeError(DDStoreError, TypeError):
+class SchemaTypeError(DDStoreTypeError):
     """A field of a type or dtype the store does not hold (strings, float16, objects...)."""
 
 
@@ -72,7 +66,7 @@ def share_of(n: int, size: int, rank: int) -> tuple[int, int]:
     """(start, count) of rank's share of n samples split over size ranks: the first n % size
     ranks get one more."""
     if size <= 0 or not 0 <= rank < size:
-        raise ValueError(f"rank {rank} is not in a group of {size}")
+        raise DDStoreValueError(f"rank {rank} is not in a group of {size}")
     base, extra = divmod(n, size)
     return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
 
@@ -165,14 +159,14 @@ class Field:
         """The first n rows of a caller's buffer (numpy array or CPU tensor), checked."""
         if isinstance(arr, torch.Tensor):
             if arr.device.type != "cpu":
-                raise ValueError(f"out buffer for field {self.key!r} must be in host memory")
+                raise DDStoreValueError(f"out buffer for field {self.key!r} must be in host memory")
             arr = arr.numpy()
         if not isinstance(arr, np.ndarray):
-            raise TypeError(f"out buffer for field {self.key!r} must be a numpy array or a CPU tensor")
+            raise DDStoreTypeError(f"out buffer for field {self.key!r} must be a numpy array or a CPU tensor")
         if arr.dtype.names is not None:
             arr = arr.view(np.uint8).reshape(len(arr), -1)
         if arr.shape[1:] != self.store_shape or arr.dtype != self.store_dtype or len(arr) < n:
-            raise ValueError(
+            raise DDStoreValueError(
                 f"out buffer for field {self.key!r} has shape {arr.shape} and dtype {arr.dtype}; "
                 f"need at least ({n}, {', '.join(map(str, self.store_shape))}) of {self.store_dtype}"
             )

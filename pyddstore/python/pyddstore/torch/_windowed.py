@@ -8,6 +8,8 @@ import numpy as np
 import torch
 from torch.utils.data import ConcatDataset, Dataset
 
+from pyddstore import DDStoreIndexError, DDStoreKeyError, DDStoreTypeError, DDStoreValueError
+
 
 def window_starts(
     n_rows: int, window: int, stride: int = 1, dilation: int = 1, starts: Any = None
@@ -16,7 +18,7 @@ def window_starts(
     (each checked to fit)."""
     for label, v in (("window", window), ("stride", stride), ("dilation", dilation)):
         if int(v) != v or v < 1:
-            raise ValueError(f"{label} must be a positive integer, got {v!r}")
+            raise DDStoreValueError(f"{label} must be a positive integer, got {v!r}")
     span = (window - 1) * dilation  # last row minus first row
     if starts is None:
         if n_rows <= span:
@@ -24,12 +26,12 @@ def window_starts(
         return np.arange(0, n_rows - span, stride, dtype=np.int64)
     s = np.asarray(starts)
     if s.ndim != 1 or (s.size and s.dtype.kind not in "iu"):
-        raise ValueError("starts must be a 1-D sequence of integers")
+        raise DDStoreValueError("starts must be a 1-D sequence of integers")
     s = s.astype(np.int64)
     bad = (s < 0) | (s + span >= n_rows)
     if bad.any():
         b = int(s[bad][0])
-        raise ValueError(
+        raise DDStoreValueError(
             f"starts: a window at row {b} (rows {b}..{b + span}) does not fit in {n_rows} stored rows"
         )
     return s
@@ -52,7 +54,7 @@ class WindowedDataset(Dataset):
     ):
         super().__init__()
         if not hasattr(ds, "read_rows"):
-            raise TypeError("WindowedDataset needs a DistDataset or DistDatasetReader")
+            raise DDStoreTypeError("WindowedDataset needs a DistDataset or DistDatasetReader")
         self.ds = ds
         self.window = int(window)
         self.stride = int(stride)
@@ -62,7 +64,7 @@ class WindowedDataset(Dataset):
         keys = list(schema.keys) if fields is None else list(fields)
         for k in keys:
             if k not in schema.by_key:
-                raise KeyError(f"no stored field {k!r}; stored fields: {schema.keys!r}")
+                raise DDStoreKeyError(f"no stored field {k!r}; stored fields: {schema.keys!r}")
         self.fields = keys
         self._schema = type(schema)(schema.structure, [schema.by_key[k] for k in keys], keys, schema.seq_type)
         self._offsets = np.arange(self.window, dtype=np.int64) * self.dilation
@@ -76,7 +78,7 @@ class WindowedDataset(Dataset):
         if i < 0:
             i += len(self)
         if not 0 <= i < len(self):
-            raise IndexError(f"index {index} is out of range for {len(self)} windows")
+            raise DDStoreIndexError(f"index {index} is out of range for {len(self)} windows")
         return self.starts[i] + self._offsets
 
     def __getitem__(self, index: Any) -> Any:
@@ -88,7 +90,7 @@ class WindowedDataset(Dataset):
         n = len(self)
         idx = np.where(idx < 0, idx + n, idx)
         if idx.size and (idx.min() < 0 or idx.max() >= n):
-            raise IndexError(f"an index of {list(indices)} is out of range for {n} windows")
+            raise DDStoreIndexError(f"an index of {list(indices)} is out of range for {n} windows")
         rows = window_rows(self.starts[idx], self.window, self.dilation)
         values = self.ds.read_rows(rows.reshape(-1), fields=self.fields)
         b = len(idx)
@@ -105,10 +107,10 @@ def row_of(concat: ConcatDataset, source: int, index: int) -> int:
     if source < 0:
         source += n_sources
     if not 0 <= source < n_sources:
-        raise IndexError(f"source {source} is out of range for {n_sources} datasets")
+        raise DDStoreIndexError(f"source {source} is out of range for {n_sources} datasets")
     size = len(concat.datasets[source])
     if index < 0:
         index += size
     if not 0 <= index < size:
-        raise IndexError(f"index {index} is out of range for dataset {source} of {size} samples")
+        raise DDStoreIndexError(f"index {index} is out of range for dataset {source} of {size} samples")
     return (concat.cumulative_sizes[source - 1] if source > 0 else 0) + index
