@@ -59,7 +59,10 @@ pub fn gather_u64(comm: &dyn Comm, value: u64) -> Result<Vec<u64>> {
         .enumerate()
         .map(|(rank, bytes)| {
             let arr: [u8; 8] = bytes.as_slice().try_into().map_err(|_| {
-                crate::Error::Comm(format!("rank {rank} sent {} bytes, expected 8", bytes.len()))
+                crate::Error::Comm(format!(
+                    "rank {rank} sent {} bytes, expected 8",
+                    bytes.len()
+                ))
             })?;
             Ok(u64::from_le_bytes(arr))
         })

@@ -53,8 +53,7 @@ impl Config {
                 .map(Duration::from_secs_f64)
                 .unwrap_or(d.handshake_timeout),
             node_sharing: parse_flag(&get, "DDSTORE_SHM")?.unwrap_or(d.node_sharing),
-            thread_readers: parse_flag(&get, "DDSTORE_THREAD_READERS")?
-                .unwrap_or(d.thread_readers),
+            thread_readers: parse_flag(&get, "DDSTORE_THREAD_READERS")?.unwrap_or(d.thread_readers),
         })
     }
 }
@@ -103,6 +102,9 @@ mod tests {
         assert!(!c.node_sharing);
         assert_eq!(c.timeout, Duration::from_millis(500));
         let bad = Config::from_lookup(|k| (k == "DDSTORE_MAX_INFLIGHT").then(|| "lots".into()));
-        assert!(bad.unwrap_err().to_string().contains("DDSTORE_MAX_INFLIGHT"));
+        assert!(bad
+            .unwrap_err()
+            .to_string()
+            .contains("DDSTORE_MAX_INFLIGHT"));
     }
 }

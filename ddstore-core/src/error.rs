@@ -27,7 +27,11 @@ pub enum Error {
     Freed,
     /// A peer did not answer in time.
     #[error("timed out after {waited:?} waiting for rank {peer}: {what}")]
-    Timeout { peer: usize, waited: Duration, what: String },
+    Timeout {
+        peer: usize,
+        waited: Duration,
+        what: String,
+    },
     /// Collective or handshake failures.
     #[error("communicator: {0}")]
     Comm(String),
@@ -50,6 +54,9 @@ impl Error {
         Error::InvalidArgument(msg.into())
     }
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        Error::Io { context: context.into(), source }
+        Error::Io {
+            context: context.into(),
+            source,
+        }
     }
 }

@@ -108,7 +108,11 @@ mod tests {
             };
             let l = Layout::new(&counts);
             for row in 0..l.total() + 3 {
-                assert_eq!(l.locate(row).ok(), naive_locate(&counts, row), "{counts:?} row {row}");
+                assert_eq!(
+                    l.locate(row).ok(),
+                    naive_locate(&counts, row),
+                    "{counts:?} row {row}"
+                );
             }
         }
     }

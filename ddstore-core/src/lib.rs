@@ -11,6 +11,7 @@ pub mod dtype;
 pub mod error;
 pub mod file_comm;
 pub mod layout;
+pub mod node_only;
 pub mod plan;
 pub mod profile;
 pub mod region;

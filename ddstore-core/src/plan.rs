@@ -1,0 +1,236 @@
+//! Batch planning: rows in any order, with repeats, become per-owner byte
+//! ranges. Rows adjacent both in the owner's share and in the destination
+//! coalesce into one read, long reads are split, and a repeated row is read
+//! once and copied.
+
+use std::collections::HashMap;
+
+use crate::layout::Layout;
+use crate::{Error, Result};
+
+/// One contiguous read from one owner's share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    pub owner: usize,
+    /// Byte offset inside the owner's share.
+    pub src_offset: u64,
+    pub len: usize,
+    /// Byte offset inside the destination buffer.
+    pub dst_offset: usize,
+}
+
+/// Copy of an already-read destination row to another position (repeats).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RepeatCopy {
+    pub from: usize,
+    pub to: usize,
+    pub len: usize,
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub segments: Vec<Segment>,
+    pub repeats: Vec<RepeatCopy>,
+}
+
+/// Turns signed row indices into validated global rows, naming the first bad one.
+pub fn validate_rows(rows: &[i64], total: u64) -> Result<Vec<u64>> {
+    rows.iter()
+        .enumerate()
+        .map(|(i, &r)| {
+            if r < 0 || r as u64 >= total {
+                Err(Error::IndexOutOfRange(format!(
+                    "index {r} at position {i} is out of range: expected 0 <= index < {total}"
+                )))
+            } else {
+                Ok(r as u64)
+            }
+        })
+        .collect()
+}
+
+impl Plan {
+    /// Plans reading `rows` (already validated against `layout`) into a
+    /// destination where row i lands at byte `i * row_bytes`.
+    pub fn build(
+        layout: &Layout,
+        rows: &[u64],
+        row_bytes: usize,
+        max_read_bytes: usize,
+    ) -> Result<Plan> {
+        let max_read = max_read_bytes.max(1);
+        let mut plan = Plan::default();
+        let mut first_seen: HashMap<u64, usize> = HashMap::with_capacity(rows.len());
+        // The open segment and the (row, position) it ends with.
+        let mut open: Option<(Segment, u64, usize)> = None;
+        for (pos, &row) in rows.iter().enumerate() {
+            let dst = pos * row_bytes;
+            if let Some(&first) = first_seen.get(&row) {
+                plan.repeats.push(RepeatCopy {
+                    from: first * row_bytes,
+                    to: dst,
+                    len: row_bytes,
+                });
+                continue;
+            }
+            first_seen.insert(row, pos);
+            let (owner, local) = layout.locate(row)?;
+            if let Some((seg, last_row, last_pos)) = open.as_mut() {
+                let extends = seg.owner == owner
+                    && row == *last_row + 1
+                    && pos == *last_pos + 1
+                    && seg.len + row_bytes <= max_read;
+                if extends {
+                    seg.len += row_bytes;
+                    *last_row = row;
+                    *last_pos = pos;
+                    continue;
+                }
+            }
+            if let Some((seg, _, _)) = open.take() {
+                plan.push_split(seg, max_read);
+            }
+            let seg = Segment {
+                owner,
+                src_offset: local * row_bytes as u64,
+                len: row_bytes,
+                dst_offset: dst,
+            };
+            open = Some((seg, row, pos));
+        }
+        if let Some((seg, _, _)) = open {
+            plan.push_split(seg, max_read);
+        }
+        Ok(plan)
+    }
+
+    /// Adds a segment, cut into pieces of at most `max_read` bytes (rows wider than that).
+    fn push_split(&mut self, seg: Segment, max_read: usize) {
+        let mut done = 0;
+        while done < seg.len {
+            let len = (seg.len - done).min(max_read);
+            self.segments.push(Segment {
+                owner: seg.owner,
+                src_offset: seg.src_offset + done as u64,
+                len,
+                dst_offset: seg.dst_offset + done,
+            });
+            done += len;
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.segments.iter().map(|s| s.len).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// Applies a plan to fake shares where byte b of global row r is (r * 31 + b) mod 251.
+    fn execute(layout: &Layout, plan: &Plan, row_bytes: usize, n: usize) -> Vec<u8> {
+        let mut out = vec![0xEE; n * row_bytes];
+        for s in &plan.segments {
+            for k in 0..s.len {
+                let local_byte = s.src_offset as usize + k;
+                let row = layout.start(s.owner) + (local_byte / row_bytes) as u64;
+                out[s.dst_offset + k] = ((row as usize * 31 + local_byte % row_bytes) % 251) as u8;
+            }
+        }
+        for c in &plan.repeats {
+            out.copy_within(c.from..c.from + c.len, c.to);
+        }
+        out
+    }
+
+    fn naive(rows: &[u64], row_bytes: usize) -> Vec<u8> {
+        rows.iter()
+            .flat_map(|&r| (0..row_bytes).map(move |b| ((r as usize * 31 + b) % 251) as u8))
+            .collect()
+    }
+
+    #[test]
+    fn coalesces_adjacent_rows_and_reads_repeats_once() {
+        let layout = Layout::new(&[4, 4]);
+        let plan = Plan::build(&layout, &[1, 2, 3, 4, 2], 8, 1 << 20).unwrap();
+        // 1..3 on rank 0 coalesce; 4 is rank 1's first row; the second 2 is a copy.
+        assert_eq!(
+            plan.segments,
+            vec![
+                Segment {
+                    owner: 0,
+                    src_offset: 8,
+                    len: 24,
+                    dst_offset: 0
+                },
+                Segment {
+                    owner: 1,
+                    src_offset: 0,
+                    len: 8,
+                    dst_offset: 24
+                },
+            ]
+        );
+        assert_eq!(
+            plan.repeats,
+            vec![RepeatCopy {
+                from: 8,
+                to: 32,
+                len: 8
+            }]
+        );
+    }
+
+    #[test]
+    fn splits_long_reads() {
+        let layout = Layout::new(&[10]);
+        let plan = Plan::build(&layout, &[0, 1, 2], 10, 16).unwrap();
+        assert!(plan.segments.iter().all(|s| s.len <= 16));
+        assert_eq!(plan.bytes(), 30);
+    }
+
+    #[test]
+    fn rejects_bad_indices_with_position() {
+        let err = validate_rows(&[0, 5, -1], 10).unwrap_err().to_string();
+        assert!(err.contains("-1") && err.contains("position 2"), "{err}");
+        assert!(validate_rows(&[10], 10).is_err());
+    }
+
+    #[test]
+    fn randomized_against_naive_reference() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for _ in 0..300 {
+            let nranks = rng.gen_range(1..6);
+            let counts: Vec<u64> = (0..nranks).map(|_| rng.gen_range(0..12)).collect();
+            let layout = Layout::new(&counts);
+            if layout.total() == 0 {
+                continue;
+            }
+            let row_bytes = rng.gen_range(1..24);
+            let n = rng.gen_range(0..40);
+            let rows: Vec<u64> = if rng.gen_bool(0.3) {
+                let s = rng.gen_range(0..layout.total());
+                (s..(s + n as u64).min(layout.total())).collect()
+            } else {
+                (0..n).map(|_| rng.gen_range(0..layout.total())).collect()
+            };
+            let max_read = rng.gen_range(1..64);
+            let plan = Plan::build(&layout, &rows, row_bytes, max_read).unwrap();
+            assert!(plan.segments.iter().all(|s| s.len <= max_read && s.len > 0));
+            let mut distinct = rows.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            assert_eq!(
+                plan.bytes(),
+                distinct.len() * row_bytes,
+                "each distinct row read once"
+            );
+            assert_eq!(
+                execute(&layout, &plan, row_bytes, rows.len()),
+                naive(&rows, row_bytes)
+            );
+        }
+    }
+}

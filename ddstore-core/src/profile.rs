@@ -1,0 +1,84 @@
+//! Read counters per variable, summed on request.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+#[derive(Default, Debug)]
+pub struct Counters {
+    pub calls: AtomicU64,
+    pub rows: AtomicU64,
+    pub bytes: AtomicU64,
+    /// Rows served from this process's own share.
+    pub local_rows: AtomicU64,
+    /// Rows served by memcpy from a same-node peer's mapping.
+    pub node_rows: AtomicU64,
+    /// Rows read through the transport.
+    pub remote_rows: AtomicU64,
+    /// Transport reads posted (after coalescing and splitting).
+    pub remote_reads: AtomicU64,
+    /// Time spent waiting on the transport, in nanoseconds.
+    pub remote_ns: AtomicU64,
+    /// Time spent in memory copies, in nanoseconds.
+    pub copy_ns: AtomicU64,
+}
+
+/// A snapshot of [`Counters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Profile {
+    pub calls: u64,
+    pub rows: u64,
+    pub bytes: u64,
+    pub local_rows: u64,
+    pub node_rows: u64,
+    pub remote_rows: u64,
+    pub remote_reads: u64,
+    pub remote_ns: u64,
+    pub copy_ns: u64,
+}
+
+impl Counters {
+    pub fn snapshot(&self) -> Profile {
+        Profile {
+            calls: self.calls.load(Relaxed),
+            rows: self.rows.load(Relaxed),
+            bytes: self.bytes.load(Relaxed),
+            local_rows: self.local_rows.load(Relaxed),
+            node_rows: self.node_rows.load(Relaxed),
+            remote_rows: self.remote_rows.load(Relaxed),
+            remote_reads: self.remote_reads.load(Relaxed),
+            remote_ns: self.remote_ns.load(Relaxed),
+            copy_ns: self.copy_ns.load(Relaxed),
+        }
+    }
+
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Relaxed);
+    }
+}
+
+impl Profile {
+    pub fn fields(&self) -> [(&'static str, u64); 9] {
+        [
+            ("calls", self.calls),
+            ("rows", self.rows),
+            ("bytes", self.bytes),
+            ("local_rows", self.local_rows),
+            ("node_rows", self.node_rows),
+            ("remote_rows", self.remote_rows),
+            ("remote_reads", self.remote_reads),
+            ("remote_ns", self.remote_ns),
+            ("copy_ns", self.copy_ns),
+        ]
+    }
+
+    pub fn merge(&mut self, other: &Profile) {
+        self.calls += other.calls;
+        self.rows += other.rows;
+        self.bytes += other.bytes;
+        self.local_rows += other.local_rows;
+        self.node_rows += other.node_rows;
+        self.remote_rows += other.remote_rows;
+        self.remote_reads += other.remote_reads;
+        self.remote_ns += other.remote_ns;
+        self.copy_ns += other.copy_ns;
+    }
+}

@@ -55,7 +55,12 @@ impl RawMemory {
         writable: bool,
         owner: Arc<dyn Any + Send + Sync>,
     ) -> RawMemory {
-        RawMemory { ptr, len, writable, _owner: owner }
+        RawMemory {
+            ptr,
+            len,
+            writable,
+            _owner: owner,
+        }
     }
 }
 
@@ -151,7 +156,8 @@ impl Region {
             let _ = std::fs::remove_file(&path);
             Error::io(format!("{what} {}", path.display()), e)
         };
-        file.set_len(len.max(1) as u64).map_err(|e| cleanup(e, "sizing"))?;
+        file.set_len(len.max(1) as u64)
+            .map_err(|e| cleanup(e, "sizing"))?;
         // SAFETY: the file was just created by us with owner-only permissions;
         // other processes only ever map it read-only.
         let map = unsafe { MmapMut::map_mut(&file) }.map_err(|e| cleanup(e, "mapping"))?;
@@ -165,7 +171,10 @@ impl Region {
         // SAFETY: the mapping is at least `len` bytes, writable, and is moved
         // into the owner so it lives as long as the RawMemory.
         let memory = unsafe { RawMemory::new(ptr, len, true, Arc::new(OwnedMapping(mapping))) };
-        Region { memory, path: std::sync::Mutex::new(path) }
+        Region {
+            memory,
+            path: std::sync::Mutex::new(path),
+        }
     }
 
     /// Path of the shared-memory file, while it still has one.
@@ -181,7 +190,7 @@ impl Region {
     }
 }
 
-struct OwnedMapping(Mapping);
+struct OwnedMapping(#[allow(dead_code)] Mapping);
 // SAFETY: a mapping is plain memory; ownership only decides when it is unmapped.
 unsafe impl Send for OwnedMapping {}
 unsafe impl Sync for OwnedMapping {}
@@ -211,7 +220,10 @@ impl Memory for Region {
 pub fn map_peer(path: &Path, len: usize) -> Result<RawMemory> {
     let file = std::fs::File::open(path)
         .map_err(|e| Error::io(format!("opening peer share {}", path.display()), e))?;
-    let actual = file.metadata().map_err(|e| Error::io("reading peer share size", e))?.len();
+    let actual = file
+        .metadata()
+        .map_err(|e| Error::io("reading peer share size", e))?
+        .len();
     if actual < len as u64 {
         return Err(Error::Comm(format!(
             "peer share {} has {actual} bytes, expected {len}",
@@ -251,7 +263,11 @@ struct NodeRecord {
 /// is left in /dev/shm once the job ends, however it ends.
 /// Returns, per rank, a readable mapping or `None` (read it remotely).
 pub fn share_on_node(comm: &dyn Comm, region: &Region) -> Result<Vec<Option<Arc<dyn Memory>>>> {
-    let mine = NodeRecord { host: host_id(), path: region.path(), len: region.len() };
+    let mine = NodeRecord {
+        host: host_id(),
+        path: region.path(),
+        len: region.len(),
+    };
     let bytes = serde_json::to_vec(&mine).expect("node record serialises");
     let all = comm.allgather(&bytes)?;
     let mut views: Vec<Option<Arc<dyn Memory>>> = Vec::with_capacity(all.len());
@@ -262,7 +278,9 @@ pub fn share_on_node(comm: &dyn Comm, region: &Region) -> Result<Vec<Option<Arc<
             (_, true) => None,
             (Some(path), false) if rec.host == mine.host => {
                 // A mapping that fails (another container's /dev/shm) falls back to remote reads.
-                map_peer(path, rec.len).ok().map(|m| Arc::new(m) as Arc<dyn Memory>)
+                map_peer(path, rec.len)
+                    .ok()
+                    .map(|m| Arc::new(m) as Arc<dyn Memory>)
             }
             _ => None,
         };
@@ -297,7 +315,10 @@ mod tests {
         r.write_at(4096, b"hello").unwrap();
         let path = r.path().unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions();
-        assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777, 0o600);
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600
+        );
         let peer = map_peer(&path, 8192).unwrap();
         let mut out = [0u8; 5];
         peer.read_at(4096, &mut out).unwrap();

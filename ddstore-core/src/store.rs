@@ -1,1 +1,433 @@
-pub struct Store;
+//! The store: named variables, each split across the ranks of a group.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use crate::comm::Comm;
+use crate::dtype::DType;
+use crate::layout::Layout;
+use crate::plan::{validate_rows, Plan, Segment};
+use crate::profile::{Counters, Profile};
+use crate::region::Memory;
+use crate::transport::{ExposeOptions, RemoteRead, RemoteShares, ShareReader, Transport};
+use crate::{Config, Error, Result};
+
+/// Bytes of same-node copies in one batch above which copies run on several threads.
+pub const PARALLEL_COPY_BYTES: usize = 8 << 20;
+
+/// Shape of a variable, the same on every rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VarInfo {
+    pub dtype: DType,
+    pub row_bytes: usize,
+    pub layout: Layout,
+}
+
+pub struct Variable {
+    pub name: String,
+    pub info: VarInfo,
+    /// This process's rank in the group, `None` for an attached extra job.
+    my_rank: Option<usize>,
+    local: Option<Arc<dyn Memory>>,
+    node_peers: Vec<Option<Arc<dyn Memory>>>,
+    remote: Arc<dyn RemoteShares>,
+    records: Vec<Vec<u8>>,
+    /// Idle readers; a reading thread takes one (or opens one) and gives it back.
+    readers: Mutex<Vec<Box<dyn ShareReader>>>,
+    /// Serialises reads when every thread shares one reader (`DDSTORE_THREAD_READERS=0`).
+    shared_reader_lock: Option<Mutex<()>>,
+    counters: Counters,
+}
+
+pub struct Store {
+    comm: Arc<dyn Comm>,
+    transport: Arc<dyn Transport>,
+    config: Config,
+    vars: RwLock<HashMap<String, Arc<Variable>>>,
+    freed: AtomicBool,
+}
+
+/// What every rank announces when a variable is created, to agree or fail together.
+#[derive(serde::Serialize, serde::Deserialize, PartialEq)]
+struct InitRecord {
+    name: String,
+    rows: u64,
+    row_bytes: usize,
+    dtype: DType,
+    exists: bool,
+}
+
+impl Store {
+    pub fn new(comm: Arc<dyn Comm>, transport: Arc<dyn Transport>, config: Config) -> Store {
+        Store {
+            comm,
+            transport,
+            config,
+            vars: RwLock::new(HashMap::new()),
+            freed: AtomicBool::new(false),
+        }
+    }
+
+    pub fn comm(&self) -> &Arc<dyn Comm> {
+        &self.comm
+    }
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+    pub fn transport_name(&self) -> String {
+        self.transport.name()
+    }
+
+    fn check_live(&self) -> Result<()> {
+        if self.freed.load(Ordering::Acquire) {
+            Err(Error::Freed)
+        } else {
+            Ok(())
+        }
+    }
+
+    pub fn var(&self, name: &str) -> Result<Arc<Variable>> {
+        self.check_live()?;
+        self.vars
+            .read()
+            .unwrap()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::UnknownVariable(name.to_string()))
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.vars.read().unwrap().keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Collective: creates `name` with `rows` rows on this rank. Every rank
+    /// checks every rank's announcement, so a mismatch fails everywhere
+    /// with the same message instead of hanging.
+    pub fn init(&self, name: &str, rows: u64, row_bytes: usize, dtype: DType) -> Result<()> {
+        self.check_live()?;
+        let mine = InitRecord {
+            name: name.to_string(),
+            rows,
+            row_bytes,
+            dtype,
+            exists: self.vars.read().unwrap().contains_key(name),
+        };
+        let all = self
+            .comm
+            .allgather(&serde_json::to_vec(&mine).expect("record serialises"))?;
+        let all: Vec<InitRecord> = all
+            .iter()
+            .enumerate()
+            .map(|(r, b)| {
+                serde_json::from_slice(b)
+                    .map_err(|e| Error::Comm(format!("bad init record from rank {r}: {e}")))
+            })
+            .collect::<Result<_>>()?;
+        for (r, rec) in all.iter().enumerate() {
+            if rec.name != name {
+                return Err(Error::invalid(format!(
+                    "collective mismatch: rank {r} created variable '{}' while this rank created '{name}': \
+                     every rank must add the same variables in the same order",
+                    rec.name
+                )));
+            }
+            if rec.exists {
+                return Err(Error::AlreadyExists(name.to_string()));
+            }
+            if rec.row_bytes != row_bytes || rec.dtype != dtype {
+                return Err(Error::invalid(format!(
+                    "variable '{name}': rank {r} has rows of {} bytes of {}, this rank {row_bytes} bytes of {}: \
+                     every rank must add rows of the same width and dtype",
+                    rec.row_bytes,
+                    rec.dtype.name(),
+                    dtype.name()
+                )));
+            }
+        }
+        if row_bytes == 0 {
+            return Err(Error::invalid(format!(
+                "variable '{name}': rows must be at least one byte wide"
+            )));
+        }
+        let counts: Vec<u64> = all.iter().map(|r| r.rows).collect();
+        let len = usize::try_from(rows)
+            .ok()
+            .and_then(|r| r.checked_mul(row_bytes))
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "variable '{name}': {rows} rows of {row_bytes} bytes is too large"
+                ))
+            })?;
+        let opts = ExposeOptions {
+            name: name.to_string(),
+            node_sharing: self.config.node_sharing,
+        };
+        let exposed = self.transport.expose(&self.comm, len, &opts)?;
+        let var = Variable {
+            name: name.to_string(),
+            info: VarInfo {
+                dtype,
+                row_bytes,
+                layout: Layout::new(&counts),
+            },
+            my_rank: Some(self.comm.rank()),
+            local: Some(exposed.local),
+            node_peers: exposed.node_peers,
+            remote: exposed.remote,
+            records: exposed.records,
+            readers: Mutex::new(Vec::new()),
+            shared_reader_lock: (!self.config.thread_readers).then(|| Mutex::new(())),
+            counters: Counters::default(),
+        };
+        self.vars
+            .write()
+            .unwrap()
+            .insert(name.to_string(), Arc::new(var));
+        Ok(())
+    }
+
+    /// Method 2 extra job: reads a variable another job published.
+    pub fn attach(&self, name: &str, info: VarInfo, records: &[Vec<u8>]) -> Result<()> {
+        self.check_live()?;
+        if self.vars.read().unwrap().contains_key(name) {
+            return Err(Error::AlreadyExists(name.to_string()));
+        }
+        let remote = self.transport.attach(records)?;
+        let var = Variable {
+            name: name.to_string(),
+            node_peers: vec![None; info.layout.nranks()],
+            info,
+            my_rank: None,
+            local: None,
+            remote,
+            records: records.to_vec(),
+            readers: Mutex::new(Vec::new()),
+            shared_reader_lock: (!self.config.thread_readers).then(|| Mutex::new(())),
+            counters: Counters::default(),
+        };
+        self.vars
+            .write()
+            .unwrap()
+            .insert(name.to_string(), Arc::new(var));
+        Ok(())
+    }
+
+    /// Writes rows `[first_row, first_row + n)` of this rank's share.
+    pub fn write_local(&self, name: &str, first_row: u64, data: &[u8]) -> Result<()> {
+        let var = self.var(name)?;
+        let (local, rank) = match (&var.local, var.my_rank) {
+            (Some(l), Some(r)) => (l, r),
+            _ => {
+                return Err(Error::Unsupported(format!(
+                    "variable '{name}' is attached read-only here"
+                )))
+            }
+        };
+        let rb = var.info.row_bytes;
+        if data.len() % rb != 0 {
+            return Err(Error::invalid(format!(
+                "update of '{name}': {} bytes is not a whole number of {rb}-byte rows",
+                data.len()
+            )));
+        }
+        let n = (data.len() / rb) as u64;
+        let count = var.info.layout.count(rank);
+        if first_row.checked_add(n).is_none_or(|end| end > count) {
+            return Err(Error::IndexOutOfRange(format!(
+                "update of '{name}': rows {first_row}..{} do not fit this rank's {count} rows",
+                first_row.saturating_add(n)
+            )));
+        }
+        local.write_at(first_row as usize * rb, data)
+    }
+
+    /// Reads global rows (any order, repeats) into `out`, row i at `i * row_bytes`.
+    /// Every index is checked before a byte moves.
+    pub fn read_rows(&self, name: &str, rows: &[i64], out: &mut [u8]) -> Result<()> {
+        let var = self.var(name)?;
+        let rb = var.info.row_bytes;
+        if out.len() != rows.len() * rb {
+            return Err(Error::invalid(format!(
+                "output for '{name}' has {} bytes, expected {} rows x {rb} bytes = {}",
+                out.len(),
+                rows.len(),
+                rows.len() * rb
+            )));
+        }
+        let rows = validate_rows(rows, var.info.layout.total())?;
+        let plan = Plan::build(&var.info.layout, &rows, rb, self.config.max_read_bytes)?;
+        var.execute(&plan, out, rows.len())
+    }
+
+    /// Reads `out.len() / row_bytes` consecutive rows starting at `start`,
+    /// which must all belong to one rank (the upstream `get` contract).
+    pub fn get(&self, name: &str, start: i64, out: &mut [u8]) -> Result<()> {
+        let var = self.var(name)?;
+        let rb = var.info.row_bytes;
+        if out.len() % rb != 0 || out.is_empty() {
+            return Err(Error::invalid(format!(
+                "output for '{name}' has {} bytes, expected a positive multiple of the {rb}-byte row",
+                out.len()
+            )));
+        }
+        let n = (out.len() / rb) as i64;
+        let total = var.info.layout.total() as i64;
+        if start < 0 || start.checked_add(n).is_none_or(|end| end > total) {
+            return Err(Error::IndexOutOfRange(format!(
+                "get of '{name}': rows {start}..{} are out of range: the variable has {total} rows",
+                start.saturating_add(n)
+            )));
+        }
+        let (first_owner, _) = var.info.layout.locate(start as u64)?;
+        let (last_owner, _) = var.info.layout.locate((start + n - 1) as u64)?;
+        if first_owner != last_owner {
+            return Err(Error::invalid(format!(
+                "get of '{name}': rows {start}..{} cross from rank {first_owner}'s share into rank {last_owner}'s: \
+                 use get_batch for rows of several ranks",
+                start + n
+            )));
+        }
+        let rows: Vec<u64> = (start as u64..(start + n) as u64).collect();
+        let plan = Plan::build(&var.info.layout, &rows, rb, self.config.max_read_bytes)?;
+        var.execute(&plan, out, rows.len())
+    }
+
+    pub fn register_dst(&self, name: &str, addr: usize, len: usize) -> Result<()> {
+        self.var(name)?.remote.register_dst(addr, len)
+    }
+    pub fn unregister_dst(&self, name: &str, addr: usize, len: usize) -> Result<()> {
+        self.var(name)?.remote.unregister_dst(addr, len)
+    }
+
+    pub fn profile(&self, name: &str) -> Result<Profile> {
+        Ok(self.var(name)?.counters.snapshot())
+    }
+
+    /// Called in a forked child: inherited transport objects are abandoned
+    /// (never closed) and fresh readers open on the next read.
+    pub fn fork_reader(&self) -> Result<()> {
+        self.check_live()?;
+        for var in self.vars.read().unwrap().values() {
+            for reader in var.readers.lock().unwrap().drain(..) {
+                std::mem::forget(reader);
+            }
+            var.remote.forget_after_fork()?;
+        }
+        Ok(())
+    }
+
+    /// Releases every variable; later calls fail with `Error::Freed`.
+    /// Collective for transports whose teardown is (MPI windows).
+    pub fn free(&self) {
+        if !self.freed.swap(true, Ordering::AcqRel) {
+            self.vars.write().unwrap().clear();
+        }
+    }
+
+    pub fn is_freed(&self) -> bool {
+        self.freed.load(Ordering::Acquire)
+    }
+}
+
+impl Variable {
+    /// Per-rank records another job passes to `Store::attach` (method 2).
+    pub fn records(&self) -> &[Vec<u8>] {
+        &self.records
+    }
+
+    fn execute(&self, plan: &Plan, out: &mut [u8], nrows: usize) -> Result<()> {
+        let rb = self.info.row_bytes;
+        let mut copies: Vec<(&Segment, &dyn Memory)> = Vec::new();
+        let mut remote: Vec<RemoteRead> = Vec::new();
+        let (mut local_bytes, mut node_bytes) = (0usize, 0usize);
+        for seg in &plan.segments {
+            if Some(seg.owner) == self.my_rank {
+                let local = self.local.as_deref().expect("a member has a local share");
+                copies.push((seg, local));
+                local_bytes += seg.len;
+            } else if let Some(peer) = self.node_peers.get(seg.owner).and_then(|p| p.as_deref()) {
+                copies.push((seg, peer));
+                node_bytes += seg.len;
+            } else {
+                remote.push(RemoteRead {
+                    owner: seg.owner,
+                    offset: seg.src_offset,
+                    len: seg.len,
+                    dst_offset: seg.dst_offset,
+                });
+            }
+        }
+        if !remote.is_empty() {
+            let started = Instant::now();
+            self.read_remote(&remote, out)?;
+            Counters::add(
+                &self.counters.remote_ns,
+                started.elapsed().as_nanos() as u64,
+            );
+            Counters::add(&self.counters.remote_reads, remote.len() as u64);
+        }
+        let started = Instant::now();
+        copy_segments(&copies, out, local_bytes + node_bytes)?;
+        for r in &plan.repeats {
+            out.copy_within(r.from..r.from + r.len, r.to);
+        }
+        let c = &self.counters;
+        Counters::add(&c.copy_ns, started.elapsed().as_nanos() as u64);
+        Counters::add(&c.calls, 1);
+        Counters::add(&c.rows, nrows as u64);
+        Counters::add(&c.bytes, (nrows * rb) as u64);
+        Counters::add(&c.local_rows, (local_bytes / rb) as u64);
+        Counters::add(&c.node_rows, (node_bytes / rb) as u64);
+        Counters::add(
+            &c.remote_rows,
+            remote.iter().map(|r| r.len).sum::<usize>() as u64 / rb as u64,
+        );
+        Ok(())
+    }
+
+    fn read_remote(&self, reads: &[RemoteRead], out: &mut [u8]) -> Result<()> {
+        let _serial = self.shared_reader_lock.as_ref().map(|l| l.lock().unwrap());
+        let pooled = self.readers.lock().unwrap().pop();
+        let mut reader = match pooled {
+            Some(r) => r,
+            None => self.remote.open_reader()?,
+        };
+        // A reader that failed may have reads outstanding: it is dropped, not pooled.
+        reader.read_many(reads, out)?;
+        self.readers.lock().unwrap().push(reader);
+        Ok(())
+    }
+}
+
+/// Memory copies of a batch; large batches are split across threads.
+fn copy_segments(copies: &[(&Segment, &dyn Memory)], out: &mut [u8], total: usize) -> Result<()> {
+    if total < PARALLEL_COPY_BYTES || copies.len() < 2 {
+        for (seg, mem) in copies {
+            mem.read_at(
+                seg.src_offset as usize,
+                &mut out[seg.dst_offset..seg.dst_offset + seg.len],
+            )?;
+        }
+        return Ok(());
+    }
+    // Hand each copy its own disjoint slice of `out`, then copy in parallel.
+    let mut sorted: Vec<&(&Segment, &dyn Memory)> = copies.iter().collect();
+    sorted.sort_unstable_by_key(|(s, _)| s.dst_offset);
+    let mut jobs = Vec::with_capacity(sorted.len());
+    let mut rest: &mut [u8] = out;
+    let mut consumed = 0;
+    for (seg, mem) in sorted {
+        let (_, tail) = rest.split_at_mut(seg.dst_offset - consumed);
+        let (dst, tail) = tail.split_at_mut(seg.len);
+        jobs.push((seg.src_offset as usize, *mem, dst));
+        rest = tail;
+        consumed = seg.dst_offset + seg.len;
+    }
+    use rayon::prelude::*;
+    jobs.into_par_iter()
+        .try_for_each(|(src, mem, dst)| mem.read_at(src, dst))
+}

@@ -7,13 +7,25 @@ use std::time::Duration;
 pub enum FabricError {
     /// A libfabric call failed: the call, its return code and `fi_strerror`.
     #[error("{call} failed: {message} (code {code})")]
-    Ofi { call: &'static str, code: i64, message: String },
+    Ofi {
+        call: &'static str,
+        code: i64,
+        message: String,
+    },
     /// An MPI call failed: the call, its error code and `MPI_Error_string`.
     #[error("{call} failed: {message} (MPI error {code})")]
-    Mpi { call: &'static str, code: i32, message: String },
+    Mpi {
+        call: &'static str,
+        code: i32,
+        message: String,
+    },
     /// A peer did not complete a read in time.
     #[error("read from rank {peer} did not complete within {waited:?}: {detail}")]
-    Timeout { peer: usize, waited: Duration, detail: String },
+    Timeout {
+        peer: usize,
+        waited: Duration,
+        detail: String,
+    },
     /// No provider or configuration matches what was asked for.
     #[error("{0}")]
     Unavailable(String),
@@ -26,7 +38,15 @@ impl From<FabricError> for ddstore_core::Error {
     fn from(e: FabricError) -> Self {
         use ddstore_core::Error;
         match e {
-            FabricError::Timeout { peer, waited, detail } => Error::Timeout { peer, waited, what: detail },
+            FabricError::Timeout {
+                peer,
+                waited,
+                detail,
+            } => Error::Timeout {
+                peer,
+                waited,
+                what: detail,
+            },
             FabricError::Unavailable(m) => Error::Unsupported(m),
             FabricError::Invalid(m) => Error::InvalidArgument(m),
             other => Error::Transport(other.to_string()),

@@ -1,0 +1,91 @@
+//! Store end to end inside one process: threads play the ranks, joined by
+//! the file communicator, reading through the node-only transport.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ddstore_core::file_comm::FileComm;
+use ddstore_core::node_only::NodeOnlyTransport;
+use ddstore_core::{Comm, Config, DType, Error, Store};
+use rand::{Rng, SeedableRng};
+
+fn value(row: u64, byte: usize) -> u8 {
+    (row.wrapping_mul(131) as usize + byte * 7) as u8
+}
+
+#[test]
+fn ranks_read_every_row_with_repeats_and_errors_do_not_poison() {
+    let dir = tempfile::tempdir().unwrap();
+    let shm = tempfile::tempdir().unwrap();
+    std::env::set_var("DDSTORE_SHM_DIR", shm.path());
+    let counts = [5u64, 0, 7, 3];
+    let n = counts.len();
+    let row_bytes = 24;
+    let handles: Vec<_> = (0..n)
+        .map(|rank| {
+            let dir = dir.path().to_path_buf();
+            std::thread::spawn(move || {
+                let comm: Arc<dyn Comm> = Arc::new(
+                    FileComm::new(
+                        &dir,
+                        Some(rank),
+                        Some(n),
+                        Some("t".into()),
+                        Duration::from_secs(20),
+                    )
+                    .unwrap(),
+                );
+                let store = Store::new(comm, Arc::new(NodeOnlyTransport), Config::default());
+                store
+                    .init("v", counts[rank], row_bytes, DType::Uint8)
+                    .unwrap();
+                let first: u64 = counts[..rank].iter().sum();
+                let data: Vec<u8> = (0..counts[rank])
+                    .flat_map(|r| (0..row_bytes).map(move |b| value(first + r, b)))
+                    .collect();
+                store.write_local("v", 0, &data).unwrap();
+                store.comm().barrier().unwrap();
+                let total: u64 = counts.iter().sum();
+                let mut rng = rand::rngs::StdRng::seed_from_u64(rank as u64);
+                for _ in 0..50 {
+                    let rows: Vec<i64> = (0..rng.gen_range(1..40))
+                        .map(|_| rng.gen_range(0..total as i64))
+                        .collect();
+                    let mut out = vec![0u8; rows.len() * row_bytes];
+                    store.read_rows("v", &rows, &mut out).unwrap();
+                    for (i, &r) in rows.iter().enumerate() {
+                        for b in 0..row_bytes {
+                            assert_eq!(out[i * row_bytes + b], value(r as u64, b), "row {r}");
+                        }
+                    }
+                }
+                let mut out = vec![0u8; 2 * row_bytes];
+                assert!(matches!(
+                    store.read_rows("v", &[0, total as i64], &mut out),
+                    Err(Error::IndexOutOfRange(_))
+                ));
+                assert!(
+                    matches!(store.get("v", 4, &mut out), Err(Error::InvalidArgument(_))),
+                    "crosses shards"
+                );
+                store.get("v", 5, &mut out).unwrap();
+                assert_eq!(out[0], value(5, 0));
+                assert!(store.profile("v").unwrap().node_rows > 0 || rank == 2);
+                store.comm().barrier().unwrap();
+                store.free();
+                assert!(matches!(
+                    store.read_rows("v", &[0], &mut out[..row_bytes]),
+                    Err(Error::Freed)
+                ));
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(
+        std::fs::read_dir(shm.path()).unwrap().count(),
+        0,
+        "no shared-memory file is left"
+    );
+}

@@ -1,0 +1,162 @@
+"""Communicators and how `comm=None` is resolved (spec: "Without MPI").
+
+==========================  ===================================================
+``comm=None`` resolves to   when
+==========================  ===================================================
+``MPI.COMM_WORLD``          MPI is in use: mpi4py imported, or launched by mpirun
+the default torch group     no MPI, ``torch.distributed`` initialised
+a ``FileComm``              otherwise, rank and size from ``SLURM_PROCID``/``SLURM_NTASKS``
+==========================  ===================================================
+
+``DDSTORE_COMM=mpi|torch|file`` forces one; ``DDSTORE_MPI=0`` never uses MPI.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+
+from . import _native
+from ._env import env_choice, env_flag
+from ._errors import DDStoreValueError
+
+_MPI_LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_SIZE")
+
+
+class FileComm:
+    """A communicator without MPI: ranks exchange records through files in
+    ``handshake_dir`` (a directory every rank can reach, e.g. on Lustre).
+
+    ``rank``/``size`` default to ``SLURM_PROCID``/``SLURM_NTASKS``; ``job_id``
+    (default: Slurm job and step, or the launching process) tags every file so
+    files left by an earlier job are never read."""
+
+    def __init__(self, handshake_dir=None, rank: int | None = None, size: int | None = None,
+                 job_id: str | None = None, timeout_s: float | None = None):
+        handshake_dir = handshake_dir or os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
+        if not handshake_dir:
+            raise DDStoreValueError(
+                "FileComm needs handshake_dir (a directory every rank can reach): pass handshake_dir= "
+                "or set DDSTORE_HANDSHAKE_DIR"
+            )
+        if timeout_s is None:
+            timeout_s = float(os.environ.get("DDSTORE_HANDSHAKE_TIMEOUT_S", "") or 300)
+        self.handshake_dir = os.fspath(handshake_dir)
+        self._native = _native.Comm.file(self.handshake_dir, rank, size, job_id, timeout_s)
+
+    @classmethod
+    def _wrap(cls, native) -> FileComm:
+        obj = cls.__new__(cls)
+        obj._native = native
+        return obj
+
+    @property
+    def rank(self) -> int:
+        return self._native.rank
+
+    @property
+    def size(self) -> int:
+        return self._native.size
+
+    def allgather(self, obj) -> list:
+        return [pickle.loads(b) for b in self._native.allgather(pickle.dumps(obj))]
+
+    def barrier(self) -> None:
+        self._native.barrier()
+
+    def split(self, color: int, key: int | None = None) -> FileComm:
+        return FileComm._wrap(self._native.split(color, self.rank if key is None else key))
+
+    def __repr__(self) -> str:
+        return f"FileComm(rank={self.rank}, size={self.size})"
+
+
+class TorchComm:
+    """A ``torch.distributed`` group as a communicator (``all_gather_object``).
+    With NCCL/RCCL call ``torch.cuda.set_device()`` first."""
+
+    def __init__(self, group=None):
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise DDStoreValueError(
+                "TorchComm needs torch.distributed initialised: call dist.init_process_group() first"
+            )
+        self._dist = dist
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+
+    def allgather(self, data: bytes) -> list:
+        out = [None] * self.size
+        self._dist.all_gather_object(out, data, group=self.group)
+        return out
+
+    def barrier(self) -> None:
+        self._dist.barrier(group=self.group)
+
+    def split(self, color: int, key: int) -> TorchComm:
+        dist = self._dist
+        if self.group not in (None, dist.group.WORLD) and self.size != dist.get_world_size():
+            raise DDStoreValueError("ddstore_width with torch.distributed needs the default (WORLD) group")
+        pairs = [None] * self.size
+        dist.all_gather_object(pairs, (color, key, self.rank), group=self.group)
+        mine = None
+        for c in sorted({p[0] for p in pairs}):  # every rank creates every group, in the same order
+            ranks = [r for _, _, r in sorted(p for p in pairs if p[0] == c)]
+            group = dist.new_group(ranks)
+            if c == color:
+                mine = group
+        return TorchComm(mine)
+
+
+def _mpi_in_use() -> bool:
+    return "mpi4py.MPI" in sys.modules or any(v in os.environ for v in _MPI_LAUNCH_VARS)
+
+
+def _torch_initialized() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def _mpi_comm(comm) -> _native.Comm:
+    if comm is None:
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is not None:
+            comm = mpi.COMM_WORLD
+        else:
+            return _native.Comm.mpi(None)  # initialises MPI here; finalised at exit
+    return _native.Comm.mpi(comm.py2f())
+
+
+def resolve_comm(comm_or_none, handshake_dir: str = "") -> _native.Comm:
+    """The native communicator for a user's `comm` argument."""
+    if isinstance(comm_or_none, _native.Comm):
+        return comm_or_none
+    if isinstance(comm_or_none, FileComm):
+        return comm_or_none._native
+    if isinstance(comm_or_none, TorchComm):
+        return _native.Comm.callback(comm_or_none)
+    if comm_or_none is not None:
+        if hasattr(comm_or_none, "py2f"):
+            return _mpi_comm(comm_or_none)
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and isinstance(comm_or_none, dist.ProcessGroup):
+            return _native.Comm.callback(TorchComm(comm_or_none))
+        raise DDStoreValueError(
+            f"comm={comm_or_none!r} is not a communicator: pass an mpi4py communicator, "
+            "a torch.distributed group, a pyddstore.FileComm, or None"
+        )
+    forced = env_choice("DDSTORE_COMM", ("mpi", "torch", "file"))
+    use_mpi = env_flag("DDSTORE_MPI", True)
+    if forced == "mpi" or (forced is None and use_mpi and _mpi_in_use()):
+        if not use_mpi:
+            raise DDStoreValueError("DDSTORE_COMM=mpi contradicts DDSTORE_MPI=0")
+        return _mpi_comm(None)
+    if forced == "torch" or (forced is None and _torch_initialized()):
+        return _native.Comm.callback(TorchComm())
+    handshake_dir = handshake_dir or os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
+    if forced == "file" or handshake_dir or int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1:
+        return FileComm(handshake_dir)._native
+    return _native.Comm.single()

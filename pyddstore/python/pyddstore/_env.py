@@ -1,0 +1,71 @@
+"""Environment handling: libfabric settings applied at import, and parsing
+of the DDSTORE_* variables the Python layer reads."""
+
+from __future__ import annotations
+
+import os
+
+from ._errors import DDStoreValueError
+
+
+def apply_fabric_defaults(environ=os.environ) -> None:
+    """Libfabric reads these when it starts, so they are set on import.
+
+    FI_CXI_DISABLE_HOST_REGISTER=1 skips GPU-runtime registration of CXI host
+    buffers, which fails after fork. With DDSTORE_FORK_WORKERS=1, the kdreg2
+    memory monitor (Frontier's default) does not work in forked processes,
+    memhooks does at the same speed.
+    """
+    environ.setdefault("FI_CXI_DISABLE_HOST_REGISTER", "1")
+    if env_flag("DDSTORE_FORK_WORKERS", False, environ):
+        if environ.get("FI_MR_CACHE_MONITOR", "") in ("", "kdreg2"):
+            environ["FI_MR_CACHE_MONITOR"] = "memhooks"
+
+
+def env_flag(key: str, default: bool, environ=os.environ) -> bool:
+    raw = environ.get(key, "").strip().lower()
+    if raw == "":
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise DDStoreValueError(f"environment variable {key}={raw!r} is not valid: expected 0 or 1")
+
+
+def env_int(key: str, default: int | None, environ=os.environ, minimum: int = 0) -> int | None:
+    raw = environ.get(key, "").strip()
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise DDStoreValueError(f"environment variable {key}={raw!r} is not valid: expected an integer") from None
+    if value < minimum:
+        raise DDStoreValueError(f"environment variable {key}={raw!r} is not valid: expected >= {minimum}")
+    return value
+
+
+def env_choice(key: str, choices: tuple[str, ...], environ=os.environ) -> str | None:
+    raw = environ.get(key, "").strip().lower()
+    if raw == "":
+        return None
+    if raw not in choices:
+        raise DDStoreValueError(
+            f"environment variable {key}={raw!r} is not valid: expected one of {', '.join(choices)}"
+        )
+    return raw
+
+
+def resolve_method(method) -> int | None:
+    """`method` argument, else DDSTORE_METHOD; None means 'choose by communicator'."""
+    if method is None:
+        method = env_int("DDSTORE_METHOD", None)
+        if method is None:
+            return None
+        source = "environment variable DDSTORE_METHOD"
+    else:
+        source = "method"
+    if isinstance(method, bool) or not isinstance(method, int) or method not in (0, 1, 2):
+        raise DDStoreValueError(f"{source}={method!r} is not valid: expected 0 (MPI RMA), 1 or 2 (libfabric)")
+    return method

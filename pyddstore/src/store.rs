@@ -1,0 +1,387 @@
+//! `pyddstore._native.Store`: the store as the Python package sees it.
+//! Argument checks that need numpy happen here; the reading happens in
+//! ddstore-core with the GIL released.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use ddstore_core::layout::Layout;
+use ddstore_core::store::VarInfo;
+use ddstore_core::{DType, Error, Store};
+use numpy::{PyReadonlyArray1, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+use crate::buffer::Array;
+use crate::comm::PyComm;
+use crate::errors::{type_error, value_error, IntoPyResult};
+
+#[pyclass(name = "Store", module = "pyddstore._native", frozen)]
+pub struct PyStore {
+    store: Arc<Store>,
+    method: u8,
+    /// Element size per variable as given to init/add (info() reports it).
+    itemsizes: Mutex<HashMap<String, usize>>,
+}
+
+/// Row indices from an int64 array (fast path) or any sequence of ints.
+fn indices_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    let py = obj.py();
+    if let Ok(arr) = obj.extract::<PyReadonlyArray1<i64>>() {
+        return Ok(arr
+            .as_slice()
+            .map(|s| s.to_vec())
+            .unwrap_or_else(|_| arr.as_array().to_vec()));
+    }
+    if let Ok(arr) = obj.cast::<numpy::PyUntypedArray>() {
+        let kind = numpy::PyArrayDescrMethods::kind(&arr.dtype());
+        if kind != b'i' && kind != b'u' {
+            return Err(type_error(
+                py,
+                format!(
+                    "indices must be integers, got an array of dtype {}",
+                    arr.dtype()
+                ),
+            ));
+        }
+        if arr.ndim() != 1 {
+            return Err(value_error(
+                py,
+                format!(
+                    "indices must be one-dimensional, got shape {:?}",
+                    arr.shape()
+                ),
+            ));
+        }
+        let as_i64 = obj.call_method1("astype", ("int64",))?;
+        return indices_of(&as_i64);
+    }
+    obj.extract::<Vec<i64>>().map_err(|_| {
+        type_error(
+            py,
+            "indices must be a sequence of integers (list, range or integer numpy array)".into(),
+        )
+    })
+}
+
+impl PyStore {
+    fn var_info(&self, py: Python<'_>, name: &str) -> PyResult<VarInfo> {
+        Ok(self.store.var(name).py(py)?.info.clone())
+    }
+
+    /// Checks that `arr` can hold `nrows` rows of `name` with a matching dtype.
+    fn check_out(
+        &self,
+        py: Python<'_>,
+        call: &str,
+        name: &str,
+        arr: &Array<'_>,
+        nrows: usize,
+    ) -> PyResult<VarInfo> {
+        let info = self.var_info(py, name)?;
+        if info.dtype != DType::Bytes && arr.dtype() != info.dtype {
+            return Err(type_error(
+                py,
+                format!(
+                    "{call}('{name}'): arr has dtype {}, the variable holds {}",
+                    arr.dtype_name(),
+                    info.dtype.name()
+                ),
+            ));
+        }
+        let want = nrows * info.row_bytes;
+        if arr.nbytes() != want {
+            return Err(value_error(
+                py,
+                format!(
+                    "{call}('{name}'): arr has shape {:?} ({} bytes), expected {nrows} rows of {} bytes = {want} bytes",
+                    arr.arr.shape(),
+                    arr.nbytes(),
+                    info.row_bytes
+                ),
+            ));
+        }
+        Ok(info)
+    }
+}
+
+#[pymethods]
+impl PyStore {
+    #[new]
+    #[pyo3(signature = (comm, method, nic_map=None))]
+    fn new(
+        py: Python<'_>,
+        comm: &PyComm,
+        method: u8,
+        nic_map: Option<String>,
+    ) -> PyResult<PyStore> {
+        let config = ddstore_core::Config::from_env().py(py)?;
+        let transport =
+            crate::methods::transport_for(method, &comm.inner, &config, nic_map.as_deref())
+                .py(py)?;
+        Ok(PyStore {
+            store: Arc::new(Store::new(comm.inner.clone(), transport, config)),
+            method,
+            itemsizes: Mutex::new(HashMap::new()),
+        })
+    }
+
+    #[getter]
+    fn rank(&self) -> usize {
+        self.store.comm().rank()
+    }
+    #[getter]
+    fn size(&self) -> usize {
+        self.store.comm().size()
+    }
+    #[getter]
+    fn method(&self) -> u8 {
+        self.method
+    }
+    #[getter]
+    fn comm_kind(&self) -> &'static str {
+        self.store.comm().kind()
+    }
+    #[getter]
+    fn transport(&self) -> String {
+        self.store.transport_name()
+    }
+    #[getter]
+    fn freed(&self) -> bool {
+        self.store.is_freed()
+    }
+
+    fn comm(&self) -> PyComm {
+        PyComm {
+            inner: self.store.comm().clone(),
+        }
+    }
+
+    /// Collective: `nrows` rows on this rank, each `row_bytes` bytes.
+    #[pyo3(signature = (name, nrows, row_bytes, itemsize=1, dtype=None))]
+    fn init(
+        &self,
+        py: Python<'_>,
+        name: String,
+        nrows: i64,
+        row_bytes: i64,
+        itemsize: usize,
+        dtype: Option<&str>,
+    ) -> PyResult<()> {
+        if nrows < 0 {
+            return Err(value_error(
+                py,
+                format!("init('{name}'): nrows={nrows} must be >= 0"),
+            ));
+        }
+        if row_bytes <= 0 {
+            return Err(value_error(
+                py,
+                format!("init('{name}'): a row of {row_bytes} bytes must be at least 1 byte"),
+            ));
+        }
+        let dtype = match dtype {
+            Some(d) => DType::parse(d).py(py)?,
+            None => DType::Bytes,
+        };
+        let store = self.store.clone();
+        let n = name.clone();
+        py.detach(move || store.init(&n, nrows as u64, row_bytes as usize, dtype))
+            .py(py)?;
+        self.itemsizes.lock().unwrap().insert(name, itemsize.max(1));
+        Ok(())
+    }
+
+    /// Collective: creates `name` from this rank's rows (`arr`, first axis = rows).
+    fn add(&self, py: Python<'_>, name: String, arr: Bound<'_, PyAny>) -> PyResult<()> {
+        let a = Array::new(&arr, &format!("add('{name}', arr)"), false)?;
+        if a.arr.ndim() == 0 {
+            return Err(value_error(
+                py,
+                format!("add('{name}'): arr must have at least one dimension (rows)"),
+            ));
+        }
+        let nrows = a.rows();
+        let per_row: usize = a.arr.shape()[1..].iter().product::<usize>() * a.itemsize();
+        let dtype = a.dtype();
+        let store = self.store.clone();
+        let n = name.clone();
+        let data = a.bytes();
+        py.detach(|| {
+            store.init(&n, nrows as u64, per_row, dtype)?;
+            store.write_local(&n, 0, data)
+        })
+        .py(py)?;
+        self.itemsizes.lock().unwrap().insert(name, a.itemsize());
+        Ok(())
+    }
+
+    /// Writes this rank's rows `[offset, offset + len(arr))`.
+    #[pyo3(signature = (name, arr, offset=0))]
+    fn update(
+        &self,
+        py: Python<'_>,
+        name: String,
+        arr: Bound<'_, PyAny>,
+        offset: i64,
+    ) -> PyResult<()> {
+        let a = Array::new(&arr, &format!("update('{name}', arr)"), false)?;
+        let info = self.var_info(py, &name)?;
+        if info.dtype != DType::Bytes && a.dtype() != info.dtype {
+            return Err(type_error(
+                py,
+                format!(
+                    "update('{name}'): arr has dtype {}, the variable holds {}",
+                    a.dtype_name(),
+                    info.dtype.name()
+                ),
+            ));
+        }
+        if offset < 0 {
+            return Err(to_index(
+                py,
+                format!("update('{name}'): offset={offset} must be >= 0"),
+            ));
+        }
+        let store = self.store.clone();
+        let data = a.bytes();
+        py.detach(|| store.write_local(&name, offset as u64, data))
+            .py(py)
+    }
+
+    /// Reads rows `start .. start + len(arr)` (one owner's share) into `arr`.
+    #[pyo3(signature = (name, arr, start=0))]
+    fn get(&self, py: Python<'_>, name: String, arr: Bound<'_, PyAny>, start: i64) -> PyResult<()> {
+        let mut a = Array::new(&arr, &format!("get('{name}', arr)"), true)?;
+        let info = self.var_info(py, &name)?;
+        let nrows = if info.row_bytes > 0 {
+            a.nbytes() / info.row_bytes
+        } else {
+            0
+        };
+        self.check_out(py, "get", &name, &a, nrows.max(1))?;
+        let store = self.store.clone();
+        let out = a.bytes_mut();
+        py.detach(|| store.get(&name, start, out)).py(py)
+    }
+
+    /// Row i of `arr` receives global row `indices[i]`.
+    fn get_batch(
+        &self,
+        py: Python<'_>,
+        name: String,
+        arr: Bound<'_, PyAny>,
+        indices: Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let rows = indices_of(&indices)?;
+        let mut a = Array::new(&arr, &format!("get_batch('{name}', arr)"), true)?;
+        self.check_out(py, "get_batch", &name, &a, rows.len())?;
+        let store = self.store.clone();
+        let out = a.bytes_mut();
+        py.detach(|| store.read_rows(&name, &rows, out)).py(py)
+    }
+
+    /// (total rows, elements per row, itemsize), as upstream pyddstore.
+    fn info(&self, py: Python<'_>, name: &str) -> PyResult<(u64, usize, usize)> {
+        let info = self.var_info(py, name)?;
+        let itemsize = self
+            .itemsizes
+            .lock()
+            .unwrap()
+            .get(name)
+            .copied()
+            .unwrap_or(1);
+        Ok((info.layout.total(), info.row_bytes / itemsize, itemsize))
+    }
+
+    fn dtype(&self, py: Python<'_>, name: &str) -> PyResult<&'static str> {
+        Ok(self.var_info(py, name)?.dtype.name())
+    }
+
+    fn row_bytes(&self, py: Python<'_>, name: &str) -> PyResult<usize> {
+        Ok(self.var_info(py, name)?.row_bytes)
+    }
+
+    /// Rows per rank of the group.
+    fn counts(&self, py: Python<'_>, name: &str) -> PyResult<Vec<u64>> {
+        Ok(self.var_info(py, name)?.layout.counts())
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.store.names()
+    }
+
+    fn register_recv(&self, py: Python<'_>, name: String, arr: Bound<'_, PyAny>) -> PyResult<()> {
+        let a = Array::new(&arr, &format!("register_recv('{name}', arr)"), true)?;
+        self.store.register_dst(&name, a.addr(), a.nbytes()).py(py)
+    }
+
+    fn unregister_recv(&self, py: Python<'_>, name: String, arr: Bound<'_, PyAny>) -> PyResult<()> {
+        let a = Array::new(&arr, &format!("unregister_recv('{name}', arr)"), true)?;
+        self.store
+            .unregister_dst(&name, a.addr(), a.nbytes())
+            .py(py)
+    }
+
+    fn get_profile<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
+        let p = self.store.profile(name).py(py)?;
+        let d = PyDict::new(py);
+        for (k, v) in p.fields() {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+
+    /// Per-rank records another job needs to read `name` (method 2).
+    fn records<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyList>> {
+        let var = self.store.var(name).py(py)?;
+        PyList::new(py, var.records().iter().map(|r| PyBytes::new(py, r)))
+    }
+
+    /// Method 2 extra job: reads `name` as published by a core group.
+    #[pyo3(signature = (name, dtype, row_bytes, itemsize, counts, records))]
+    fn attach(
+        &self,
+        py: Python<'_>,
+        name: String,
+        dtype: &str,
+        row_bytes: usize,
+        itemsize: usize,
+        counts: Vec<u64>,
+        records: Vec<Vec<u8>>,
+    ) -> PyResult<()> {
+        if counts.len() != records.len() {
+            return Err(value_error(
+                py,
+                format!(
+                    "attach('{name}'): {} counts but {} records",
+                    counts.len(),
+                    records.len()
+                ),
+            ));
+        }
+        let info = VarInfo {
+            dtype: DType::parse(dtype).py(py)?,
+            row_bytes,
+            layout: Layout::new(&counts),
+        };
+        let store = self.store.clone();
+        let n = name.clone();
+        py.detach(move || store.attach(&n, info, &records)).py(py)?;
+        self.itemsizes.lock().unwrap().insert(name, itemsize.max(1));
+        Ok(())
+    }
+
+    fn fork_reader(&self, py: Python<'_>) -> PyResult<()> {
+        self.store.fork_reader().py(py)
+    }
+
+    fn free(&self, py: Python<'_>) {
+        let store = self.store.clone();
+        py.detach(move || store.free())
+    }
+}
+
+fn to_index(py: Python<'_>, msg: String) -> PyErr {
+    crate::errors::to_py(py, Error::IndexOutOfRange(msg))
+}

@@ -1,0 +1,85 @@
+"""Shared fixtures: launch real multi-process jobs (mpirun, or N plain
+processes joined through the file communicator) and fail on any rank's failure."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+SCRIPTS = HERE / "scripts"
+
+MPI_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_rmaps_base_oversubscribe": "1",
+    # Loopback only: tests never leave the machine.
+    "FI_TCP_IFACE": "lo",
+    "FI_SOCKETS_IFACE": "lo",
+    "DDSTORE_QUIET": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def _env(extra: dict | None) -> dict:
+    env = dict(os.environ)
+    env.update(MPI_ENV)
+    env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS), env.get("PYTHONPATH", "")])
+    for k, v in (extra or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = str(v)
+    return env
+
+
+def _check(proc: subprocess.CompletedProcess, what: str) -> subprocess.CompletedProcess:
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"{what} exited with {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
+        )
+    return proc
+
+
+def run_mpi(n: int, script: str, *args: str, env: dict | None = None, timeout: float = 240,
+            expect_ok: bool = True) -> subprocess.CompletedProcess:
+    """Runs tests/scripts/<script> under `mpirun -n N` and returns the finished process."""
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun not found: install openmpi-bin (the README's test command does)")
+    cmd = ["mpirun", "-n", str(n), "--bind-to", "none", sys.executable, str(SCRIPTS / script), *args]
+    proc = subprocess.run(cmd, env=_env(env), capture_output=True, text=True, timeout=timeout)
+    return _check(proc, " ".join(cmd)) if expect_ok else proc
+
+
+def run_procs(n: int, script: str, *args: str, env: dict | None = None, timeout: float = 240,
+              expect_ok: bool = True) -> list[subprocess.CompletedProcess]:
+    """Runs N plain processes (no MPI) with SLURM_PROCID/SLURM_NTASKS set, as srun would."""
+    procs = []
+    for rank in range(n):
+        e = _env(env)
+        e.update({"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(n), "SLURM_LOCALID": str(rank)})
+        procs.append(subprocess.Popen([sys.executable, str(SCRIPTS / script), *args], env=e,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    done = []
+    for rank, p in enumerate(procs):
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError(f"rank {rank} of {script} timed out after {timeout}s")
+        cp = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+        done.append(_check(cp, f"rank {rank} of {script}") if expect_ok else cp)
+    return done
+
+
+@pytest.fixture
+def handshake_dir(tmp_path):
+    d = tmp_path / "hs"
+    d.mkdir(mode=0o700)
+    return d
