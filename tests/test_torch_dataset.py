@@ -1,0 +1,116 @@
+"""pyddstore.torch end to end: DistDataset under mpirun (methods 0 and 1), without MPI (file
+and torch.distributed communicators), forked DataLoader workers, and a method-2 reader job.
+Each launch runs many checks (tests/scripts/torch_dataset.py) to keep the suite fast."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import SCRIPTS, _env, run_mpi, run_procs
+
+pytest.importorskip("torch")
+_native = pytest.importorskip("pyddstore._native")
+
+METHODS = set(getattr(_native, "METHODS", ()))
+
+
+def needs(method: int):
+    return pytest.mark.skipif(method not in METHODS, reason=f"method {method} is not in this build")
+
+
+# Method 1 over the fabric providers; DDSTORE_SHM=0 keeps same-node reads on the fabric too.
+FABRICS = [
+    pytest.param({"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0"}, id="tcp"),
+    pytest.param({"DDSTORE_FABRIC": "shm", "DDSTORE_SHM": "0"}, id="shm"),
+    pytest.param({}, id="default"),
+]
+
+
+@needs(0)
+@pytest.mark.parametrize("n", [2, 4])
+def test_mpi_method0(n):
+    run_mpi(n, "torch_dataset.py", "--method", "0", timeout=600)
+
+
+@needs(1)
+@pytest.mark.parametrize("fabric", FABRICS)
+def test_mpi_method1(fabric, handshake_dir):
+    run_mpi(3, "torch_dataset.py", "--method", "1", env=fabric, timeout=600)
+
+
+@needs(1)
+def test_mpi_method1_four_ranks():
+    run_mpi(4, "torch_dataset.py", "--method", "1", "--part", "structures", timeout=600)
+
+
+@needs(1)
+@pytest.mark.parametrize("comm", ["file", "torch"])
+def test_without_mpi(comm, handshake_dir):
+    env = {"DDSTORE_COMM": comm, "DDSTORE_MPI": "0", "DDSTORE_HANDSHAKE_DIR": str(handshake_dir)}
+    part = "all" if comm == "file" else "structures"
+    run_procs(
+        2,
+        "torch_dataset.py",
+        "--method",
+        "1",
+        "--comm",
+        comm,
+        "--hs",
+        str(handshake_dir),
+        "--part",
+        part,
+        env=env,
+        timeout=600,
+    )
+
+
+@needs(1)
+@pytest.mark.parametrize("fabric", FABRICS[:1] + FABRICS[2:])
+def test_forked_workers(fabric):
+    run_mpi(2, "torch_fork.py", "--method", "1", env={**fabric, "DDSTORE_FORK_WORKERS": "1"}, timeout=600)
+
+
+@needs(2)
+def test_method2_reader(handshake_dir):
+    hs = str(handshake_dir)
+    env = {"DDSTORE_FORK_WORKERS": "1", "DDSTORE_HANDSHAKE_DIR": hs}
+    core = subprocess.Popen(
+        [
+            "mpirun",
+            "-n",
+            "2",
+            "--bind-to",
+            "none",
+            sys.executable,
+            str(SCRIPTS / "torch_method2.py"),
+            "--part",
+            "core",
+            "--hs",
+            hs,
+        ],
+        env=_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        reader = run_procs(
+            1,
+            "torch_method2.py",
+            "--part",
+            "reader",
+            "--comm",
+            "file",
+            "--hs",
+            hs,
+            env={**env, "DDSTORE_MPI": "0"},
+            timeout=400,
+            expect_ok=False,
+        )[0]
+    finally:
+        (handshake_dir / "reader-done").touch()  # lets the core group finish either way
+        out, err = core.communicate(timeout=300)
+    assert reader.returncode == 0, f"reader failed\n{reader.stdout}\n{reader.stderr}"
+    assert core.returncode == 0, f"core group failed\n{out}\n{err}"
