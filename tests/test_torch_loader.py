@@ -195,10 +195,14 @@ def test_prefetch_depth(workers, factor):
     for seen, _ in enumerate(
         ThreadDataLoader(ds, batch_size=2, num_workers=workers, prefetch_factor=factor), 1
     ):
-        time.sleep(0.03)  # let the workers run ahead as far as they may
+        want = min(n_batches, seen + depth)
+        deadline = time.monotonic() + 5
+        while ds.started < want and time.monotonic() < deadline:  # the workers may run ahead this far...
+            time.sleep(0.005)
+        time.sleep(0.02)
         with ds.lock:
             started = ds.started
-        assert started == min(n_batches, seen + depth), (seen, started)
+        assert started == want, (seen, started)  # ...and no further
     assert seen == n_batches
 
 

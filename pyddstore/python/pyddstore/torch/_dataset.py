@@ -466,6 +466,9 @@ class DistDataset(_StoredDataset):
         self._handshake_dir = hs
         store = PyDDStore(comm, method=method, handshake_dir=hs, ddstore_width=ddstore_width)
         try:
+            world = getattr(store, "world_size", store.size)
+            if store.method == 2 and store.size != world:
+                raise DDStoreValueError("method=2 needs one group: ddstore_width cannot split the core group")
             n = len(source)
             schema = self._agree_schema(store, source, name, encode, fields, n)
             self._load(store, source, schema, encode, n, chunk_size)

@@ -57,6 +57,9 @@ def _install_worker_info_patch() -> None:
                 mod.get_worker_info = get_worker_info
 
 
+_install_worker_info_patch()  # at import, so later `from torch.utils.data import get_worker_info` sees it
+
+
 def _make_worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: Any) -> Any:
     seed = base_seed + worker_id
     rng = None
@@ -249,7 +252,7 @@ class _ThreadIter(_ThreadIterBase):
 
     def __init__(self, loader: ThreadDataLoader):
         super().__init__(loader)
-        _install_worker_info_patch()
+        _install_worker_info_patch()  # again, in case torch.utils.data was reloaded
         self._prefetch_factor = loader.prefetch_factor
         self._in_order = loader.in_order
         self._result_queue: queue.Queue = queue.Queue()
