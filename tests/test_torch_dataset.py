@@ -68,33 +68,36 @@ def test_without_mpi(comm, handshake_dir):
 
 @needs(1)
 @pytest.mark.parametrize("fabric", FABRICS[:1] + FABRICS[2:])
-def test_forked_workers(fabric):
+def test_forked_workers_mpi(fabric):
     run_mpi(2, "torch_fork.py", "--method", "1", env={**fabric, "DDSTORE_FORK_WORKERS": "1"}, timeout=600)
+
+
+@needs(1)
+def test_forked_workers_without_mpi(handshake_dir):
+    hs = str(handshake_dir)
+    env = {"DDSTORE_FORK_WORKERS": "1", "DDSTORE_COMM": "file", "DDSTORE_MPI": "0"}
+    run_procs(2, "torch_fork.py", "--method", "1", "--comm", "file", "--hs", hs, env=env, timeout=600)
 
 
 @needs(2)
 def test_method2_reader(handshake_dir):
+    """A core group of two plain processes (file communicator) and a separate reader job."""
     hs = str(handshake_dir)
-    env = {"DDSTORE_FORK_WORKERS": "1", "DDSTORE_HANDSHAKE_DIR": hs}
-    core = subprocess.Popen(
-        [
-            "mpirun",
-            "-n",
-            "2",
-            "--bind-to",
-            "none",
+    env = {"DDSTORE_FORK_WORKERS": "1", "DDSTORE_HANDSHAKE_DIR": hs, "DDSTORE_MPI": "0"}
+    core = []
+    for rank in range(2):
+        e = _env({**env, "SLURM_PROCID": rank, "SLURM_NTASKS": 2})
+        cmd = [
             sys.executable,
             str(SCRIPTS / "torch_method2.py"),
             "--part",
             "core",
+            "--comm",
+            "file",
             "--hs",
             hs,
-        ],
-        env=_env(env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+        ]
+        core.append(subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:
         reader = run_procs(
             1,
@@ -105,12 +108,13 @@ def test_method2_reader(handshake_dir):
             "file",
             "--hs",
             hs,
-            env={**env, "DDSTORE_MPI": "0"},
+            env=env,
             timeout=400,
             expect_ok=False,
         )[0]
     finally:
         (handshake_dir / "reader-done").touch()  # lets the core group finish either way
-        out, err = core.communicate(timeout=300)
+        outs = [p.communicate(timeout=300) for p in core]
     assert reader.returncode == 0, f"reader failed\n{reader.stdout}\n{reader.stderr}"
-    assert core.returncode == 0, f"core group failed\n{out}\n{err}"
+    for p, (out, err) in zip(core, outs, strict=True):
+        assert p.returncode == 0, f"core group failed\n{out}\n{err}"

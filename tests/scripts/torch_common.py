@@ -149,7 +149,9 @@ class World:
                 )
                 self.comm = dist.group.WORLD
             else:
-                self.comm = None  # FileComm in handshake_dir, rank/size from SLURM_*
+                from pyddstore import FileComm
+
+                self.comm = FileComm(a.hs)  # rank and size from SLURM_PROCID / SLURM_NTASKS
 
     def barrier(self) -> None:
         if self.kind == "mpi":
