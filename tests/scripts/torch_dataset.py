@@ -79,6 +79,14 @@ def check_structures():
             for f in ds.schema.fields:
                 assert st.counts(f.var) == [share_of(n, st.size, r)[1] for r in range(st.size)]
             ds.free()
+    os.environ["DDSTORE_LOAD_THREADS"] = "3"  # parallel source reads while loading
+    try:
+        ds = make(tc.DictSrc(23), chunk_size=5)
+        check_items(ds, tc.DictSrc(23), "DDSTORE_LOAD_THREADS=3")
+        ds.free()
+        raises(SchemaError, lambda: make(Bad(20, 9, "ragged"), chunk_size=6), "sample 9")
+    finally:
+        del os.environ["DDSTORE_LOAD_THREADS"]
     ds = make(tc.TupleSrc(5))
     assert ds.shapes == ((2, 3), (), (), (3,), (), ()), ds.shapes
     assert ds.dtypes == (torch.float32, int, float, np.dtype("int32"), np.dtype("float32"), bool), ds.dtypes

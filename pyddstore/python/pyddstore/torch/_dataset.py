@@ -10,6 +10,7 @@ import pickle
 import sys
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -203,7 +204,7 @@ class _StoredDataset(Dataset):
         raw = {}
         for f in fields:
             buf = f.check_out(out[f.key], n) if out is not None and f.key in out else f.alloc(n)
-            self._store.get_batch(f.var, buf, rows)
+            self._read_into(f, buf, rows)
             raw[f.key] = buf
         return raw
 
@@ -572,15 +573,27 @@ class DistDataset(_StoredDataset):
 
         step = self._chunk_rows(count, chunk_size, _DEFAULT_CHUNK_SAMPLES)
         filler = ChunkFiller(schema, max(1, min(step, count)))
-        for a in range(0, count, step):
-            c = min(step, count - a)
-            for j in range(c):
-                idx = start + a + j
-                filler.put(j, self._sample(source, idx, encode), idx)
-            for f, view in zip(schema.fields, filler.store_views(c), strict=True):
-                store.update(f.var, view, offset=a)
-            if bar is not None:
-                bar.update(c)
+        # Sources that read files gain from several reads in flight; opt-in, as not every
+        # source's __getitem__ is thread-safe.
+        threads = int(os.environ.get("DDSTORE_LOAD_THREADS", "1") or 1)
+        pool = ThreadPoolExecutor(threads, thread_name_prefix="ddstore-load") if threads > 1 else None
+        try:
+            for a in range(0, count, step):
+                c = min(step, count - a)
+                indices = range(start + a, start + a + c)
+                if pool is not None:
+                    samples = pool.map(lambda i: self._sample(source, i, encode), indices)
+                else:
+                    samples = (self._sample(source, i, encode) for i in indices)
+                for j, (idx, sample) in enumerate(zip(indices, samples, strict=True)):
+                    filler.put(j, sample, idx)
+                for f, view in zip(schema.fields, filler.store_views(c), strict=True):
+                    store.update(f.var, view, offset=a)
+                if bar is not None:
+                    bar.update(c)
+        finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
 
     @staticmethod
     def _write_meta(hs: str, name: str, n_core: int, n: int, schema: Schema) -> None:
