@@ -41,13 +41,15 @@ def _env(extra: dict | None) -> dict:
 def _check(proc: subprocess.CompletedProcess, what: str) -> subprocess.CompletedProcess:
     if proc.returncode != 0:
         raise AssertionError(
-            f"{what} exited with {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
+            f"{what} exited with {proc.returncode}\n"
+            f"--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
         )
     return proc
 
 
-def run_mpi(n: int, script: str, *args: str, env: dict | None = None, timeout: float = 240,
-            expect_ok: bool = True) -> subprocess.CompletedProcess:
+def run_mpi(
+    n: int, script: str, *args: str, env: dict | None = None, timeout: float = 240, expect_ok: bool = True
+) -> subprocess.CompletedProcess:
     """Runs tests/scripts/<script> under `mpirun -n N` and returns the finished process."""
     if shutil.which("mpirun") is None:
         pytest.skip("mpirun not found: install openmpi-bin (the README's test command does)")
@@ -56,15 +58,23 @@ def run_mpi(n: int, script: str, *args: str, env: dict | None = None, timeout: f
     return _check(proc, " ".join(cmd)) if expect_ok else proc
 
 
-def run_procs(n: int, script: str, *args: str, env: dict | None = None, timeout: float = 240,
-              expect_ok: bool = True) -> list[subprocess.CompletedProcess]:
+def run_procs(
+    n: int, script: str, *args: str, env: dict | None = None, timeout: float = 240, expect_ok: bool = True
+) -> list[subprocess.CompletedProcess]:
     """Runs N plain processes (no MPI) with SLURM_PROCID/SLURM_NTASKS set, as srun would."""
     procs = []
     for rank in range(n):
         e = _env(env)
         e.update({"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(n), "SLURM_LOCALID": str(rank)})
-        procs.append(subprocess.Popen([sys.executable, str(SCRIPTS / script), *args], env=e,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(SCRIPTS / script), *args],
+                env=e,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     done = []
     for rank, p in enumerate(procs):
         try:

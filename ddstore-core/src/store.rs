@@ -1,6 +1,6 @@
 //! The store: named variables, each split across the ranks of a group.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
@@ -45,7 +45,8 @@ pub struct Store {
     comm: Arc<dyn Comm>,
     transport: Arc<dyn Transport>,
     config: Config,
-    vars: RwLock<HashMap<String, Arc<Variable>>>,
+    /// Ordered so teardown (collective for MPI windows) runs in the same order on every rank.
+    vars: RwLock<BTreeMap<String, Arc<Variable>>>,
     freed: AtomicBool,
 }
 
@@ -65,7 +66,7 @@ impl Store {
             comm,
             transport,
             config,
-            vars: RwLock::new(HashMap::new()),
+            vars: RwLock::new(BTreeMap::new()),
             freed: AtomicBool::new(false),
         }
     }
@@ -228,7 +229,7 @@ impl Store {
             }
         };
         let rb = var.info.row_bytes;
-        if data.len() % rb != 0 {
+        if !data.len().is_multiple_of(rb) {
             return Err(Error::invalid(format!(
                 "update of '{name}': {} bytes is not a whole number of {rb}-byte rows",
                 data.len()
@@ -268,7 +269,7 @@ impl Store {
     pub fn get(&self, name: &str, start: i64, out: &mut [u8]) -> Result<()> {
         let var = self.var(name)?;
         let rb = var.info.row_bytes;
-        if out.len() % rb != 0 || out.is_empty() {
+        if !out.len().is_multiple_of(rb) || out.is_empty() {
             return Err(Error::invalid(format!(
                 "output for '{name}' has {} bytes, expected a positive multiple of the {rb}-byte row",
                 out.len()
@@ -324,7 +325,10 @@ impl Store {
     /// Collective for transports whose teardown is (MPI windows).
     pub fn free(&self) {
         if !self.freed.swap(true, Ordering::AcqRel) {
-            self.vars.write().unwrap().clear();
+            let vars = std::mem::take(&mut *self.vars.write().unwrap());
+            for (_, var) in vars {
+                drop(var);
+            }
         }
     }
 

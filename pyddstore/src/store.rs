@@ -209,7 +209,9 @@ impl PyStore {
         let data = a.bytes();
         py.detach(|| {
             store.init(&n, nrows as u64, per_row, dtype)?;
-            store.write_local(&n, 0, data)
+            store.write_local(&n, 0, data)?;
+            // Collective like upstream: every rank's rows are readable once add returns.
+            store.comm().barrier()
         })
         .py(py)?;
         self.itemsizes.lock().unwrap().insert(name, a.itemsize());
@@ -254,11 +256,7 @@ impl PyStore {
     fn get(&self, py: Python<'_>, name: String, arr: Bound<'_, PyAny>, start: i64) -> PyResult<()> {
         let mut a = Array::new(&arr, &format!("get('{name}', arr)"), true)?;
         let info = self.var_info(py, &name)?;
-        let nrows = if info.row_bytes > 0 {
-            a.nbytes() / info.row_bytes
-        } else {
-            0
-        };
+        let nrows = a.nbytes().checked_div(info.row_bytes).unwrap_or(0);
         self.check_out(py, "get", &name, &a, nrows.max(1))?;
         let store = self.store.clone();
         let out = a.bytes_mut();
@@ -339,6 +337,7 @@ impl PyStore {
     }
 
     /// Method 2 extra job: reads `name` as published by a core group.
+    #[allow(clippy::too_many_arguments)] // mirrors the record's fields one to one
     #[pyo3(signature = (name, dtype, row_bytes, itemsize, counts, records))]
     fn attach(
         &self,

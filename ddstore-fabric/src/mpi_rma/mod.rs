@@ -1,1 +1,28 @@
-//! Method 0: MPI RMA windows (to be written).
+//! Method 0: MPI RMA windows over rsmpi's raw ffi.
+//!
+//! - `init`: MPI's lifetime and the lock that serialises our MPI calls
+//!   when MPI provides less than `MPI_THREAD_MULTIPLE`.
+//! - [`MpiComm`]: a private duplicate of an MPI communicator.
+//! - [`MpiRma`]: the transport; shares live in MPI window memory.
+//!
+//! Contracts the store must keep for method 0:
+//! - `expose` and dropping the last handle of an exposed share
+//!   (`MPI_Win_free`) are collective: `free()` runs on every rank, in the
+//!   same order of variables.
+//! - `MPI_Win_flush` has no timeout: a read from a dead peer can block
+//!   until MPI itself gives up (`Config::timeout` cannot apply here).
+//! - Loaded bytes are written by plain stores into window memory; this
+//!   relies on MPI's unified memory model (osc sm, rdma, ucx), and the store
+//!   must pass a barrier between loading and reading.
+
+mod comm;
+mod init;
+mod transport;
+mod window;
+
+pub use comm::MpiComm;
+pub use init::{
+    ensure_initialized, finalize_if_ours, is_finalized, is_initialized, library_version,
+    thread_level, ThreadLevel,
+};
+pub use transport::MpiRma;

@@ -13,6 +13,7 @@ a ``FileComm``              otherwise, rank and size from ``SLURM_PROCID``/``SLU
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import sys
@@ -32,8 +33,14 @@ class FileComm:
     (default: Slurm job and step, or the launching process) tags every file so
     files left by an earlier job are never read."""
 
-    def __init__(self, handshake_dir=None, rank: int | None = None, size: int | None = None,
-                 job_id: str | None = None, timeout_s: float | None = None):
+    def __init__(
+        self,
+        handshake_dir=None,
+        rank: int | None = None,
+        size: int | None = None,
+        job_id: str | None = None,
+        timeout_s: float | None = None,
+    ):
         handshake_dir = handshake_dir or os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
         if not handshake_dir:
             raise DDStoreValueError(
@@ -126,7 +133,9 @@ def _mpi_comm(comm) -> _native.Comm:
         if mpi is not None:
             comm = mpi.COMM_WORLD
         else:
-            return _native.Comm.mpi(None)  # initialises MPI here; finalised at exit
+            comm = _native.Comm.mpi(None)  # initialises MPI here, finalised at exit
+            atexit.register(_native.finalize_mpi)
+            return comm
     return _native.Comm.mpi(comm.py2f())
 
 

@@ -40,7 +40,9 @@ def env_int(key: str, default: int | None, environ=os.environ, minimum: int = 0)
     try:
         value = int(raw)
     except ValueError:
-        raise DDStoreValueError(f"environment variable {key}={raw!r} is not valid: expected an integer") from None
+        raise DDStoreValueError(
+            f"environment variable {key}={raw!r} is not valid: expected an integer"
+        ) from None
     if value < minimum:
         raise DDStoreValueError(f"environment variable {key}={raw!r} is not valid: expected >= {minimum}")
     return value

@@ -118,11 +118,23 @@ def parse_record(raw: bytes, path: str, n_core: int) -> dict:
             f"handshake record {path} has format {body.get('format')!r}, this pyddstore reads format "
             f"{FORMAT_VERSION}: use the same pyddstore version in the core and extra jobs"
         )
-    required = {"name": str, "token": str, "host": str, "pid": int, "n_core": int, "dtype": str,
-                "row_bytes": int, "itemsize": int, "counts": list, "records": list}
+    required = {
+        "name": str,
+        "token": str,
+        "host": str,
+        "pid": int,
+        "n_core": int,
+        "dtype": str,
+        "row_bytes": int,
+        "itemsize": int,
+        "counts": list,
+        "records": list,
+    }
     for key, typ in required.items():
         if not isinstance(body.get(key), typ) or isinstance(body.get(key), bool):
-            raise DDStoreValueError(f"handshake record {path}: field {key!r} is missing or not a {typ.__name__}")
+            raise DDStoreValueError(
+                f"handshake record {path}: field {key!r} is missing or not a {typ.__name__}"
+            )
     if body["n_core"] != n_core:
         raise DDStoreValueError(
             f"handshake record {path} was published by {body['n_core']} core ranks, but n_core={n_core}"
@@ -171,5 +183,7 @@ def join(store, name: str, timeout_s: float | None = None) -> dict:
             f"join('{name}'): stale record {path}: its core job (pid {body['pid']} on {body['host']}) is no "
             "longer running; start the core job, or clear the handshake_dir of old records"
         )
-    store._native.attach(name, body["dtype"], body["row_bytes"], body["itemsize"], body["counts"], body["records"])
+    store._native.attach(
+        name, body["dtype"], body["row_bytes"], body["itemsize"], body["counts"], body["records"]
+    )
     return body

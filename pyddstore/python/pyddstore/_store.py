@@ -14,8 +14,14 @@ from ._comm import resolve_comm
 from ._env import env_int, resolve_method
 from ._errors import DDStoreTypeError, DDStoreUnsupportedError, DDStoreValueError
 
-_SUPPORTED = {"bool": "bool", "uint8": "uint8", "int32": "int32", "int64": "int64",
-              "float32": "float32", "float64": "float64"}
+_SUPPORTED = {
+    "bool": "bool",
+    "uint8": "uint8",
+    "int32": "int32",
+    "int64": "int64",
+    "float32": "float32",
+    "float64": "float64",
+}
 
 
 def _dtype_name(dtype) -> str | None:
@@ -38,8 +44,9 @@ class PyDDStore:
     the group into independent stores of that many consecutive ranks.
     """
 
-    def __init__(self, comm_or_none=None, method=None, handshake_dir="", n_core=0, nic_map=None,
-                 ddstore_width=None):
+    def __init__(
+        self, comm_or_none=None, method=None, handshake_dir="", n_core=0, nic_map=None, ddstore_width=None
+    ):
         method = resolve_method(method)
         self.handshake_dir = os.fspath(handshake_dir or os.environ.get("DDSTORE_HANDSHAKE_DIR", ""))
         n_core = n_core or env_int("DDSTORE_N_CORE", 0) or 0
@@ -49,7 +56,9 @@ class PyDDStore:
         self.is_extra = method == 2 and n_core > 0 and comm_or_none is None
         if self.is_extra:
             if not self.handshake_dir:
-                raise DDStoreValueError("method=2 extra members need handshake_dir (where the core job publishes)")
+                raise DDStoreValueError(
+                    "method=2 extra members need handshake_dir (where the core job publishes)"
+                )
             comm = _native.Comm.single()
         else:
             comm = resolve_comm(comm_or_none, self.handshake_dir)
@@ -65,7 +74,9 @@ class PyDDStore:
         self.world_rank, self.world_size = comm.rank, comm.size
         if ddstore_width is not None:
             if isinstance(ddstore_width, bool) or not isinstance(ddstore_width, int) or ddstore_width < 1:
-                raise DDStoreValueError(f"ddstore_width={ddstore_width!r} is not valid: expected a positive integer")
+                raise DDStoreValueError(
+                    f"ddstore_width={ddstore_width!r} is not valid: expected a positive integer"
+                )
             if comm.size % ddstore_width != 0:
                 raise DDStoreValueError(
                     f"ddstore_width={ddstore_width} does not divide the {comm.size} ranks into equal groups"
@@ -75,8 +86,13 @@ class PyDDStore:
         else:
             self.group_id = 0
         self.method = method
-        self._native = _native.Store(comm, method, nic_map if isinstance(nic_map, (str, type(None))) else
-                                     ",".join(f"{k}:{v}" for k, v in dict(nic_map).items()))
+        self._native = _native.Store(
+            comm,
+            method,
+            nic_map
+            if isinstance(nic_map, (str, type(None)))
+            else ",".join(f"{k}:{v}" for k, v in dict(nic_map).items()),
+        )
         # Hot paths go straight to the native methods (no Python frame per read).
         self.get_batch = self._native.get_batch
         self.get = self._native.get
@@ -171,7 +187,9 @@ class PyDDStore:
     def join(self, name: str, timeout_s: float | None = None) -> None:
         """Method 2 extra member: wait for ``name`` to be published, then read it."""
         if not self.is_extra:
-            raise DDStoreUnsupportedError("join() is for method=2 extra members: PyDDStore(None, method=2, n_core=N)")
+            raise DDStoreUnsupportedError(
+                "join() is for method=2 extra members: PyDDStore(None, method=2, n_core=N)"
+            )
         _handshake.join(self, name, timeout_s)
 
     def free(self) -> None:
@@ -194,8 +212,10 @@ class PyDDStore:
             self._publisher.publish(name)
 
     def __repr__(self) -> str:
-        return (f"PyDDStore(rank={self.rank}, size={self.size}, method={self.method}, "
-                f"comm={self.comm_kind}, transport={self.transport})")
+        return (
+            f"PyDDStore(rank={self.rank}, size={self.size}, method={self.method}, "
+            f"comm={self.comm_kind}, transport={self.transport})"
+        )
 
 
 def _as_array(arr, what: str):

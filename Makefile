@@ -1,0 +1,32 @@
+# pyddstore: `make help` lists the targets.
+.PHONY: help setup demo test bench lint fmt soak check-memory clean
+
+help:  ## this list
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+setup:  ## install OS and Python dependencies, build the extension into .venv
+	bash scripts/setup.sh
+
+demo:  ## the main job: 4-rank demo + VAE example on this machine
+	bash scripts/run-demo.sh
+
+test:  ## every test (cargo test + pytest with real multi-rank jobs)
+	bash scripts/run-tests.sh
+
+bench:  ## the benchmark suite (python -m pyddstore.bench) under mpirun -n 4
+	bash scripts/setup.sh && . .venv/bin/activate && \
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+	FI_TCP_IFACE=lo mpirun -n 4 --bind-to none python -m pyddstore.bench --json bench-results/bench.json
+
+lint:  ## cargo fmt --check, clippy -D warnings, ruff
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	. .venv/bin/activate && ruff check . && ruff format --check .
+
+fmt:  ## format Rust and Python sources
+	cargo fmt --all
+	. .venv/bin/activate && ruff format .
+
+clean:  ## remove build outputs
+	cargo clean
+	rm -rf .venv bench-results

@@ -1,0 +1,378 @@
+//! `MpiRma`: method 0. Each share is MPI window memory (allocated by MPI,
+//! written in place while loading), read by `MPI_Get` inside one
+//! `MPI_Win_lock_all` epoch that lasts the window's life.
+//!
+//! Dropping the last handle of an exposed share frees its windows, which is
+//! collective: for method 0 the store's `free()` must be called on every rank.
+
+use std::os::raw::c_int;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use ddstore_core::comm::{gather_u64, Comm};
+use ddstore_core::region::{Memory, RawMemory};
+use ddstore_core::transport::{
+    ExposeOptions, Exposed, RemoteRead, RemoteShares, ShareReader, Transport,
+};
+use mpi::ffi;
+
+use super::comm::MpiComm;
+use super::init::serialize;
+use super::window::Window;
+use crate::error::{FabricError, FabricResult};
+
+const NEEDS_MPI_COMM: &str = "method 0 (MPI RMA) needs an MPI communicator; use method=1 with a file or torch.distributed communicator";
+const FORKED: &str = "method 0 cannot be read from a forked process (no MPI after fork): use ThreadDataLoader, or method=1";
+/// Test hook: group ranks into pretend nodes of this many consecutive ranks
+/// instead of asking MPI which ranks share memory, to exercise the
+/// multi-node layout (shared window per node + a window over all ranks) on one host.
+const FAKE_NODE_SIZE_ENV: &str = "DDSTORE_MPI_FAKE_NODE_SIZE";
+
+/// Method 0: MPI one-sided reads.
+#[derive(Debug, Default)]
+pub struct MpiRma;
+
+impl MpiRma {
+    pub fn new() -> MpiRma {
+        MpiRma
+    }
+}
+
+/// The windows of one share, freed in field order: the window over all
+/// ranks (which may expose memory of the shared window) before the shared one.
+struct ShareWindows {
+    /// Set when reads go through a window other than `owner_of_memory`.
+    over_all_ranks: Option<Window>,
+    /// The window that owns this rank's memory (allocated or shared).
+    owner_of_memory: Window,
+}
+
+impl ShareWindows {
+    fn read_window(&self) -> &Window {
+        self.over_all_ranks
+            .as_ref()
+            .unwrap_or(&self.owner_of_memory)
+    }
+}
+
+/// A pointer MPI returned for `len` bytes, made safe for a `RawMemory`:
+/// an empty share gets a dangling (never dereferenced) non-null pointer.
+fn usable_ptr(ptr: *mut u8, len: usize) -> FabricResult<*mut u8> {
+    if len == 0 {
+        return Ok(NonNull::<u8>::dangling().as_ptr());
+    }
+    if ptr.is_null() {
+        return Err(FabricError::Mpi {
+            call: "MPI window allocation",
+            code: 0,
+            message: format!("MPI returned a null address for a share of {len} bytes"),
+        });
+    }
+    Ok(ptr)
+}
+
+/// The ranks sharing memory with this one, or `None` when no rank shares
+/// memory with another. Collective; every rank gets the same kind of answer
+/// so all ranks create the same windows.
+fn node_comm(comm: &MpiComm) -> ddstore_core::Result<Option<MpiComm>> {
+    let fake = std::env::var(FAKE_NODE_SIZE_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    let node = match fake {
+        Some(n) if n > 0 => comm.split_raw((comm.rank() / n) as c_int, comm.rank() as c_int)?,
+        _ => comm.split_node()?,
+    };
+    let node_sizes = gather_u64(comm, node.size() as u64)?;
+    Ok(if node_sizes.iter().any(|&n| n > 1) {
+        Some(node)
+    } else {
+        None
+    })
+}
+
+impl Transport for MpiRma {
+    fn name(&self) -> String {
+        "mpi-rma".into()
+    }
+
+    fn expose(
+        &self,
+        comm: &Arc<dyn Comm>,
+        len: usize,
+        opts: &ExposeOptions,
+    ) -> ddstore_core::Result<Exposed> {
+        let mpi_comm = comm
+            .as_any()
+            .downcast_ref::<MpiComm>()
+            .ok_or_else(|| FabricError::Unavailable(NEEDS_MPI_COMM.into()))?;
+        let size = mpi_comm.size();
+        let me = mpi_comm.rank();
+        // Every rank validates every size the same way, so all fail together.
+        let sizes: Vec<usize> = gather_u64(mpi_comm, len as u64)?
+            .into_iter()
+            .map(|s| s as usize)
+            .collect();
+        if let Some((rank, s)) = sizes
+            .iter()
+            .enumerate()
+            .find(|(_, &s)| s > isize::MAX as usize)
+        {
+            return Err(FabricError::Invalid(format!(
+                "rank {rank} asked for a share of {s} bytes for '{}', more than MPI can address",
+                opts.name
+            ))
+            .into());
+        }
+
+        let node = if opts.node_sharing && size > 1 {
+            node_comm(mpi_comm)?
+        } else {
+            None
+        };
+        let mut node_peers: Vec<Option<Arc<dyn Memory>>> = (0..size).map(|_| None).collect();
+        let mut peer_views: Vec<(usize, *mut u8, usize)> = Vec::new();
+        let windows = match node {
+            Some(node) => {
+                let shared = Window::allocate_shared(&node, len)?;
+                let node_to_global = gather_u64(&node, me as u64)?;
+                for (node_rank, &global) in node_to_global.iter().enumerate() {
+                    let global = global as usize;
+                    if node_rank == node.rank() {
+                        continue;
+                    }
+                    let (ptr, peer_len) = shared.shared_query(node_rank)?;
+                    let expected = sizes.get(global).copied().unwrap_or(usize::MAX);
+                    if global >= size || peer_len < expected {
+                        return Err(FabricError::Invalid(format!(
+                            "node rank {node_rank} (rank {global}) shares {peer_len} bytes, expected {expected}"
+                        ))
+                        .into());
+                    }
+                    peer_views.push((global, ptr, expected));
+                }
+                let over_all_ranks = if node.size() < size {
+                    let (base, mine) = shared.local();
+                    // SAFETY: the memory belongs to `shared`, which is dropped
+                    // after this window (field order of ShareWindows).
+                    Some(unsafe { Window::create(mpi_comm, base, mine) }?)
+                } else {
+                    None
+                };
+                // With one node the shared window's ranks are the global ranks
+                // (split_type keyed by rank keeps the order), so Gets use it directly.
+                Arc::new(ShareWindows {
+                    over_all_ranks,
+                    owner_of_memory: shared,
+                })
+            }
+            None => {
+                let win = Window::allocate(mpi_comm, len)?;
+                Arc::new(ShareWindows {
+                    over_all_ranks: None,
+                    owner_of_memory: win,
+                })
+            }
+        };
+
+        let owner: Arc<dyn std::any::Any + Send + Sync> = windows.clone();
+        let (base, mine) = windows.owner_of_memory.local();
+        let base = usable_ptr(base, mine)?;
+        // SAFETY: MPI allocated `mine` bytes at `base` for this rank, writable,
+        // and `owner` keeps the windows (and so the memory) alive.
+        let local = unsafe { RawMemory::new(base, mine, true, owner.clone()) };
+        for (global, ptr, peer_len) in peer_views {
+            let ptr = usable_ptr(ptr, peer_len)?;
+            // SAFETY: MPI_Win_shared_query gave this address of `peer_len`
+            // bytes in the shared window that `owner` keeps alive; read-only.
+            let view = unsafe { RawMemory::new(ptr, peer_len, false, owner.clone()) };
+            node_peers[global] = Some(Arc::new(view));
+        }
+        let remote = Arc::new(MpiShares {
+            inner: Arc::new(SharesInner {
+                windows,
+                sizes,
+                pid: std::process::id(),
+                forked: AtomicBool::new(false),
+            }),
+        });
+        Ok(Exposed {
+            local: Arc::new(local),
+            node_peers,
+            remote,
+            records: Vec::new(),
+        })
+    }
+
+    fn attach(&self, _records: &[Vec<u8>]) -> ddstore_core::Result<Arc<dyn RemoteShares>> {
+        Err(FabricError::Unavailable(
+            "method 0 (MPI RMA) shares cannot be read from another job: use method=2".into(),
+        )
+        .into())
+    }
+}
+
+/// Every rank's share of one variable, read with `MPI_Get`.
+struct MpiShares {
+    inner: Arc<SharesInner>,
+}
+
+struct SharesInner {
+    windows: Arc<ShareWindows>,
+    /// Share size of every rank, gathered at expose.
+    sizes: Vec<usize>,
+    pid: u32,
+    forked: AtomicBool,
+}
+
+impl SharesInner {
+    fn check_not_forked(&self) -> FabricResult<()> {
+        if self.forked.load(Ordering::Relaxed) || self.pid != std::process::id() {
+            return Err(FabricError::Unavailable(FORKED.into()));
+        }
+        Ok(())
+    }
+
+    fn validate(&self, reads: &[RemoteRead], dst_len: usize) -> FabricResult<()> {
+        for r in reads {
+            let Some(&share) = self.sizes.get(r.owner) else {
+                return Err(FabricError::Invalid(format!(
+                    "read from rank {} but the communicator has {} ranks",
+                    r.owner,
+                    self.sizes.len()
+                )));
+            };
+            let in_share = r
+                .offset
+                .checked_add(r.len as u64)
+                .is_some_and(|end| end <= share as u64);
+            if !in_share {
+                return Err(FabricError::Invalid(format!(
+                    "read of {} bytes at offset {} is outside rank {}'s share of {share} bytes",
+                    r.len, r.offset, r.owner
+                )));
+            }
+            let in_dst = r
+                .dst_offset
+                .checked_add(r.len)
+                .is_some_and(|end| end <= dst_len);
+            if !in_dst {
+                return Err(FabricError::Invalid(format!(
+                    "read of {} bytes to offset {} overflows the destination of {dst_len} bytes",
+                    r.len, r.dst_offset
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RemoteShares for MpiShares {
+    fn open_reader(&self) -> ddstore_core::Result<Box<dyn ShareReader>> {
+        self.inner.check_not_forked()?;
+        Ok(Box::new(MpiReader {
+            shares: self.inner.clone(),
+            touched: vec![false; self.inner.sizes.len()],
+            targets: Vec::new(),
+        }))
+    }
+
+    fn forget_after_fork(&self) -> ddstore_core::Result<()> {
+        self.inner.forked.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// One thread's reader: no state shared with other readers, so threads read
+/// concurrently under MPI_THREAD_MULTIPLE.
+struct MpiReader {
+    shares: Arc<SharesInner>,
+    /// Per rank: posted to in the current batch (reset after each batch).
+    touched: Vec<bool>,
+    targets: Vec<c_int>,
+}
+
+/// Longest single MPI_Get: its count is a C int.
+const MAX_GET: usize = c_int::MAX as usize;
+
+impl MpiReader {
+    /// Posts every read, then flushes every target posted to, even when a
+    /// post failed: `dst` must not be written by MPI after we return.
+    fn post_and_flush(&mut self, reads: &[RemoteRead], dst: &mut [u8]) -> FabricResult<()> {
+        let win = self.shares.windows.read_window();
+        let dst_base = dst.as_mut_ptr();
+        let _g = serialize();
+        let mut posted = Ok(());
+        'reads: for r in reads.iter().filter(|r| r.len > 0) {
+            let target = r.owner as c_int;
+            if !self.touched[r.owner] {
+                self.touched[r.owner] = true;
+                self.targets.push(target);
+            }
+            let mut done = 0usize;
+            while done < r.len {
+                let n = (r.len - done).min(MAX_GET);
+                let disp = (r.offset + done as u64) as ffi::MPI_Aint;
+                // SAFETY: validate() checked dst_offset+len <= dst.len() and the
+                // remote range; `dst` stays mutably borrowed (untouched by Rust)
+                // until the flushes below complete; we hold the serialize guard.
+                let rc =
+                    unsafe { win.get(dst_base.add(r.dst_offset + done), n as c_int, target, disp) };
+                if let Err(e) = rc {
+                    posted = Err(e);
+                    break 'reads;
+                }
+                done += n;
+            }
+        }
+        let mut flushed = Ok(());
+        for &t in &self.targets {
+            if let Err(e) = win.flush(t) {
+                flushed = Err(e);
+            }
+        }
+        if flushed.is_err() {
+            // Last resort so nothing lands in `dst` after we return.
+            let _ = win.flush_all();
+        }
+        for &t in &self.targets {
+            self.touched[t as usize] = false;
+        }
+        self.targets.clear();
+        posted.and(flushed)
+    }
+}
+
+impl ShareReader for MpiReader {
+    fn read_many(&mut self, reads: &[RemoteRead], dst: &mut [u8]) -> ddstore_core::Result<()> {
+        self.shares.check_not_forked()?;
+        self.shares.validate(reads, dst.len())?;
+        Ok(self.post_and_flush(reads, dst)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ddstore_core::comm::SingleComm;
+
+    #[test]
+    fn needs_an_mpi_communicator_and_cannot_attach() {
+        let comm: Arc<dyn Comm> = Arc::new(SingleComm);
+        let opts = ExposeOptions {
+            name: "x".into(),
+            node_sharing: true,
+        };
+        let err = MpiRma::new()
+            .expose(&comm, 16, &opts)
+            .err()
+            .expect("refused");
+        assert!(
+            err.to_string().contains("needs an MPI communicator"),
+            "{err}"
+        );
+        let err = MpiRma::new().attach(&[]).err().expect("refused");
+        assert!(err.to_string().contains("another job"), "{err}");
+        assert_eq!(MpiRma::new().name(), "mpi-rma");
+    }
+}

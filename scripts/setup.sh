@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Installs everything pyddstore needs on a fresh Debian machine (as root, or
+# with sudo), then builds the extension into ./.venv. Safe to run again:
+# steps already done are skipped.
+#   WITH_TORCH=0  skip PyTorch (2.8 GB download; needed for pyddstore.torch)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+APT_PACKAGES="libopenmpi-dev openmpi-bin libfabric-dev libfabric-bin libclang-dev clang pkg-config python3-venv"
+missing=""
+for p in $APT_PACKAGES; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    echo "==> apt-get install$missing"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+    [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+fi
+command -v cargo >/dev/null || { echo "cargo not found: install a Rust toolchain (rustup) first" >&2; exit 1; }
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    echo "==> python venv .venv"
+    $PY -m venv .venv
+fi
+. .venv/bin/activate
+
+want="numpy mpi4py maturin pytest ruff matplotlib"
+[ "${WITH_TORCH:-1}" = "1" ] && want="$want torch"
+need=""
+for p in $want; do
+    python -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('$p') is None)" 2>/dev/null || need="$need $p"
+done
+if [ -n "$need" ]; then
+    echo "==> pip install$need"
+    python -m pip install -q --no-cache-dir --upgrade pip >/dev/null
+    python -m pip install -q --no-cache-dir $need
+fi
+
+echo "==> building the extension (maturin develop --release)"
+(cd pyddstore && maturin develop --release -q 2>&1 | grep -v "^$" | tail -n 3)
+python -c "import pyddstore; print('pyddstore', pyddstore.__version__, 'ready')"

@@ -1,0 +1,76 @@
+"""Helpers for the multi-rank test scripts: deterministic row contents any
+rank can recompute, and checks that report the failing rank."""
+
+import os
+import sys
+import threading
+
+import numpy as np
+
+DTYPES = ["bool", "uint8", "int32", "int64", "float32", "float64"]
+
+
+def rows_of(name_seed: int, rows, shape, dtype) -> np.ndarray:
+    """The content of global rows `rows`: a pure function of (seed, row)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    n = int(np.prod(shape)) if shape else 1
+    vals = (rows[:, None] * 7919 + np.arange(n)[None, :] * 31 + name_seed) % 251
+    dt = np.dtype(dtype)
+    if dt == np.bool_:
+        vals = vals % 2
+    elif dt.kind == "f":
+        vals = vals * 0.5 - 3.25
+    elif dt.kind == "i":
+        vals = vals - 100
+    return vals.astype(dt).reshape((len(rows),) + tuple(shape))
+
+
+def share_bounds(n: int, size: int, rank: int):
+    """Uneven split: the first n % size ranks hold one more row."""
+    counts = [n // size + (r < n % size) for r in range(size)]
+    first = sum(counts[:rank])
+    return first, counts[rank], counts
+
+
+def expect_error(exc_types, fragment: str, fn, *args):
+    try:
+        fn(*args)
+    except exc_types as e:
+        if fragment.lower() not in str(e).lower():
+            raise AssertionError(f"error message {str(e)!r} lacks {fragment!r}") from e
+        return e
+    raise AssertionError(f"expected {exc_types} containing {fragment!r}, nothing was raised")
+
+
+def run_threads(n: int, fn) -> None:
+    errors = []
+
+    def body(i):
+        try:
+            fn(i)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def rank_tag() -> str:
+    return f"[rank {os.environ.get('OMPI_COMM_WORLD_RANK', os.environ.get('SLURM_PROCID', '?'))}]"
+
+
+def main_guard(main):
+    try:
+        main()
+    except BaseException:
+        import traceback
+
+        print(rank_tag(), "FAILED", file=sys.stderr)
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
