@@ -116,5 +116,5 @@ def test_method2_reader(handshake_dir):
         (handshake_dir / "reader-done").touch()  # lets the core group finish either way
         outs = [p.communicate(timeout=300) for p in core]
     assert reader.returncode == 0, f"reader failed\n{reader.stdout}\n{reader.stderr}"
-    for p, (out, err) in zip(core, outs, strict=True):
+    for p, (out, err) in zip(core, outs):
         assert p.returncode == 0, f"core group failed\n{out}\n{err}"

@@ -42,7 +42,7 @@ def _same(a, b) -> None:
         assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), (a, b)
     elif isinstance(a, (list, tuple)):
         assert type(a) is type(b) and len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
+        for x, y in zip(a, b):
             _same(x, y)
     elif isinstance(a, dict):
         assert list(a) == list(b)

@@ -63,7 +63,7 @@ def test_infer_fields_and_json_roundtrip():
     rec = np.zeros(3, dtype=REC)
     d = Schema.infer({"r": rec[0], "arr": rec, "ra": rec.view(np.recarray)}, "recs")
     back = Schema.from_json(json.loads(json.dumps(d.to_json())))
-    for a, b in zip(d.fields, back.fields, strict=True):
+    for a, b in zip(d.fields, back.fields):
         assert (a.key, a.kind, a.shape, a.dtype, a.record) == (b.key, b.kind, b.shape, b.dtype, b.record)
         assert a.init_args() == (32 * a.count, 1, None)
     assert back.structure == "dict" and back.keys == ["r", "arr", "ra"]
@@ -131,11 +131,11 @@ def test_fill_and_rebuild():
     samples = [_sample(i) for i in range(5)]
     s, filler = _fill(samples, rows=8)
     views = filler.store_views(5)
-    columns = {f.key: f.column(f.values(v.copy())) for f, v in zip(s.fields, views, strict=True)}
+    columns = {f.key: f.column(f.values(v.copy())) for f, v in zip(s.fields, views)}
     rebuilt = s.build(columns, 5)
-    for a, b in zip(samples, rebuilt, strict=True):
+    for a, b in zip(samples, rebuilt):
         assert type(b) is tuple
-        for x, y in zip(a, b, strict=True):
+        for x, y in zip(a, b):
             assert type(x) is type(y)
             if isinstance(x, torch.Tensor):
                 assert torch.equal(x, y)
@@ -161,7 +161,7 @@ def test_direct_batches_arranged_like_default_collate(make):
     for j, smp in enumerate(samples):
         filler.put(j, smp, j)
     values = {}
-    for f, v in zip(s.fields, filler.store_views(4), strict=True):
+    for f, v in zip(s.fields, filler.store_views(4)):
         values[f.key] = torch.from_numpy(v.copy())
     want, got = default_collate(samples), s.collate_like(values)
     flat_w = want if isinstance(want, (list, tuple)) else [want]
@@ -170,7 +170,7 @@ def test_direct_batches_arranged_like_default_collate(make):
         flat_w, flat_g = list(want.values()), list(got.values())
         assert list(want) == list(got)
     assert type(want) is type(got)
-    for a, b in zip(flat_w, flat_g, strict=True):
+    for a, b in zip(flat_w, flat_g):
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 

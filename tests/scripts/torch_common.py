@@ -106,7 +106,7 @@ def same(a, b, where: str = "") -> None:
         assert type(a) is type(b) and a.dtype == b.dtype and a.tobytes() == b.tobytes(), msg
     elif isinstance(a, (tuple, list)):
         assert type(a) is type(b) and len(a) == len(b), msg
-        for k, (x, y) in enumerate(zip(a, b, strict=True)):
+        for k, (x, y) in enumerate(zip(a, b)):
             same(x, y, f"{where}[{k}]")
     elif isinstance(a, dict):
         assert type(a) is type(b) and list(a) == list(b), msg

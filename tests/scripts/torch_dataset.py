@@ -14,12 +14,6 @@ import tempfile
 import numpy as np
 import torch
 import torch_common as tc
-from torch.utils.data import ConcatDataset, DataLoader, TensorDataset
-from torch.utils.data.distributed import DistributedSampler
-
-A = tc.args()
-W = tc.World(A)
-
 from pyddstore.torch import (
     DistDataset,
     ForkedWorkerError,
@@ -30,9 +24,13 @@ from pyddstore.torch import (
     row_of,
     share_of,
 )
+from torch.utils.data import ConcatDataset, DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
 
 from pyddstore import DDStoreValueError
 
+A = tc.args()
+W = tc.World(A)  # after pyddstore: it sets libfabric defaults before MPI starts libfabric
 KW = {"comm": W.comm, "method": A.method, "handshake_dir": A.hs or None}
 COUNTER = [0]
 
@@ -63,7 +61,7 @@ def check_items(ds, src, what):
     for i in range(n):
         tc.same(want(i), ds[i], f"{what} item {i}")
     order = [n - 1, 0, n // 2, 0, n - 1, 1]
-    for i, s in zip(order, ds.__getitems__(order), strict=True):
+    for i, s in zip(order, ds.__getitems__(order)):
         tc.same(want(i), s, f"{what} batch item {i}")
     tc.same(want(n - 1), ds[-1], f"{what} item -1")
     raises(IndexError, lambda: ds[n])
@@ -247,7 +245,7 @@ def check_windows():
     for i in range(len(w)):
         tc.same(window_of(src, [2 * i, 2 * i + 2, 2 * i + 4]), w[i], f"window {i}")
     idx = [len(w) - 1, 0, 3, 3]
-    for i, s in zip(idx, w.__getitems__(idx), strict=True):
+    for i, s in zip(idx, w.__getitems__(idx)):
         tc.same(w[i], s, f"window batch {i}")
     w0 = WindowedDataset(ds, window=2, fields=[0])
     tc.same((torch.stack([src[5][0], src[6][0]]),), w0[5], "window fields")

@@ -12,13 +12,12 @@ import os
 
 import torch
 import torch_common as tc
+from pyddstore.torch import DistDataset
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 A = tc.args()
-W = tc.World(A)
-
-from pyddstore.torch import DistDataset
+W = tc.World(A)  # after pyddstore: it sets libfabric defaults before MPI starts libfabric
 
 
 class Pids(torch.utils.data.Dataset):

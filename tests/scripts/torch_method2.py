@@ -50,7 +50,7 @@ def reader():
     assert len(ds) == N and ds.shapes["m"] == (2, 2)
     for i in range(N):
         tc.same(src[i], ds[i], f"reader item {i}")
-    for i, s in zip([30, 0, 0, 7], ds.__getitems__([30, 0, 0, 7]), strict=True):
+    for i, s in zip([30, 0, 0, 7], ds.__getitems__([30, 0, 0, 7])):
         tc.same(src[i], s, f"reader batch item {i}")
     got = ds.read_rows([3, 1], fields=["x"], out=ds.alloc(4, fields=["x"]))
     tc.same(torch.stack([src[3]["x"], src[1]["x"]]), got["x"], "reader read_rows")

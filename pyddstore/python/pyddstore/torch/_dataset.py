@@ -250,7 +250,7 @@ class _StoredDataset(Dataset):
         columns = {f.key: f.column(self._values(f, raw[f.key], dev)) for f in sel}
         samples = self._schema.build(columns, len(rows))
         if self._decode is not None:
-            samples = [self._decode(s, i) for s, i in zip(samples, rows.tolist(), strict=True)]
+            samples = [self._decode(s, i) for s, i in zip(samples, rows.tolist())]
         return samples
 
     # -- direct batch reads (ThreadDataLoader) ----------------------------------------------
@@ -585,9 +585,9 @@ class DistDataset(_StoredDataset):
                     samples = pool.map(lambda i: self._sample(source, i, encode), indices)
                 else:
                     samples = (self._sample(source, i, encode) for i in indices)
-                for j, (idx, sample) in enumerate(zip(indices, samples, strict=True)):
+                for j, (idx, sample) in enumerate(zip(indices, samples)):
                     filler.put(j, sample, idx)
-                for f, view in zip(schema.fields, filler.store_views(c), strict=True):
+                for f, view in zip(schema.fields, filler.store_views(c)):
                     store.update(f.var, view, offset=a)
                 if bar is not None:
                     bar.update(c)

@@ -16,7 +16,7 @@ import queue
 import random
 import threading
 import weakref
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 import torch
@@ -508,7 +508,7 @@ class ThreadDataLoader(DataLoader):
         if self._buffer_pool is not None:
             self._buffer_pool.release_all()
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> ThreadDataLoader:
         return self
 
     def __exit__(self, *exc: object) -> None:

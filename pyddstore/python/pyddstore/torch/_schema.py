@@ -453,11 +453,9 @@ class Schema:
         cols = [columns[k] for k in keys]
         if self.structure == DICT:
             if self.seq_type is None or self.seq_type is dict:
-                return [dict(zip(keys, vals, strict=True)) for vals in zip(*cols, strict=True)]
-            return [
-                _make_mapping(self.seq_type, zip(keys, vals, strict=True)) for vals in zip(*cols, strict=True)
-            ]
-        rows = zip(*cols, strict=True)
+                return [dict(zip(keys, vals)) for vals in zip(*cols)]
+            return [_make_mapping(self.seq_type, zip(keys, vals)) for vals in zip(*cols)]
+        rows = zip(*cols)
         if self.structure == LIST:
             return [list(r) for r in rows]
         t = self.seq_type
@@ -533,7 +531,7 @@ class ChunkFiller:
         ):
             schema.check_extra(sample, index, schema.n_items)
         values = schema.field_values(sample, index)
-        for f, buf, v in zip(schema.fields, self.bufs, values, strict=True):
+        for f, buf, v in zip(schema.fields, self.bufs, values):
             f.validate(v, index)
             try:
                 if f.kind == TENSOR:
@@ -544,4 +542,4 @@ class ChunkFiller:
                 raise SchemaError(f"{_where(index, f.key)}: {e}") from None
 
     def store_views(self, n: int) -> list[np.ndarray]:
-        return [f.to_store(b[:n]) for f, b in zip(self.schema.fields, self.bufs, strict=True)]
+        return [f.to_store(b[:n]) for f, b in zip(self.schema.fields, self.bufs)]
