@@ -118,3 +118,8 @@ def test_method2_reader(handshake_dir):
     assert reader.returncode == 0, f"reader failed\n{reader.stdout}\n{reader.stderr}"
     for p, (out, err) in zip(core, outs):
         assert p.returncode == 0, f"core group failed\n{out}\n{err}"
+
+
+@needs(1)
+def test_load_memory():
+    run_procs(1, "torch_memory.py", env={"DDSTORE_MPI": "0"}, timeout=300)
