@@ -190,6 +190,13 @@ def check_loaders():
         lambda: ThreadDataLoader(ds, batch_size=4, collate_fn=copying_collate, reuse_buffers=True),
     )
     raises(ValueError, lambda: ThreadDataLoader(ds, batch_size=None, reuse_buffers=True), "batch_size")
+    for workers in (0, 2):  # one registered set per worker, reused across epochs
+        loader = ThreadDataLoader(ds, batch_size=4, num_workers=workers, reuse_buffers=True)
+        for _ in range(3):
+            assert len(list(loader)) == 6
+        assert len(loader._buffer_pool._all) == max(1, workers), loader._buffer_pool._all
+        loader.close()
+        assert not loader._buffer_pool._all
     loader = ThreadDataLoader(ds, batch_size=3, num_workers=2, reuse_buffers=True, persistent_workers=True)
     first = [b[1].tolist() for b in loader]
     assert first == [[3 * k + j for j in range(3) if 3 * k + j < 22] for k in range(8)], first

@@ -233,7 +233,11 @@ class _CallingThreadIter(_ThreadIterBase):
         self._fetcher: _Fetcher | None = None
 
     def _next_data(self) -> Any:
-        index = self._next_index()
+        try:
+            index = self._next_index()
+        except StopIteration:
+            self._shutdown_workers()  # the epoch is over: reused buffers go back to the pool
+            raise
         if self._fetcher is None:
             self._fetcher = _Fetcher(self, 0)
         return self._fetcher.fetch(index)
