@@ -51,12 +51,15 @@ pub fn validate_rows(rows: &[i64], total: u64) -> Result<Vec<u64>> {
 
 impl Plan {
     /// Plans reading `rows` (already validated against `layout`) into a
-    /// destination where row i lands at byte `i * row_bytes`.
+    /// destination where row i lands at byte `i * row_bytes`. Repeats of rows
+    /// whose owner `read_once(owner)` are read once and copied; others (memory
+    /// copies anyway) skip the bookkeeping.
     pub fn build(
         layout: &Layout,
         rows: &[u64],
         row_bytes: usize,
         max_read_bytes: usize,
+        read_once: impl Fn(usize) -> bool,
     ) -> Result<Plan> {
         let max_read = max_read_bytes.max(1);
         let mut plan = Plan::default();
@@ -65,16 +68,19 @@ impl Plan {
         let mut open: Option<(Segment, u64, usize)> = None;
         for (pos, &row) in rows.iter().enumerate() {
             let dst = pos * row_bytes;
-            if let Some(&first) = first_seen.get(&row) {
-                plan.repeats.push(RepeatCopy {
-                    from: first * row_bytes,
-                    to: dst,
-                    len: row_bytes,
-                });
-                continue;
-            }
-            first_seen.insert(row, pos);
             let (owner, local) = layout.locate(row)?;
+            if read_once(owner) {
+                if let Some(&first) = first_seen.get(&row) {
+                    let from = first * row_bytes;
+                    plan.repeats.push(RepeatCopy {
+                        from,
+                        to: dst,
+                        len: row_bytes,
+                    });
+                    continue;
+                }
+                first_seen.insert(row, pos);
+            }
             if let Some((seg, last_row, last_pos)) = open.as_mut() {
                 let extends = seg.owner == owner
                     && row == *last_row + 1
@@ -154,7 +160,7 @@ mod tests {
     #[test]
     fn coalesces_adjacent_rows_and_reads_repeats_once() {
         let layout = Layout::new(&[4, 4]);
-        let plan = Plan::build(&layout, &[1, 2, 3, 4, 2], 8, 1 << 20).unwrap();
+        let plan = Plan::build(&layout, &[1, 2, 3, 4, 2], 8, 1 << 20, |_| true).unwrap();
         // 1..3 on rank 0 coalesce; 4 is rank 1's first row; the second 2 is a copy.
         assert_eq!(
             plan.segments,
@@ -186,7 +192,7 @@ mod tests {
     #[test]
     fn splits_long_reads() {
         let layout = Layout::new(&[10]);
-        let plan = Plan::build(&layout, &[0, 1, 2], 10, 16).unwrap();
+        let plan = Plan::build(&layout, &[0, 1, 2], 10, 16, |_| true).unwrap();
         assert!(plan.segments.iter().all(|s| s.len <= 16));
         assert_eq!(plan.bytes(), 30);
     }
@@ -217,7 +223,7 @@ mod tests {
                 (0..n).map(|_| rng.gen_range(0..layout.total())).collect()
             };
             let max_read = rng.gen_range(1..64);
-            let plan = Plan::build(&layout, &rows, row_bytes, max_read).unwrap();
+            let plan = Plan::build(&layout, &rows, row_bytes, max_read, |_| true).unwrap();
             assert!(plan.segments.iter().all(|s| s.len <= max_read && s.len > 0));
             let mut distinct = rows.clone();
             distinct.sort_unstable();
@@ -227,6 +233,12 @@ mod tests {
                 distinct.len() * row_bytes,
                 "each distinct row read once"
             );
+            assert_eq!(
+                execute(&layout, &plan, row_bytes, rows.len()),
+                naive(&rows, row_bytes)
+            );
+            // Without read-once bookkeeping every position is read, with the same result.
+            let plan = Plan::build(&layout, &rows, row_bytes, max_read, |o| o % 2 == 1).unwrap();
             assert_eq!(
                 execute(&layout, &plan, row_bytes, rows.len()),
                 naive(&rows, row_bytes)

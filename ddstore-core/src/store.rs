@@ -260,7 +260,13 @@ impl Store {
             )));
         }
         let rows = validate_rows(rows, var.info.layout.total())?;
-        let plan = Plan::build(&var.info.layout, &rows, rb, self.config.max_read_bytes)?;
+        let plan = Plan::build(
+            &var.info.layout,
+            &rows,
+            rb,
+            self.config.max_read_bytes,
+            |o| var.is_remote(o),
+        )?;
         var.execute(&plan, out, rows.len())
     }
 
@@ -293,8 +299,42 @@ impl Store {
             )));
         }
         let rows: Vec<u64> = (start as u64..(start + n) as u64).collect();
-        let plan = Plan::build(&var.info.layout, &rows, rb, self.config.max_read_bytes)?;
+        let plan = Plan::build(
+            &var.info.layout,
+            &rows,
+            rb,
+            self.config.max_read_bytes,
+            |_| false,
+        )?;
         var.execute(&plan, out, rows.len())
+    }
+
+    /// The transport's ceiling for benchmarks: one read per row straight
+    /// through a reader, with no planning, coalescing or memory copies.
+    pub fn read_rows_raw(&self, name: &str, rows: &[i64], out: &mut [u8]) -> Result<()> {
+        let var = self.var(name)?;
+        let rb = var.info.row_bytes;
+        if out.len() != rows.len() * rb {
+            return Err(Error::invalid(format!(
+                "output has {} bytes, expected {}",
+                out.len(),
+                rows.len() * rb
+            )));
+        }
+        let reads = validate_rows(rows, var.info.layout.total())?
+            .iter()
+            .enumerate()
+            .map(|(i, &row)| {
+                let (owner, local) = var.info.layout.locate(row)?;
+                Ok(RemoteRead {
+                    owner,
+                    offset: local * rb as u64,
+                    len: rb,
+                    dst_offset: i * rb,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        var.read_remote(&reads, out)
     }
 
     pub fn register_dst(&self, name: &str, addr: usize, len: usize) -> Result<()> {
@@ -341,6 +381,11 @@ impl Variable {
     /// Per-rank records another job passes to `Store::attach` (method 2).
     pub fn records(&self) -> &[Vec<u8>] {
         &self.records
+    }
+
+    /// Whether rows of `owner` go through the transport (not a memory copy).
+    fn is_remote(&self, owner: usize) -> bool {
+        Some(owner) != self.my_rank && self.node_peers.get(owner).is_none_or(|p| p.is_none())
     }
 
     fn execute(&self, plan: &Plan, out: &mut [u8], nrows: usize) -> Result<()> {

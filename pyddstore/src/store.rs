@@ -279,6 +279,23 @@ impl PyStore {
         py.detach(|| store.read_rows(&name, &rows, out)).py(py)
     }
 
+    /// Benchmark ceiling: `get_batch` without planning, each row one
+    /// transport read (no shared-memory shortcut, no coalescing).
+    fn get_batch_raw(
+        &self,
+        py: Python<'_>,
+        name: String,
+        arr: Bound<'_, PyAny>,
+        indices: Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let rows = indices_of(&indices)?;
+        let mut a = Array::new(&arr, &format!("get_batch_raw('{name}', arr)"), true)?;
+        self.check_out(py, "get_batch_raw", &name, &a, rows.len())?;
+        let store = self.store.clone();
+        let out = a.bytes_mut();
+        py.detach(|| store.read_rows_raw(&name, &rows, out)).py(py)
+    }
+
     /// (total rows, elements per row, itemsize), as upstream pyddstore.
     fn info(&self, py: Python<'_>, name: &str) -> PyResult<(u64, usize, usize)> {
         let info = self.var_info(py, name)?;
