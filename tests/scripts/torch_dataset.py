@@ -385,6 +385,19 @@ def check_fork_method0():
     ds.free()
 
 
+def check_comm_none():
+    """comm=None, several datasets one after another (each opens its own communicator)."""
+    import time
+
+    src = tc.TupleSrc(21)
+    for k in range(4):
+        if W.rank == 1:
+            time.sleep(0.2)  # ranks arrive at different times, as in real jobs
+        ds = DistDataset(src, f"none{k}", comm=None, method=A.method, handshake_dir=A.hs or None)
+        check_items(ds, src, f"comm=None dataset {k}")
+        ds.free()
+
+
 PARTS = {
     "structures": check_structures,
     "bulk": check_bulk,
@@ -395,12 +408,13 @@ PARTS = {
     "bad": check_bad_samples,
     "width": check_width,
     "fork0": check_fork_method0,
+    "comm_none": check_comm_none,
 }
 
 
 def main():
     for name, fn in PARTS.items():
-        if A.part in ("all", name):
+        if A.part == name or (A.part == "all" and name != "comm_none"):
             fn()
             W.barrier()
     print(f"rank {W.rank}: ok", flush=True)
