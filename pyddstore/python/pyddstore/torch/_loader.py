@@ -14,6 +14,7 @@ import itertools
 import os
 import queue
 import random
+import sys
 import threading
 import weakref
 from typing import Any
@@ -385,6 +386,8 @@ class _ThreadIter(_ThreadIterBase):
         self._done.set()
         for q in self._index_queues:
             q.put(_StopWorker())
+        if sys.is_finalizing():
+            return  # daemon threads: nothing to wait for while the interpreter exits
         me = threading.current_thread()
         for t in self._workers:
             if t is not me:
