@@ -211,6 +211,12 @@ def launcher_rank_size() -> tuple[int, int, int]:
     return 0, 1, 0
 
 
+def load_pyddstore():
+    import pyddstore
+
+    return pyddstore
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -224,8 +230,7 @@ class Job:
         self.args = a
         self.mpi = None
         if a.comm == "mpi":
-            import pyddstore  # noqa: F401 - before mpi4py: sets libfabric defaults
-
+            load_pyddstore()  # before mpi4py: it sets libfabric defaults
             from mpi4py import MPI
 
             self.mpi = MPI.COMM_WORLD
