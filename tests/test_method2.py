@@ -1,0 +1,207 @@
+"""Method 2 across jobs: a core job (mpirun -n 2, or plain processes) publishes its variables in
+a handshake directory; separate extra jobs (mpirun -n 2, and a plain process) join and read
+them. Every read is checked against the core's data (a function of the row)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS, _env, run_mpi, run_procs
+
+FABRICS = [
+    pytest.param({"DDSTORE_FABRIC": "tcp"}, id="tcp"),
+    pytest.param({"DDSTORE_FABRIC": "shm"}, id="shm"),
+    pytest.param({"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0"}, id="tcp-noshm"),
+    pytest.param({"DDSTORE_FABRIC": "shm", "DDSTORE_SHM": "0"}, id="shm-noshm"),
+]
+
+
+class Core:
+    """A core job started in the background (its own process group), always ended: stop file
+    first, then SIGTERM, then SIGKILL of that group."""
+
+    def __init__(self, handshake_dir: Path, env: dict, n: int = 2, script: str = "m2_core.py", *args):
+        self.hs = Path(handshake_dir)
+        self.log = self.hs.parent / f"{script}.log"
+        if n > 0:
+            cmd = ["mpirun", "-n", str(n), "--bind-to", "none"]
+        else:  # one plain process (file communicator)
+            cmd = []
+            env = {**env, "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}
+        cmd += [sys.executable, str(SCRIPTS / script), "--hs", str(self.hs), *args]
+        self.out = open(self.log, "w")
+        self.proc = subprocess.Popen(
+            cmd, env=_env(env), stdout=self.out, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+
+    def output(self) -> str:
+        if not self.out.closed:
+            self.out.flush()
+        return self.log.read_text()
+
+    def wait_ready(self, files, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not all((self.hs / f).exists() for f in files):
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the core job exited with {self.proc.returncode}\n{self.output()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the core job did not publish {files} in {timeout}s\n{self.output()}")
+            time.sleep(0.1)
+
+    def stop(self, timeout: float = 60) -> int:
+        (self.hs / "STOP").touch()
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            self.kill()
+
+    def kill(self, sig=signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=20)
+            except ProcessLookupError:
+                pass
+        self.out.close()
+
+
+RECORDS = ["a.ddstore.json", "b.ddstore.json", "c.ddstore.json"]
+
+
+def extra_env(handshake_dir, extra=None):
+    return {"DDSTORE_HANDSHAKE_DIR": handshake_dir, "DDSTORE_HANDSHAKE_TIMEOUT_S": "60", **(extra or {})}
+
+
+@pytest.mark.parametrize("fabric", FABRICS)
+def test_core_and_extra_jobs(fabric, handshake_dir):
+    env = {**fabric, "DDSTORE_MPI": None}
+    core = Core(handshake_dir, env)
+    try:
+        core.wait_ready(RECORDS)
+        args = ("read", "--hs", str(handshake_dir), "--n-core", "2")
+        out = run_mpi(2, "m2_extra.py", *args, env=extra_env(handshake_dir, env), timeout=180).stdout
+        assert out.count("extra read ok (ofi:") == 2, out
+        plain = run_procs(1, "m2_extra.py", *args, env=extra_env(handshake_dir, env), timeout=180)
+        assert "extra read ok" in plain[0].stdout
+        assert core.stop() == 0, core.output()
+    finally:
+        core.kill()
+    assert core.output().count("core stopped: rank") == 2
+    assert not list(handshake_dir.glob("*.ddstore.json")), "free() must remove the records"
+
+
+def test_records_are_owner_only(handshake_dir):
+    hs = handshake_dir / "made-by-core"  # the core creates it
+    core = Core(hs, {"DDSTORE_FABRIC": "tcp"})
+    try:
+        core.wait_ready(RECORDS)
+        assert stat.S_IMODE(hs.stat().st_mode) == 0o700
+        for f in RECORDS:
+            assert stat.S_IMODE((hs / f).stat().st_mode) == 0o600, f
+        assert not list(hs.glob("*.tmp*")), "temporary files left behind"
+    finally:
+        core.stop()
+
+
+def test_join_times_out_without_core(handshake_dir):
+    env = extra_env(handshake_dir, {"DDSTORE_FABRIC": "tcp", "DDSTORE_HANDSHAKE_TIMEOUT_S": "2"})
+    args = ("timeout", "--hs", str(handshake_dir), "--n-core", "2")
+    t0 = time.monotonic()
+    out = run_procs(1, "m2_extra.py", *args, env=env, timeout=60)[0].stdout
+    assert "DDStoreTimeoutError after" in out and time.monotonic() - t0 < 40
+
+
+@pytest.mark.parametrize("shm", ["0", "1"])
+def test_reader_after_core_stopped(shm, handshake_dir):
+    env = {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": shm}
+    core = Core(handshake_dir, env)
+    try:
+        core.wait_ready(RECORDS)
+        extra = subprocess.Popen(
+            [sys.executable, str(SCRIPTS / "m2_extra.py"), "after_stop", "--hs", str(handshake_dir)]
+            + ["--n-core", "2"],
+            env=_env(extra_env(handshake_dir, {**env, "DDSTORE_TIMEOUT_S": "3"})),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert core.proc.wait(timeout=120) == 0, core.output()  # the extra creates STOP
+            (handshake_dir / "core-exited").touch()
+            out, err = extra.communicate(timeout=120)
+        finally:
+            if extra.poll() is None:
+                extra.kill()
+                extra.wait()
+        assert extra.returncode == 0, f"{out}\n{err}"
+        assert "read after the core stopped -> DDStoreTimeoutError" in out
+    finally:
+        core.kill()
+
+
+def test_stale_record_of_a_dead_core(handshake_dir):
+    env = {"DDSTORE_FABRIC": "tcp", "DDSTORE_MPI": "0", "DDSTORE_COMM": "file"}
+    core = Core(handshake_dir, env, 0)  # one plain process, killed without freeing
+    try:
+        core.wait_ready(RECORDS)
+    finally:
+        core.kill(signal.SIGKILL)
+    assert (handshake_dir / "a.ddstore.json").exists()
+    args = ("stale", "--hs", str(handshake_dir), "--n-core", "1")
+    out = run_procs(1, "m2_extra.py", *args, env=extra_env(handshake_dir, env), timeout=60)[0].stdout
+    assert "stale record -> DDStoreError" in out and "no longer running" in out
+
+
+def test_core_group_of_plain_processes(handshake_dir):
+    """A core job without MPI (file communicator, 2 processes) and an extra under mpirun."""
+    env = {"DDSTORE_FABRIC": "tcp", "DDSTORE_MPI": "0"}
+    procs = []
+    for rank in range(2):
+        e = _env({**env, "SLURM_PROCID": rank, "SLURM_NTASKS": 2, "DDSTORE_JOB_ID": "core-m2"})
+        cmd = [sys.executable, str(SCRIPTS / "m2_core.py"), "--hs", str(handshake_dir), "--comm", "file"]
+        out = subprocess.PIPE
+        procs.append(subprocess.Popen(cmd, env=e, stdout=out, stderr=subprocess.STDOUT, text=True))
+    try:
+        deadline = time.monotonic() + 120
+        while not all((handshake_dir / f).exists() for f in RECORDS):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [
+                p.communicate()[0] for p in procs if p.poll() is not None
+            ]
+            time.sleep(0.1)
+        args = ("read", "--hs", str(handshake_dir), "--n-core", "2")
+        run_mpi(2, "m2_extra.py", *args, env=extra_env(handshake_dir, {"DDSTORE_FABRIC": "tcp"}), timeout=180)
+    finally:
+        (handshake_dir / "STOP").touch()
+        outs = []
+        for p in procs:
+            try:
+                outs.append(p.communicate(timeout=60)[0])
+            except subprocess.TimeoutExpired:
+                p.kill()
+                outs.append(p.communicate()[0])
+    assert all(p.returncode == 0 for p in procs), outs
+
+
+def test_ddstore_width_publishes_one_record_per_group(handshake_dir):
+    env = {"DDSTORE_FABRIC": "tcp"}
+    core = Core(handshake_dir, env, 2, "m2_core.py", "--width", "1")
+    try:
+        core.wait_ready(RECORDS + ["a.g1.ddstore.json", "b.g1.ddstore.json", "c.g1.ddstore.json"])
+        args = ("read", "--hs", str(handshake_dir), "--n-core", "1")
+        for group in ("0", "1"):
+            e = extra_env(handshake_dir, {**env, "DDSTORE_CORE_GROUP": group})
+            out = run_procs(1, "m2_extra.py", *args, env=e, timeout=120)[0].stdout
+            assert f"group {group})" in out
+        assert core.stop() == 0, core.output()
+    finally:
+        core.kill()
