@@ -1,0 +1,665 @@
+"""DistDataset (the core group: every rank loads its share) and DistDatasetReader (a method-2
+extra job reading what a core group published)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import sys
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from pyddstore import (
+    DDStoreError,
+    DDStoreFreedError,
+    DDStoreIndexError,
+    DDStoreKeyError,
+    DDStoreTimeoutError,
+    DDStoreTypeError,
+    DDStoreUnsupportedError,
+    DDStoreValueError,
+    PyDDStore,
+)
+
+from ._schema import (
+    META_VERSION,
+    TENSOR,
+    Field,
+    Schema,
+    SchemaError,
+    SchemaTypeError,
+    share_of,
+)
+
+_DEFAULT_CHUNK_SAMPLES = 1024
+_BULK_CHUNK_BYTES = 64 << 20
+
+
+class ForkedWorkerError(DDStoreUnsupportedError):
+    """A read from a forked process that the store's method cannot serve (method 0)."""
+
+
+def _env_flag(name: str, default: str) -> bool:
+    return os.environ.get(name, default).strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _quiet() -> bool:
+    return _env_flag("DDSTORE_QUIET", "0")
+
+
+def _sum_profiles(profiles: list[dict]) -> dict:
+    """Adds numeric counters of several profile dicts (nested dicts added key by key)."""
+    total: dict = {}
+    for p in profiles:
+        for k, v in (p or {}).items():
+            if isinstance(v, dict):
+                total[k] = _sum_profiles([total.get(k, {}), v])
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                total[k] = total.get(k, 0) + v
+            else:
+                total.setdefault(k, v)
+    return total
+
+
+class Buffers(dict):
+    """Per-field receive buffers from alloc(): a dict key -> array, registered with the store.
+
+    Pass as out= to read_rows() / __getitems__(); give back with release()."""
+
+    def __init__(self, arrays: dict, registered: list):
+        super().__init__(arrays)
+        self.registered = registered  # [(var, array)] still registered
+        self.rows = min((len(a) for a in arrays.values()), default=0)
+
+
+class _StoredDataset(Dataset):
+    """Reading side shared by DistDataset and DistDatasetReader."""
+
+    _store: Any
+    _schema: Schema
+    _n: int
+    _decode: Any
+    _device: torch.device | None
+
+    def _init_reading(self, store: Any, schema: Schema, n: int, device: Any, decode: Any) -> None:
+        self._store = store
+        self._schema = schema
+        self._n = n
+        self._decode = decode
+        self._device = torch.device(device) if device is not None else None
+        self._pid = os.getpid()
+        self._reader_pid = self._pid
+        self._buffer_sets: list[Buffers] = []
+        self._freed = False
+
+    # -- description ----------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def ddstore(self) -> Any:
+        """The PyDDStore holding the variables (one per field)."""
+        return self._store
+
+    @property
+    def schema(self) -> Schema:
+        return self._schema
+
+    @property
+    def shapes(self) -> Any:
+        """Each field's shape, arranged like a sample (a shape, a tuple/list, or a dict)."""
+        return self._schema.mirror({f.key: f.shape for f in self._schema.fields})
+
+    @property
+    def dtypes(self) -> Any:
+        """Each field's dtype as the source had it (torch dtype, numpy dtype, or int/float/bool)."""
+        return self._schema.mirror({f.key: f.source_dtype() for f in self._schema.fields})
+
+    @property
+    def fields(self) -> list:
+        """The stored fields' keys (dict keys, tuple positions, or [0])."""
+        return list(self._schema.keys)
+
+    # -- processes and devices ------------------------------------------------------------
+
+    def _in_forked_child(self) -> bool:
+        return os.getpid() != self._pid
+
+    def _ensure_reader(self) -> None:
+        """In a forked child (a DataLoader worker), open this process's own reader once."""
+        if self._freed:
+            raise DDStoreFreedError("this dataset was freed")
+        pid = os.getpid()
+        if pid == self._reader_pid:
+            return
+        if self._store.method == 0:
+            raise ForkedWorkerError(
+                "method=0 (MPI) stores cannot be read from forked DataLoader workers (MPI does not "
+                "survive fork); use pyddstore.torch.ThreadDataLoader, or method=1/2 with "
+                "DDSTORE_FORK_WORKERS=1"
+            )
+        self._store.fork_reader()
+        self._reader_pid = pid
+
+    def _device_now(self) -> torch.device | None:
+        # A forked process cannot use CUDA: samples stay in host memory there.
+        return None if self._in_forked_child() else self._device
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def _index(self, i: Any) -> int:
+        i = int(i)
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise DDStoreIndexError(f"index {i} is out of range for a dataset of {self._n} samples")
+        return i
+
+    def _rows(self, rows: Any) -> np.ndarray:
+        if isinstance(rows, torch.Tensor):
+            rows = rows.numpy()
+        arr = np.asarray(rows)
+        if arr.ndim != 1:
+            arr = arr.reshape(-1)
+        if arr.dtype.kind not in "iu" and arr.size:
+            raise DDStoreTypeError(f"rows must be integers, got {arr.dtype}")
+        arr = arr.astype(np.int64, copy=True)
+        neg = arr < 0
+        if neg.any():
+            arr[neg] += self._n
+        if arr.size and (arr.min() < 0 or arr.max() >= self._n):
+            bad = int(np.asarray(rows).reshape(-1)[(arr < 0) | (arr >= self._n)][0])
+            raise DDStoreIndexError(f"row {bad} is out of range for a dataset of {self._n} samples")
+        return arr
+
+    def _select(self, fields: Any) -> list[Field]:
+        if fields is None:
+            return [self._schema.by_key[k] for k in self._schema.keys]
+        try:
+            return [self._schema.by_key[k] for k in fields]
+        except KeyError as e:
+            raise DDStoreKeyError(
+                f"no stored field {e.args[0]!r}; stored fields: {self._schema.keys!r}"
+            ) from None
+
+    def _read_into(self, f: Field, buf: np.ndarray, rows: np.ndarray) -> None:
+        if _env_flag("DDSTORE_BATCH_GET", "1"):
+            self._store.get_batch(f.var, buf, rows)
+        else:
+            for j, r in enumerate(rows.tolist()):
+                self._store.get(f.var, buf[j : j + 1], start=r)
+
+    def _read_raw(self, rows: np.ndarray, fields: list[Field], out: Any) -> dict:
+        self._ensure_reader()
+        n = len(rows)
+        raw = {}
+        for f in fields:
+            buf = f.check_out(out[f.key], n) if out is not None and f.key in out else f.alloc(n)
+            self._read_into(f, buf, rows)
+            raw[f.key] = buf
+        return raw
+
+    def _values(self, f: Field, buf: np.ndarray, device: torch.device | None) -> Any:
+        v = f.values(buf)
+        if device is not None and f.kind == TENSOR:
+            v = v.to(device)
+        return v
+
+    def read_rows(self, rows: Any, fields: Any = None, out: Any = None) -> dict:
+        """Stored rows (any order, repeats allowed) as {key: (len(rows), *shape) values}.
+
+        Tensors for tensor fields (on device= if set), numpy arrays otherwise, record arrays for
+        records. With out= (e.g. from alloc()) the results are views into those buffers.
+        decode= is not applied. Collective for method=0."""
+        rows = self._rows(rows)
+        sel = self._select(fields)
+        raw = self._read_raw(rows, sel, out)
+        dev = self._device_now()
+        return {f.key: self._values(f, raw[f.key], dev) for f in sel}
+
+    def __getitem__(self, index: Any) -> Any:
+        i = self._index(index)
+        self._ensure_reader()
+        dev = self._device_now()
+        columns = {}
+        for f in self._select(None):
+            buf = f.alloc(1)
+            self._store.get(f.var, buf, start=i)
+            columns[f.key] = f.column(self._values(f, buf, dev))
+        sample = self._schema.build(columns, 1)[0]
+        return self._decode(sample, i) if self._decode is not None else sample
+
+    def __getitems__(self, indices: Any, out: Any = None) -> list:
+        """Samples for a batch of indices: one get_batch per field (DDSTORE_BATCH_GET=0: per
+        sample). With out= the samples' arrays are views into those buffers."""
+        if out is None and not _env_flag("DDSTORE_BATCH_GET", "1"):
+            return [self[i] for i in indices]
+        rows = self._rows(indices)
+        sel = self._select(None)
+        raw = self._read_raw(rows, sel, out)
+        dev = self._device_now()
+        columns = {f.key: f.column(self._values(f, raw[f.key], dev)) for f in sel}
+        samples = self._schema.build(columns, len(rows))
+        if self._decode is not None:
+            samples = [self._decode(s, i) for s, i in zip(samples, rows.tolist())]
+        return samples
+
+    # -- direct batch reads (ThreadDataLoader) ----------------------------------------------
+
+    @property
+    def _direct_collate_ok(self) -> bool:
+        """Whether batches can be read straight into collated tensors (same as default_collate)."""
+        return self._decode is None and not any(f.is_record for f in self._schema.fields)
+
+    def _read_collated(self, indices: Any, out: Any = None, pin: bool = False) -> Any:
+        """A batch exactly as default_collate(self.__getitems__(indices)) would make it, read
+        straight into the batch tensors."""
+        rows = self._rows(indices)
+        self._ensure_reader()
+        n = len(rows)
+        dev = self._device_now()
+        batch = {}
+        for f in self._select(None):
+            t = torch.empty((n, *f.shape), dtype=f.torch_dtype, pin_memory=pin)
+            if out is not None:
+                buf = f.check_out(out[f.key], n)
+                self._read_into(f, buf, rows)
+                t.numpy()[...] = buf
+            else:
+                self._read_into(f, t.numpy(), rows)
+            if dev is not None:
+                t = t.to(dev, non_blocking=pin)
+            batch[f.key] = t
+        return self._schema.collate_like(batch)
+
+    # -- buffers --------------------------------------------------------------------------
+
+    def alloc(self, n: int, fields: Any = None) -> Buffers:
+        """Per-field buffers for n rows, registered with the store once; pass as out=."""
+        if n < 1:
+            raise DDStoreValueError(f"alloc needs n >= 1, got {n}")
+        arrays, registered = {}, []
+        try:
+            for f in self._select(fields):
+                arr = f.alloc(n)
+                self._store.register_recv(f.var, arr)
+                registered.append((f.var, arr))
+                arrays[f.key] = arr
+        except BaseException:
+            for var, arr in registered:
+                self._store.unregister_recv(var, arr)
+            raise
+        bufs = Buffers(arrays, registered)
+        self._buffer_sets.append(bufs)
+        return bufs
+
+    def release(self, bufs: Buffers) -> None:
+        """Unregisters buffers from alloc(); they stay usable as plain arrays."""
+        regs, bufs.registered = getattr(bufs, "registered", []), []
+        for var, arr in regs:
+            if not self._freed:
+                self._store.unregister_recv(var, arr)
+        self._buffer_sets = [b for b in self._buffer_sets if b is not bufs]
+
+    def free(self) -> None:
+        """Releases buffers and frees the store (collective for the core group)."""
+        if self._freed:
+            return
+        for b in list(self._buffer_sets):
+            self.release(b)
+        self._freed = True
+        self._store.free()
+
+    def get_profile(self, name: Any = None) -> dict:
+        """Read counters summed over the store and the threads' readers: all fields, one field
+        (by key), or one store variable (by name)."""
+        if name is None:
+            names = [f.var for f in self._schema.fields]
+        elif name in self._schema.by_key:
+            names = [self._schema.by_key[name].var]
+        else:
+            names = [name]
+        return _sum_profiles([self._store.get_profile(v) for v in names])
+
+
+def _error_payload(e: BaseException, rank: int) -> tuple[str, str]:
+    if isinstance(e, SchemaTypeError):
+        return "type", str(e)
+    if isinstance(e, SchemaError):
+        return "value", str(e)
+    return "other", f"rank {rank}: {type(e).__name__}: {e}"
+
+
+def _rebuild_error(payload: tuple[str, str]) -> Exception:
+    kind, msg = payload
+    if kind == "type":
+        return SchemaTypeError(msg)
+    if kind == "value":
+        return SchemaError(msg)
+    return DDStoreError(f"loading failed on another rank: {msg}")
+
+
+def _picklable(obj: Any) -> Any:
+    try:
+        pickle.dumps(obj)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return None
+    return obj
+
+
+def _bulk_arrays(source: Any) -> dict | None:
+    """Array-backed sources whose shares can be copied without a Python call per sample:
+    key -> array-like sliceable along rows (numpy array/memmap, tensor, TensorDataset, or any
+    object with shape, dtype and slicing such as an h5py/zarr dataset)."""
+    if isinstance(source, (np.ndarray, torch.Tensor)):
+        return {0: source}
+    if isinstance(source, TensorDataset):
+        return dict(enumerate(source.tensors))
+    if isinstance(source, Dataset):
+        return None
+    shape = getattr(source, "shape", None)
+    if getattr(source, "dtype", None) is not None and isinstance(shape, tuple) and len(shape) >= 1:
+        return {0: source}
+    return None
+
+
+def _bulk_fits(arr: Any, f: Field) -> bool:
+    """Whether rows of arr are exactly the field's values (else load sample by sample)."""
+    if isinstance(arr, torch.Tensor):
+        return f.kind == TENSOR and f.torch_dtype == arr.dtype and tuple(arr.shape[1:]) == f.shape
+    dtype = np.dtype(arr.dtype)
+    if f.is_record:
+        return dtype == f.dtype and tuple(arr.shape[1:]) == f.shape
+    return (
+        f.kind != TENSOR
+        and dtype.names is None
+        and np.dtype(dtype.name) == f.dtype
+        and tuple(arr.shape[1:]) == f.shape
+    )
+
+
+def _bulk_slice(arr: Any, a: int, b: int, f: Field) -> np.ndarray:
+    if isinstance(arr, torch.Tensor):
+        out = arr[a:b].detach().cpu().contiguous().numpy()
+    else:
+        out = np.ascontiguousarray(np.asarray(arr[a:b]))
+        if not f.is_record and out.dtype != f.dtype:
+            out = out.astype(f.dtype)
+    return f.to_store(out)
+
+
+def _progress(total: int, enabled: bool, desc: str) -> Any:
+    if not enabled or total <= 0:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=desc, unit="sample", leave=False)
+
+
+class DistDataset(_StoredDataset):
+    """A map-style dataset held in a distributed store: each rank loads only its share of
+    `source` and every rank reads every sample.
+
+    Samples keep the source's structure (a value, tuple/list or dict) and each field's shape
+    and dtype; tensors come back as tensors, arrays as arrays, Python numbers as the same type,
+    numpy records (stored as bytes) with the same layout. One store variable per field, named
+    f"{name}/{key}".
+
+    add_device=: the native layer keeps shares in host memory only, so the share is stored on
+    the host (a warning says so) and reads work as without it; combine with device= to get
+    batches on the GPU.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        name: str,
+        comm: Any = None,
+        ddstore_width: int | None = None,
+        device: Any = None,
+        add_device: Any = None,
+        method: int | None = None,
+        handshake_dir: str | None = None,
+        chunk_size: int | None = None,
+        encode: Any = None,
+        decode: Any = None,
+        fields: Any = None,
+    ):
+        super().__init__()
+        if not isinstance(name, str) or not name:
+            raise DDStoreValueError("name must be a non-empty string")
+        if fields is not None and encode is not None:
+            raise DDStoreValueError(
+                "fields= cannot be combined with encode=: return only the fields to keep from encode"
+            )
+        if fields is not None and (isinstance(fields, (str, int)) or not len(fields)):
+            raise DDStoreValueError(f"fields= must be a non-empty list of keys or positions, got {fields!r}")
+        if chunk_size is not None and (int(chunk_size) != chunk_size or chunk_size < 1):
+            raise DDStoreValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+        if chunk_size is not None and add_device is not None and add_device is not False:
+            raise DDStoreValueError(
+                "chunk_size= loads the share into host storage; it cannot be used with add_device="
+            )
+        if add_device is not None and add_device is not False:
+            if not torch.cuda.is_available():
+                raise DDStoreValueError(
+                    f"add_device={add_device!r} needs a GPU, but torch.cuda is not available"
+                )
+            warnings.warn(
+                "add_device=: the native store keeps shares in host memory only; "
+                "this rank's share stays on the host",
+                stacklevel=2,
+            )
+        self.name = name
+        self._add_device = add_device
+        hs = handshake_dir if handshake_dir is not None else os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
+        self._handshake_dir = hs
+        store = PyDDStore(comm, method=method, handshake_dir=hs, ddstore_width=ddstore_width)
+        try:
+            world = getattr(store, "world_size", store.size)
+            if store.method == 2 and store.size != world:
+                raise DDStoreValueError("method=2 needs one group: ddstore_width cannot split the core group")
+            n = len(source)
+            schema = self._agree_schema(store, source, name, encode, fields, n)
+            self._load(store, source, schema, encode, n, chunk_size)
+        except BaseException:
+            self._free_quietly(store)
+            raise
+        self._init_reading(store, schema, n, device, decode)
+        if store.method == 2 and store.rank == 0:
+            self._write_meta(hs, name, store.size, n, schema)
+
+    @staticmethod
+    def _free_quietly(store: Any) -> None:
+        # Already failing: the original error matters more than one from freeing.
+        with contextlib.suppress(DDStoreError):
+            store.free()
+
+    @staticmethod
+    def _sample(source: Any, i: int, encode: Any) -> Any:
+        s = source[i]
+        return encode(s) if encode is not None else s
+
+    def _agree_schema(self, store: Any, source: Any, name: str, encode: Any, fields: Any, n: int) -> Schema:
+        """Rank 0 infers the schema from sample 0; every rank gets it (or the same error)."""
+        payload, local_err = None, None
+        if store.rank == 0:
+            try:
+                if n == 0:
+                    raise SchemaError("the source is empty")
+                schema = Schema.infer(self._sample(source, 0, encode), name, fields)
+                payload = ("ok", schema.to_json(), _picklable(schema.seq_type))
+            except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
+                local_err = e
+                payload = ("err", _error_payload(e, 0))
+        agreed = store.allgather(payload)[0]
+        if agreed[0] == "err":
+            raise local_err if local_err is not None else _rebuild_error(agreed[1])
+        return Schema.from_json(agreed[1], agreed[2])
+
+    def _load(
+        self, store: Any, source: Any, schema: Schema, encode: Any, n: int, chunk_size: int | None
+    ) -> None:
+        """Writes this rank's share straight into the store, chunk by chunk; every rank learns
+        whether all ranks succeeded before the dataset exists."""
+        rank, size = store.rank, store.size
+        start, count = share_of(n, size, rank)
+        for f in schema.fields:
+            disp, itemsize, dtype = f.init_args()
+            store.init(f.var, count, disp, itemsize=itemsize, dtype=dtype)
+        quiet = _quiet()
+        bar = _progress(count, rank == 0 and not quiet, f"loading {self.name}")
+        t0 = time.perf_counter()
+        err, payload = None, None
+        try:
+            arrays = _bulk_arrays(source) if encode is None else None
+            if arrays is not None and all(
+                f.key in arrays and _bulk_fits(arrays[f.key], f) for f in schema.fields
+            ):
+                self._load_bulk(store, arrays, schema, start, count, chunk_size, bar)
+            else:
+                self._load_samples(store, source, schema, encode, start, count, chunk_size, bar)
+        except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
+            err, payload = e, _error_payload(e, rank)
+        finally:
+            if bar is not None:
+                bar.close()
+        secs = time.perf_counter() - t0
+        nbytes = count * sum(f.row_bytes for f in schema.fields)
+        results = store.allgather((payload, nbytes, secs))
+        failed = [r[0] for r in results if r[0] is not None]
+        if failed:
+            raise err if err is not None else _rebuild_error(failed[0])
+        if rank == 0 and not quiet:
+            total = sum(r[1] for r in results)
+            slowest = max(r[2] for r in results) or 1e-9
+            print(
+                f"pyddstore: {self.name}: {n} samples, {max(r[1] for r in results) / 2**20:.1f} MiB per rank "
+                f"({size} ranks), {slowest:.2f} s, {total / slowest / 1e9:.2f} GB/s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    @staticmethod
+    def _chunk_rows(count: int, chunk_size: int | None, default: int) -> int:
+        if chunk_size is not None:
+            return int(chunk_size)
+        # Keep a chunk at most half the share: peak memory stays under 1.5x the share.
+        return max(1, min(default, -(-count // 2)))
+
+    def _load_bulk(self, store, arrays, schema, start, count, chunk_size, bar) -> None:
+        row_bytes = max(1, sum(f.row_bytes for f in schema.fields))
+        step = self._chunk_rows(count, chunk_size, max(1, _BULK_CHUNK_BYTES // row_bytes))
+        for a in range(0, count, step):
+            b = min(count, a + step)
+            for f in schema.fields:
+                store.update(f.var, _bulk_slice(arrays[f.key], start + a, start + b, f), offset=a)
+            if bar is not None:
+                bar.update(b - a)
+
+    def _load_samples(self, store, source, schema, encode, start, count, chunk_size, bar) -> None:
+        from ._schema import ChunkFiller
+
+        step = self._chunk_rows(count, chunk_size, _DEFAULT_CHUNK_SAMPLES)
+        filler = ChunkFiller(schema, max(1, min(step, count)))
+        # Sources that read files gain from several reads in flight; opt-in, as not every
+        # source's __getitem__ is thread-safe.
+        threads = int(os.environ.get("DDSTORE_LOAD_THREADS", "1") or 1)
+        pool = ThreadPoolExecutor(threads, thread_name_prefix="ddstore-load") if threads > 1 else None
+        try:
+            for a in range(0, count, step):
+                c = min(step, count - a)
+                indices = range(start + a, start + a + c)
+                if pool is not None:
+                    samples = pool.map(lambda i: self._sample(source, i, encode), indices)
+                else:
+                    samples = (self._sample(source, i, encode) for i in indices)
+                for j, (idx, sample) in enumerate(zip(indices, samples)):
+                    filler.put(j, sample, idx)
+                for f, view in zip(schema.fields, filler.store_views(c)):
+                    store.update(f.var, view, offset=a)
+                if bar is not None:
+                    bar.update(c)
+        finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
+
+    @staticmethod
+    def _write_meta(hs: str, name: str, n_core: int, n: int, schema: Schema) -> None:
+        """{handshake_dir}/{name}.meta.json: what a DistDatasetReader needs to read the fields."""
+        if not hs:
+            raise DDStoreValueError("method=2 needs handshake_dir= (or DDSTORE_HANDSHAKE_DIR)")
+        meta = {"version": META_VERSION, "name": name, "n_core": n_core, "num_samples": n, **schema.to_json()}
+        path = os.path.join(hs, f"{name}.meta.json")
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as fh:
+            json.dump(meta, fh, indent=1)
+        os.replace(tmp, path)
+
+
+def read_meta(path: str, timeout: float) -> dict:
+    """Waits up to timeout seconds for a meta file written by a core group and reads it."""
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        try:
+            with open(path) as fh:
+                meta = json.load(fh)
+            break
+        except FileNotFoundError:
+            if time.monotonic() >= deadline:
+                raise DDStoreTimeoutError(
+                    f"{path} did not appear within {timeout:.0f} s: is the core group (DistDataset with "
+                    "method=2 and the same handshake_dir) running?"
+                ) from None
+            time.sleep(delay)
+            delay = min(0.5, delay * 2)
+    if meta.get("version") != META_VERSION:
+        raise DDStoreError(f"{path}: meta version {meta.get('version')} is not {META_VERSION}")
+    return meta
+
+
+class DistDatasetReader(_StoredDataset):
+    """The dataset a method-2 core group (DistDataset(..., method=2)) holds, read from a
+    separate extra job. Fields come from {handshake_dir}/{name}.meta.json."""
+
+    def __init__(
+        self,
+        name: str,
+        handshake_dir: str | None = None,
+        n_core: int | None = None,
+        device: Any = None,
+        decode: Any = None,
+    ):
+        super().__init__()
+        hs = handshake_dir if handshake_dir is not None else os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
+        if not hs:
+            raise DDStoreValueError("DistDatasetReader needs handshake_dir= (or DDSTORE_HANDSHAKE_DIR)")
+        timeout = float(os.environ.get("DDSTORE_HANDSHAKE_TIMEOUT_S", "600"))
+        meta = read_meta(os.path.join(hs, f"{name}.meta.json"), timeout)
+        if n_core is None:
+            env = os.environ.get("DDSTORE_N_CORE")
+            n_core = int(env) if env else int(meta["n_core"])
+        self.name = name
+        self.meta = meta
+        schema = Schema.from_json(meta)
+        store = PyDDStore(None, method=2, handshake_dir=hs, n_core=int(n_core))
+        for f in schema.fields:
+            store.join(f.var)
+        n = int(meta["num_samples"])
+        for f in schema.fields:
+            total = store.info(f.var)[0]
+            if total != n:
+                raise DDStoreError(f"{f.var}: the core group holds {total} rows, the meta file says {n}")
+        self._init_reading(store, schema, n, device, decode)

@@ -1,0 +1,522 @@
+"""ThreadDataLoader: torch's DataLoader with worker threads instead of processes.
+
+Everything that decides *what* is loaded (argument checks, sampler and batch sampler, the base
+seed, len(), per-epoch iterators and persistent workers) is DataLoader's own code: this class
+subclasses it and replaces only the iterator. Batches are handed to workers round-robin with
+num_workers * prefetch_factor in flight, as torch's multiprocessing iterator does, so the same
+arguments and seed give the same batches in the same order.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import queue
+import random
+import sys
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.data as tud
+from torch._utils import ExceptionWrapper
+from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data._utils import collate as _collate
+from torch.utils.data._utils import pin_memory as _pin
+from torch.utils.data._utils import worker as _worker
+from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
+
+from pyddstore import DDStoreValueError
+
+from ._dataset import _env_flag, _StoredDataset
+
+_STATUS_INTERVAL = 1.0  # seconds between checks that worker threads are alive
+
+# -- get_worker_info() per thread --------------------------------------------------------------
+
+_thread_info = threading.local()
+_original_get_worker_info = _worker.get_worker_info
+_patch_lock = threading.Lock()
+
+
+@functools.wraps(_original_get_worker_info)
+def get_worker_info() -> Any:
+    """torch.utils.data.get_worker_info(), aware of ThreadDataLoader worker threads."""
+    info = getattr(_thread_info, "info", None)
+    return info if info is not None else _original_get_worker_info()
+
+
+def _install_worker_info_patch() -> None:
+    """Makes torch.utils.data.get_worker_info() answer per thread. Other threads and processes
+    see torch's own answer; only module attributes still pointing at torch's function change."""
+    with _patch_lock:
+        for mod in (tud, _worker, tud.dataloader):
+            if getattr(mod, "get_worker_info", None) is _original_get_worker_info:
+                mod.get_worker_info = get_worker_info
+
+
+_install_worker_info_patch()  # at import, so later `from torch.utils.data import get_worker_info` sees it
+
+
+def _make_worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: Any) -> Any:
+    seed = base_seed + worker_id
+    rng = None
+    rng_type = getattr(_worker, "_RNG", None)
+    if rng_type is not None:
+        np_rng = np.random.default_rng(_worker._generate_state(base_seed, worker_id))
+        rng = rng_type(random.Random(seed), torch.Generator().manual_seed(seed), np_rng)
+    try:
+        return _worker.WorkerInfo(
+            id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset, rng=rng, worker_method="thread"
+        )
+    except TypeError:  # older torch: no rng / worker_method
+        return _worker.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
+
+
+def _thread_collate(batch: Any) -> Any:
+    """default_collate without shared-memory output tensors (pointless between threads)."""
+    fn_map = dict(_collate.default_collate_fn_map)
+    if fn_map.get(torch.Tensor) is _collate.collate_tensor_fn:
+        fn_map[torch.Tensor] = _stack_tensors
+    return _collate.collate(batch, collate_fn_map=fn_map)
+
+
+def _stack_tensors(batch: Any, *, collate_fn_map: Any = None) -> torch.Tensor:
+    elem = batch[0]
+    if elem.is_nested or elem.layout != torch.strided:
+        return _collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+    return torch.stack(batch, 0)
+
+
+def _affinity_sets(num_workers: int) -> list[set[int] | None]:
+    """DDSTORE_AFFINITY_WIDTH CPUs per worker from the process's affinity, from
+    DDSTORE_AFFINITY_OFFSET on (wrapping around)."""
+    width = int(os.environ.get("DDSTORE_AFFINITY_WIDTH", "0") or 0)
+    if width <= 0 or not hasattr(os, "sched_getaffinity"):
+        return [None] * num_workers
+    offset = int(os.environ.get("DDSTORE_AFFINITY_OFFSET", "0") or 0)
+    cpus = sorted(os.sched_getaffinity(0))
+    return [{cpus[(offset + w * width + k) % len(cpus)] for k in range(width)} for w in range(num_workers)]
+
+
+class _ResumeEpoch:
+    """Sent to persistent workers at a new epoch; echoed back once the old tasks are done."""
+
+
+class _StopWorker:
+    pass
+
+
+class _BufferPool:
+    """Reusable alloc() buffer sets (reuse_buffers=True): one per worker, registered once."""
+
+    def __init__(self, dataset: Any, rows: int | None):
+        self.dataset = dataset
+        self.rows = rows
+        self._free: list = []
+        self._all: list = []
+        self._lock = threading.Lock()
+
+    def acquire(self) -> Any:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        if self.rows is None:
+            return None  # sized on first use (batch_sampler)
+        bufs = self.dataset.alloc(self.rows)
+        with self._lock:
+            self._all.append(bufs)
+        return bufs
+
+    def fit(self, bufs: Any, n: int) -> Any:
+        """A set holding at least n rows (grows sets when batches have no fixed size)."""
+        if bufs is not None and bufs.rows >= n:
+            return bufs
+        if bufs is not None:
+            self._drop(bufs)
+        bufs = self.dataset.alloc(max(n, self.rows or 0))
+        with self._lock:
+            self._all.append(bufs)
+        return bufs
+
+    def _drop(self, bufs: Any) -> None:
+        with self._lock:
+            self._all = [b for b in self._all if b is not bufs]
+        self.dataset.release(bufs)
+
+    def give_back(self, bufs: Any) -> None:
+        if bufs is not None:
+            with self._lock:
+                self._free.append(bufs)
+
+    def release_all(self) -> None:
+        with self._lock:
+            sets, self._all, self._free = self._all, [], []
+        for b in sets:
+            self.dataset.release(b)
+
+
+class _Fetcher:
+    """Fetches, collates and pins one batch in a worker thread (or the calling thread)."""
+
+    def __init__(self, it: Any, worker_id: int):
+        self.it = it
+        self.worker_id = worker_id
+        self.dataset = it._dataset
+        self.pool = it._pool  # outlives the iterator: buffers go back on close()
+        self.bufs = self.pool.acquire() if self.pool is not None else None
+        self.iter_fetcher = None
+        if it._dataset_kind == _DatasetKind.Iterable:
+            self.iter_fetcher = _DatasetKind.create_fetcher(
+                _DatasetKind.Iterable, self.dataset, it._auto_collation, it._thread_collate_fn, it._drop_last
+            )
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.give_back(self.bufs)
+            self.bufs = None
+
+    def fetch(self, index: Any) -> Any:
+        it = self.it
+        if self.iter_fetcher is not None:
+            data = self.iter_fetcher.fetch(index)
+        elif not it._auto_collation:
+            data = it._thread_collate_fn(self.dataset[index])
+        else:
+            out = None
+            if self.pool is not None:
+                out = self.bufs = self.pool.fit(self.bufs, len(index))
+            if it._direct:
+                data = self.dataset._read_collated(index, out=out, pin=it._pin_memory)
+                return data
+            if out is not None:
+                samples = self.dataset.__getitems__(index, out=out)
+            elif getattr(self.dataset, "__getitems__", None):
+                samples = self.dataset.__getitems__(index)
+            else:
+                samples = [self.dataset[i] for i in index]
+            data = it._thread_collate_fn(samples)
+        if it._pin_memory:
+            data = _pin.pin_memory(data, it._pin_memory_device)
+        return data
+
+
+class _ThreadIterBase(_BaseDataLoaderIter):
+    def __init__(self, loader: ThreadDataLoader):
+        super().__init__(loader)  # same sampler iterator and base seed draw as DataLoader's
+        self._loader_ref = weakref.ref(loader)
+        self._pool = loader._buffer_pool
+        self._worker_init_fn = loader.worker_init_fn
+        collate_fn = loader.collate_fn
+        self._thread_collate_fn = _thread_collate if collate_fn is _collate.default_collate else collate_fn
+        self._direct = (
+            collate_fn is _collate.default_collate
+            and self._auto_collation
+            and self._dataset_kind == _DatasetKind.Map
+            and isinstance(self._dataset, _StoredDataset)
+            and self._dataset._direct_collate_ok
+            and _env_flag("DDSTORE_FAST_COLLATE", "1")
+        )
+        self._device_index = None
+        if torch.accelerator.is_available():
+            self._device_index = torch.accelerator.current_device_index()
+        loader._live_iterators.add(self)
+
+
+class _CallingThreadIter(_ThreadIterBase):
+    """num_workers=0: batches are read in the calling thread, nothing is prefetched."""
+
+    def __init__(self, loader: ThreadDataLoader):
+        super().__init__(loader)
+        self._fetcher: _Fetcher | None = None
+
+    def _next_data(self) -> Any:
+        try:
+            index = self._next_index()
+        except StopIteration:
+            self._shutdown_workers()  # the epoch is over: reused buffers go back to the pool
+            raise
+        if self._fetcher is None:
+            self._fetcher = _Fetcher(self, 0)
+        return self._fetcher.fetch(index)
+
+    def _shutdown_workers(self) -> None:
+        if self._fetcher is not None:
+            self._fetcher.close()
+            self._fetcher = None
+
+    def __del__(self) -> None:
+        self._shutdown_workers()
+
+
+class _ThreadIter(_ThreadIterBase):
+    """num_workers > 0: worker threads, num_workers * prefetch_factor batches in flight."""
+
+    def __init__(self, loader: ThreadDataLoader):
+        super().__init__(loader)
+        _install_worker_info_patch()  # again, in case torch.utils.data was reloaded
+        self._prefetch_factor = loader.prefetch_factor
+        self._in_order = loader.in_order
+        self._result_queue: queue.Queue = queue.Queue()
+        self._index_queues: list[queue.Queue] = []
+        self._workers: list[threading.Thread] = []
+        self._done = threading.Event()
+        self._shutdown = False
+        cpus = _affinity_sets(self._num_workers)
+        for wid in range(self._num_workers):
+            q: queue.Queue = queue.Queue()
+            t = threading.Thread(
+                target=_worker_main,
+                args=(weakref.proxy(self), wid, q, self._result_queue, self._done, cpus[wid]),
+                name=f"ddstore-loader-{wid}",
+                daemon=True,
+            )
+            self._index_queues.append(q)
+            self._workers.append(t)
+            t.start()
+        self._reset(loader, first_iter=True)
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        super()._reset(loader, first_iter)
+        self._send_idx = 0
+        self._rcvd_idx = 0
+        self._task_info: dict[int, tuple] = {}
+        self._tasks_outstanding = 0
+        self._workers_status = [True] * self._num_workers
+        self._workers_num_tasks = [0] * self._num_workers
+        self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
+        if not first_iter:
+            # Persistent workers: finish (and drop) what the last epoch left in flight.
+            for q in self._index_queues:
+                q.put(_ResumeEpoch())
+            waiting = self._num_workers
+            while waiting > 0:
+                idx, _ = self._get_data()
+                if isinstance(idx, _ResumeEpoch):
+                    waiting -= 1
+        for _ in range(self._prefetch_factor * self._num_workers):
+            self._try_put_index()
+
+    def _try_put_index(self) -> None:
+        max_tasks = self._prefetch_factor * self._num_workers
+        try:
+            index = self._next_index()
+        except StopIteration:
+            return
+        for _ in range(self._num_workers):
+            wid = next(self._worker_queue_idx_cycle)
+            if self._workers_status[wid] and (
+                self._in_order or self._workers_num_tasks[wid] < max_tasks // sum(self._workers_status)
+            ):
+                break
+        else:
+            return
+        self._index_queues[wid].put((self._send_idx, index))
+        self._task_info[self._send_idx] = (wid,)
+        self._workers_num_tasks[wid] += 1
+        self._tasks_outstanding += 1
+        self._send_idx += 1
+
+    def _get_data(self) -> tuple:
+        waited = 0.0
+        while True:
+            step = _STATUS_INTERVAL if self._timeout <= 0 else min(_STATUS_INTERVAL, self._timeout - waited)
+            try:
+                return self._result_queue.get(timeout=max(step, 1e-3))
+            except queue.Empty:
+                waited += step
+                dead = [i for i, t in enumerate(self._workers) if not t.is_alive()]
+                if dead and not self._shutdown:
+                    self._shutdown_workers()
+                    raise RuntimeError(
+                        f"ThreadDataLoader worker thread(s) {dead} exited unexpectedly"
+                    ) from None
+                if self._timeout > 0 and waited >= self._timeout:
+                    raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
+
+    def _next_data(self) -> Any:
+        while True:
+            while self._rcvd_idx < self._send_idx:
+                info = self._task_info.get(self._rcvd_idx)
+                if info and (len(info) == 2 or self._workers_status[info[0]]):
+                    break
+                self._task_info.pop(self._rcvd_idx, None)
+                self._rcvd_idx += 1
+            else:
+                if not self._persistent_workers:
+                    self._shutdown_workers()
+                raise StopIteration
+            if len(self._task_info[self._rcvd_idx]) == 2:
+                wid, data = self._task_info.pop(self._rcvd_idx)
+                self._rcvd_idx += 1
+                return self._process_data(data, wid)
+            idx, data = self._get_data()
+            if isinstance(idx, _ResumeEpoch):
+                continue
+            self._tasks_outstanding -= 1
+            if isinstance(data, _worker._IterableDatasetStopIteration):
+                self._workers_status[data.worker_id] = False
+                self._try_put_index()
+                continue
+            if idx != self._rcvd_idx:
+                if not self._in_order:
+                    wid = self._task_info.pop(idx)[0]
+                    return self._process_data(data, wid)
+                self._task_info[idx] += (data,)
+            else:
+                wid = self._task_info.pop(idx)[0]
+                self._rcvd_idx += 1
+                return self._process_data(data, wid)
+
+    def _process_data(self, data: Any, wid: int) -> Any:
+        self._workers_num_tasks[wid] -= 1
+        self._try_put_index()
+        if isinstance(data, ExceptionWrapper):
+            data.reraise()
+        return data
+
+    def _shutdown_workers(self) -> None:
+        """Stops the workers after their current fetch and waits for them."""
+        if self._shutdown:
+            return
+        self._shutdown = True
+        self._done.set()
+        for q in self._index_queues:
+            q.put(_StopWorker())
+        if sys.is_finalizing():
+            return  # daemon threads: nothing to wait for while the interpreter exits
+        me = threading.current_thread()
+        for t in self._workers:
+            if t is not me:
+                t.join()
+
+    def __del__(self) -> None:
+        self._shutdown_workers()
+
+
+def _worker_main(
+    it: Any,
+    wid: int,
+    index_queue: queue.Queue,
+    results: queue.Queue,
+    done: threading.Event,
+    cpus: set[int] | None,
+) -> None:
+    """One worker thread: fetch, collate and pin the batches sent to it, in order."""
+    fetcher = None
+    init_error = None
+    try:
+        dataset = it._dataset
+        _thread_info.info = _make_worker_info(wid, it._num_workers, it._base_seed, dataset)
+        if cpus:
+            os.sched_setaffinity(0, cpus)  # pid 0: this thread only (Linux)
+        if it._device_index is not None:
+            torch.accelerator.set_device_index(it._device_index)
+        if it._worker_init_fn is not None:
+            it._worker_init_fn(wid)
+        fetcher = _Fetcher(it, wid)
+    except ReferenceError:
+        return  # the iterator was collected before this thread started
+    except Exception:  # noqa: BLE001 - reported with the first batch, as DataLoader does
+        init_error = ExceptionWrapper(where=f"in ThreadDataLoader worker thread {wid}")
+    try:
+        while True:
+            r = index_queue.get()
+            if isinstance(r, _StopWorker):
+                break
+            if isinstance(r, _ResumeEpoch):
+                if fetcher is not None and fetcher.iter_fetcher is not None:
+                    fetcher.close()
+                    fetcher = _Fetcher(it, wid)
+                results.put((r, None))
+                continue
+            if done.is_set():
+                continue
+            idx, index = r
+            if init_error is not None:
+                data, init_error = init_error, None
+            elif fetcher is None:
+                data = ExceptionWrapper(
+                    (RuntimeError, RuntimeError("worker failed to start"), None),
+                    where=f"in ThreadDataLoader worker thread {wid}",
+                )
+            else:
+                try:
+                    data = fetcher.fetch(index)
+                except StopIteration:
+                    data = _worker._IterableDatasetStopIteration(wid)
+                except BaseException:  # noqa: BLE001 - re-raised in the caller
+                    data = ExceptionWrapper(where=f"in ThreadDataLoader worker thread {wid}")
+            results.put((idx, data))
+            del data, idx, index, r
+    except ReferenceError:
+        pass  # the iterator was collected
+    finally:
+        if fetcher is not None:
+            fetcher.close()
+        _thread_info.info = None
+
+
+class ThreadDataLoader(DataLoader):
+    """torch.utils.data.DataLoader with worker threads instead of processes: safe with MPI and
+    GPU buffers, and each thread reads through its own store reader.
+
+    Takes every DataLoader argument; random draws (sampler, base seed) match DataLoader's.
+    Fetch, collate and pin_memory run in the worker threads; num_workers=0 reads in the calling
+    thread. torch.utils.data.get_worker_info() works inside the worker threads (its rng holds
+    per-thread generators; the global random generators are not reseeded, as they are shared).
+
+    reuse_buffers=True: each worker reads into one dataset.alloc(batch_size) buffer set,
+    registered once; the collate must copy, so it needs batch_size with the default collate_fn,
+    or collate_copies=True. close() waits for in-flight fetches and releases the buffers.
+    multiprocessing_context is accepted and ignored.
+    """
+
+    def __init__(
+        self, dataset: Any, reuse_buffers: bool = False, collate_copies: bool = False, **kwargs: Any
+    ):
+        self.reuse_buffers = bool(reuse_buffers)
+        self.collate_copies = bool(collate_copies)
+        self._live_iterators: weakref.WeakSet = weakref.WeakSet()
+        self._buffer_pool: _BufferPool | None = None
+        super().__init__(dataset, **kwargs)
+        if self.reuse_buffers:
+            if not hasattr(dataset, "alloc") or not hasattr(dataset, "release"):
+                raise DDStoreValueError(
+                    "reuse_buffers=True needs a DistDataset or DistDatasetReader (dataset.alloc)"
+                )
+            if isinstance(dataset, IterableDataset):
+                raise DDStoreValueError("reuse_buffers=True needs a map-style dataset")
+            default = self.collate_fn is _collate.default_collate
+            if not self.collate_copies and (self.batch_size is None or not default):
+                raise DDStoreValueError(
+                    "reuse_buffers=True reuses each worker's buffers, so batches must be copies: it needs "
+                    "batch_size= with the default collate_fn, or collate_copies=True for a collate_fn that "
+                    "copies what it keeps"
+                )
+            self._buffer_pool = _BufferPool(dataset, self.batch_size)
+
+    def check_worker_number_rationality(self) -> None:
+        pass  # threads wait on reads; more of them than CPUs is fine
+
+    def _get_iterator(self) -> Any:
+        if self.num_workers == 0:
+            return _CallingThreadIter(self)
+        return _ThreadIter(self)
+
+    def close(self) -> None:
+        """Stops the workers (after their in-flight fetches) and releases reused buffers."""
+        for it in list(self._live_iterators):
+            it._shutdown_workers()
+        self._iterator = None
+        if self._buffer_pool is not None:
+            self._buffer_pool.release_all()
+
+    def __enter__(self) -> ThreadDataLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

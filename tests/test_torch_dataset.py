@@ -1,0 +1,159 @@
+"""pyddstore.torch end to end: DistDataset under mpirun (methods 0 and 1), without MPI (file
+and torch.distributed communicators), forked DataLoader workers, and a method-2 reader job.
+Each launch runs many checks (tests/scripts/torch_dataset.py) to keep the suite fast."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import SCRIPTS, _env, run_mpi, run_procs
+
+pytest.importorskip("torch")
+_native = pytest.importorskip("pyddstore._native")
+
+METHODS = set(getattr(_native, "METHODS", ()))
+
+
+def needs(method: int):
+    return pytest.mark.skipif(method not in METHODS, reason=f"method {method} is not in this build")
+
+
+# Method 1 over the fabric providers; DDSTORE_SHM=0 keeps same-node reads on the fabric too.
+FABRICS = [
+    pytest.param({"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0"}, id="tcp"),
+    pytest.param({"DDSTORE_FABRIC": "shm", "DDSTORE_SHM": "0"}, id="shm"),
+    pytest.param({}, id="default"),
+]
+
+
+@needs(0)
+@pytest.mark.parametrize("n", [2, 4])
+def test_mpi_method0(n):
+    run_mpi(n, "torch_dataset.py", "--method", "0", timeout=600)
+
+
+@needs(1)
+@pytest.mark.parametrize("fabric", FABRICS)
+def test_mpi_method1(fabric, handshake_dir):
+    run_mpi(3, "torch_dataset.py", "--method", "1", env=fabric, timeout=600)
+
+
+@needs(1)
+def test_mpi_method1_four_ranks():
+    run_mpi(4, "torch_dataset.py", "--method", "1", "--part", "structures", timeout=600)
+
+
+@needs(1)
+@pytest.mark.parametrize("comm", ["file", "torch"])
+def test_without_mpi(comm, handshake_dir):
+    env = {"DDSTORE_COMM": comm, "DDSTORE_MPI": "0", "DDSTORE_HANDSHAKE_DIR": str(handshake_dir)}
+    part = "all" if comm == "file" else "structures"
+    run_procs(
+        2,
+        "torch_dataset.py",
+        "--method",
+        "1",
+        "--comm",
+        comm,
+        "--hs",
+        str(handshake_dir),
+        "--part",
+        part,
+        env=env,
+        timeout=600,
+    )
+
+
+@needs(1)
+@pytest.mark.xfail(
+    reason="each PyDDStore(None) opens a FileComm with the same job id whose rounds restart at 1, "
+    "so a second store reads the first one's stale records",
+    strict=False,
+)
+def test_comm_none_file_several_datasets(handshake_dir):
+    env = {"DDSTORE_COMM": "file", "DDSTORE_MPI": "0", "DDSTORE_HANDSHAKE_TIMEOUT_S": "20"}
+    run_procs(
+        2,
+        "torch_dataset.py",
+        "--method",
+        "1",
+        "--comm",
+        "file",
+        "--hs",
+        str(handshake_dir),
+        "--part",
+        "comm_none",
+        env=env,
+        timeout=300,
+    )
+
+
+@needs(0)
+def test_comm_none_mpi():
+    run_mpi(2, "torch_dataset.py", "--method", "0", "--part", "comm_none", timeout=300)
+
+
+@needs(1)
+@pytest.mark.parametrize("fabric", FABRICS[:1] + FABRICS[2:])
+def test_forked_workers_mpi(fabric):
+    run_mpi(2, "torch_fork.py", "--method", "1", env={**fabric, "DDSTORE_FORK_WORKERS": "1"}, timeout=600)
+
+
+@needs(1)
+def test_forked_workers_without_mpi(handshake_dir):
+    hs = str(handshake_dir)
+    env = {"DDSTORE_FORK_WORKERS": "1", "DDSTORE_COMM": "file", "DDSTORE_MPI": "0"}
+    run_procs(2, "torch_fork.py", "--method", "1", "--comm", "file", "--hs", hs, env=env, timeout=600)
+
+
+@needs(2)
+@pytest.mark.xfail(
+    reason="join() rejects the records of the node-only transport (no per-rank records); "
+    "remove once method 2 publishes fabric records",
+    strict=False,
+)
+def test_method2_reader(handshake_dir):
+    """A core group of two plain processes (file communicator) and a separate reader job."""
+    hs = str(handshake_dir)
+    env = {"DDSTORE_FORK_WORKERS": "1", "DDSTORE_HANDSHAKE_DIR": hs, "DDSTORE_MPI": "0"}
+    core = []
+    for rank in range(2):
+        e = _env({**env, "SLURM_PROCID": rank, "SLURM_NTASKS": 2})
+        cmd = [
+            sys.executable,
+            str(SCRIPTS / "torch_method2.py"),
+            "--part",
+            "core",
+            "--comm",
+            "file",
+            "--hs",
+            hs,
+        ]
+        core.append(subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        reader = run_procs(
+            1,
+            "torch_method2.py",
+            "--part",
+            "reader",
+            "--comm",
+            "file",
+            "--hs",
+            hs,
+            env=env,
+            timeout=400,
+            expect_ok=False,
+        )[0]
+    finally:
+        (handshake_dir / "reader-done").touch()  # lets the core group finish either way
+        outs = [p.communicate(timeout=300) for p in core]
+    assert reader.returncode == 0, f"reader failed\n{reader.stdout}\n{reader.stderr}"
+    for p, (out, err) in zip(core, outs):
+        assert p.returncode == 0, f"core group failed\n{out}\n{err}"
+
+
+@needs(1)
+def test_load_memory():
+    run_procs(1, "torch_memory.py", env={"DDSTORE_MPI": "0"}, timeout=300)

@@ -1,0 +1,220 @@
+"""Pure logic of pyddstore.torch, in this process (no store, no MPI): share split, schema
+inference and validation, the meta JSON, window index math, row_of, affinity sets, and that
+direct batch reads arrange batches exactly as default_collate does."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import numpy as np
+import pytest
+import torch
+from pyddstore.torch import SchemaError, SchemaTypeError, row_of, share_of
+from pyddstore.torch._loader import _affinity_sets
+from pyddstore.torch._schema import ChunkFiller, Schema
+from pyddstore.torch._windowed import window_rows, window_starts
+from torch.utils.data import ConcatDataset
+from torch.utils.data._utils.collate import default_collate
+
+
+@pytest.mark.parametrize(("n", "size"), [(10, 3), (3, 4), (0, 2), (17, 1), (100, 7)])
+def test_share_split(n, size):
+    parts = [share_of(n, size, r) for r in range(size)]
+    counts = [c for _, c in parts]
+    assert sum(counts) == n
+    assert counts == sorted(counts, reverse=True) and max(counts) - min(counts) <= 1
+    assert counts[: n % size] == [n // size + 1] * (n % size)
+    starts = [s for s, _ in parts]
+    assert starts == [sum(counts[:r]) for r in range(size)]
+    with pytest.raises(ValueError):
+        share_of(n, size, size)
+
+
+Point = collections.namedtuple("Point", ["x", "y"])
+REC = np.dtype({"names": ["a", "b"], "formats": ["<i2", ("<f8", (2,))], "offsets": [0, 8], "itemsize": 32})
+
+
+def _sample(i):
+    return (
+        torch.full((2, 3), float(i)),
+        i,
+        i / 3,
+        np.arange(4, dtype=np.uint8) + i,
+        np.int32(i),
+        bool(i % 2),
+        np.array(i, dtype=np.float64),
+    )
+
+
+def test_infer_fields_and_json_roundtrip():
+    s = Schema.infer(_sample(0), "v")
+    kinds = [(f.key, f.kind, f.shape, str(f.dtype)) for f in s.fields]
+    assert kinds == [
+        (0, "tensor", (2, 3), "float32"),
+        (1, "int", (), "int64"),
+        (2, "float", (), "float64"),
+        (3, "ndarray", (4,), "uint8"),
+        (4, "npscalar", (), "int32"),
+        (5, "bool", (), "bool"),
+        (6, "ndarray", (), "float64"),
+    ]
+    assert [f.var for f in s.fields] == [f"v/{k}" for k in range(7)]
+    rec = np.zeros(3, dtype=REC)
+    d = Schema.infer({"r": rec[0], "arr": rec, "ra": rec.view(np.recarray)}, "recs")
+    back = Schema.from_json(json.loads(json.dumps(d.to_json())))
+    for a, b in zip(d.fields, back.fields):
+        assert (a.key, a.kind, a.shape, a.dtype, a.record) == (b.key, b.kind, b.shape, b.dtype, b.record)
+        assert a.init_args() == (32 * a.count, 1, None)
+    assert back.structure == "dict" and back.keys == ["r", "arr", "ra"]
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        (torch.zeros(2, dtype=torch.float16), "float16"),
+        (np.zeros(2, dtype=np.complex64), "complex64"),
+        (np.zeros(2, dtype=np.int16), "int16"),
+        ("cat", "encode"),
+        (b"cat", "encode"),
+        (np.array(["a", "b"]), "encode"),
+        (np.str_("a"), "encode"),
+        ([1, 2], "nested"),
+        (None, "NoneType"),
+        (np.zeros(2, dtype=object), "encode"),
+    ],
+)
+def test_unsupported_values(value, match):
+    with pytest.raises(SchemaTypeError, match=match) as info:
+        Schema.infer({"ok": 1, "bad": value}, "v")
+    assert "'bad'" in str(info.value) and "sample 0" in str(info.value)
+    assert isinstance(info.value, TypeError)
+
+
+def test_empty_fields_and_selection():
+    with pytest.raises(SchemaError, match="no elements"):
+        Schema.infer(np.zeros((0, 3)), "v")
+    with pytest.raises(SchemaError, match="no field 'z'"):
+        Schema.infer({"x": 1}, "v", fields=["z"])
+    s = Schema.infer({"x": 1, "y": 2.0, "z": True}, "v", fields=["z", "x"])
+    assert [f.key for f in s.fields] == ["x", "z"] and s.keys == ["z", "x"]
+    assert s.build({"x": [1], "z": [False]}, 1) == [{"z": False, "x": 1}]
+
+
+def _fill(samples, rows=None):
+    s = Schema.infer(samples[0], "v")
+    filler = ChunkFiller(s, rows or len(samples))
+    for j, smp in enumerate(samples):
+        filler.put(j, smp, 100 + j)
+    return s, filler
+
+
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        ({"x": torch.zeros(4), "y": 1}, r"sample 101, field 'x'.*\(4,\)"),
+        ({"x": torch.zeros(3, dtype=torch.float64), "y": 1}, "sample 101.*float64"),
+        ({"x": torch.zeros(3), "y": 1.5}, "sample 101, field 'y'"),
+        ({"x": torch.zeros(3)}, "sample 101 has 1 fields"),
+        ({"x": torch.zeros(3), "z": 1}, "sample 101 has no field 'y'"),
+        ({"x": torch.zeros(3), "y": 1, "w": 2}, "sample 101 has 3 fields"),
+        ((torch.zeros(3), 1), "sample 101 is a tuple"),
+        ({"x": torch.zeros(3), "y": 2**70}, "sample 101, field 'y'"),
+    ],
+)
+def test_ragged_and_differing_samples(bad, match):
+    with pytest.raises(SchemaError, match=match):
+        _fill([{"x": torch.zeros(3), "y": 1}, bad])
+
+
+def test_fill_and_rebuild():
+    samples = [_sample(i) for i in range(5)]
+    s, filler = _fill(samples, rows=8)
+    views = filler.store_views(5)
+    columns = {f.key: f.column(f.values(v.copy())) for f, v in zip(s.fields, views)}
+    rebuilt = s.build(columns, 5)
+    for a, b in zip(samples, rebuilt):
+        assert type(b) is tuple
+        for x, y in zip(a, b):
+            assert type(x) is type(y)
+            if isinstance(x, torch.Tensor):
+                assert torch.equal(x, y)
+            else:
+                assert np.array_equal(x, y) and np.asarray(x).dtype == np.asarray(y).dtype
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda i: _sample(i)[:6] + (np.float32(i),),
+        lambda i: {"a": torch.tensor([i, i]), "b": i, "c": np.array([i * 0.5])},
+        lambda i: [np.int64(i), torch.zeros(2) + i],
+        lambda i: Point(torch.tensor(float(i)), i),
+        lambda i: torch.arange(3) * i,
+        lambda i: float(i),
+    ],
+)
+def test_direct_batches_arranged_like_default_collate(make):
+    samples = [make(i) for i in range(4)]
+    s = Schema.infer(samples[0], "v")
+    filler = ChunkFiller(s, 4)
+    for j, smp in enumerate(samples):
+        filler.put(j, smp, j)
+    values = {}
+    for f, v in zip(s.fields, filler.store_views(4)):
+        values[f.key] = torch.from_numpy(v.copy())
+    want, got = default_collate(samples), s.collate_like(values)
+    flat_w = want if isinstance(want, (list, tuple)) else [want]
+    flat_g = got if isinstance(got, (list, tuple)) else [got]
+    if isinstance(want, dict):
+        flat_w, flat_g = list(want.values()), list(got.values())
+        assert list(want) == list(got)
+    assert type(want) is type(got)
+    for a, b in zip(flat_w, flat_g):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+def test_window_math():
+    assert window_starts(10, 3).tolist() == list(range(8))
+    assert window_starts(10, 3, stride=2, dilation=2).tolist() == [0, 2, 4]
+    assert window_starts(4, 3, dilation=2).tolist() == []
+    assert window_starts(10, 2, starts=[0, 8, 3]).tolist() == [0, 8, 3]
+    with pytest.raises(ValueError, match="does not fit"):
+        window_starts(10, 2, starts=[9])
+    with pytest.raises(ValueError, match="does not fit"):
+        window_starts(10, 2, starts=[-1])
+    with pytest.raises(ValueError, match="window"):
+        window_starts(10, 0)
+    assert window_rows(np.array([1, 5]), 3, 2).tolist() == [[1, 3, 5], [5, 7, 9]]
+
+
+def test_row_of():
+    concat = ConcatDataset([list(range(4)), list(range(6)), list(range(2))])
+    assert [row_of(concat, 0, 3), row_of(concat, 1, 0), row_of(concat, 2, 1), row_of(concat, -1, -1)] == [
+        3,
+        4,
+        11,
+        11,
+    ]
+    for k in range(3):
+        for i in range(len(concat.datasets[k])):
+            assert concat[row_of(concat, k, i)] == concat.datasets[k][i]
+    with pytest.raises(IndexError):
+        row_of(concat, 0, 4)
+    with pytest.raises(IndexError):
+        row_of(concat, 3, 0)
+
+
+def test_affinity_sets(monkeypatch):
+    import os
+
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no sched_getaffinity")
+    cpus = sorted(os.sched_getaffinity(0))
+    monkeypatch.delenv("DDSTORE_AFFINITY_WIDTH", raising=False)
+    assert _affinity_sets(2) == [None, None]
+    monkeypatch.setenv("DDSTORE_AFFINITY_WIDTH", "2")
+    monkeypatch.setenv("DDSTORE_AFFINITY_OFFSET", "1")
+    sets = _affinity_sets(3)
+    for w, s in enumerate(sets):
+        assert s == {cpus[(1 + 2 * w + k) % len(cpus)] for k in range(2)}
