@@ -21,7 +21,8 @@ impl Transport for NodeOnlyTransport {
 
     fn expose(&self, comm: &Arc<dyn Comm>, len: usize, opts: &ExposeOptions) -> Result<Exposed> {
         let region = Region::shared(&opts.name, len)?;
-        let node_peers = share_on_node(comm.as_ref(), &region)?;
+        let shares = share_on_node(comm.as_ref(), &region)?;
+        let node_peers = shares.views;
         let unreachable: Vec<usize> = (0..comm.size())
             .filter(|&r| r != comm.rank() && node_peers[r].is_none())
             .collect();
@@ -36,6 +37,7 @@ impl Transport for NodeOnlyTransport {
             node_peers,
             remote: Arc::new(Unreachable),
             records: Vec::new(),
+            node_locators: shares.locators,
         })
     }
 

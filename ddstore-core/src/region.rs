@@ -5,10 +5,11 @@
 //! All raw memory access of the core crate lives here, behind bounds checks.
 
 use std::any::Any;
-use std::fs::OpenOptions;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use memmap2::{Mmap, MmapMut, MmapOptions};
@@ -100,10 +101,15 @@ impl Memory for RawMemory {
 
 /// This process's own share: anonymous memory, or a shared-memory file that
 /// same-node peers map read-only.
+///
+/// The file is a `memfd`: it never has a name in any directory, so nothing
+/// can be left behind in /dev/shm however the job ends. Peers open it as
+/// `/proc/<pid>/fd/<fd>`, which the kernel allows only to processes that may
+/// inspect the owner (the same user), and only while the owner lives.
 pub struct Region {
     memory: RawMemory,
-    /// Set while the shared-memory file still has a name.
-    path: std::sync::Mutex<Option<PathBuf>>,
+    /// The memfd of a shared region (kept open: it is how peers find it).
+    file: Option<File>,
 }
 
 enum Mapping {
@@ -111,13 +117,19 @@ enum Mapping {
     Shared(#[allow(dead_code)] MmapMut),
 }
 
-static REGION_SEQ: AtomicU64 = AtomicU64::new(0);
+/// Where a same-node peer finds a shared region.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NodeLocator {
+    pub host: String,
+    pub pid: u32,
+    pub fd: i32,
+    pub len: usize,
+}
 
-/// Directory for shared-memory files (`DDSTORE_SHM_DIR`, default /dev/shm).
-pub fn shm_dir() -> PathBuf {
-    std::env::var_os("DDSTORE_SHM_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/dev/shm"))
+impl NodeLocator {
+    fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/fd/{}", self.pid, self.fd))
+    }
 }
 
 impl Region {
@@ -131,62 +143,54 @@ impl Region {
         Ok(Self::from_mapping(Mapping::Anonymous(map), len, None))
     }
 
-    /// Page-aligned memory of `len` bytes in a new owner-only file under
-    /// `shm_dir()`, which same-node peers can map read-only.
+    /// Page-aligned memory of `len` bytes in an owner-only memfd that
+    /// same-node peers can map read-only (see [`Region::locator`]).
     pub fn shared(name: &str, len: usize) -> Result<Region> {
-        let safe: String = name
+        let label: String = name
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
             .take(40)
             .collect();
-        let path = shm_dir().join(format!(
-            "ddstore-{}-{}-{}",
-            std::process::id(),
-            REGION_SEQ.fetch_add(1, Ordering::Relaxed),
-            safe
-        ));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| Error::io(format!("creating shared-memory file {}", path.display()), e))?;
-        let cleanup = |e: std::io::Error, what: &str| {
-            let _ = std::fs::remove_file(&path);
-            Error::io(format!("{what} {}", path.display()), e)
+        let label = CString::new(format!("ddstore-{label}")).expect("no NUL in label");
+        // SAFETY: memfd_create takes a valid C string and flags; it returns a new fd or -1.
+        let fd = unsafe { libc::memfd_create(label.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::io(
+                "memfd_create for a shared share",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: fd was just returned by memfd_create and is owned by nobody else.
+        let file = unsafe { File::from_raw_fd(fd) };
+        let ctx = |what: &'static str| {
+            move |e| Error::io(format!("{what} a shared share of {len} bytes"), e)
         };
-        file.set_len(len.max(1) as u64)
-            .map_err(|e| cleanup(e, "sizing"))?;
-        // SAFETY: the file was just created by us with owner-only permissions;
-        // other processes only ever map it read-only.
-        let map = unsafe { MmapMut::map_mut(&file) }.map_err(|e| cleanup(e, "mapping"))?;
-        Ok(Self::from_mapping(Mapping::Shared(map), len, Some(path)))
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(ctx("restricting"))?;
+        file.set_len(len.max(1) as u64).map_err(ctx("sizing"))?;
+        // SAFETY: the memfd is ours; peers only ever map it read-only.
+        let map = unsafe { MmapMut::map_mut(&file) }.map_err(ctx("mapping"))?;
+        Ok(Self::from_mapping(Mapping::Shared(map), len, Some(file)))
     }
 
-    fn from_mapping(mut mapping: Mapping, len: usize, path: Option<PathBuf>) -> Region {
+    fn from_mapping(mut mapping: Mapping, len: usize, file: Option<File>) -> Region {
         let ptr = match &mut mapping {
             Mapping::Anonymous(m) | Mapping::Shared(m) => m.as_mut_ptr(),
         };
         // SAFETY: the mapping is at least `len` bytes, writable, and is moved
         // into the owner so it lives as long as the RawMemory.
         let memory = unsafe { RawMemory::new(ptr, len, true, Arc::new(OwnedMapping(mapping))) };
-        Region {
-            memory,
-            path: std::sync::Mutex::new(path),
-        }
+        Region { memory, file }
     }
 
-    /// Path of the shared-memory file, while it still has one.
-    pub fn path(&self) -> Option<PathBuf> {
-        self.path.lock().unwrap().clone()
-    }
-
-    /// Removes the file's name; existing mappings stay valid.
-    pub fn unlink(&self) {
-        if let Some(p) = self.path.lock().unwrap().take() {
-            let _ = std::fs::remove_file(p);
-        }
+    /// How a same-node process reaches this region, if it is shared.
+    pub fn locator(&self) -> Option<NodeLocator> {
+        self.file.as_ref().map(|f| NodeLocator {
+            host: host_id(),
+            pid: std::process::id(),
+            fd: f.as_raw_fd(),
+            len: self.len(),
+        })
     }
 }
 
@@ -194,12 +198,6 @@ struct OwnedMapping(#[allow(dead_code)] Mapping);
 // SAFETY: a mapping is plain memory; ownership only decides when it is unmapped.
 unsafe impl Send for OwnedMapping {}
 unsafe impl Sync for OwnedMapping {}
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        self.unlink();
-    }
-}
 
 impl Memory for Region {
     fn len(&self) -> usize {
@@ -216,18 +214,20 @@ impl Memory for Region {
     }
 }
 
-/// Read-only mapping of a same-node peer's shared-memory file.
-pub fn map_peer(path: &Path, len: usize) -> Result<RawMemory> {
-    let file = std::fs::File::open(path)
+/// Read-only mapping of a same-node peer's shared region.
+pub fn map_peer(loc: &NodeLocator) -> Result<RawMemory> {
+    let path = loc.path();
+    let file = File::open(&path)
         .map_err(|e| Error::io(format!("opening peer share {}", path.display()), e))?;
     let actual = file
         .metadata()
         .map_err(|e| Error::io("reading peer share size", e))?
         .len();
-    if actual < len as u64 {
+    if actual < loc.len as u64 {
         return Err(Error::Comm(format!(
-            "peer share {} has {actual} bytes, expected {len}",
-            path.display()
+            "peer share {} has {actual} bytes, expected {}",
+            path.display(),
+            loc.len
         )));
     }
     // SAFETY: mapped read-only; the owner only writes rows, never truncates.
@@ -235,7 +235,26 @@ pub fn map_peer(path: &Path, len: usize) -> Result<RawMemory> {
         .map_err(|e| Error::io(format!("mapping peer share {}", path.display()), e))?;
     let ptr = map.as_ptr() as *mut u8;
     // SAFETY: the mapping holds `len` bytes and is owned by the RawMemory; not writable.
-    Ok(unsafe { RawMemory::new(ptr, len, false, Arc::new(ReadOnlyMapping(map))) })
+    Ok(unsafe { RawMemory::new(ptr, loc.len, false, Arc::new(ReadOnlyMapping(map))) })
+}
+
+/// Maps every locator on this host except rank `own`'s (`None`: read remotely).
+pub fn map_node_peers(
+    locators: &[Option<NodeLocator>],
+    own: Option<usize>,
+) -> Vec<Option<Arc<dyn Memory>>> {
+    let host = host_id();
+    locators
+        .iter()
+        .enumerate()
+        .map(|(rank, loc)| match loc {
+            // A mapping that fails (another container, no /proc access) falls back to remote reads.
+            Some(l) if l.host == host && Some(rank) != own => {
+                map_peer(l).ok().map(|m| Arc::new(m) as Arc<dyn Memory>)
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 struct ReadOnlyMapping(#[allow(dead_code)] Mmap);
@@ -251,44 +270,31 @@ pub fn host_id() -> String {
     format!("{}/{}", host.trim(), boot.trim())
 }
 
-#[derive(serde::Serialize, serde::Deserialize)]
-struct NodeRecord {
-    host: String,
-    path: Option<PathBuf>,
-    len: usize,
+/// Same-node sharing of one variable, as set up by [`share_on_node`].
+pub struct NodeShares {
+    /// Per rank: a readable mapping of its share, or `None` (read it remotely).
+    pub views: Vec<Option<Arc<dyn Memory>>>,
+    /// Per rank: where its share is (for extra jobs on the same node, method 2).
+    pub locators: Vec<Option<NodeLocator>>,
 }
 
-/// Collective: tells every rank where this rank's shared file is, maps the
-/// files of same-node peers, then removes this rank's file name so nothing
-/// is left in /dev/shm once the job ends, however it ends.
-/// Returns, per rank, a readable mapping or `None` (read it remotely).
-pub fn share_on_node(comm: &dyn Comm, region: &Region) -> Result<Vec<Option<Arc<dyn Memory>>>> {
-    let mine = NodeRecord {
-        host: host_id(),
-        path: region.path(),
-        len: region.len(),
-    };
-    let bytes = serde_json::to_vec(&mine).expect("node record serialises");
-    let all = comm.allgather(&bytes)?;
-    let mut views: Vec<Option<Arc<dyn Memory>>> = Vec::with_capacity(all.len());
-    for (rank, raw) in all.iter().enumerate() {
-        let rec: NodeRecord = serde_json::from_slice(raw)
-            .map_err(|e| Error::Comm(format!("bad node record from rank {rank}: {e}")))?;
-        let view: Option<Arc<dyn Memory>> = match (&rec.path, rank == comm.rank()) {
-            (_, true) => None,
-            (Some(path), false) if rec.host == mine.host => {
-                // A mapping that fails (another container's /dev/shm) falls back to remote reads.
-                map_peer(path, rec.len)
-                    .ok()
-                    .map(|m| Arc::new(m) as Arc<dyn Memory>)
-            }
-            _ => None,
-        };
-        views.push(view);
-    }
+/// Collective: tells every rank where this rank's shared region is and maps
+/// the regions of same-node peers.
+pub fn share_on_node(comm: &dyn Comm, region: &Region) -> Result<NodeShares> {
+    let mine = serde_json::to_vec(&region.locator()).expect("locator serialises");
+    let locators = comm
+        .allgather(&mine)?
+        .iter()
+        .enumerate()
+        .map(|(rank, raw)| {
+            serde_json::from_slice::<Option<NodeLocator>>(raw)
+                .map_err(|e| Error::Comm(format!("bad node record from rank {rank}: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let views = map_node_peers(&locators, Some(comm.rank()));
+    // Peers hold their mappings before anyone may free (and close) a region.
     comm.barrier()?;
-    region.unlink();
-    Ok(views)
+    Ok(NodeShares { views, locators })
 }
 
 #[cfg(test)]
@@ -308,26 +314,26 @@ mod tests {
     }
 
     #[test]
-    fn shared_region_is_mappable_and_unlinks() {
-        let dir = tempfile::tempdir().unwrap();
-        std::env::set_var("DDSTORE_SHM_DIR", dir.path());
+    fn shared_region_is_mappable_read_only_and_nameless() {
         let r = Region::shared("x/y", 8192).unwrap();
         r.write_at(4096, b"hello").unwrap();
-        let path = r.path().unwrap();
-        let mode = std::fs::metadata(&path).unwrap().permissions();
-        assert_eq!(
-            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
-            0o600
-        );
-        let peer = map_peer(&path, 8192).unwrap();
+        let loc = r.locator().unwrap();
+        let mode = std::fs::metadata(loc.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let peer = map_peer(&loc).unwrap();
         let mut out = [0u8; 5];
         peer.read_at(4096, &mut out).unwrap();
         assert_eq!(&out, b"hello");
         assert!(peer.write_at(0, b"x").is_err());
-        r.unlink();
-        assert!(!path.exists());
-        peer.read_at(4096, &mut out).unwrap();
-        assert_eq!(&out, b"hello");
-        std::env::remove_var("DDSTORE_SHM_DIR");
+        // Our own rank is never mapped as a peer; a dead pid falls back to remote.
+        let dead = NodeLocator {
+            pid: u32::MAX - 1,
+            ..loc.clone()
+        };
+        let views = map_node_peers(&[Some(loc.clone()), Some(dead), None, Some(loc)], Some(0));
+        assert_eq!(
+            views.iter().map(|v| v.is_some()).collect::<Vec<_>>(),
+            [false, false, false, true]
+        );
     }
 }

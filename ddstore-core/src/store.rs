@@ -10,7 +10,7 @@ use crate::dtype::DType;
 use crate::layout::Layout;
 use crate::plan::{validate_rows, Plan, Segment};
 use crate::profile::{Counters, Profile};
-use crate::region::Memory;
+use crate::region::{map_node_peers, Memory, NodeLocator};
 use crate::transport::{ExposeOptions, RemoteRead, RemoteShares, ShareReader, Transport};
 use crate::{Config, Error, Result};
 
@@ -34,6 +34,7 @@ pub struct Variable {
     node_peers: Vec<Option<Arc<dyn Memory>>>,
     remote: Arc<dyn RemoteShares>,
     records: Vec<Vec<u8>>,
+    node_locators: Vec<Option<NodeLocator>>,
     /// Idle readers; a reading thread takes one (or opens one) and gives it back.
     readers: Mutex<Vec<Box<dyn ShareReader>>>,
     /// Serialises reads when every thread shares one reader (`DDSTORE_THREAD_READERS=0`).
@@ -180,6 +181,7 @@ impl Store {
             node_peers: exposed.node_peers,
             remote: exposed.remote,
             records: exposed.records,
+            node_locators: exposed.node_locators,
             readers: Mutex::new(Vec::new()),
             shared_reader_lock: (!self.config.thread_readers).then(|| Mutex::new(())),
             counters: Counters::default(),
@@ -191,21 +193,35 @@ impl Store {
         Ok(())
     }
 
-    /// Method 2 extra job: reads a variable another job published.
-    pub fn attach(&self, name: &str, info: VarInfo, records: &[Vec<u8>]) -> Result<()> {
+    /// Method 2 extra job: reads a variable another job published; shares
+    /// of core ranks on this node (`node_locators`) are mapped and copied.
+    pub fn attach(
+        &self,
+        name: &str,
+        info: VarInfo,
+        records: &[Vec<u8>],
+        node_locators: &[Option<NodeLocator>],
+    ) -> Result<()> {
         self.check_live()?;
         if self.vars.read().unwrap().contains_key(name) {
             return Err(Error::AlreadyExists(name.to_string()));
         }
         let remote = self.transport.attach(records)?;
+        let mut node_peers = if self.config.node_sharing {
+            map_node_peers(node_locators, None)
+        } else {
+            Vec::new()
+        };
+        node_peers.resize_with(info.layout.nranks(), || None);
         let var = Variable {
             name: name.to_string(),
-            node_peers: vec![None; info.layout.nranks()],
+            node_peers,
             info,
             my_rank: None,
             local: None,
             remote,
             records: records.to_vec(),
+            node_locators: Vec::new(),
             readers: Mutex::new(Vec::new()),
             shared_reader_lock: (!self.config.thread_readers).then(|| Mutex::new(())),
             counters: Counters::default(),
@@ -381,6 +397,11 @@ impl Variable {
     /// Per-rank records another job passes to `Store::attach` (method 2).
     pub fn records(&self) -> &[Vec<u8>] {
         &self.records
+    }
+
+    /// Per rank, where a same-node extra job maps its share (method 2).
+    pub fn node_locators(&self) -> &[Option<NodeLocator>] {
+        &self.node_locators
     }
 
     /// Whether rows of `owner` go through the transport (not a memory copy).

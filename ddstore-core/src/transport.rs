@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use crate::comm::Comm;
-use crate::region::Memory;
+use crate::region::{Memory, NodeLocator};
 use crate::Result;
 
 /// One byte range of a remote share, to land at `dst_offset` of the destination.
@@ -29,6 +29,9 @@ pub struct Exposed {
     pub remote: Arc<dyn RemoteShares>,
     /// One record per rank that another job passes to `Transport::attach` (method 2).
     pub records: Vec<Vec<u8>>,
+    /// Per rank, where a same-node process of another job maps its share
+    /// (empty when the transport has no such route).
+    pub node_locators: Vec<Option<NodeLocator>>,
 }
 
 pub struct ExposeOptions {

@@ -353,9 +353,22 @@ impl PyStore {
         PyList::new(py, var.records().iter().map(|r| PyBytes::new(py, r)))
     }
 
+    /// Per-rank same-node locators (JSON, or None) of `name` (method 2).
+    fn node_records(&self, py: Python<'_>, name: &str) -> PyResult<Vec<Option<String>>> {
+        let var = self.store.var(name).py(py)?;
+        Ok(var
+            .node_locators()
+            .iter()
+            .map(|l| {
+                l.as_ref()
+                    .map(|l| serde_json::to_string(l).expect("locator serialises"))
+            })
+            .collect())
+    }
+
     /// Method 2 extra job: reads `name` as published by a core group.
     #[allow(clippy::too_many_arguments)] // mirrors the record's fields one to one
-    #[pyo3(signature = (name, dtype, row_bytes, itemsize, counts, records))]
+    #[pyo3(signature = (name, dtype, row_bytes, itemsize, counts, records, node_records=None))]
     fn attach(
         &self,
         py: Python<'_>,
@@ -365,6 +378,7 @@ impl PyStore {
         itemsize: usize,
         counts: Vec<u64>,
         records: Vec<Vec<u8>>,
+        node_records: Option<Vec<Option<String>>>,
     ) -> PyResult<()> {
         if counts.len() != records.len() {
             return Err(value_error(
@@ -376,6 +390,12 @@ impl PyStore {
                 ),
             ));
         }
+        // A malformed locator only costs the shortcut: that rank is read remotely.
+        let locators: Vec<_> = node_records
+            .unwrap_or_default()
+            .iter()
+            .map(|r| r.as_deref().and_then(|j| serde_json::from_str(j).ok()))
+            .collect();
         let info = VarInfo {
             dtype: DType::parse(dtype).py(py)?,
             row_bytes,
@@ -383,7 +403,8 @@ impl PyStore {
         };
         let store = self.store.clone();
         let n = name.clone();
-        py.detach(move || store.attach(&n, info, &records)).py(py)?;
+        py.detach(move || store.attach(&n, info, &records, &locators))
+            .py(py)?;
         self.itemsizes.lock().unwrap().insert(name, itemsize.max(1));
         Ok(())
     }

@@ -201,6 +201,7 @@ impl Transport for MpiRma {
             node_peers,
             remote,
             records: Vec::new(),
+            node_locators: Vec::new(),
         })
     }
 

@@ -195,10 +195,11 @@ impl OfiTransport {
         } else {
             Region::anonymous(len)?
         });
-        let node_peers = if opts.node_sharing {
-            share_on_node(comm.as_ref(), &region)?
+        let (node_peers, node_locators) = if opts.node_sharing {
+            let shares = share_on_node(comm.as_ref(), &region)?;
+            (shares.views, shares.locators)
         } else {
-            (0..comm.size()).map(|_| None).collect()
+            ((0..comm.size()).map(|_| None).collect(), Vec::new())
         };
         // SAFETY: the region (at least one page, even for len 0) stays mapped
         // while OfiShares holds it, and the MR is closed first.
@@ -227,6 +228,7 @@ impl OfiTransport {
             node_peers,
             remote: Arc::new(shares),
             records,
+            node_locators,
         })
     }
 }

@@ -80,6 +80,8 @@ class Publisher:
             "itemsize": itemsize,
             "counts": list(native.counts(name)),
             "records": [r.hex() for r in records],
+            # Same-node extra jobs map these shares instead of reading them remotely.
+            "node": list(native.node_records(name)),
         }
         path = record_path(self.directory, name, self.store.group_id)
         write_private(path, json.dumps(body).encode())
@@ -183,7 +185,9 @@ def join(store, name: str, timeout_s: float | None = None) -> dict:
             f"join('{name}'): stale record {path}: its core job (pid {body['pid']} on {body['host']}) is no "
             "longer running; start the core job, or clear the handshake_dir of old records"
         )
+    node = body.get("node")
+    node = node if isinstance(node, list) and all(isinstance(n, (str, type(None))) for n in node) else None
     store._native.attach(
-        name, body["dtype"], body["row_bytes"], body["itemsize"], body["counts"], body["records"]
+        name, body["dtype"], body["row_bytes"], body["itemsize"], body["counts"], body["records"], node
     )
     return body
