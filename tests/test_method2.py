@@ -27,15 +27,23 @@ class Core:
     """A core job started in the background (its own process group), always ended: stop file
     first, then SIGTERM, then SIGKILL of that group."""
 
-    def __init__(self, handshake_dir: Path, env: dict, n: int = 2, script: str = "m2_core.py", *args):
+    def __init__(
+        self,
+        handshake_dir: Path,
+        env: dict,
+        n: int = 2,
+        script: str = "m2_core.py",
+        *args: str,
+        hs_flag: str = "--hs",
+    ):
         self.hs = Path(handshake_dir)
-        self.log = self.hs.parent / f"{script}.log"
+        self.log = self.hs.parent / f"{Path(script).name}.log"
         if n > 0:
             cmd = ["mpirun", "-n", str(n), "--bind-to", "none"]
         else:  # one plain process (file communicator)
             cmd = []
             env = {**env, "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}
-        cmd += [sys.executable, str(SCRIPTS / script), "--hs", str(self.hs), *args]
+        cmd += [sys.executable, str(SCRIPTS / script), hs_flag, str(self.hs), *args]
         self.out = open(self.log, "w")
         self.proc = subprocess.Popen(
             cmd, env=_env(env), stdout=self.out, stderr=subprocess.STDOUT, text=True, start_new_session=True
