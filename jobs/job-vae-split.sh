@@ -40,18 +40,18 @@ HS=${HS:-$MEMBERWORK/${SLURM_JOB_ACCOUNT:-$USER}/ddstore-hs-$SLURM_JOB_ID}
 mkdir -p -m 700 "$HS"
 rm -f "$HS/STOP"
 
-# Every step gets its own VNI by default; CXI endpoints of different steps only reach each other
-# over the job VNI. Keep the job VNI (the first one Slurm lists) in both steps.
-if [ -n "${SLINGSHOT_VNIS:-}" ]; then
-    export SLINGSHOT_VNIS=${SLINGSHOT_VNIS%%,*}
-fi
+# libfabric's cxi provider uses the first VNI in SLINGSHOT_VNIS. With job_vni each step gets
+# SLINGSHOT_VNIS=<step VNI>,<job VNI>; only the job VNI is shared between steps, so every task
+# keeps just the last one. Slurm sets the variable per task, hence the trim inside the task.
+# The network option stays at the job level (#SBATCH): --network on srun can drop the job VNI.
+JOB_VNI_ONLY='export SLINGSHOT_VNIS=${SLINGSHOT_VNIS##*,}; exec "$@"'
 
 NODES=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))
 CORE_NODE=${NODES[0]}
 EXTRA_NODE=${NODES[1]:-${NODES[0]}}
 
 srun --overlap -N 1 -n "$N_CORE" -w "$CORE_NODE" --gpus-per-task=1 --gpu-bind=closest -c 7 \
-    --network=single_node_vni,job_vni \
+    bash -c "$JOB_VNI_ONLY" task \
     python examples/vae/vae_core_server.py --handshake-dir "$HS" --gpu-source &
 CORE=$!
 
@@ -66,6 +66,6 @@ trap stop_core EXIT
 
 export DDSTORE_N_CORE=$N_CORE
 srun --overlap -N 1 -n "$N_EXTRA" -w "$EXTRA_NODE" --gpus-per-task=1 --gpu-bind=closest -c 7 \
-    --network=single_node_vni,job_vni \
+    bash -c "$JOB_VNI_ONLY" task \
     python examples/vae/vae_extra_train.py --handshake-dir "$HS" --epochs "$EPOCHS" \
     --num-workers "$WORKERS" --loader "$LOADER" --gpu-dest
