@@ -238,6 +238,10 @@ class Job:
             self.local_rank = launcher_rank_size()[2]
         else:
             self.rank, self.size, self.local_rank = launcher_rank_size()
+        if "OMP_NUM_THREADS" not in os.environ:
+            # Ranks sharing a CPU set (mpirun on one node) split it instead of oversubscribing.
+            local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1")))
+            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // max(1, local)))
         self.cuda = torch.cuda.is_available()
         if self.cuda:
             torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
