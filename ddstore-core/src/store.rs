@@ -378,14 +378,30 @@ impl Store {
     }
 
     /// Releases every variable; later calls fail with `Error::Freed`.
-    /// Collective for transports whose teardown is (MPI windows).
-    pub fn free(&self) {
-        if !self.freed.swap(true, Ordering::AcqRel) {
+    /// Collective: every rank of the group calls it, and no rank tears its
+    /// shares down before every rank has stopped reading them.
+    pub fn free(&self) -> Result<()> {
+        if self.freed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let is_member = self
+            .vars
+            .read()
+            .unwrap()
+            .values()
+            .any(|v| v.my_rank.is_some());
+        let synced = if is_member {
+            self.comm.barrier()
+        } else {
+            Ok(())
+        };
+        {
             let vars = std::mem::take(&mut *self.vars.write().unwrap());
             for (_, var) in vars {
                 drop(var);
             }
         }
+        synced
     }
 
     pub fn is_freed(&self) -> bool {

@@ -413,9 +413,10 @@ impl PyStore {
         self.store.fork_reader().py(py)
     }
 
-    fn free(&self, py: Python<'_>) {
+    /// Collective: releases every variable (see `Store::free`).
+    fn free(&self, py: Python<'_>) -> PyResult<()> {
         let store = self.store.clone();
-        py.detach(move || store.free())
+        py.detach(move || store.free()).py(py)
     }
 }
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _handshake, _native
 from ._comm import resolve_comm
-from ._env import env_int, resolve_method
+from ._env import resolve_method
 from ._errors import DDStoreTypeError, DDStoreUnsupportedError, DDStoreValueError
 
 _SUPPORTED = {
@@ -49,7 +49,6 @@ class PyDDStore:
     ):
         method = resolve_method(method)
         self.handshake_dir = os.fspath(handshake_dir or os.environ.get("DDSTORE_HANDSHAKE_DIR", ""))
-        n_core = n_core or env_int("DDSTORE_N_CORE", 0) or 0
         if not isinstance(n_core, int) or n_core < 0:
             raise DDStoreValueError(f"n_core={n_core!r} is not valid: expected a non-negative integer")
         self.n_core = n_core
