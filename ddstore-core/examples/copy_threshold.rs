@@ -12,12 +12,17 @@ use rayon::prelude::*;
 
 fn main() {
     let rows = 128;
-    println!("{:>12} {:>12} {:>12} {:>8}", "batch bytes", "serial us", "parallel us", "speedup");
+    println!(
+        "{:>12} {:>12} {:>12} {:>8}",
+        "batch bytes", "serial us", "parallel us", "speedup"
+    );
     for row_bytes in [2048usize, 8192, 32 << 10, 128 << 10, 512 << 10, 1 << 20] {
         let src = vec![7u8; rows * row_bytes * 4];
         let mut dst = vec![0u8; rows * row_bytes];
         // Scattered rows, as a random batch reads them.
-        let offsets: Vec<usize> = (0..rows).map(|i| ((i * 2654435761) % (rows * 4)) * row_bytes).collect();
+        let offsets: Vec<usize> = (0..rows)
+            .map(|i| ((i * 2654435761) % (rows * 4)) * row_bytes)
+            .collect();
         let best = |f: &mut dyn FnMut()| {
             (0..15)
                 .map(|_| {
@@ -33,9 +38,11 @@ fn main() {
             }
         });
         let parallel = best(&mut || {
-            dst.par_chunks_mut(row_bytes).zip(offsets.par_iter()).for_each(|(chunk, &off)| {
-                chunk.copy_from_slice(&src[off..off + row_bytes]);
-            });
+            dst.par_chunks_mut(row_bytes)
+                .zip(offsets.par_iter())
+                .for_each(|(chunk, &off)| {
+                    chunk.copy_from_slice(&src[off..off + row_bytes]);
+                });
         });
         println!(
             "{:>12} {:>12.1} {:>12.1} {:>8.2}",
