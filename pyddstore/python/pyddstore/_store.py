@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _handshake, _native
 from ._comm import resolve_comm
-from ._env import env_flag, resolve_method
+from ._env import FABRICS, env_choice, env_flag, resolve_method
 from ._errors import DDStoreTypeError, DDStoreUnsupportedError, DDStoreValueError
 
 _SUPPORTED = {
@@ -49,6 +49,9 @@ class PyDDStore:
         self, comm_or_none=None, method=None, handshake_dir="", n_core=0, nic_map=None, ddstore_width=None
     ):
         method = resolve_method(method)
+        # Settings are checked even where this store does not use them: a typo must not pass silently.
+        env_choice("DDSTORE_COMM", ("mpi", "torch", "file"))
+        env_choice("DDSTORE_FABRIC", FABRICS)
         self.handshake_dir = os.fspath(handshake_dir or os.environ.get("DDSTORE_HANDSHAKE_DIR", ""))
         if not isinstance(n_core, int) or n_core < 0:
             raise DDStoreValueError(f"n_core={n_core!r} is not valid: expected a non-negative integer")
