@@ -13,10 +13,10 @@ import numpy as np
 import torch
 from _common import main_guard, rows_of, share_bounds
 from mpi4py import MPI
+from pyddstore.torch import DistDataset, DistDatasetReader, ThreadDataLoader, WindowedDataset, row_of
 
 import pyddstore
 from pyddstore import DDStoreError
-from pyddstore.torch import DistDataset, DistDatasetReader, ThreadDataLoader, WindowedDataset, row_of
 
 N, SHAPE = 23, (4,)
 

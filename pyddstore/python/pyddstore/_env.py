@@ -7,7 +7,6 @@ import os
 
 from ._errors import DDStoreValueError
 
-
 # DDSTORE_FABRIC values: hsn and tcp both mean tcp;ofi_rxm.
 FABRICS = ("cxi", "verbs", "hsn", "tcp", "shm", "sockets")
 
