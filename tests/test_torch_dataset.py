@@ -37,7 +37,10 @@ def test_mpi_method0(n):
 @needs(1)
 @pytest.mark.parametrize("fabric", FABRICS)
 def test_mpi_method1(fabric, handshake_dir):
-    run_mpi(3, "torch_dataset.py", "--method", "1", env=fabric, timeout=600)
+    # shm's reads wait for the owner's progress thread: on 2 oversubscribed cores the whole
+    # script takes minutes, so shm runs the structures part (every sample kind) only.
+    part = "structures" if fabric.get("DDSTORE_FABRIC") == "shm" else "all"
+    run_mpi(3, "torch_dataset.py", "--method", "1", "--part", part, env=fabric, timeout=600)
 
 
 @needs(1)
@@ -67,11 +70,6 @@ def test_without_mpi(comm, handshake_dir):
 
 
 @needs(1)
-@pytest.mark.xfail(
-    reason="each PyDDStore(None) opens a FileComm with the same job id whose rounds restart at 1, "
-    "so a second store reads the first one's stale records",
-    strict=False,
-)
 def test_comm_none_file_several_datasets(handshake_dir):
     env = {"DDSTORE_COMM": "file", "DDSTORE_MPI": "0", "DDSTORE_HANDSHAKE_TIMEOUT_S": "20"}
     run_procs(
@@ -109,11 +107,6 @@ def test_forked_workers_without_mpi(handshake_dir):
 
 
 @needs(2)
-@pytest.mark.xfail(
-    reason="join() rejects the records of the node-only transport (no per-rank records); "
-    "remove once method 2 publishes fabric records",
-    strict=False,
-)
 def test_method2_reader(handshake_dir):
     """A core group of two plain processes (file communicator) and a separate reader job."""
     hs = str(handshake_dir)

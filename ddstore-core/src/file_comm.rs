@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use crate::comm::Comm;
 use crate::{Error, Result};
 
+static COMMS_CREATED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 pub struct FileComm {
     dir: PathBuf,
     rank: usize,
@@ -112,7 +114,16 @@ impl FileComm {
             .mode(0o700)
             .create(dir)
             .map_err(|e| Error::io(format!("creating handshake_dir {}", dir.display()), e))?;
-        let job = sanitize(&job.unwrap_or_else(default_job_id));
+        let job = match job {
+            Some(job) => sanitize(&job),
+            // Every rank creates its communicators in the same order, so the
+            // n-th one of each process belongs to the same group: its files
+            // must not meet those of an earlier communicator of the same job.
+            None => {
+                let nth = COMMS_CREATED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                format!("{}.c{nth}", sanitize(&default_job_id()))
+            }
+        };
         Ok(FileComm {
             dir: dir.to_path_buf(),
             rank,

@@ -70,7 +70,7 @@ fn ranks_read_every_row_with_repeats_and_errors_do_not_poison() {
                 assert_eq!(out[0], value(5, 0));
                 assert!(store.profile("v").unwrap().node_rows > 0 || rank == 2);
                 store.comm().barrier().unwrap();
-                store.free();
+                store.free().unwrap();
                 assert!(matches!(
                     store.read_rows("v", &[0], &mut out[..row_bytes]),
                     Err(Error::Freed)

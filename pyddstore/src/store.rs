@@ -256,8 +256,18 @@ impl PyStore {
     fn get(&self, py: Python<'_>, name: String, arr: Bound<'_, PyAny>, start: i64) -> PyResult<()> {
         let mut a = Array::new(&arr, &format!("get('{name}', arr)"), true)?;
         let info = self.var_info(py, &name)?;
-        let nrows = a.nbytes().checked_div(info.row_bytes).unwrap_or(0);
-        self.check_out(py, "get", &name, &a, nrows.max(1))?;
+        if a.nbytes() == 0 || !a.nbytes().is_multiple_of(info.row_bytes) {
+            return Err(value_error(
+                py,
+                format!(
+                    "get('{name}'): arr has shape {:?} ({} bytes), expected a positive multiple of the {}-byte row",
+                    a.arr.shape(),
+                    a.nbytes(),
+                    info.row_bytes
+                ),
+            ));
+        }
+        self.check_out(py, "get", &name, &a, a.nbytes() / info.row_bytes)?;
         let store = self.store.clone();
         let out = a.bytes_mut();
         py.detach(|| store.get(&name, start, out)).py(py)
@@ -413,9 +423,10 @@ impl PyStore {
         self.store.fork_reader().py(py)
     }
 
-    fn free(&self, py: Python<'_>) {
+    /// Collective: releases every variable (see `Store::free`).
+    fn free(&self, py: Python<'_>) -> PyResult<()> {
         let store = self.store.clone();
-        py.detach(move || store.free())
+        py.detach(move || store.free()).py(py)
     }
 }
 

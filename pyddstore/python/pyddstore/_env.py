@@ -7,6 +7,9 @@ import os
 
 from ._errors import DDStoreValueError
 
+# DDSTORE_FABRIC values: hsn and tcp both mean tcp;ofi_rxm.
+FABRICS = ("cxi", "verbs", "hsn", "tcp", "shm", "sockets")
+
 
 def apply_fabric_defaults(environ=os.environ) -> None:
     """Libfabric reads these when it starts, so they are set on import.

@@ -6,12 +6,13 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
+import sys
 
 import numpy as np
 
 from . import _handshake, _native
 from ._comm import resolve_comm
-from ._env import env_int, resolve_method
+from ._env import FABRICS, env_choice, env_flag, resolve_method
 from ._errors import DDStoreTypeError, DDStoreUnsupportedError, DDStoreValueError
 
 _SUPPORTED = {
@@ -48,8 +49,10 @@ class PyDDStore:
         self, comm_or_none=None, method=None, handshake_dir="", n_core=0, nic_map=None, ddstore_width=None
     ):
         method = resolve_method(method)
+        # Settings are checked even where this store does not use them: a typo must not pass silently.
+        env_choice("DDSTORE_COMM", ("mpi", "torch", "file"))
+        env_choice("DDSTORE_FABRIC", FABRICS)
         self.handshake_dir = os.fspath(handshake_dir or os.environ.get("DDSTORE_HANDSHAKE_DIR", ""))
-        n_core = n_core or env_int("DDSTORE_N_CORE", 0) or 0
         if not isinstance(n_core, int) or n_core < 0:
             raise DDStoreValueError(f"n_core={n_core!r} is not valid: expected a non-negative integer")
         self.n_core = n_core
@@ -193,14 +196,30 @@ class PyDDStore:
         _handshake.join(self, name, timeout_s)
 
     def free(self) -> None:
-        """Releases every variable (collective for method 0). Idempotent."""
+        """Collective: releases every variable once every rank has stopped reading. Idempotent."""
         if self._publisher is not None:
             self._publisher.withdraw()
+        if not self._native.freed:
+            self._report_profile()
         self._native.free()
 
     def _at_exit(self) -> None:
         if self._publisher is not None:
             self._publisher.withdraw()
+        if not self._native.freed:
+            self._report_profile()
+
+    def _report_profile(self) -> None:
+        """DDSTORE_PROFILE=1: one line of read counters per variable on stderr."""
+        if not env_flag("DDSTORE_PROFILE", False):
+            return
+        for name in self._native.names():
+            p = self._native.get_profile(name)
+            print(
+                f"[pyddstore rank {self.world_rank}] {name}: " + " ".join(f"{k}={v}" for k, v in p.items()),
+                file=sys.stderr,
+                flush=True,
+            )
 
     # -- helpers ------------------------------------------------------------
     def _check_name(self, name) -> None:
