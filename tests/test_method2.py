@@ -5,6 +5,7 @@ them. Every read is checked against the core's data (a function of the row)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -39,6 +40,8 @@ class Core:
         self.hs = Path(handshake_dir)
         self.log = self.hs.parent / f"{Path(script).name}.log"
         if n > 0:
+            if shutil.which("mpirun") is None:
+                pytest.skip("mpirun not found: install openmpi-bin (the README's test command does)")
             cmd = ["mpirun", "-n", str(n), "--bind-to", "none"]
         else:  # one plain process (file communicator)
             cmd = []
