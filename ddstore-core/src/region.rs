@@ -259,6 +259,13 @@ pub fn map_node_peers(
 
 struct ReadOnlyMapping(#[allow(dead_code)] Mmap);
 
+/// Whether process `pid` (of this host) still exists.
+pub fn process_alive(pid: u32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence and permission.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
 /// Identity of this machine: peers with the same id share /dev/shm.
 /// `DDSTORE_HOST_ID` overrides it (tests use it to make ranks "remote").
 pub fn host_id() -> String {

@@ -10,7 +10,7 @@ use crate::dtype::DType;
 use crate::layout::Layout;
 use crate::plan::{validate_rows, Plan, Segment};
 use crate::profile::{Counters, Profile};
-use crate::region::{map_node_peers, Memory, NodeLocator};
+use crate::region::{map_node_peers, process_alive, Memory, NodeLocator};
 use crate::transport::{ExposeOptions, RemoteRead, RemoteShares, ShareReader, Transport};
 use crate::{Config, Error, Result};
 
@@ -37,6 +37,9 @@ pub struct Variable {
     remote: Arc<dyn RemoteShares>,
     records: Vec<Vec<u8>>,
     node_locators: Vec<Option<NodeLocator>>,
+    /// Extra jobs: pids of the core ranks whose shares are mapped here, checked
+    /// on every read so a stopped core is reported, not read from its corpse.
+    node_owner_pids: Vec<Option<u32>>,
     /// Idle readers; a reading thread takes one (or opens one) and gives it back.
     readers: Mutex<Vec<Box<dyn ShareReader>>>,
     /// Serialises reads when every thread shares one reader (`DDSTORE_THREAD_READERS=0`).
@@ -184,6 +187,7 @@ impl Store {
             remote: exposed.remote,
             records: exposed.records,
             node_locators: exposed.node_locators,
+            node_owner_pids: Vec::new(),
             readers: Mutex::new(Vec::new()),
             shared_reader_lock: (!self.config.thread_readers).then(|| Mutex::new(())),
             counters: Counters::default(),
@@ -215,6 +219,11 @@ impl Store {
             Vec::new()
         };
         node_peers.resize_with(info.layout.nranks(), || None);
+        let node_owner_pids = node_peers
+            .iter()
+            .zip(node_locators.iter().chain(std::iter::repeat(&None)))
+            .map(|(view, loc)| view.as_ref().and(loc.as_ref()).map(|l| l.pid))
+            .collect();
         let var = Variable {
             name: name.to_string(),
             node_peers,
@@ -224,6 +233,7 @@ impl Store {
             remote,
             records: records.to_vec(),
             node_locators: Vec::new(),
+            node_owner_pids,
             readers: Mutex::new(Vec::new()),
             shared_reader_lock: (!self.config.thread_readers).then(|| Mutex::new(())),
             counters: Counters::default(),
@@ -449,6 +459,7 @@ impl Variable {
                 });
             }
         }
+        self.check_core_alive(&copies)?;
         if !remote.is_empty() {
             let started = Instant::now();
             self.read_remote(&remote, out)?;
@@ -474,6 +485,33 @@ impl Variable {
             &c.remote_rows,
             remote.iter().map(|r| r.len).sum::<usize>() as u64 / rb as u64,
         );
+        Ok(())
+    }
+
+    /// Extra jobs only: the owners of mapped shares must still be serving.
+    fn check_core_alive(&self, copies: &[(&Segment, &dyn Memory)]) -> Result<()> {
+        if self.node_owner_pids.is_empty() {
+            return Ok(());
+        }
+        let mut checked: Vec<usize> = Vec::new();
+        for (seg, _) in copies {
+            if checked.contains(&seg.owner) {
+                continue;
+            }
+            checked.push(seg.owner);
+            if let Some(pid) = self.node_owner_pids[seg.owner] {
+                if !process_alive(pid) {
+                    return Err(Error::Timeout {
+                        peer: seg.owner,
+                        waited: std::time::Duration::ZERO,
+                        what: format!(
+                            "core rank {} (pid {pid}) has stopped serving '{}'",
+                            seg.owner, self.name
+                        ),
+                    });
+                }
+            }
+        }
         Ok(())
     }
 

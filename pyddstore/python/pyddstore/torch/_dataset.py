@@ -28,6 +28,7 @@ from pyddstore import (
     DDStoreValueError,
     PyDDStore,
 )
+from pyddstore._handshake import write_private
 
 from ._schema import (
     META_VERSION,
@@ -317,6 +318,9 @@ class _StoredDataset(Dataset):
         for b in list(self._buffer_sets):
             self.release(b)
         self._freed = True
+        if getattr(self, "_meta_path", None):  # the core stops serving: readers must not find it
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._meta_path)
         self._store.free()
 
     def get_profile(self, name: Any = None) -> dict:
@@ -477,8 +481,10 @@ class DistDataset(_StoredDataset):
             self._free_quietly(store)
             raise
         self._init_reading(store, schema, n, device, decode)
+        self._meta_path = None
         if store.method == 2 and store.rank == 0:
             self._write_meta(hs, name, store.size, n, schema)
+            self._meta_path = os.path.join(hs, f"{name}.meta.json")
 
     @staticmethod
     def _free_quietly(store: Any) -> None:
@@ -602,10 +608,7 @@ class DistDataset(_StoredDataset):
             raise DDStoreValueError("method=2 needs handshake_dir= (or DDSTORE_HANDSHAKE_DIR)")
         meta = {"version": META_VERSION, "name": name, "n_core": n_core, "num_samples": n, **schema.to_json()}
         path = os.path.join(hs, f"{name}.meta.json")
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as fh:
-            json.dump(meta, fh, indent=1)
-        os.replace(tmp, path)
+        write_private(path, json.dumps(meta, indent=1).encode())  # owner-only, atomic
 
 
 def read_meta(path: str, timeout: float) -> dict:
@@ -646,7 +649,7 @@ class DistDatasetReader(_StoredDataset):
         hs = handshake_dir if handshake_dir is not None else os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
         if not hs:
             raise DDStoreValueError("DistDatasetReader needs handshake_dir= (or DDSTORE_HANDSHAKE_DIR)")
-        timeout = float(os.environ.get("DDSTORE_HANDSHAKE_TIMEOUT_S", "600"))
+        timeout = float(os.environ.get("DDSTORE_HANDSHAKE_TIMEOUT_S", "") or 300)
         meta = read_meta(os.path.join(hs, f"{name}.meta.json"), timeout)
         if n_core is None:
             env = os.environ.get("DDSTORE_N_CORE")
