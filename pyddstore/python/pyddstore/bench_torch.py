@@ -31,6 +31,7 @@ import json  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -108,6 +109,31 @@ def _reset_peak() -> bool:
         return False
 
 
+class _ResidentSampler:
+    """Samples RssAnon + RssShmem every few ms in a thread: the peak without mapped file pages,
+    which VmHWM counts but the kernel can drop (an np.memmap source's pages)."""
+
+    def __init__(self, interval: float = 0.002):
+        self.peak = self._now()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _now() -> int:
+        st = _proc_status()
+        return st["RssAnon"] + st["RssShmem"]
+
+    def _run(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self.peak = max(self.peak, self._now())
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, self._now())
+
+
 def memory_case(case: dict) -> dict:
     """One load in this (fresh, single-rank) process: peak RSS above the RSS before loading."""
     from pyddstore.torch import DistDataset
@@ -120,8 +146,12 @@ def memory_case(case: dict) -> dict:
     gc.collect()
     reset = _reset_peak()
     before = _proc_status()
+    sampler = _ResidentSampler()
     t0 = time.perf_counter()
-    ds = DistDataset(src, f"mem_{case['source']}", method=1, chunk_size=chunk)
+    try:
+        ds = DistDataset(src, f"mem_{case['source']}", method=1, chunk_size=chunk)
+    finally:
+        resident_peak = sampler.stop()
     secs = time.perf_counter() - t0
     after = _proc_status()
     for i in (0, n // 2, n - 1):  # the store holds the source's rows
@@ -138,6 +168,7 @@ def memory_case(case: dict) -> dict:
         "base_mib": before["VmRSS"] / MIB,
         "peak_mib": peak / MIB,
         "ratio": peak / share,
+        "resident_peak_mib": (resident_peak - before["RssAnon"] - before["RssShmem"]) / MIB,
         "anon_mib": (after["RssAnon"] - before["RssAnon"]) / MIB,
         "file_mib": (after["RssFile"] - before["RssFile"]) / MIB,
         "shmem_mib": (after["RssShmem"] - before["RssShmem"]) / MIB,
@@ -191,7 +222,7 @@ def print_memory(results: list[dict]) -> None:
     print("# memory: peak RSS while loading a DistDataset share (1 rank, method 1), above the RSS before")
     print(
         f"{'source':<10} {'chunks':<16} {'share MiB':>9} {'peak MiB':>9} {'x share':>7} {'<1.5x':>5} "
-        f"{'net x':>6} {'anon':>6} {'file':>6} {'shmem':>6} {'load s':>6}"
+        f"{'net x':>6} {'no-file':>7} {'anon':>6} {'file':>6} {'shmem':>6} {'load s':>6}"
     )
     for r in results:
         fixed = "net_ratio" not in r
@@ -200,11 +231,12 @@ def print_memory(results: list[dict]) -> None:
         net = "-" if fixed else f"{r['net_ratio']:.2f}"
         print(
             f"{r['source']:<10} {r['chunk']:<16} {r['share_mib']:>9.1f} {r['peak_mib']:>9.0f} "
-            f"{ratio:>7} {ok:>5} {net:>6} {r['anon_mib']:>6.0f} {r['file_mib']:>6.0f} {r['shmem_mib']:>6.0f} "
-            f"{r['load_s']:>6.2f}"
+            f"{ratio:>7} {ok:>5} {net:>6} {r['resident_peak_mib']:>7.0f} {r['anon_mib']:>6.0f} "
+            f"{r['file_mib']:>6.0f} {r['shmem_mib']:>6.0f} {r['load_s']:>6.2f}"
         )
     print(
-        "# x share: peak / share; net x: (peak - the 2-row store's peak) / share; anon/file/shmem: RSS "
+        "# peak: VmHWM; x share: peak / share; net x: (peak - the 2-row store's peak) / share; no-file: "
+        "peak of RssAnon+RssShmem (sampled every 2 ms), without mapped file pages; anon/file/shmem: RSS "
         "grown by the end of the load, by kind (the share is shmem; file: mapped source pages)"
     )
 
@@ -221,12 +253,14 @@ def _source(args, size: int) -> TensorDataset:
     return TensorDataset(x, y)
 
 
-def _epochs(loader, sampler, args) -> tuple[list[dict], list]:
-    """Runs the epochs; per epoch its seconds, the seconds spent waiting for batches (iter()
-    included: that is where new workers start), and its first batch (for the check)."""
+def _epochs(comm, loader, sampler, args) -> tuple[list[dict], list]:
+    """Runs the epochs, all ranks starting each together; per epoch its seconds, the seconds
+    spent waiting for batches (iter() included: that is where new workers start), and its first
+    batch (for the check)."""
     stats, firsts = [], []
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
+        quiet_wait(comm)
         t0 = time.perf_counter()
         it = iter(loader)
         wait = time.perf_counter() - t0
@@ -270,7 +304,7 @@ def _run_case(comm, ds, args, kind: str, workers: int, persistent: bool) -> tupl
         kw["persistent_workers"] = persistent
     loader = ThreadDataLoader(ds, **kw) if kind == "thread" else DataLoader(ds, **kw)
     try:
-        return _epochs(loader, sampler, args)
+        return _epochs(comm, loader, sampler, args)
     finally:
         if kind == "thread":
             loader.close()
@@ -337,6 +371,8 @@ def _loader_row(method, label, everyone: list[list[dict]], args) -> dict:
     epochs = len(everyone[0])
     secs = [max(r[e]["secs"] for r in everyone) for e in range(epochs)]
     wait = [float(np.mean([r[e]["wait"] for r in everyone])) for e in range(epochs)]
+    wait_max = [max(r[e]["wait"] for r in everyone) for e in range(epochs)]
+    busy = [float(np.mean([r[e]["secs"] - r[e]["wait"] for r in everyone])) for e in range(epochs)]
     first = [float(np.mean([r[e]["first_batch_s"] or 0.0 for r in everyone])) for e in range(epochs)]
     samples = sum(r[0]["samples"] for r in everyone)  # per epoch, all ranks
     later = slice(1, None) if epochs > 1 else slice(0, None)  # epoch 0 also warms up
@@ -345,11 +381,15 @@ def _loader_row(method, label, everyone: list[list[dict]], args) -> dict:
         "loader": label,
         "epoch_s": secs,
         "wait_s": wait,
+        "wait_max_s": wait_max,
+        "step_s": busy,
         "first_batch_s": first,
         "samples_per_epoch": samples,
         "step_s_per_epoch": args.batches * args.step_ms / 1000,
         "samples_per_s": samples * len(secs[later]) / sum(secs[later]),
         "wait_s_per_epoch": float(np.mean(wait[later])),
+        "wait_max_s_per_epoch": float(np.mean(wait_max[later])),
+        "step_s_measured": float(np.mean(busy[later])),
         "first_epoch_s": secs[0],
     }
 
@@ -366,22 +406,25 @@ def add_loader_ratios(rows: list[dict]) -> None:
 def print_loaders(rows: list[dict], args, size: int) -> None:
     print(
         f"# loaders: {size} ranks, {args.epochs} epochs of {args.batches} batches of {args.batch_size} x "
-        f"{args.row_floats * 4} B per rank, {args.step_ms:g} ms step; epochs after the first "
-        f"(slowest rank), waits averaged over ranks"
+        f"{args.row_floats * 4} B per rank, {args.step_ms:g} ms step ({args.batches * args.step_ms / 1000:g} "
+        "s per epoch); figures of the epochs after the first"
     )
     print(
         f"{'method':<6} {'loader':<15} {'samples/s':>10} {'x base':>6} {'s/epoch':>8} {'extra s':>8} "
-        f"{'wait s':>7} {'1st epoch':>9}"
+        f"{'wait s':>7} {'max':>6} {'steps s':>7} {'1st epoch':>9}"
     )
     for r in rows:
         print(
             f"{str(r['method']):<6} {r['loader']:<15} {r['samples_per_s']:>10.0f} {r['ratio_base']:>6.2f} "
             f"{r['samples_per_epoch'] / r['samples_per_s']:>8.3f} {r['extra_s_per_epoch']:>8.3f} "
-            f"{r['wait_s_per_epoch']:>7.3f} {r['first_epoch_s']:>9.3f}"
+            f"{r['wait_s_per_epoch']:>7.3f} {r['wait_max_s_per_epoch']:>6.3f} {r['step_s_measured']:>7.3f} "
+            f"{r['first_epoch_s']:>9.3f}"
         )
     print(
-        "# x base: samples/s over DataLoader(TensorDataset); extra s: seconds per epoch beyond it; "
-        "wait s: per epoch in iter()/next()"
+        "# samples/s: all ranks, an epoch lasting as long as its slowest rank; x base: over "
+        "DataLoader(TensorDataset) in the main process; extra s: seconds per epoch beyond it; wait s: "
+        "per epoch in iter()/next(), mean (max) over ranks; steps s: the rest (sleeps, which overrun on a "
+        "busy machine)"
     )
 
 
