@@ -15,6 +15,8 @@ _native = pytest.importorskip("pyddstore._native")
 
 LOADERS = {
     ("-", "torch-base"),
+    ("-", "fork2"),
+    ("-", "fork2-persist"),
     (0, "main"),
     (0, "thread1"),
     (0, "thread2"),

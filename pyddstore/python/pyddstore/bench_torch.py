@@ -10,10 +10,11 @@ and for an np.memmap of a temporary file (the bulk path); the other ranks wait w
 
 loaders: every rank runs epochs of --batches batches (DistributedSampler, set_epoch) with a fixed
 --step-ms "training step" per batch, through torch's DataLoader over the in-memory TensorDataset
-(the baseline), then DataLoader(DistDataset) in the main process and with forked workers (method
-1 only; new or persistent workers), and ThreadDataLoader with 1 and 2 threads, for each method.
-Samples/s and the time spent waiting for batches; the first batch of every epoch is checked
-against the baseline's.
+(the baseline; also with forked workers, new and persistent, for what processes cost), then
+DataLoader(DistDataset) in the main process and with forked workers (method 1 only; new or
+persistent workers), and ThreadDataLoader with 1 and 2 threads, for each method. Samples/s and
+the time spent waiting for batches; the first batch of every epoch is checked against the
+baseline's.
 """
 
 from __future__ import annotations
@@ -328,8 +329,11 @@ def _with_env(env: dict):
     return restore
 
 
-def _same(a, b) -> bool:
-    return all(torch.equal(x, y) for x, y in zip(a, b))
+def _check_firsts(want: list, got: list, what: str) -> None:
+    """Every epoch's first batch equals the baseline's (same sampler, same seed)."""
+    bad = [e for e, (w, g) in enumerate(zip(want, got)) if g is None or not all(map(torch.equal, w, g))]
+    if bad:
+        raise SystemExit(f"{what}: wrong first batch in epochs {bad}")
 
 
 def measure_loaders(args, comm) -> list[dict]:
@@ -348,6 +352,13 @@ def measure_loaders(args, comm) -> list[dict]:
     quiet_wait(comm)
     stats, want = _run_case(comm, src, args, "torch", 0, False)
     record("-", "torch-base", stats)
+    # Forked workers over the plain source too: what process workers cost without pyddstore.
+    w = args.fork_workers
+    for label, persistent in ((f"fork{w}", False), (f"fork{w}-persist", True)):
+        quiet_wait(comm)
+        stats, got = _run_case(comm, src, args, "torch", w, persistent)
+        _check_firsts(want, got, f"rank {rank}: TensorDataset {label}")
+        record("-", label, stats)
     for method in args.methods:
         restore = _with_env({"DDSTORE_FABRIC": "tcp"} if method == 1 else {})
         try:
@@ -355,9 +366,7 @@ def measure_loaders(args, comm) -> list[dict]:
             for label, kind, workers, persistent in _loader_cases(args, method):
                 quiet_wait(comm)
                 stats, got = _run_case(comm, ds, args, kind, workers, persistent)
-                bad = [e for e, (w, g) in enumerate(zip(want, got)) if g is None or not _same(w, g)]
-                if bad:
-                    raise SystemExit(f"rank {rank}: method {method} {label}: wrong first batch, epochs {bad}")
+                _check_firsts(want, got, f"rank {rank}: method {method} {label}")
                 record(method, label, stats)
             quiet_wait(comm)
             ds.free()
