@@ -14,7 +14,8 @@ loaders: every rank runs epochs of --batches batches (DistributedSampler, set_ep
 DataLoader(DistDataset) in the main process and with forked workers (method 1 only; new or
 persistent workers), and ThreadDataLoader with 1 and 2 threads, for each method. Samples/s and
 the time spent waiting for batches; the first batch of every epoch is checked against the
-baseline's.
+baseline's. Method 1 runs with DDSTORE_FABRIC=tcp; ranks on one node read each other's shares
+through shared memory unless DDSTORE_SHM=0 is exported.
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ def measure_memory(args) -> list[dict]:
         path = os.path.join(tmp, "source.f32")
         # What a store costs whatever the share: two rows, subtracted as "net" below.
         fixed = _memory_subprocess({"source": "generated", "n": 2, "floats": floats, "chunk": None})
-        fixed.update(chunk="2 rows (fixed)", ratio=float("nan"))
+        fixed.update(chunk="2 rows (fixed)", ratio=None)
         for source in ("generated", "memmap"):
             if source == "memmap":
                 _write_memmap(path, n, floats)
