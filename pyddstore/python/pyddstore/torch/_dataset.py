@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import mmap
 import os
 import pickle
 import sys
@@ -571,6 +572,7 @@ class DistDataset(_StoredDataset):
             b = min(count, a + step)
             for f in schema.fields:
                 store.update(f.var, _bulk_slice(arrays[f.key], start + a, start + b, f), offset=a)
+                _drop_mapped_pages(arrays[f.key])
             if bar is not None:
                 bar.update(b - a)
 
@@ -666,3 +668,12 @@ class DistDatasetReader(_StoredDataset):
             if total != n:
                 raise DDStoreError(f"{f.var}: the core group holds {total} rows, the meta file says {n}")
         self._init_reading(store, schema, n, device, decode)
+
+
+def _drop_mapped_pages(array) -> None:
+    """A memory-mapped source keeps every page it was read from resident: drop them once copied,
+    so loading from a file costs one chunk besides the share, not the whole file."""
+    mm = getattr(array, "_mmap", None) or getattr(getattr(array, "base", None), "_mmap", None)
+    if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        with contextlib.suppress(OSError, ValueError):
+            mm.madvise(mmap.MADV_DONTNEED)
