@@ -8,6 +8,7 @@ Prints ``soak {json}`` per rank (rows, rows/s, mismatches, RSS).
 """
 
 import json
+import os
 import sys
 import threading
 import time
@@ -39,6 +40,8 @@ def make_store(method, kind):
 
 def main():
     method, target = int(sys.argv[1]), int(sys.argv[2])
+    # REL_SOAK_REGISTER=1: destinations registered once (register_recv), not per call.
+    register = os.environ.get("REL_SOAK_REGISTER") == "1"
     kind = sys.argv[3] if len(sys.argv) > 3 else "world"
     store = make_store(method, kind)
     n = ROWS_PER_RANK * store.size
@@ -56,6 +59,8 @@ def main():
     def reader(t):
         rng = np.random.default_rng(1000 * store.rank + t)
         out = np.empty((BATCH,) + SHAPE, np.float32)
+        if register:
+            store.register_recv("v", out)
         try:
             while done[t] < per_thread:
                 rows = rng.integers(0, n, BATCH)
@@ -95,6 +100,7 @@ def main():
         "rss_growth": round(growth, 4),
         "remote_rows": prof.get("remote_rows", 0),
         "node_rows": prof.get("node_rows", 0),
+        "registered": register,
     }
     print("soak", json.dumps(report), flush=True)
     assert sum(mismatches) == 0, f"{rank_tag()} {sum(mismatches)} rows differ"
