@@ -153,3 +153,42 @@ def test_file_comm_sigkill_survivors_time_out_and_exit(method, fabric, handshake
         assert code == 0, f"rank {rank} exited {code}\n{out}\n{err[-3000:]}"
         assert "TimeoutError after" in out and "rank 1" in out and "freed, exiting" in out, out
         print(out.strip())
+
+
+def test_method2_sigkill_extra_job_times_out_and_exits(handshake_dir):
+    """A core rank dies while an extra job (method 2, joined through the record) reads."""
+    timeout_s = 3
+    env = {
+        "DDSTORE_FABRIC": "tcp",
+        "DDSTORE_SHM": "0",
+        "DDSTORE_TIMEOUT_S": str(timeout_s),
+        "DDSTORE_HANDSHAKE_DIR": handshake_dir,
+        "DDSTORE_JOB_ID": f"deadx{os.getpid()}",
+        "REL_DEAD_EXTRA": "1",
+    }
+    procs = start_ranks(3, "rel_dead.py", "2", "none", env=env)
+    extra_env = _env({k: v for k, v in env.items() if k != "REL_DEAD_EXTRA"})
+    for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"):
+        extra_env.pop(k, None)
+    extra = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "rel_dead.py"), "extra", "3"],
+        env=extra_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    results = []
+    try:
+        for p in procs + [extra]:
+            out, err = p.communicate(timeout=timeout_s + 90)
+            results.append((p.returncode, out, err))
+    finally:
+        for p in procs + [extra]:
+            if p.poll() is None:
+                p.kill()
+    assert results[1][0] == -9, results[1]
+    for who in (0, 2, 3):
+        code, out, err = results[who]
+        assert code == 0, f"process {who} exited {code}\n{out}\n{err[-3000:]}"
+        assert "TimeoutError after" in out and "rank 1" in out and "freed, exiting" in out, out
+        print(out.strip())
