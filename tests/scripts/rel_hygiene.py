@@ -28,8 +28,10 @@ RSS_ABORT_KIB = 256 * 1024
 
 
 def shm_files() -> int:
+    """Our shares' files, and libfabric shm provider regions (``<pid>:<ep>:<n>``, 16 MiB each)."""
     shm_dir = os.environ.get("DDSTORE_SHM_DIR", "/dev/shm")
-    return len(glob.glob(os.path.join(shm_dir, f"ddstore-{os.getpid()}-*")))
+    ours = glob.glob(os.path.join(shm_dir, f"ddstore-{os.getpid()}-*"))
+    return len(ours) + len(glob.glob(f"/dev/shm/{os.getpid()}:*"))
 
 
 def rss_kib() -> int:
