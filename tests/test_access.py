@@ -67,10 +67,10 @@ def mutations(rng: random.Random, body: dict):
         return json.dumps(b).encode()
     if kind == 5:
         b = dict(body)
-        key = rng.choice(["counts", "records"])
+        key = rng.choice([k for k in ("counts", "records", "fields", "shape") if k in b] or list(b))
         b[key] = [rng.choice(ODD_VALUES) for _ in range(rng.randint(0, 3))]
         return json.dumps(b).encode()
-    return json.dumps(rng.choice(ODD_VALUES + [body["records"], [body]])).encode()
+    return json.dumps(rng.choice(ODD_VALUES + [list(body.values()), [body]])).encode()
 
 
 def test_parse_record_fuzz_raises_only_ddstore_errors():
@@ -262,3 +262,55 @@ def test_tampered_records_are_refused_by_join(core_job, tmp_path):
     results = json.loads(out.stdout.split("tamper-results ", 1)[1].splitlines()[0])
     not_refused = {k: v for k, v in results.items() if v != "refused" and k != "token-other"}
     assert not not_refused, f"tampered records not refused with a clear DDStoreError: {not_refused}"
+
+
+# -- DistDatasetReader's meta.json (pyddstore.torch, method 2) ------------------------
+
+
+def parse_meta_as_reader_does(path):
+    """The parsing steps of DistDatasetReader.__init__ before it joins the store."""
+    from pyddstore.torch._dataset import read_meta
+    from pyddstore.torch._schema import Schema
+
+    meta = read_meta(path, 0.05)
+    int(meta["n_core"])
+    schema = Schema.from_json(meta)
+    int(meta["num_samples"])
+    return schema
+
+
+def test_meta_json_fuzz_raises_only_ddstore_errors(tmp_path):
+    np = pytest.importorskip("numpy")
+    pytest.importorskip("torch")
+    try:
+        from pyddstore.torch._dataset import META_VERSION
+        from pyddstore.torch._schema import Schema
+    except ImportError:
+        pytest.skip("pyddstore.torch has no meta.json reader in this tree")
+    sample = {"x": np.zeros((3, 2), np.float32), "y": np.int64(1)}
+    valid = {"version": META_VERSION, "name": "ds", "n_core": 2, "num_samples": 10}
+    valid.update(Schema.infer(sample, "ds").to_json())
+    path = tmp_path / "ds.meta.json"
+    path.write_text(json.dumps(valid))
+    parse_meta_as_reader_does(str(path))  # the valid file parses
+    rng = random.Random(9)
+    wrong = {}
+    start = time.monotonic()
+    cases = 1500
+    for _ in range(cases):
+        raw = mutations(rng, valid)
+        if rng.random() < 0.3 and isinstance(valid.get("fields"), list):
+            body = json.loads(json.dumps(valid))
+            field = rng.choice(body["fields"])
+            field[rng.choice(list(field))] = rng.choice(ODD_VALUES)
+            raw = json.dumps(body).encode()
+        path.write_bytes(raw)
+        try:
+            parse_meta_as_reader_does(str(path))
+        except DDStoreError:
+            pass
+        except Exception as e:  # noqa: BLE001 - the finding
+            wrong.setdefault(type(e).__name__, (raw[:160], str(e)[:160]))
+    took = time.monotonic() - start
+    print(f"meta.json fuzz: {cases} cases in {took:.2f} s; non-DDStoreError: {sorted(wrong)}")
+    assert not wrong, f"meta.json parsing raised non-DDStoreError exceptions: {wrong}"
