@@ -141,6 +141,8 @@ def test_file_comm_sigkill_survivors_time_out_and_exit(method, fabric, handshake
         "DDSTORE_FABRIC": fabric,
         "DDSTORE_SHM": "0",
         "DDSTORE_TIMEOUT_S": str(timeout_s),
+        # Bounds free()'s barrier (collective) should it wait for the dead rank.
+        "DDSTORE_HANDSHAKE_TIMEOUT_S": "10",
         "DDSTORE_HANDSHAKE_DIR": handshake_dir,
         "DDSTORE_JOB_ID": f"dead{os.getpid()}{method}{fabric}",
     }
@@ -170,6 +172,8 @@ def test_method2_sigkill_extra_job_times_out_and_exits(handshake_dir):
         "DDSTORE_FABRIC": "tcp",
         "DDSTORE_SHM": "0",
         "DDSTORE_TIMEOUT_S": str(timeout_s),
+        # Bounds free()'s barrier (collective) should it wait for the dead rank.
+        "DDSTORE_HANDSHAKE_TIMEOUT_S": "10",
         "DDSTORE_HANDSHAKE_DIR": handshake_dir,
         "DDSTORE_JOB_ID": f"deadx{os.getpid()}",
         "REL_DEAD_EXTRA": "1",
