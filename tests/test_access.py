@@ -221,13 +221,31 @@ def core_job(other_user):
         shutil.rmtree(base, ignore_errors=True)
 
 
+def memfd_paths(pid):
+    """The /proc/<pid>/fd/<n> paths of a process's memfd shares (how same-node peers open them)."""
+    found = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            if os.readlink(fd).startswith("/memfd:"):
+                found.append(fd)
+        except OSError:
+            pass
+    return found
+
+
 def test_other_user_cannot_read_shared_memory_files(core_job, other_user):
     caught = core_job["caught"]
-    if not caught:
-        pytest.skip("no shared-memory file was caught while it had a name (timing); nothing to check")
-    print("shared-memory files while named:", caught)
-    assert all(m == "0o600" for m in caught["modes"].values()), caught["modes"]
-    assert caught["probe"] and all(v == "denied" for v in caught["probe"].values()), caught["probe"]
+    memfds = memfd_paths(core_job["pid"])
+    if not caught and not memfds:
+        pytest.skip("no named shared-memory file was caught and the core has no memfd share")
+    if caught:  # shares as named files in /dev/shm, between creation and unlink
+        print("shared-memory files while named:", caught)
+        assert all(m == "0o600" for m in caught["modes"].values()), caught["modes"]
+        assert caught["probe"] and all(v == "denied" for v in caught["probe"].values()), caught["probe"]
+    if memfds:  # shares as memfds, reached through /proc/<pid>/fd
+        probe = probe_as(other_user, memfds + [f"/proc/{core_job['pid']}/mem"])
+        print("memfd shares:", probe)
+        assert probe and "READABLE" not in probe.values(), probe
 
 
 def test_other_user_cannot_read_handshake_records(core_job, other_user):
