@@ -1,0 +1,119 @@
+"""A rank killed with SIGKILL while the others read in a loop.
+
+    python rel_dead.py <method> <comm: world|none>
+    python rel_dead.py extra <n_core>     (method 2: an extra job reading the core group)
+
+Rank 1 SIGKILLs itself once every rank has read from it. Under mpirun
+(method 0) the launcher is expected to end the whole job. With the file
+communicator (methods 1, 2) every survivor must get DDStoreTimeoutError
+naming rank 1 within DDSTORE_TIMEOUT_S (+ slack), free its store and exit 0.
+With REL_DEAD_EXTRA=1 the core group (method 2) waits until an extra job
+has joined and read before rank 1 dies; the extra job must then get
+DDStoreTimeoutError naming rank 1 too.
+"""
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+from _common import main_guard, rows_of, share_bounds
+
+import pyddstore
+
+N, SHAPE, VICTIM, SLACK_S = 60, (128,), 1, 15.0
+
+
+def make_store(method, kind):
+    if kind == "world":
+        from mpi4py import MPI
+
+        return pyddstore.PyDDStore(MPI.COMM_WORLD, method=method)
+    return pyddstore.PyDDStore(None, method=method, handshake_dir=os.environ["DDSTORE_HANDSHAKE_DIR"])
+
+
+def extra_ready_path():
+    return os.path.join(os.environ["DDSTORE_HANDSHAKE_DIR"], "extra-ready")
+
+
+def wait_for_extra():
+    deadline = time.monotonic() + 60
+    while not os.path.exists(extra_ready_path()):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the extra job did not report ready within 60 s")
+        time.sleep(0.05)
+
+
+def read_until_victim_fails(store, read_once, start, limit):
+    reads = 0
+    while True:
+        try:
+            read_once()
+            reads += 1
+        except pyddstore.DDStoreTimeoutError as e:
+            waited = time.monotonic() - start
+            assert f"rank {VICTIM}" in str(e), f"timeout does not name rank {VICTIM}: {e}"
+            assert waited < limit + SLACK_S, f"took {waited:.1f} s with DDSTORE_TIMEOUT_S={limit}"
+            return waited, reads, e
+        if time.monotonic() - start > limit + SLACK_S:
+            raise AssertionError(f"still reading {time.monotonic() - start:.0f} s after rank {VICTIM} died")
+
+
+def extra(n_core):
+    store = pyddstore.PyDDStore(
+        None, method=2, n_core=int(n_core), handshake_dir=os.environ["DDSTORE_HANDSHAKE_DIR"]
+    )
+    store.join("v", timeout_s=60)
+    rng = np.random.default_rng(99)
+    out = np.empty((16,) + SHAPE, np.float32)
+
+    def read_once():
+        rows = rng.integers(0, N, 16)
+        store.get_batch("v", out, rows)
+        assert np.array_equal(out, rows_of(4, rows, SHAPE, "float32")), f"rows {rows[:6]} differ"
+
+    for _ in range(20):
+        read_once()
+    with open(extra_ready_path(), "w") as f:
+        f.write("ready")
+    limit = float(os.environ.get("DDSTORE_TIMEOUT_S", "60"))
+    # The victim dies once the core ranks see the ready file (polled every 50 ms).
+    waited, reads, e = read_until_victim_fails(store, read_once, time.monotonic(), limit + 5)
+    print(f"extra: TimeoutError after {waited:.1f} s and {reads} reads: {e}", flush=True)
+    store.free()
+    print("extra: freed, exiting", flush=True)
+
+
+def main():
+    if sys.argv[1] == "extra":
+        return extra(sys.argv[2])
+    method, kind = int(sys.argv[1]), sys.argv[2]
+    store = make_store(method, kind)
+    first, count, _ = share_bounds(N, store.size, store.rank)
+    store.add("v", rows_of(4, np.arange(first, first + count), SHAPE, "float32"))
+    rng = np.random.default_rng(store.rank)
+    out = np.empty((16,) + SHAPE, np.float32)
+
+    def read_once():
+        rows = rng.integers(0, N, 16)
+        store.get_batch("v", out, rows)
+        assert np.array_equal(out, rows_of(4, rows, SHAPE, "float32")), f"rows {rows[:6]} differ"
+
+    for _ in range(20):
+        read_once()
+    if os.environ.get("REL_DEAD_EXTRA") == "1":
+        wait_for_extra()
+    store.barrier()
+    if store.rank == VICTIM:
+        print(f"rank {store.rank}: SIGKILL self", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    limit = float(os.environ.get("DDSTORE_TIMEOUT_S", "60"))
+    waited, reads, e = read_until_victim_fails(store, read_once, time.monotonic(), limit)
+    print(f"rank {store.rank}: TimeoutError after {waited:.1f} s and {reads} reads: {e}", flush=True)
+    store.free()  # must not wait for the dead peer
+    print(f"rank {store.rank}: freed, exiting", flush=True)
+
+
+if __name__ == "__main__":
+    main_guard(main)
