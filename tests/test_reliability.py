@@ -21,7 +21,13 @@ SINGLE_CYCLES = min(CYCLES, 100)
 
 
 def reports(out: str, tag: str) -> list:
-    return [json.loads(line.split(" ", 1)[1]) for line in out.splitlines() if line.startswith(tag + " ")]
+    """Every `tag {json}` report in the output (ranks' lines may run together under mpirun)."""
+    decoder, found, pos = json.JSONDecoder(), [], 0
+    while (pos := out.find(tag + " {", pos)) >= 0:
+        obj, end = decoder.raw_decode(out, pos + len(tag) + 1)
+        found.append(obj)
+        pos = end
+    return found
 
 
 def show(tag, found):

@@ -64,8 +64,16 @@ fn parse_positive(get: &impl Fn(&str) -> Option<String>, key: &str) -> Result<Op
     if raw.is_empty() {
         return Ok(None);
     }
+    // Durations up to a year, counts up to 2^53: beyond that a value is a typo, not a setting.
+    let max = if key.ends_with("_S") {
+        365.0 * 86400.0
+    } else {
+        (1u64 << 53) as f64
+    };
     match raw.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 1.0 || (key.ends_with("_S") && v > 0.0) => Ok(Some(v)),
+        Ok(v) if v.is_finite() && v <= max && (v >= 1.0 || (key.ends_with("_S") && v >= 1e-3)) => {
+            Ok(Some(v))
+        }
         _ => Err(Error::invalid(format!(
             "environment variable {key}={raw:?} is not valid: expected a positive number"
         ))),

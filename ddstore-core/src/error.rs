@@ -26,7 +26,7 @@ pub enum Error {
     #[error("the store was freed; create a new PyDDStore to read again")]
     Freed,
     /// A peer did not answer in time.
-    #[error("timed out after {waited:?} waiting for rank {peer}: {what}")]
+    #[error("{}", timeout_message(*peer, *waited, what))]
     Timeout {
         peer: usize,
         waited: Duration,
@@ -47,6 +47,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+fn timeout_message(peer: usize, waited: Duration, what: &str) -> String {
+    if waited.is_zero() {
+        format!("rank {peer} is unreachable: {what}")
+    } else {
+        format!("timed out after {waited:.1?} waiting for rank {peer}: {what}")
+    }
 }
 
 impl Error {

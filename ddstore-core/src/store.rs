@@ -49,7 +49,11 @@ pub struct Variable {
 
 pub struct Store {
     comm: Arc<dyn Comm>,
-    transport: Arc<dyn Transport>,
+    /// Released by `free()`: fabric objects and progress threads go with it.
+    transport: RwLock<Option<Arc<dyn Transport>>>,
+    transport_name: String,
+    /// A peer stopped answering: `free()` then skips its barrier (it would wait for the dead).
+    peer_lost: AtomicBool,
     config: Config,
     /// Ordered so teardown (collective for MPI windows) runs in the same order on every rank.
     vars: RwLock<BTreeMap<String, Arc<Variable>>>,
@@ -70,7 +74,9 @@ impl Store {
     pub fn new(comm: Arc<dyn Comm>, transport: Arc<dyn Transport>, config: Config) -> Store {
         Store {
             comm,
-            transport,
+            transport_name: transport.name(),
+            transport: RwLock::new(Some(transport)),
+            peer_lost: AtomicBool::new(false),
             config,
             vars: RwLock::new(BTreeMap::new()),
             freed: AtomicBool::new(false),
@@ -84,7 +90,19 @@ impl Store {
         &self.config
     }
     pub fn transport_name(&self) -> String {
-        self.transport.name()
+        self.transport_name.clone()
+    }
+
+    fn transport(&self) -> Result<Arc<dyn Transport>> {
+        self.transport.read().unwrap().clone().ok_or(Error::Freed)
+    }
+
+    /// Notes a lost peer on the way out of a read.
+    fn watch<T>(&self, result: Result<T>) -> Result<T> {
+        if let Err(Error::Timeout { .. }) = &result {
+            self.peer_lost.store(true, Ordering::Release);
+        }
+        result
     }
 
     fn check_live(&self) -> Result<()> {
@@ -173,7 +191,7 @@ impl Store {
             name: name.to_string(),
             node_sharing: self.config.node_sharing,
         };
-        let exposed = self.transport.expose(&self.comm, len, &opts)?;
+        let exposed = self.transport()?.expose(&self.comm, len, &opts)?;
         let var = Variable {
             name: name.to_string(),
             info: VarInfo {
@@ -212,7 +230,22 @@ impl Store {
         if self.vars.read().unwrap().contains_key(name) {
             return Err(Error::AlreadyExists(name.to_string()));
         }
-        let remote = self.transport.attach(records)?;
+        let remote = self.transport()?.attach(records)?;
+        if let Some(lens) = remote.share_lens() {
+            let counts = info.layout.counts();
+            let bad = (0..counts.len()).find(|&r| {
+                lens.get(r)
+                    .is_none_or(|&len| counts[r].saturating_mul(info.row_bytes as u64) > len)
+            });
+            if let Some(r) = bad {
+                return Err(Error::invalid(format!(
+                    "'{name}': the record's counts give rank {r} {} rows of {} bytes, more than its share's {} bytes",
+                    counts[r],
+                    info.row_bytes,
+                    lens.get(r).copied().unwrap_or(0)
+                )));
+            }
+        }
         let mut node_peers = if self.config.node_sharing {
             map_node_peers(node_locators, None)
         } else {
@@ -295,7 +328,7 @@ impl Store {
             self.config.max_read_bytes,
             |o| var.is_remote(o),
         )?;
-        var.execute(&plan, out, rows.len())
+        self.watch(var.execute(&plan, out, rows.len()))
     }
 
     /// Reads `out.len() / row_bytes` consecutive rows starting at `start`,
@@ -334,7 +367,7 @@ impl Store {
             self.config.max_read_bytes,
             |_| false,
         )?;
-        var.execute(&plan, out, rows.len())
+        self.watch(var.execute(&plan, out, rows.len()))
     }
 
     /// The transport's ceiling for benchmarks: one read per row straight
@@ -362,7 +395,7 @@ impl Store {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        var.read_remote(&reads, out)
+        self.watch(var.read_remote(&reads, out))
     }
 
     pub fn register_dst(&self, name: &str, addr: usize, len: usize) -> Result<()> {
@@ -402,7 +435,7 @@ impl Store {
             .unwrap()
             .values()
             .any(|v| v.my_rank.is_some());
-        let synced = if is_member {
+        let synced = if is_member && !self.peer_lost.load(Ordering::Acquire) {
             self.comm.barrier()
         } else {
             Ok(())
@@ -413,6 +446,7 @@ impl Store {
                 drop(var);
             }
         }
+        self.transport.write().unwrap().take();
         synced
     }
 

@@ -55,6 +55,10 @@ pub trait Transport: Send + Sync {
 pub trait RemoteShares: Send + Sync {
     /// A reader for one thread (or one forked process); readers are pooled by the store.
     fn open_reader(&self) -> Result<Box<dyn ShareReader>>;
+    /// Bytes each rank exposes, where the transport knows (checks attached layouts).
+    fn share_lens(&self) -> Option<Vec<u64>> {
+        None
+    }
     /// Registers a destination buffer once so reads into it skip registration.
     fn register_dst(&self, _addr: usize, _len: usize) -> Result<()> {
         Ok(())

@@ -447,6 +447,12 @@ fn reap(
                         let first = peers.next()?;
                         peers.all(|p| p == first).then_some(first)
                     });
+                if slot.is_none() && peer.is_none() {
+                    // A failure that names no read (shm, a peer killed while reads to several
+                    // peers are in flight): the live peers' reads still complete, so the dead
+                    // peer's reads are what is left when the timeout below names their rank.
+                    continue;
+                }
                 if let Some(s) = slot {
                     if !live.free.contains(&s) && live.slots[s].is_none() {
                         live.free.push(s);

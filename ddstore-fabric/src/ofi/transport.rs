@@ -290,6 +290,10 @@ impl OfiShares {
 }
 
 impl RemoteShares for OfiShares {
+    fn share_lens(&self) -> Option<Vec<u64>> {
+        Some(OfiShares::share_lens(self))
+    }
+
     fn open_reader(&self) -> ddstore_core::Result<Box<dyn ShareReader>> {
         let domain = self.reader_domain()?;
         let reader = OfiReader::open(

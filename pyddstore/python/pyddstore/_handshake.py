@@ -111,11 +111,11 @@ def parse_record(raw: bytes, path: str, n_core: int) -> dict:
     """Validates a record; every problem names the file and the field."""
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise DDStoreValueError(f"handshake record {path} is corrupt or truncated: {e}") from None
     if not isinstance(body, dict):
         raise DDStoreValueError(f"handshake record {path} is not a JSON object")
-    if body.get("format") != FORMAT_VERSION:
+    if body.get("format") != FORMAT_VERSION or isinstance(body.get("format"), bool):
         raise DDStoreValueError(
             f"handshake record {path} has format {body.get('format')!r}, this pyddstore reads format "
             f"{FORMAT_VERSION}: use the same pyddstore version in the core and extra jobs"
@@ -143,8 +143,10 @@ def parse_record(raw: bytes, path: str, n_core: int) -> dict:
         )
     if len(body["counts"]) != n_core or len(body["records"]) != n_core:
         raise DDStoreValueError(f"handshake record {path}: expected {n_core} counts and records")
-    if not all(isinstance(c, int) and c >= 0 for c in body["counts"]):
+    if not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 2**62 for c in body["counts"]):
         raise DDStoreValueError(f"handshake record {path}: counts must be non-negative integers")
+    if not (0 < body["pid"] < 2**31) or body["row_bytes"] >= 2**40 or body["itemsize"] > body["row_bytes"]:
+        raise DDStoreValueError(f"handshake record {path}: pid, row_bytes or itemsize out of range")
     if body["row_bytes"] <= 0 or body["itemsize"] <= 0:
         raise DDStoreValueError(f"handshake record {path}: row_bytes and itemsize must be positive")
     try:

@@ -7,6 +7,7 @@ import atexit
 import os
 import pickle
 import sys
+import weakref
 
 import numpy as np
 
@@ -14,6 +15,15 @@ from . import _handshake, _native
 from ._comm import resolve_comm
 from ._env import FABRICS, env_choice, env_flag, resolve_method
 from ._errors import DDStoreTypeError, DDStoreUnsupportedError, DDStoreValueError
+
+_live_stores: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _at_exit_all() -> None:
+    for store in list(_live_stores):
+        store._at_exit()
+
 
 _SUPPORTED = {
     "bool": "bool",
@@ -102,7 +112,8 @@ class PyDDStore:
         self._publisher = None
         if method == 2 and not self.is_extra:
             self._publisher = _handshake.Publisher(self, self.handshake_dir)
-        atexit.register(self._at_exit)
+        # A weak reference: the exit hook must not keep a dropped store (and its memory) alive.
+        _live_stores.add(self)
 
     # -- identity ---------------------------------------------------------
     @property

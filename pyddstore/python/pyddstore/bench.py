@@ -228,7 +228,7 @@ def main(argv=None) -> None:
     ap.add_argument("--batch-sizes", type=ints, default=[1, 32, 128])
     ap.add_argument("--threads", type=ints, default=[1, 2, 4])
     ap.add_argument("--seconds", type=float, default=0.3, help="time per measurement")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per measurement; the best is kept")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per line; the best is kept")
     ap.add_argument("--share-bytes", type=float, default=64e6, help="bytes per rank per variable")
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--plot", help="write a PNG plot (matplotlib) to this file")

@@ -619,8 +619,8 @@ def read_meta(path: str, timeout: float) -> dict:
     delay = 0.01
     while True:
         try:
-            with open(path) as fh:
-                meta = json.load(fh)
+            with open(path, "rb") as fh:
+                raw = fh.read()
             break
         except FileNotFoundError:
             if time.monotonic() >= deadline:
@@ -630,8 +630,25 @@ def read_meta(path: str, timeout: float) -> dict:
                 ) from None
             time.sleep(delay)
             delay = min(0.5, delay * 2)
-    if meta.get("version") != META_VERSION:
-        raise DDStoreError(f"{path}: meta version {meta.get('version')} is not {META_VERSION}")
+    try:
+        meta = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise DDStoreValueError(f"{path} is corrupt or truncated: {e}") from None
+    if not isinstance(meta, dict):
+        raise DDStoreValueError(f"{path} is not a JSON object")
+    if meta.get("version") != META_VERSION or isinstance(meta.get("version"), bool):
+        raise DDStoreValueError(f"{path}: meta version {meta.get('version')!r} is not {META_VERSION}")
+    for key in ("n_core", "num_samples"):
+        value = meta.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**62:
+            raise DDStoreValueError(f"{path}: {key!r} must be a non-negative integer, got {value!r}")
+    try:
+        Schema.from_json(meta)
+    except DDStoreError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any malformed field description
+        what = f"{type(e).__name__}: {e}"
+        raise DDStoreValueError(f"{path}: the field descriptions are malformed ({what})") from None
     return meta
 
 
