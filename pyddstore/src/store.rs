@@ -65,6 +65,24 @@ fn indices_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
 }
 
 impl PyStore {
+    /// Checks `arr` against `indices` and runs `read` with the GIL released.
+    fn read_indexed(
+        &self,
+        py: Python<'_>,
+        call: &str,
+        name: String,
+        arr: Bound<'_, PyAny>,
+        indices: Bound<'_, PyAny>,
+        read: fn(&Store, &str, &[i64], &mut [u8]) -> ddstore_core::Result<()>,
+    ) -> PyResult<()> {
+        let rows = indices_of(&indices)?;
+        let mut a = Array::new(&arr, &format!("{call}('{name}', arr)"), true)?;
+        self.check_out(py, call, &name, &a, rows.len())?;
+        let store = self.store.clone();
+        let out = a.bytes_mut();
+        py.detach(|| read(&store, &name, &rows, out)).py(py)
+    }
+
     fn var_info(&self, py: Python<'_>, name: &str) -> PyResult<VarInfo> {
         Ok(self.store.var(name).py(py)?.info.clone())
     }
@@ -281,12 +299,7 @@ impl PyStore {
         arr: Bound<'_, PyAny>,
         indices: Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let rows = indices_of(&indices)?;
-        let mut a = Array::new(&arr, &format!("get_batch('{name}', arr)"), true)?;
-        self.check_out(py, "get_batch", &name, &a, rows.len())?;
-        let store = self.store.clone();
-        let out = a.bytes_mut();
-        py.detach(|| store.read_rows(&name, &rows, out)).py(py)
+        self.read_indexed(py, "get_batch", name, arr, indices, Store::read_rows)
     }
 
     /// Benchmark ceiling: `get_batch` without planning, each row one
@@ -298,12 +311,14 @@ impl PyStore {
         arr: Bound<'_, PyAny>,
         indices: Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let rows = indices_of(&indices)?;
-        let mut a = Array::new(&arr, &format!("get_batch_raw('{name}', arr)"), true)?;
-        self.check_out(py, "get_batch_raw", &name, &a, rows.len())?;
-        let store = self.store.clone();
-        let out = a.bytes_mut();
-        py.detach(|| store.read_rows_raw(&name, &rows, out)).py(py)
+        self.read_indexed(
+            py,
+            "get_batch_raw",
+            name,
+            arr,
+            indices,
+            Store::read_rows_raw,
+        )
     }
 
     /// (total rows, elements per row, itemsize), as upstream pyddstore.

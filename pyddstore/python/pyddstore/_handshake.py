@@ -97,6 +97,23 @@ class Publisher:
         self.paths.clear()
 
 
+def wait_and_read(path: str, timeout_s: float, missing: str) -> bytes:
+    """The bytes of `path` once it exists; DDStoreTimeoutError(missing) after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    pause = 0.01
+    while True:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            if time.monotonic() >= deadline:
+                raise DDStoreTimeoutError(missing) from None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+        except PermissionError:
+            raise DDStoreError(f"no permission to read {path}") from None
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -162,23 +179,12 @@ def join(store, name: str, timeout_s: float | None = None) -> dict:
         timeout_s = float(os.environ.get("DDSTORE_HANDSHAKE_TIMEOUT_S", "") or 300)
     group = int(os.environ.get("DDSTORE_CORE_GROUP", "0") or 0)
     path = record_path(store.handshake_dir, name, group)
-    deadline = time.monotonic() + timeout_s
-    pause = 0.01
-    while True:
-        try:
-            with open(path, "rb") as f:
-                raw = f.read()
-            break
-        except FileNotFoundError:
-            if time.monotonic() >= deadline:
-                raise DDStoreTimeoutError(
-                    f"join('{name}'): no record {path} after {timeout_s:g} s: is the core job running with "
-                    f"handshake_dir={store.handshake_dir!r}? (DDSTORE_HANDSHAKE_TIMEOUT_S sets the wait)"
-                ) from None
-            time.sleep(pause)
-            pause = min(pause * 2, 0.5)
-        except PermissionError:
-            raise DDStoreError(f"join('{name}'): no permission to read {path}") from None
+    raw = wait_and_read(
+        path,
+        timeout_s,
+        f"join('{name}'): no record {path} after {timeout_s:g} s: is the core job running with "
+        f"handshake_dir={store.handshake_dir!r}? (DDSTORE_HANDSHAKE_TIMEOUT_S sets the wait)",
+    )
     body = parse_record(raw, path, store.n_core)
     if body["name"] != name:
         raise DDStoreValueError(f"handshake record {path} is for {body['name']!r}, not {name!r}")

@@ -23,13 +23,12 @@ from pyddstore import (
     DDStoreFreedError,
     DDStoreIndexError,
     DDStoreKeyError,
-    DDStoreTimeoutError,
     DDStoreTypeError,
     DDStoreUnsupportedError,
     DDStoreValueError,
     PyDDStore,
 )
-from pyddstore._handshake import write_private
+from pyddstore._handshake import wait_and_read, write_private
 
 from ._schema import (
     META_VERSION,
@@ -615,21 +614,12 @@ class DistDataset(_StoredDataset):
 
 def read_meta(path: str, timeout: float) -> dict:
     """Waits up to timeout seconds for a meta file written by a core group and reads it."""
-    deadline = time.monotonic() + timeout
-    delay = 0.01
-    while True:
-        try:
-            with open(path, "rb") as fh:
-                raw = fh.read()
-            break
-        except FileNotFoundError:
-            if time.monotonic() >= deadline:
-                raise DDStoreTimeoutError(
-                    f"{path} did not appear within {timeout:.0f} s: is the core group (DistDataset with "
-                    "method=2 and the same handshake_dir) running?"
-                ) from None
-            time.sleep(delay)
-            delay = min(0.5, delay * 2)
+    raw = wait_and_read(
+        path,
+        timeout,
+        f"{path} did not appear within {timeout:.0f} s: is the core group (DistDataset with "
+        "method=2 and the same handshake_dir) running?",
+    )
     try:
         meta = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
