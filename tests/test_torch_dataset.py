@@ -94,7 +94,7 @@ def test_comm_none_mpi():
 
 
 @needs(1)
-@pytest.mark.parametrize("fabric", FABRICS[:1] + FABRICS[2:])
+@pytest.mark.parametrize("fabric", FABRICS)
 def test_forked_workers_mpi(fabric):
     run_mpi(2, "torch_fork.py", "--method", "1", env={**fabric, "DDSTORE_FORK_WORKERS": "1"}, timeout=600)
 
