@@ -17,7 +17,7 @@ export DDSTORE_FABRIC=${DDSTORE_FABRIC:-tcp}
 export DDSTORE_QUIET=${DDSTORE_QUIET:-1} PYTHONUNBUFFERED=1
 export DDSTORE_HANDSHAKE_TIMEOUT_S=${DDSTORE_HANDSHAKE_TIMEOUT_S:-300}
 NP=${NP:-2}           # ranks of each job
-EPOCHS=${EPOCHS:-1}
+EPOCHS=${EPOCHS:-3}
 PY=${PYTHON:-python3}
 MPIRUN=(mpirun -n "$NP" --bind-to none)
 
