@@ -30,16 +30,22 @@ def _shm_listing():
     return sorted(f for f in os.listdir("/dev/shm") if "ddstore" in f) if os.path.isdir("/dev/shm") else []
 
 
-def test_method2_extra_job_on_the_node_maps_core_shares(handshake_dir):
-    before = _shm_listing()
-    hs = str(handshake_dir)
-    core = subprocess.Popen(
+def _start_core(hs: str) -> subprocess.Popen:
+    """A 2-rank method-2 core job serving until {hs}/STOP, in its own process group."""
+    return subprocess.Popen(
         ["mpirun", "-n", "2", "--bind-to", "none", sys.executable, str(SCRIPTS / "node_shm.py"), "core", hs],
         env=_env({"DDSTORE_FABRIC": "tcp"}),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,
     )
+
+
+def test_method2_extra_job_on_the_node_maps_core_shares(handshake_dir):
+    before = _shm_listing()
+    hs = str(handshake_dir)
+    core = _start_core(hs)
     try:
         procs = run_procs(1, "node_shm.py", "extra", hs, "2", env={"DDSTORE_FABRIC": "tcp"}, timeout=120)
         assert "extra: node_shm ok" in procs[0].stdout
@@ -58,14 +64,7 @@ def test_nothing_left_in_dev_shm_after_sigkill(handshake_dir):
     """SIGKILL the whole serving job: its shares vanish with it."""
     before = _shm_listing()
     hs = str(handshake_dir)
-    core = subprocess.Popen(
-        ["mpirun", "-n", "2", "--bind-to", "none", sys.executable, str(SCRIPTS / "node_shm.py"), "core", hs],
-        env=_env({"DDSTORE_FABRIC": "tcp"}),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    core = _start_core(hs)
     try:
         deadline = time.monotonic() + 60
         while not list(handshake_dir.glob("*.ddstore.json")):

@@ -207,14 +207,23 @@ impl Store {
             node_locators: exposed.node_locators,
             node_owner_pids: Vec::new(),
             readers: Mutex::new(Vec::new()),
-            shared_reader_lock: (!self.config.thread_readers).then(|| Mutex::new(())),
+            shared_reader_lock: self.shared_reader_lock(),
             counters: Counters::default(),
         };
+        self.insert(var);
+        Ok(())
+    }
+
+    fn insert(&self, var: Variable) {
         self.vars
             .write()
             .unwrap()
-            .insert(name.to_string(), Arc::new(var));
-        Ok(())
+            .insert(var.name.clone(), Arc::new(var));
+    }
+
+    /// One lock for all readers when threads share one (`DDSTORE_THREAD_READERS=0`).
+    fn shared_reader_lock(&self) -> Option<Mutex<()>> {
+        (!self.config.thread_readers).then(|| Mutex::new(()))
     }
 
     /// Method 2 extra job: reads a variable another job published; shares
@@ -268,13 +277,10 @@ impl Store {
             node_locators: Vec::new(),
             node_owner_pids,
             readers: Mutex::new(Vec::new()),
-            shared_reader_lock: (!self.config.thread_readers).then(|| Mutex::new(())),
+            shared_reader_lock: self.shared_reader_lock(),
             counters: Counters::default(),
         };
-        self.vars
-            .write()
-            .unwrap()
-            .insert(name.to_string(), Arc::new(var));
+        self.insert(var);
         Ok(())
     }
 

@@ -87,14 +87,14 @@ impl PyStore {
         Ok(self.store.var(name).py(py)?.info.clone())
     }
 
-    /// Checks that `arr` can hold `nrows` rows of `name` with a matching dtype.
-    fn check_out(
+    /// The variable's shape, once `arr`'s dtype is checked against it
+    /// (raw-bytes variables take any dtype).
+    fn check_dtype(
         &self,
         py: Python<'_>,
         call: &str,
         name: &str,
         arr: &Array<'_>,
-        nrows: usize,
     ) -> PyResult<VarInfo> {
         let info = self.var_info(py, name)?;
         if info.dtype != DType::Bytes && arr.dtype() != info.dtype {
@@ -107,6 +107,19 @@ impl PyStore {
                 ),
             ));
         }
+        Ok(info)
+    }
+
+    /// Checks that `arr` can hold `nrows` rows of `name` with a matching dtype.
+    fn check_out(
+        &self,
+        py: Python<'_>,
+        call: &str,
+        name: &str,
+        arr: &Array<'_>,
+        nrows: usize,
+    ) -> PyResult<VarInfo> {
+        let info = self.check_dtype(py, call, name, arr)?;
         let want = nrows * info.row_bytes;
         if arr.nbytes() != want {
             return Err(value_error(
@@ -246,17 +259,7 @@ impl PyStore {
         offset: i64,
     ) -> PyResult<()> {
         let a = Array::new(&arr, &format!("update('{name}', arr)"), false)?;
-        let info = self.var_info(py, &name)?;
-        if info.dtype != DType::Bytes && a.dtype() != info.dtype {
-            return Err(type_error(
-                py,
-                format!(
-                    "update('{name}'): arr has dtype {}, the variable holds {}",
-                    a.dtype_name(),
-                    info.dtype.name()
-                ),
-            ));
-        }
+        self.check_dtype(py, "update", &name, &a)?;
         if offset < 0 {
             return Err(to_index(
                 py,
