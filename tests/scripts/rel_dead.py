@@ -45,6 +45,19 @@ def wait_for_extra():
         time.sleep(0.05)
 
 
+def victim_reader(store, out):
+    """A read of random rows that all belong to the victim rank."""
+    first, count, _ = share_bounds(N, len(store.counts("v")), VICTIM)
+    rng = np.random.default_rng(7)
+
+    def read_once():
+        rows = rng.integers(first, first + count, len(out))
+        store.get_batch("v", out, rows)
+        assert np.array_equal(out, rows_of(4, rows, SHAPE, "float32")), f"rows {rows[:6]} differ"
+
+    return read_once
+
+
 def read_until_victim_fails(store, read_once, start, limit):
     reads = 0
     while True:
@@ -79,7 +92,7 @@ def extra(n_core):
         f.write("ready")
     limit = float(os.environ.get("DDSTORE_TIMEOUT_S", "60"))
     # The victim dies once the core ranks see the ready file (polled every 50 ms).
-    waited, reads, e = read_until_victim_fails(store, read_once, time.monotonic(), limit + 5)
+    waited, reads, e = read_until_victim_fails(store, victim_reader(store, out), time.monotonic(), limit + 5)
     print(f"extra: TimeoutError after {waited:.1f} s and {reads} reads: {e}", flush=True)
     store.free()
     print("extra: freed, exiting", flush=True)
@@ -109,7 +122,9 @@ def main():
         print(f"rank {store.rank}: SIGKILL self", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     limit = float(os.environ.get("DDSTORE_TIMEOUT_S", "60"))
-    waited, reads, e = read_until_victim_fails(store, read_once, time.monotonic(), limit)
+    # From now on read the victim's rows: a survivor that has already given up and exited
+    # is gone too, and its rows would fail for its own reason.
+    waited, reads, e = read_until_victim_fails(store, victim_reader(store, out), time.monotonic(), limit)
     print(f"rank {store.rank}: TimeoutError after {waited:.1f} s and {reads} reads: {e}", flush=True)
     store.free()  # must not wait for the dead peer
     print(f"rank {store.rank}: freed, exiting", flush=True)
