@@ -117,7 +117,7 @@ def test_records_are_owner_only(handshake_dir):
     try:
         core.wait_ready(RECORDS)
         assert stat.S_IMODE(hs.stat().st_mode) == 0o700
-        for f in RECORDS:
+        for f in RECORDS + [".ddstore-token"]:
             assert stat.S_IMODE((hs / f).stat().st_mode) == 0o600, f
         assert not list(hs.glob("*.tmp*")), "temporary files left behind"
     finally:
@@ -160,6 +160,27 @@ def test_reader_after_core_stopped(shm, handshake_dir):
         want = "read after the core stopped -> DDStoreTimeoutError"
         assert want in out, out
         print(out)
+    finally:
+        core.kill()
+
+
+def test_job_token_from_the_environment(handshake_dir):
+    """A core job given DDSTORE_JOB_TOKEN writes no token file; an extra job with the same
+    DDSTORE_JOB_TOKEN joins and reads, one with another token is refused."""
+    env = {"DDSTORE_FABRIC": "tcp", "DDSTORE_JOB_TOKEN": "core-secret-1"}
+    core = Core(handshake_dir, env)
+    try:
+        core.wait_ready(RECORDS)
+        assert not list(handshake_dir.glob(".ddstore-token*")), "an explicit token must not be written out"
+        args = ("read", "--hs", str(handshake_dir), "--n-core", "2")
+        out = run_procs(1, "m2_extra.py", *args, env=extra_env(handshake_dir, env), timeout=120)[0].stdout
+        assert "extra read ok" in out
+        wrong = {**env, "DDSTORE_JOB_TOKEN": "core-secret-2", "M2_RIGHT_TOKEN": "core-secret-1"}
+        args = ("wrong_token", "--hs", str(handshake_dir), "--n-core", "2")
+        out = run_procs(1, "m2_extra.py", *args, env=extra_env(handshake_dir, wrong), timeout=120)[0].stdout
+        assert "wrong token -> DDStoreAccessError" in out, out
+        print(out)
+        assert core.stop() == 0, core.output()
     finally:
         core.kill()
 

@@ -16,7 +16,7 @@ from mpi4py import MPI
 from pyddstore.torch import DistDataset, DistDatasetReader, ThreadDataLoader, WindowedDataset, row_of
 
 import pyddstore
-from pyddstore import DDStoreError
+from pyddstore import DDStoreError, _handshake
 
 N, SHAPE = 23, (4,)
 
@@ -55,16 +55,17 @@ def main():
         finally:
             os.environ.pop(key)
 
-    def corrupt_record(content):
+    def corrupt_record(content, token="right"):
         path = os.path.join(hs, "bad.ddstore.json")
         with open(path, "w") as f:
             f.write(content)
-        pyddstore.PyDDStore(None, method=2, handshake_dir=hs, n_core=2).join("bad", timeout_s=1)
+        extra = pyddstore.PyDDStore(None, method=2, handshake_dir=hs, n_core=2)
+        extra.join("bad", timeout_s=1, token=token)
 
     record = {
-        "format": 1,
+        "format": _handshake.FORMAT_VERSION,
         "name": "bad",
-        "token": "t",
+        "token_sha256": _handshake.token_digest("right"),
         "host": "h",
         "pid": 1,
         "n_core": 2,
@@ -74,6 +75,7 @@ def main():
         "counts": [1, 1],
         "records": ["00", "00"],
     }
+    record["mac"] = _handshake.record_mac("right", record)
 
     def cli(*args):
         out = subprocess.run([sys.executable, "-m", "pyddstore", *args], capture_output=True, text=True)
@@ -238,6 +240,22 @@ def main():
             corrupt_record,
             json.dumps({**record, "host": os.uname().nodename, "pid": 2**22 + 12345}),
         ),
+        (
+            "record, wrong job token",
+            PermissionError,
+            "not the token",
+            corrupt_record,
+            json.dumps(record),
+            "x",
+        ),
+        (
+            "record, altered memory key",
+            PermissionError,
+            "integrity",
+            corrupt_record,
+            json.dumps({**record, "records": ["01", "00"]}),
+        ),
+        ("record, no job token", PermissionError, "no job token", corrupt_record, json.dumps(record), None),
         # DistDataset / WindowedDataset / row_of / DistDatasetReader
         ("sample out of range", IndexError, "out of range", ds.__getitem__, N),
         ("read_rows out of range", IndexError, "out of range", ds.read_rows, [0, N]),

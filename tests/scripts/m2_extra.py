@@ -8,6 +8,8 @@ MODE after_stop: joins and reads, creates STOP, waits for {hs}/core-exited, then
     DDStoreTimeoutError within DDSTORE_TIMEOUT_S (no hang); with M2_AFTER_STOP=timeout_or_data
     (same-node mappings of the core's shares outlive it) it may instead return the core's data.
 MODE stale: the core job was killed: join names the stale record.
+MODE wrong_token: DDSTORE_JOB_TOKEN is not the core job's: join is refused
+    (DDStoreAccessError), and so is a token= argument that is wrong; the right one joins.
 The core group read is DDSTORE_CORE_GROUP (default 0).
 """
 
@@ -111,10 +113,21 @@ def stale():
     print(f"stale record -> {type(e).__name__}: {e}", flush=True)
 
 
+def wrong_token():
+    store = extra_store()
+    e = expect_error(pyddstore.DDStoreAccessError, "not the token", store.join, "a")
+    assert os.environ["DDSTORE_JOB_TOKEN"] not in str(e), "the error must not echo the token"
+    right = os.environ.pop("M2_RIGHT_TOKEN")
+    expect_error(PermissionError, "token= argument", store.join, "a", None, right + "x")
+    store.join("a", token=right)
+    check(store, "a", np.arange(N_ROWS)[::-1], 0)
+    print(f"wrong token -> {type(e).__name__}: {e}", flush=True)
+
+
 def main():
     global A
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["read", "timeout", "after_stop", "stale"])
+    p.add_argument("mode", choices=["read", "timeout", "after_stop", "stale", "wrong_token"])
     p.add_argument("--hs", required=True)
     p.add_argument("--n-core", type=int, required=True)
     A = p.parse_args()

@@ -52,10 +52,14 @@ def core(handshake_dir, ready_file, done_file):
     print(f"rank {store.rank}: core ok", flush=True)
 
 
-def tamper_cases(body):
-    """(label, mutate(body) -> bytes, fragment the error must contain)."""
+def tamper_cases(body, token):
+    """(label, mutate(body) -> bytes, fragment the error must contain, token presented)."""
 
-    def edit(**changes):
+    def edit(sign=True, **changes):
+        """Changes fields; sign=True signs the result with the core's token, as if the
+        core had written it (what is checked behind the signature), sign=False keeps
+        the original signature (what the signature itself catches)."""
+
         def mutate(b):
             b = dict(b)
             for k, v in changes.items():
@@ -63,36 +67,53 @@ def tamper_cases(body):
                     b.pop(k, None)
                 else:
                     b[k] = v
+            if sign:
+                b["mac"] = _handshake.record_mac(token, b)
             return json.dumps(b).encode()
 
         return mutate
 
     first = bytes.fromhex(body["records"][0])
+    other_key = json.loads(first[4:])
+    other_key["key"] ^= 1 << 40
+    other_key = (b"DDFI" + json.dumps(other_key).encode()).hex()
     return [
-        ("format", edit(format=2), "format"),
-        ("format-bool", edit(format=True), "format"),
-        ("no-token", edit(token=KeyError), "token"),
-        # join() has no expected token to compare with: recorded, not asserted.
-        ("token-other", edit(token="00" * 16), "token"),
-        ("n_core", edit(n_core=3), "n_core"),
-        ("records-not-hex", edit(records=["zz", body["records"][1]]), "hex"),
-        ("records-junk", edit(records=[b"junk".hex(), body["records"][1]]), "not valid"),
-        ("record-magic", edit(records=[(b"XXXX" + first[4:]).hex(), body["records"][1]]), "not valid"),
+        ("format", edit(format=3), "format", token),
+        ("format-bool", edit(format=True), "format", token),
+        ("no-token", edit(token_sha256=KeyError), "token", token),
+        ("token-other", edit(token_sha256="00" * 32), "token", token),
+        ("token-presented-wrong", edit(), "not the token", "f" * 32),
+        ("mac-missing", edit(sign=False, mac=KeyError), "mac", token),
+        ("key-unsigned", edit(sign=False, records=[other_key, body["records"][1]]), "integrity", token),
+        (
+            "counts-unsigned",
+            edit(sign=False, counts=[body["counts"][0] + 1, body["counts"][1]]),
+            "integrity",
+            token,
+        ),
+        ("dtype-unsigned", edit(sign=False, dtype="float64"), "integrity", token),
+        # Signed with the right token, so join() accepts it: the fabric must refuse the key.
+        ("key-signed", edit(records=[other_key, body["records"][1]]), "rank 0", token),
+        ("n_core", edit(n_core=3), "n_core", token),
+        ("records-not-hex", edit(records=["zz", body["records"][1]]), "hex", token),
+        ("records-junk", edit(records=[b"junk".hex(), body["records"][1]]), "not valid", token),
+        ("record-magic", edit(records=[(b"XXXX" + first[4:]).hex(), body["records"][1]]), "not valid", token),
         (
             "record-format",
             edit(records=[first.replace(b'"format":1', b'"format":7').hex(), body["records"][1]]),
             "format",
+            token,
         ),
-        ("records-short", edit(records=body["records"][:1]), "records"),
-        ("counts-negative", edit(counts=[-1, body["counts"][1]]), "counts"),
-        ("counts-huge", edit(counts=[2**64, body["counts"][1]]), "counts"),
-        ("counts-past-share", edit(counts=[body["counts"][0] * 1000, body["counts"][1]]), "count"),
-        ("row_bytes", edit(row_bytes=0), "row_bytes"),
-        ("dtype", edit(dtype="complex256"), "dtype"),
-        ("pid-dead", edit(pid=2**22 + 12345), "stale"),
-        ("pid-huge", edit(pid=2**70), "pid"),
-        ("truncated", lambda b: json.dumps(b).encode()[:40], "corrupt"),
-        ("not-json", lambda b: b"\x00\xff" * 10, "corrupt"),
+        ("records-short", edit(records=body["records"][:1]), "records", token),
+        ("counts-negative", edit(counts=[-1, body["counts"][1]]), "counts", token),
+        ("counts-huge", edit(counts=[2**64, body["counts"][1]]), "counts", token),
+        ("counts-past-share", edit(counts=[body["counts"][0] * 1000, body["counts"][1]]), "count", token),
+        ("row_bytes", edit(row_bytes=0), "row_bytes", token),
+        ("dtype", edit(dtype="complex256"), "dtype", token),
+        ("pid-dead", edit(pid=2**22 + 12345), "stale", token),
+        ("pid-huge", edit(pid=2**70), "pid", token),
+        ("truncated", lambda b: json.dumps(b).encode()[:40], "corrupt", token),
+        ("not-json", lambda b: b"\x00\xff" * 10, "corrupt", token),
     ]
 
 
@@ -106,19 +127,36 @@ def read_past_share(extra, real_count):
         return f"DDStoreError: {e}"
 
 
+def read_with_wrong_key(extra, fragment):
+    """A row of rank 0 read through a key rank 0 never issued: an error, never data."""
+    out = np.zeros((1,) + SHAPE, np.float32)
+    start = time.monotonic()
+    try:
+        extra.get_batch(NAME, out, [0])
+        return f"READ {out.ravel()[:4]}"
+    except pyddstore.DDStoreError as e:
+        took = time.monotonic() - start
+        print(f"tamper key-signed: {type(e).__name__} after {took:.2f} s: {e}", flush=True)
+        return "refused" if fragment in str(e) and not out.any() else f"UNCLEAR: {e}"
+
+
 def tamper(core_dir, scratch):
     path = _handshake.record_path(core_dir, NAME)
     with open(path, "rb") as f:
         body = json.loads(f.read())
+    with open(_handshake.token_path(core_dir), encoding="utf-8") as f:
+        token = f.read()
     results = {}
-    for label, mutate, fragment in tamper_cases(body):
+    for label, mutate, fragment, presented in tamper_cases(body, token):
         d = os.path.join(scratch, label)
         os.makedirs(d, mode=0o700)
         _handshake.write_private(_handshake.record_path(d, NAME), mutate(body))
         extra = pyddstore.PyDDStore(None, method=2, n_core=2, handshake_dir=d)
         try:
-            extra.join(NAME, timeout_s=5)
+            extra.join(NAME, timeout_s=5, token=presented)
             outcome = "ACCEPTED"
+            if label == "key-signed":
+                outcome = read_with_wrong_key(extra, fragment)
             if label == "counts-past-share":
                 outcome += "; reading past the real share: " + read_past_share(extra, body["counts"][0])
         except pyddstore.DDStoreError as e:
@@ -127,10 +165,12 @@ def tamper(core_dir, scratch):
             outcome = f"WRONG-TYPE {type(e).__name__}: {e}"
         results[label] = outcome
         print(f"tamper {label}: {outcome}", flush=True)
-    # Control: the untampered record joins and reads every row.
+    # Control: the untampered record, with the core's token file beside it as the
+    # core job leaves it, joins without a token argument and reads every row.
     d = os.path.join(scratch, "control")
     os.makedirs(d, mode=0o700)
     _handshake.write_private(_handshake.record_path(d, NAME), json.dumps(body).encode())
+    _handshake.write_private(_handshake.token_path(d), token.encode())
     extra = pyddstore.PyDDStore(None, method=2, n_core=2, handshake_dir=d)
     extra.join(NAME, timeout_s=5)
     out = np.empty((N,) + SHAPE, np.float32)

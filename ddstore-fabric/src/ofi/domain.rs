@@ -1,5 +1,7 @@
 //! `fid_domain`: one NIC (or provider instance) opened on a fabric.
 
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -13,8 +15,10 @@ use crate::error::FabricResult;
 
 pub struct Domain {
     ptr: *mut sys::fid_domain,
-    /// Keys we pick ourselves when the provider does not (no FI_MR_PROV_KEY).
-    next_key: AtomicU64,
+    /// Keys we pick ourselves when the provider does not (no FI_MR_PROV_KEY):
+    /// the n-th key is a keyed hash of n, so one key tells nothing of another.
+    keys_issued: AtomicU64,
+    key_hasher: RandomState,
     opened_by: OpenedBy,
     fabric: Arc<Fabric>,
 }
@@ -38,7 +42,8 @@ impl Domain {
         check("fi_domain", rc as i64)?;
         Ok(Arc::new(Domain {
             ptr,
-            next_key: AtomicU64::new(1),
+            keys_issued: AtomicU64::new(0),
+            key_hasher: RandomState::new(),
             opened_by: OpenedBy::this_process(),
             fabric: fabric.clone(),
         }))
@@ -61,9 +66,17 @@ impl Domain {
         self.info().mr_mode() & mr_bit as u64 != 0
     }
 
-    /// A key unique within this domain, for providers without FI_MR_PROV_KEY.
+    /// A fresh unguessable key for providers without FI_MR_PROV_KEY: a reader
+    /// can only read a share through the key its owner published. Keys are
+    /// 64-bit random (narrowed to the provider's mr_key_size), so a repeat is
+    /// vanishingly unlikely; registration retries on FI_ENOKEY regardless.
     pub fn unique_key(&self) -> u64 {
-        self.next_key.fetch_add(1, Ordering::Relaxed)
+        let n = self.keys_issued.fetch_add(1, Ordering::Relaxed);
+        let key = self.key_hasher.hash_one(n);
+        match self.info().mr_key_size() {
+            1..=7 => key & ((1u64 << (8 * self.info().mr_key_size())) - 1),
+            _ => key,
+        }
     }
 
     /// False in a forked child for a domain its parent opened.

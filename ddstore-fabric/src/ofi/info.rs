@@ -228,4 +228,8 @@ impl InfoEntry<'_> {
     pub fn caps(&self) -> u64 {
         self.info.caps
     }
+    /// Bytes in a memory key this provider accepts (0 when it does not say).
+    pub fn mr_key_size(&self) -> usize {
+        self.domain_attr().map(|a| a.mr_key_size).unwrap_or(0)
+    }
 }

@@ -41,23 +41,29 @@ impl MemoryRegion {
         len: usize,
         access: u64,
     ) -> FabricResult<MemoryRegion> {
-        let requested_key = if domain.requires(sys::FI_MR_PROV_KEY) {
-            0
-        } else {
-            domain.unique_key()
-        };
+        let provider_keys = domain.requires(sys::FI_MR_PROV_KEY);
         let mut ptr = ptr::null_mut();
-        let rc = sys::ddfi_mr_reg(
-            domain.as_ptr(),
-            addr as *const c_void,
-            len,
-            access,
-            0,
-            requested_key,
-            0,
-            &mut ptr,
-            ptr::null_mut(),
-        );
+        let mut rc;
+        let mut tries = 0;
+        loop {
+            let requested_key = if provider_keys { 0 } else { domain.unique_key() };
+            rc = sys::ddfi_mr_reg(
+                domain.as_ptr(),
+                addr as *const c_void,
+                len,
+                access,
+                0,
+                requested_key,
+                0,
+                &mut ptr,
+                ptr::null_mut(),
+            );
+            tries += 1;
+            // A random key that happens to be taken: draw another.
+            if provider_keys || rc != -(sys::FI_ENOKEY as i32) || tries == 4 {
+                break;
+            }
+        }
         check("fi_mr_reg", rc as i64)?;
         let bind = domain.requires(sys::FI_MR_ENDPOINT);
         let mr = MemoryRegion {

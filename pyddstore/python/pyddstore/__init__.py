@@ -13,6 +13,7 @@ _apply_fabric_defaults()  # before libfabric starts: it reads these once
 from . import _native  # noqa: E402
 from ._comm import FileComm, TorchComm  # noqa: E402
 from ._errors import (  # noqa: E402
+    DDStoreAccessError,
     DDStoreError,
     DDStoreFreedError,
     DDStoreIndexError,
@@ -31,6 +32,7 @@ __all__ = [
     "FileComm",
     "TorchComm",
     "DDStoreError",
+    "DDStoreAccessError",
     "DDStoreValueError",
     "DDStoreIndexError",
     "DDStoreTypeError",

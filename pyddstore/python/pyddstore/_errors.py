@@ -30,6 +30,10 @@ class DDStoreTimeoutError(DDStoreError, TimeoutError):
     """A peer (rank or core job) did not answer in time."""
 
 
+class DDStoreAccessError(DDStoreError, PermissionError):
+    """Refused: a wrong job token, or a record whose keys do not match it."""
+
+
 class DDStoreFreedError(DDStoreError, RuntimeError):
     """The store was freed."""
 
@@ -45,6 +49,7 @@ __all__ = [
     "DDStoreTypeError",
     "DDStoreKeyError",
     "DDStoreTimeoutError",
+    "DDStoreAccessError",
     "DDStoreFreedError",
     "DDStoreUnsupportedError",
 ]

@@ -3,11 +3,21 @@
 
 Files are owner-only (directory 0700, files 0600) and written under a
 temporary name then renamed, so a reader never sees half a record. Each
-record carries the core job's random token, host and pid, so a record left
-by a core job that is gone is recognised as stale instead of used."""
+record carries the core job's host and pid, so a record left by a core job
+that is gone is recognised as stale instead of used.
+
+Access: every core job has a job token, ``DDSTORE_JOB_TOKEN`` when set (give
+the extra job the same value), else a random one that core rank 0 writes to
+an owner-only token file beside the records. A record holds the token's
+SHA-256 and an HMAC, keyed by the token, over everything a reader uses (the
+memory keys, addresses, counts, dtype). An extra job must present the token;
+a wrong token, or a record whose keys or addresses were altered, is refused
+with DDStoreAccessError before any read is posted."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -15,16 +25,37 @@ import socket
 import time
 import urllib.parse
 
-from ._errors import DDStoreError, DDStoreTimeoutError, DDStoreValueError
+from ._errors import DDStoreAccessError, DDStoreError, DDStoreTimeoutError, DDStoreValueError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 SUFFIX = ".ddstore.json"
+TOKEN_ENV = "DDSTORE_JOB_TOKEN"
+# What a reader relies on: covered by the record's HMAC.
+SIGNED_FIELDS = ("name", "n_core", "group", "transport", "dtype", "row_bytes", "itemsize", "counts")
+SIGNED_FIELDS += ("records", "node")
 
 
 def record_path(directory: str, name: str, group_id: int = 0) -> str:
     stem = urllib.parse.quote(name, safe="")
     group = "" if group_id == 0 else f".g{group_id}"
     return os.path.join(directory, f"{stem}{group}{SUFFIX}")
+
+
+def token_path(directory: str, group_id: int = 0) -> str:
+    """The owner-only file holding a core job's random token (no variable's record can be named so)."""
+    group = "" if group_id == 0 else f".g{group_id}"
+    return os.path.join(directory, f".ddstore-token{group}")
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def record_mac(token: str, body: dict) -> str:
+    """HMAC-SHA256, keyed by the job token, of the fields a reader relies on."""
+    signed = {k: body.get(k) for k in SIGNED_FIELDS}
+    canonical = json.dumps(signed, sort_keys=True, separators=(",", ":")).encode()
+    return hmac.new(token.encode(), canonical, hashlib.sha256).hexdigest()
 
 
 def ensure_private_dir(directory: str) -> None:
@@ -53,11 +84,16 @@ class Publisher:
     def __init__(self, store, directory: str):
         self.store = store
         self.directory = directory
+        self.paths: list[str] = []
+        given = os.environ.get(TOKEN_ENV, "")
         if store.rank == 0:
             ensure_private_dir(directory)
         # One token per core job, known to every core rank.
-        self.token = store.allgather(secrets.token_hex(16) if store.rank == 0 else None)[0]
-        self.paths: list[str] = []
+        self.token = given or store.allgather(secrets.token_hex(16) if store.rank == 0 else None)[0]
+        if store.rank == 0 and not given:
+            path = token_path(directory, store.group_id)
+            write_private(path, self.token.encode())
+            self.paths.append(path)
 
     def publish(self, name: str) -> None:
         native = self.store._native
@@ -68,7 +104,7 @@ class Publisher:
         body = {
             "format": FORMAT_VERSION,
             "name": name,
-            "token": self.token,
+            "token_sha256": token_digest(self.token),
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "created": time.time(),
@@ -83,6 +119,7 @@ class Publisher:
             # Same-node extra jobs map these shares instead of reading them remotely.
             "node": list(native.node_records(name)),
         }
+        body["mac"] = record_mac(self.token, body)
         path = record_path(self.directory, name, self.store.group_id)
         write_private(path, json.dumps(body).encode())
         self.paths.append(path)
@@ -139,7 +176,8 @@ def parse_record(raw: bytes, path: str, n_core: int) -> dict:
         )
     required = {
         "name": str,
-        "token": str,
+        "token_sha256": str,
+        "mac": str,
         "host": str,
         "pid": int,
         "n_core": int,
@@ -164,6 +202,10 @@ def parse_record(raw: bytes, path: str, n_core: int) -> dict:
         raise DDStoreValueError(f"handshake record {path}: counts must be non-negative integers")
     if not (0 < body["pid"] < 2**31) or body["row_bytes"] >= 2**40 or body["itemsize"] > body["row_bytes"]:
         raise DDStoreValueError(f"handshake record {path}: pid, row_bytes or itemsize out of range")
+    for key in ("token_sha256", "mac"):
+        value = body[key]
+        if len(value) != 64 or not all(c in "0123456789abcdef" for c in value):
+            raise DDStoreValueError(f"handshake record {path}: field {key!r} is not a SHA-256 hex digest")
     if body["row_bytes"] <= 0 or body["itemsize"] <= 0:
         raise DDStoreValueError(f"handshake record {path}: row_bytes and itemsize must be positive")
     try:
@@ -173,8 +215,42 @@ def parse_record(raw: bytes, path: str, n_core: int) -> dict:
     return body
 
 
-def join(store, name: str, timeout_s: float | None = None) -> dict:
-    """Extra side: waits for ``name``'s record, checks it, attaches."""
+def presented_token(directory: str, group_id: int, token: str | None) -> tuple[str, str]:
+    """The token this extra job presents and where it came from: the argument,
+    DDSTORE_JOB_TOKEN, else the core job's token file."""
+    if token is not None:
+        return str(token), "the token= argument"
+    if os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV], TOKEN_ENV
+    path = token_path(directory, group_id)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read().strip(), path
+    except FileNotFoundError:
+        raise DDStoreAccessError(
+            f"no job token to present: {TOKEN_ENV} is unset and {path} does not exist; set "
+            f"{TOKEN_ENV} to the core job's {TOKEN_ENV}"
+        ) from None
+    except PermissionError:
+        raise DDStoreAccessError(f"no permission to read the job token file {path}") from None
+
+
+def check_access(body: dict, path: str, name: str, token: str, source: str) -> None:
+    """Refuses a wrong token, then a record whose signed fields were altered."""
+    if not hmac.compare_digest(token_digest(token), body["token_sha256"]):
+        raise DDStoreAccessError(
+            f"join('{name}'): refused: the job token presented ({source}) is not the token of the core "
+            f"job that published {path}; give this job the core job's {TOKEN_ENV}"
+        )
+    if not hmac.compare_digest(record_mac(token, body), body["mac"]):
+        raise DDStoreAccessError(
+            f"join('{name}'): refused: record {path} fails its integrity check under this job token "
+            "(its memory keys, addresses or counts were altered after the core job wrote it)"
+        )
+
+
+def join(store, name: str, timeout_s: float | None = None, token: str | None = None) -> dict:
+    """Extra side: waits for ``name``'s record, checks it and the job token, attaches."""
     if timeout_s is None:
         timeout_s = float(os.environ.get("DDSTORE_HANDSHAKE_TIMEOUT_S", "") or 300)
     group = int(os.environ.get("DDSTORE_CORE_GROUP", "0") or 0)
@@ -186,6 +262,9 @@ def join(store, name: str, timeout_s: float | None = None) -> dict:
         f"handshake_dir={store.handshake_dir!r}? (DDSTORE_HANDSHAKE_TIMEOUT_S sets the wait)",
     )
     body = parse_record(raw, path, store.n_core)
+    signed = dict(body, records=[r.hex() for r in body["records"]])
+    presented, source = presented_token(store.handshake_dir, group, token)
+    check_access(signed, path, name, presented, source)
     if body["name"] != name:
         raise DDStoreValueError(f"handshake record {path} is for {body['name']!r}, not {name!r}")
     if body["host"] == socket.gethostname() and not _pid_alive(body["pid"]):

@@ -198,13 +198,16 @@ class PyDDStore:
         """In a forked child: open fresh readers instead of the inherited ones."""
         self._native.fork_reader()
 
-    def join(self, name: str, timeout_s: float | None = None) -> None:
-        """Method 2 extra member: wait for ``name`` to be published, then read it."""
+    def join(self, name: str, timeout_s: float | None = None, token: str | None = None) -> None:
+        """Method 2 extra member: wait for ``name`` to be published, then read it.
+
+        ``token``: the core job's job token; default ``DDSTORE_JOB_TOKEN``, else
+        the token file the core job wrote in ``handshake_dir``."""
         if not self.is_extra:
             raise DDStoreUnsupportedError(
                 "join() is for method=2 extra members: PyDDStore(None, method=2, n_core=N)"
             )
-        _handshake.join(self, name, timeout_s)
+        _handshake.join(self, name, timeout_s, token)
 
     def free(self) -> None:
         """Collective: releases every variable once every rank has stopped reading. Idempotent."""
