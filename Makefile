@@ -18,6 +18,12 @@ bench:  ## the benchmark suite (python -m pyddstore.bench) under mpirun -n 4
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
 	FI_TCP_IFACE=lo mpirun -n 4 --bind-to none python -m pyddstore.bench --json bench-results/bench.json
 
+soak:  ## long soak: 1,000,000 verified random reads per rank per config, RSS flat (scripts/soak.sh)
+	bash scripts/setup.sh && bash scripts/soak.sh 1000000 4
+
+check-memory:  ## Rust suites under valgrind memcheck, with the libfabric scenarios
+	bash scripts/check-memory.sh --ofi
+
 lint:  ## cargo fmt --check, clippy -D warnings, ruff
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
