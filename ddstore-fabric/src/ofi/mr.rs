@@ -46,7 +46,11 @@ impl MemoryRegion {
         let mut rc;
         let mut tries = 0;
         loop {
-            let requested_key = if provider_keys { 0 } else { domain.unique_key() };
+            let requested_key = if provider_keys {
+                0
+            } else {
+                domain.unique_key()
+            };
             rc = sys::ddfi_mr_reg(
                 domain.as_ptr(),
                 addr as *const c_void,
