@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Long soak: 4 ranks read random rows of every rank through
 # PyDDStore.get_batch from 2 threads each, verifying every byte, until each
-# rank has read ROWS rows; fails on any mismatch or RSS growth of 5% or more
-# after warm-up. Configurations: method 0 through MPI_Get (DDSTORE_SHM=0),
+# rank has read ROWS rows; fails on any mismatch, RSS growth of 5% or more
+# after warm-up, or growth of 8 bytes or more per row read in the second
+# half. Configurations: method 0 through MPI_Get (DDSTORE_SHM=0),
 # method 0 and method 1 through same-node shared memory (DDSTORE_SHM=1, the
 # default), method 1 over libfabric tcp (DDSTORE_SHM=0).
 #
@@ -37,7 +38,7 @@ for cfg in "${configs[@]}"; do
   echo "== $label: $status in $((SECONDS - start)) s"
   grep '^soak ' <<<"$out" | python3 -c '
 import json, sys
-fmt = "  rank {rank}: {rows} rows, {rows_per_s} rows/s, {mismatches} mismatches, RSS {rss_warm_kib} -> {rss_end_kib} KiB ({rss_growth:+.2%})"
+fmt = "  rank {rank}: {rows} rows, {rows_per_s} rows/s, {mismatches} mismatches, RSS {rss_warm_kib} -> {rss_mid_kib} -> {rss_end_kib} KiB ({rss_growth:+.2%}, {rss_late_bytes_per_row} B/row in the second half)"
 for line in sys.stdin:
     print(fmt.format(**json.loads(line.split(" ", 1)[1])))
 ' || true

@@ -4,7 +4,12 @@ read <rows> rows; memory must stay flat after warm-up.
 
     python rel_soak.py <method> <rows per rank> [<comm: world|file>]
 
-Prints ``soak {json}`` per rank (rows, rows/s, mismatches, RSS).
+Prints ``soak {json}`` per rank (rows, rows/s, mismatches, RSS after
+warm-up, half-way and at the end, and the growth per row read in the second
+half). Memory is flat when RSS grew under 5% after warm-up and by under
+8 bytes per row read in the second half: a ramp that outlasts the warm-up
+(a ring or pool touched a little more per read) fails the second check
+in short runs as well.
 """
 
 import json
@@ -20,6 +25,7 @@ import pyddstore
 
 ROWS_PER_RANK, SHAPE, BATCH, THREADS = 4096, (32,), 256, 2
 RSS_GROWTH_LIMIT = 0.05
+LATE_BYTES_PER_ROW_LIMIT = 8
 
 
 def rss_kib() -> int:
@@ -49,10 +55,10 @@ def main():
     store.add("v", rows_of(3, np.arange(first, first + count), SHAPE, "float32"))
     store.barrier()
     per_thread = target // THREADS
-    warm_rows = per_thread // 10
+    warm_rows, mid_rows = per_thread // 10, per_thread // 2
     done = [0] * THREADS
     mismatches = [0] * THREADS
-    warm = {}
+    warm, mid = {}, {}
     errors = []
     warm_lock = threading.Lock()
 
@@ -67,9 +73,10 @@ def main():
                 store.get_batch("v", out, rows)
                 mismatches[t] += int((out != rows_of(3, rows, SHAPE, "float32")).any(axis=1).sum())
                 done[t] += BATCH
-                if done[t] >= warm_rows and t not in warm:
-                    with warm_lock:
-                        warm[t] = rss_kib()
+                for at, seen in ((warm_rows, warm), (mid_rows, mid)):
+                    if done[t] >= at and t not in seen:
+                        with warm_lock:
+                            seen[t] = (rss_kib(), sum(done))
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
             errors.append(e)
 
@@ -82,9 +89,11 @@ def main():
     elapsed = time.monotonic() - start
     if errors:
         raise errors[0]
-    rss_warm, rss_end = max(warm.values()), rss_kib()
+    (rss_warm, _), (rss_mid, rows_mid) = max(warm.values()), max(mid.values())
+    rss_end = rss_kib()
     growth = (rss_end - rss_warm) / rss_warm
     total = sum(done)
+    late_per_row = (rss_end - rss_mid) * 1024 / max(total - rows_mid, 1)
     prof = store.get_profile("v")
     report = {
         "rank": store.rank,
@@ -96,8 +105,10 @@ def main():
         "rows_per_s": round(total / elapsed),
         "mismatches": sum(mismatches),
         "rss_warm_kib": rss_warm,
+        "rss_mid_kib": rss_mid,
         "rss_end_kib": rss_end,
         "rss_growth": round(growth, 4),
+        "rss_late_bytes_per_row": round(late_per_row, 2),
         "remote_rows": prof.get("remote_rows", 0),
         "node_rows": prof.get("node_rows", 0),
         "registered": register,
@@ -105,6 +116,9 @@ def main():
     print("soak", json.dumps(report), flush=True)
     assert sum(mismatches) == 0, f"{rank_tag()} {sum(mismatches)} rows differ"
     assert growth < RSS_GROWTH_LIMIT, f"{rank_tag()} RSS grew {growth:.1%} after warm-up: {report}"
+    assert late_per_row < LATE_BYTES_PER_ROW_LIMIT, (
+        f"{rank_tag()} RSS still grows {late_per_row:.1f} bytes per row read in the second half: {report}"
+    )
     store.barrier()
     store.free()
 
