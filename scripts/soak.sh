@@ -9,7 +9,8 @@
 #
 #   bash scripts/soak.sh [ROWS per rank, default 1000000] [RANKS, default 4]
 #
-# (The torch DataLoader variant of the soak lives with the pyddstore.torch tests.)
+# Then the same configurations through the PyTorch API: a DistDataset read by
+# a shuffling ThreadDataLoader (tests/scripts/rel_soak_torch.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rows="${1:-1000000}"
@@ -26,22 +27,27 @@ configs=(
   "method1-shm-path 1 DDSTORE_SHM=1 DDSTORE_FABRIC=tcp"
 )
 failed=0
+for script in rel_soak.py rel_soak_torch.py; do
 for cfg in "${configs[@]}"; do
   read -r label method settings <<<"$cfg"
+  [[ $script == rel_soak_torch.py ]] && label="torch-$label"
   start=$SECONDS
-  if out=$(env $settings mpirun -n "$ranks" --bind-to none "$py" tests/scripts/rel_soak.py "$method" "$rows" 2>&1); then
+  if out=$(env $settings mpirun -n "$ranks" --bind-to none "$py" "tests/scripts/$script" "$method" "$rows" 2>&1); then
     status=ok
   else
     status=FAILED
     failed=1
   fi
   echo "== $label: $status in $((SECONDS - start)) s"
-  grep '^soak ' <<<"$out" | python3 -c '
+  grep -E '^soak(-torch)? ' <<<"$out" | python3 -c '
 import json, sys
-fmt = "  rank {rank}: {rows} rows, {rows_per_s} rows/s, {mismatches} mismatches, RSS {rss_warm_kib} -> {rss_mid_kib} -> {rss_end_kib} KiB ({rss_growth:+.2%}, {rss_late_bytes_per_row} B/row in the second half)"
+fmt = "  rank {rank}: {rows} rows, {rows_per_s} rows/s, {mismatches} mismatches, RSS {rss_warm_kib} -> {rss_end_kib} KiB ({rss_growth:+.2%})"
 for line in sys.stdin:
-    print(fmt.format(**json.loads(line.split(" ", 1)[1])))
+    r = json.loads(line.split(" ", 1)[1])
+    late = r.get("rss_late_bytes_per_row")
+    print(fmt.format(**r) + ("" if late is None else f", {late} B/row in the second half"))
 ' || true
   [[ $status == ok ]] || tail -30 <<<"$out"
+done
 done
 exit $failed

@@ -93,7 +93,7 @@ def tamper_cases(body, token):
         ),
         ("dtype-unsigned", edit(sign=False, dtype="float64"), "integrity", token),
         # Signed with the right token, so join() accepts it: the fabric must refuse the key.
-        ("key-signed", edit(records=[other_key, body["records"][1]]), "rank 0", token),
+        ("key-signed", edit(records=[other_key, body["records"][1]]), "memory key", token),
         ("n_core", edit(n_core=3), "n_core", token),
         ("records-not-hex", edit(records=["zz", body["records"][1]]), "hex", token),
         ("records-junk", edit(records=[b"junk".hex(), body["records"][1]]), "not valid", token),

@@ -18,6 +18,7 @@ from mpi4py import MPI
 from pyddstore.torch import DistDataset, ThreadDataLoader
 
 SAMPLES_PER_RANK, SHAPE, BATCH, SEED = 4096, (32,), 256, 11
+RSS_GROWTH_LIMIT = 0.05
 
 
 class Source(torch.utils.data.Dataset):
@@ -77,6 +78,9 @@ def main():
     }
     print("soak-torch " + json.dumps(report), flush=True)
     assert mismatches == 0, report
+    assert report["rss_growth"] < RSS_GROWTH_LIMIT, (
+        f"resident memory grew {report['rss_growth']:.1%}: {report}"
+    )
 
 
 if __name__ == "__main__":

@@ -467,7 +467,21 @@ fn reap(
                     Some(peer) if lost => FabricError::Timeout {
                         peer,
                         waited: std::time::Duration::ZERO,
-                        detail: format!("the connection to rank {peer} is lost ({})", err.message),
+                        // tcp drops the connection of a read whose key it never issued.
+                        detail: format!(
+                            "the connection to rank {peer} is lost ({}): it has exited, or it \
+                             refused this reader's memory key",
+                            err.message
+                        ),
+                    },
+                    Some(peer) if key_refused(err.code) => FabricError::Ofi {
+                        call: "fi_read",
+                        code: err.code,
+                        message: format!(
+                            "rank {peer} refused the read ({}): the memory key or address is not one \
+                             it issued (a share record from another job, or altered)",
+                            err.message
+                        ),
                     },
                     _ => FabricError::Ofi {
                         call: "fi_read",
@@ -522,6 +536,12 @@ impl ShareReader for OfiReader {
         }
         Ok(self.do_reads(reads, dst)?)
     }
+}
+
+/// Completion errors of a target refusing the key or range (verbs, cxi).
+fn key_refused(code: i64) -> bool {
+    let code = code.unsigned_abs() as u32;
+    code == sys::FI_EACCES || code == sys::FI_EKEYREJECTED
 }
 
 /// Completion errors meaning the peer process or its connection is gone.
