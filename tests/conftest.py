@@ -3,6 +3,7 @@ processes joined through the file communicator) and fail on any rank's failure."
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -97,3 +98,27 @@ def handshake_dir(tmp_path):
     d = tmp_path / "hs"
     d.mkdir(mode=0o700)
     return d
+
+
+def reports(out: str, tag: str) -> list:
+    """Every `tag {json}` report in the output (ranks' lines may run together under mpirun)."""
+    decoder, found, pos = json.JSONDecoder(), [], 0
+    while (pos := out.find(tag + " {", pos)) >= 0:
+        obj, end = decoder.raw_decode(out, pos + len(tag) + 1)
+        found.append(obj)
+        pos = end
+    return found
+
+
+def show(tag, found):
+    for r in found:
+        print(tag, json.dumps(r))
+
+
+# Soak configurations: method, settings (scripts/soak.sh runs the long versions).
+SOAK_CONFIGS = {
+    "method0-mpi-get": ("0", {"DDSTORE_SHM": "0"}),
+    "method0-shm": ("0", {"DDSTORE_SHM": "1"}),
+    "method1-tcp": ("1", {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0"}),
+    "method1-shm-path": ("1", {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "1"}),
+}

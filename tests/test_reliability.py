@@ -6,33 +6,17 @@ Long versions: ``scripts/soak.sh [rows per rank]``.
 """
 
 import glob
-import json
 import os
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import SCRIPTS, _env, run_mpi, run_procs
+from conftest import SCRIPTS, SOAK_CONFIGS, _env, reports, run_mpi, run_procs, show
 
 # DDSTORE_REL_CYCLES overrides (a 200-cycle method-1 tcp run takes about 75 s here).
 CYCLES = int(os.environ.get("DDSTORE_REL_CYCLES", "200"))
 SINGLE_CYCLES = min(CYCLES, 100)
-
-
-def reports(out: str, tag: str) -> list:
-    """Every `tag {json}` report in the output (ranks' lines may run together under mpirun)."""
-    decoder, found, pos = json.JSONDecoder(), [], 0
-    while (pos := out.find(tag + " {", pos)) >= 0:
-        obj, end = decoder.raw_decode(out, pos + len(tag) + 1)
-        found.append(obj)
-        pos = end
-    return found
-
-
-def show(tag, found):
-    for r in found:
-        print(tag, json.dumps(r))
 
 
 def check_hygiene(found, nranks, cycles=CYCLES):
@@ -80,12 +64,6 @@ def test_hygiene_single_process_method1_file_comm(handshake_dir):
 # -- soak: 4 ranks, 2 reading threads each, every row verified, RSS flat --------
 
 SOAK_ROWS = 50_000
-SOAK_CONFIGS = {
-    "method0-mpi-get": ("0", {"DDSTORE_SHM": "0"}),
-    "method0-shm": ("0", {"DDSTORE_SHM": "1"}),
-    "method1-tcp": ("1", {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0"}),
-    "method1-shm-path": ("1", {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "1"}),
-}
 
 
 @pytest.mark.parametrize("config", list(SOAK_CONFIGS))

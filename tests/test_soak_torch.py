@@ -2,40 +2,22 @@
 through a shuffling ThreadDataLoader, every sample verified, resident memory flat
 after warm-up. The long version (1,000,000 samples per rank) is ``make soak``."""
 
-import json
-
 import pytest
-from conftest import run_mpi
+from conftest import SOAK_CONFIGS, reports, run_mpi, show
 
 pytest.importorskip("torch")
 
 SOAK_SAMPLES = 30_000
-CONFIGS = {
-    "method0-mpi-get": ("0", {"DDSTORE_SHM": "0"}),
-    "method0-shm": ("0", {"DDSTORE_SHM": "1"}),
-    "method1-tcp": ("1", {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0"}),
-    "method1-shm-path": ("1", {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "1"}),
-}
 
 
-def reports(out: str) -> list:
-    decoder, found, pos = json.JSONDecoder(), [], 0
-    while (pos := out.find("soak-torch {", pos)) >= 0:
-        obj, end = decoder.raw_decode(out, pos + len("soak-torch "))
-        found.append(obj)
-        pos = end
-    return found
-
-
-@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("config", list(SOAK_CONFIGS))
 def test_soak_dist_dataset_thread_loader(config):
-    method, env = CONFIGS[config]
+    method, env = SOAK_CONFIGS[config]
     out = run_mpi(
         4, "rel_soak_torch.py", method, str(SOAK_SAMPLES), env={**env, "DDSTORE_QUIET": "1"}, timeout=300
     )
-    found = reports(out.stdout)
-    for r in found:
-        print(config, json.dumps(r))
+    found = reports(out.stdout, "soak-torch")
+    show("soak-torch", found)
     assert found, "no rank reported"  # mpirun's exit status covers every rank
     for r in found:
         assert r["rows"] >= SOAK_SAMPLES and r["mismatches"] == 0, r

@@ -25,6 +25,15 @@ def rows_of(name_seed: int, rows, shape, dtype) -> np.ndarray:
     return vals.astype(dt).reshape((len(rows),) + tuple(shape))
 
 
+def rss_kib() -> int:
+    """This process's resident memory (VmRSS) in KiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
 def share_bounds(n: int, size: int, rank: int):
     """Uneven split: the first n % size ranks hold one more row."""
     counts = [n // size + (r < n % size) for r in range(size)]

@@ -14,7 +14,7 @@ import os
 import sys
 
 import numpy as np
-from _common import main_guard, rank_tag, rows_of, share_bounds
+from _common import main_guard, rank_tag, rows_of, rss_kib, share_bounds
 
 import pyddstore
 
@@ -32,14 +32,6 @@ def shm_files() -> int:
     shm_dir = os.environ.get("DDSTORE_SHM_DIR", "/dev/shm")
     ours = glob.glob(os.path.join(shm_dir, f"ddstore-{os.getpid()}-*"))
     return len(ours) + len(glob.glob(f"/dev/shm/{os.getpid()}:*"))
-
-
-def rss_kib() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def snapshot() -> dict:

@@ -19,21 +19,13 @@ import threading
 import time
 
 import numpy as np
-from _common import main_guard, rank_tag, rows_of, share_bounds
+from _common import main_guard, rank_tag, rows_of, rss_kib, share_bounds
 
 import pyddstore
 
 ROWS_PER_RANK, SHAPE, BATCH, THREADS = 4096, (32,), 256, 2
 RSS_GROWTH_LIMIT = 0.05
 LATE_BYTES_PER_ROW_LIMIT = 8
-
-
-def rss_kib() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
 
 
 def make_store(method, kind):

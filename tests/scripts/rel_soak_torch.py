@@ -13,7 +13,7 @@ import sys
 import time
 
 import torch
-from _common import main_guard, rows_of
+from _common import main_guard, rows_of, rss_kib
 from mpi4py import MPI
 from pyddstore.torch import DistDataset, ThreadDataLoader
 
@@ -30,14 +30,6 @@ class Source(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return torch.from_numpy(rows_of(SEED, [i], SHAPE, "float32")[0]), i
-
-
-def rss_kib() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
 
 
 def main():
