@@ -39,14 +39,16 @@ for cfg in "${configs[@]}"; do
     failed=1
   fi
   echo "== $label: $status in $((SECONDS - start)) s"
-  grep -E '^soak(-torch)? ' <<<"$out" | python3 -c '
-import json, sys
+  python3 -c '
+import json, re, sys
+# Every "soak {...}" / "soak-torch {...}" report (ranks can share a line under mpirun).
+text, decoder = sys.stdin.read(), json.JSONDecoder()
 fmt = "  rank {rank}: {rows} rows, {rows_per_s} rows/s, {mismatches} mismatches, RSS {rss_warm_kib} -> {rss_end_kib} KiB ({rss_growth:+.2%})"
-for line in sys.stdin:
-    r = json.loads(line.split(" ", 1)[1])
+for m in re.finditer(r"soak(?:-torch)? [{]", text):
+    r = decoder.raw_decode(text, m.end() - 1)[0]
     late = r.get("rss_late_bytes_per_row")
     print(fmt.format(**r) + ("" if late is None else f", {late} B/row in the second half"))
-' || true
+' <<<"$out" || true
   [[ $status == ok ]] || tail -30 <<<"$out"
 done
 done
