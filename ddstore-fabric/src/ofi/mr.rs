@@ -104,3 +104,66 @@ impl Drop for MemoryRegion {
         unsafe { sys::ddfi_close(ptr::addr_of_mut!((*self.ptr).fid)) };
     }
 }
+
+/// Registration of memory that may be on a device (`fi_mr_regattr` with
+/// `iface` and device id), for shares held in GPU memory. Kept apart from
+/// [`MemoryRegion::register`]; it asks for the key the same way.
+impl MemoryRegion {
+    /// Registers `addr..addr+len`, memory of interface `iface` (an
+    /// `fi_hmem_iface`) on device `device`, for `access`.
+    ///
+    /// # Safety
+    /// The memory must stay allocated (on that device) for as long as the
+    /// returned value lives.
+    pub unsafe fn register_hmem(
+        domain: &Arc<Domain>,
+        endpoint: &Arc<Endpoint>,
+        addr: *const u8,
+        len: usize,
+        access: u64,
+        iface: sys::fi_hmem_iface,
+        device: i32,
+    ) -> FabricResult<MemoryRegion> {
+        let requested_key = if domain.requires(sys::FI_MR_PROV_KEY) {
+            0
+        } else {
+            domain.unique_key()
+        };
+        let iov = sys::iovec {
+            iov_base: addr as *mut c_void,
+            iov_len: len,
+        };
+        // All-zero is a valid fi_mr_attr (pointers, integers, a union of integers).
+        let mut attr: sys::fi_mr_attr = std::mem::zeroed();
+        attr.mr_iov = &iov;
+        attr.iov_count = 1;
+        attr.access = access;
+        attr.requested_key = requested_key;
+        attr.iface = iface;
+        // Every member of the union is the device ordinal (cuda, ze, neuron, ...);
+        // ROCm and system memory take none.
+        attr.device.reserved = 0;
+        if iface == sys::FI_HMEM_CUDA || iface == sys::FI_HMEM_ZE {
+            attr.device.cuda = device;
+        }
+        let mut ptr = ptr::null_mut();
+        let rc = sys::ddfi_mr_regattr(domain.as_ptr(), &attr, 0, &mut ptr);
+        check("fi_mr_regattr", rc as i64)?;
+        let bind = domain.requires(sys::FI_MR_ENDPOINT);
+        let mr = MemoryRegion {
+            ptr,
+            addr: addr as usize,
+            len,
+            opened_by: OpenedBy::this_process(),
+            _endpoint: bind.then(|| endpoint.clone()),
+            _domain: domain.clone(),
+        };
+        if bind {
+            let rc = sys::ddfi_mr_bind(mr.ptr, endpoint.fid(), 0);
+            check("fi_mr_bind", rc as i64)?;
+            let rc = sys::ddfi_mr_enable(mr.ptr);
+            check("fi_mr_enable", rc as i64)?;
+        }
+        Ok(mr)
+    }
+}
