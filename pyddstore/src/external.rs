@@ -35,7 +35,10 @@ pub fn share_of_tensor(
         .and_then(|v| v.extract())
         .map_err(what)?;
     if !contiguous {
-        return Err(value_error(py, "the share tensor must be contiguous".into()));
+        return Err(value_error(
+            py,
+            "the share tensor must be contiguous".into(),
+        ));
     }
     let dev = tensor.getattr("device").map_err(what)?;
     let dev_type: String = dev.getattr("type")?.extract()?;
@@ -60,9 +63,9 @@ pub fn share_of_tensor(
     }
     let numel: usize = tensor.call_method0("numel")?.extract()?;
     let itemsize: usize = tensor.call_method0("element_size")?.extract()?;
-    let len = numel.checked_mul(itemsize).ok_or_else(|| {
-        value_error(py, format!("the share tensor's {numel} elements overflow"))
-    })?;
+    let len = numel
+        .checked_mul(itemsize)
+        .ok_or_else(|| value_error(py, format!("the share tensor's {numel} elements overflow")))?;
     let ptr: usize = tensor.call_method0("data_ptr")?.extract()?;
     if ptr == 0 && len > 0 {
         return Err(value_error(py, "the share tensor has no memory".into()));

@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use ddstore_core::layout::Layout;
 use ddstore_core::external::HmemIface;
+use ddstore_core::layout::Layout;
 use ddstore_core::store::{OwnRows, VarInfo};
 use ddstore_core::{DType, Error, Store};
 use numpy::{PyReadonlyArray1, PyUntypedArrayMethods};

@@ -96,7 +96,9 @@ def _resolve_add_device(add_device: Any) -> tuple[torch.device, str, int] | None
             raise DDStoreValueError(f"add_device={add_device!r} needs an XPU, but torch.xpu is not available")
         index = dev.index if dev.index is not None else xpu.current_device()
         return torch.device("xpu", index), "ze", index
-    raise DDStoreValueError(f"add_device={add_device!r}: device type {dev.type!r} is not supported (cuda, xpu)")
+    raise DDStoreValueError(
+        f"add_device={add_device!r}: device type {dev.type!r} is not supported (cuda, xpu)"
+    )
 
 
 def _row_bytes_view(arr: np.ndarray, n: int, row_bytes: int) -> np.ndarray:
