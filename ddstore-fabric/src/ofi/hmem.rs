@@ -36,9 +36,8 @@ const OK: u8 = 1;
 const FAILED: u8 = 0;
 
 impl OfiTransport {
-    /// The node whose domain has FI_HMEM (opened once), and the request that
-    /// opens such a domain again in a forked child.
-    fn hmem_node(&self) -> FabricResult<(Arc<Node>, InfoRequest)> {
+    /// The node whose domain has FI_HMEM (opened once).
+    fn hmem_node(&self) -> FabricResult<Arc<Node>> {
         let request = InfoRequest {
             hmem: true,
             ..self.request.clone()
@@ -50,7 +49,7 @@ impl OfiTransport {
                     "a forked process cannot expose shares: call expose in the parent".into(),
                 ));
             }
-            return Ok((n.clone(), request));
+            return Ok(n.clone());
         }
         let info = Info::query(&request).map_err(|e| {
             FabricError::Unavailable(format!(
@@ -62,7 +61,7 @@ impl OfiTransport {
         })?;
         let node = Arc::new(Node::open(&info)?);
         *slot = Some(node.clone());
-        Ok((node, request))
+        Ok(node)
     }
 
     /// Collective: registers this rank's external share and gathers every rank's record.
@@ -75,11 +74,11 @@ impl OfiTransport {
         let len = share.len();
         let registered = self.register_external(&share);
         let mine = match &registered {
-            Ok((_, _, record, _)) => [&[OK][..], &record.encode()].concat(),
+            Ok((_, record, _)) => [&[OK][..], &record.encode()].concat(),
             Err(e) => [&[FAILED][..], e.to_string().as_bytes()].concat(),
         };
         let gathered = comm.allgather(&mine)?;
-        let (node, request, _, mr_and_memory) = registered?;
+        let (node, _, mr_and_memory) = registered?;
         let mut records = Vec::with_capacity(gathered.len());
         for (rank, raw) in gathered.into_iter().enumerate() {
             match raw.split_first() {
@@ -104,8 +103,9 @@ impl OfiTransport {
         let local: Arc<dyn Memory> = Arc::new(share);
         // The MR closes before the memory it covers is released.
         let keep = placeholder.unwrap_or_else(|| local.clone());
-        let mut shares = self.shares(node, peers, Some((mr, keep)));
-        shares.request = request;
+        // Readers read into host memory: a forked child (which must not touch
+        // the GPU runtime) opens its reader domain without FI_HMEM, as for host shares.
+        let shares = self.shares(node, peers, Some((mr, keep)));
         debug_assert_eq!(local.len(), len);
         Ok(Exposed {
             local,
@@ -124,14 +124,13 @@ impl OfiTransport {
         share: &ExternalShare,
     ) -> FabricResult<(
         Arc<Node>,
-        InfoRequest,
         ShareRecord,
         (MemoryRegion, Option<Arc<dyn Memory>>),
     )> {
-        let (node, request) = if share.iface().is_device() || hmem_forced() {
+        let node = if share.iface().is_device() || hmem_forced() {
             self.hmem_node()?
         } else {
-            (self.node()?, self.request.clone())
+            self.node()?
         };
         let (addr, reg_len, iface, device, placeholder) = if share.is_empty() {
             let page = Region::anonymous(0)
@@ -176,6 +175,6 @@ impl OfiTransport {
             mr.key(),
             share.len() as u64,
         );
-        Ok((node, request, record, (mr, placeholder)))
+        Ok((node, record, (mr, placeholder)))
     }
 }
