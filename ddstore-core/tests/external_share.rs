@@ -12,7 +12,7 @@ use ddstore_core::{Comm, Config, DType, Error, SingleComm, Store};
 const ROW: usize = 8;
 
 fn store() -> Store {
-    let comm: Arc<dyn Comm> = Arc::new(SingleComm::default());
+    let comm: Arc<dyn Comm> = Arc::new(SingleComm);
     Store::new(comm, Arc::new(NodeOnlyTransport), Config::default())
 }
 
