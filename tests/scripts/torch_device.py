@@ -163,16 +163,17 @@ def check_loaders_part() -> None:
             distributed_batches(DataLoader, ds, num_workers=2, persistent_workers=True),
             "persistent forked workers",
         )
-    # Batches for a device: direct reads with the default collate, moved there.
-    dev = torch.device(DEV) if torch.device(DEV).type != "cpu" else None
-    got = distributed_batches(ThreadDataLoader, ds, epochs=1, num_workers=1) if dev is None else None
-    if dev is not None:
-        ds_dev = make(src, device=dev)
-        got = distributed_batches(ThreadDataLoader, ds_dev, epochs=1, num_workers=1)
+    # Batches on the share's device (direct reads with the default collate): own rows are
+    # copied device to device, the rest moved there from host memory.
+    dev = torch.device(DEV)
+    ds_dev = make(src, device=dev)
+    assert iter(ThreadDataLoader(ds_dev, batch_size=4))._direct, "direct batch reads not used"
+    for workers in (0, 2):
+        got = distributed_batches(ThreadDataLoader, ds_dev, epochs=1, num_workers=workers)
         assert all(b[0].device == dev for b in got[0])
         got = [[[t.cpu() if isinstance(t, torch.Tensor) else t for t in b] for b in got[0]]]
-        ds_dev.free()
-    tc.same(want[:1], got, "ThreadDataLoader batches for the device")
+        tc.same(want[:1], got, f"ThreadDataLoader x{workers} batches on {dev}")
+    ds_dev.free()
     ds.free()
 
 

@@ -108,6 +108,17 @@ def _row_bytes_view(arr: np.ndarray, n: int, row_bytes: int) -> np.ndarray:
     return arr.reshape(-1).view(np.uint8).reshape(n, row_bytes)
 
 
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    if a.type != b.type:
+        return False
+    if a.type == "cuda":
+        current = torch.cuda.current_device
+        return (a.index if a.index is not None else current()) == (
+            b.index if b.index is not None else current()
+        )
+    return a.index == b.index
+
+
 def _sync_device(dev: torch.device) -> None:
     """Waits for copies to dev to finish, so peers read complete rows."""
     if dev.type == "cuda":
@@ -279,6 +290,19 @@ class _StoredDataset(Dataset):
         gathered = share.tensor.index_select(0, local).cpu().numpy()
         _row_bytes_view(buf, len(rows), f.row_bytes)[np.flatnonzero(mine)] = gathered
 
+    @staticmethod
+    def _own_rows_to(f: Field, share: _DeviceShare, t: torch.Tensor, rows: np.ndarray) -> None:
+        """Copies this rank's rows of f into t (a batch of len(rows) rows on the share's
+        device) on the device."""
+        mine = (rows >= share.start) & (rows < share.start + share.count)
+        if not mine.any():
+            return
+        dev = share.tensor.device
+        local = torch.from_numpy(rows[mine] - share.start).to(dev)
+        pos = torch.from_numpy(np.flatnonzero(mine)).to(dev)
+        as_bytes = t.view(torch.uint8).reshape(len(rows), f.row_bytes)
+        as_bytes.index_copy_(0, pos, share.tensor.index_select(0, local))
+
     def _read_raw(self, rows: np.ndarray, fields: list[Field], out: Any) -> dict:
         self._ensure_reader()
         n = len(rows)
@@ -354,6 +378,19 @@ class _StoredDataset(Dataset):
         batch = {}
         for f in self._select(None):
             t = torch.empty((n, *f.shape), dtype=f.torch_dtype, pin_memory=pin)
+            share = self._device_shares.get(f.var)
+            if (
+                out is None
+                and share is not None
+                and dev is not None
+                and _same_device(share.tensor.device, dev)
+            ):
+                # Own rows go device to device: no trip through host memory.
+                self._store.get_batch(f.var, t.numpy(), rows, own_rows="skip")
+                t = t.to(dev, non_blocking=pin)
+                self._own_rows_to(f, share, t, rows)
+                batch[f.key] = t
+                continue
             if out is not None:
                 buf = f.check_out(out[f.key], n)
                 self._read_into(f, buf, rows)
