@@ -35,6 +35,15 @@ fn iface_code(iface: HmemIface) -> sys::fi_hmem_iface {
 const OK: u8 = 1;
 const FAILED: u8 = 0;
 
+/// This rank's share, registered.
+struct Registered {
+    node: Arc<Node>,
+    record: ShareRecord,
+    mr: MemoryRegion,
+    /// The host page registered in place of an empty share.
+    placeholder: Option<Arc<dyn Memory>>,
+}
+
 impl OfiTransport {
     /// The node whose domain has FI_HMEM (opened once).
     fn hmem_node(&self) -> FabricResult<Arc<Node>> {
@@ -74,11 +83,16 @@ impl OfiTransport {
         let len = share.len();
         let registered = self.register_external(&share);
         let mine = match &registered {
-            Ok((_, record, _)) => [&[OK][..], &record.encode()].concat(),
+            Ok(r) => [&[OK][..], &r.record.encode()].concat(),
             Err(e) => [&[FAILED][..], e.to_string().as_bytes()].concat(),
         };
         let gathered = comm.allgather(&mine)?;
-        let (node, _, mr_and_memory) = registered?;
+        let Registered {
+            node,
+            mr,
+            placeholder,
+            ..
+        } = registered?;
         let mut records = Vec::with_capacity(gathered.len());
         for (rank, raw) in gathered.into_iter().enumerate() {
             match raw.split_first() {
@@ -99,7 +113,6 @@ impl OfiTransport {
             }
         }
         let peers = self.decode_all(&records)?;
-        let (mr, placeholder) = mr_and_memory;
         let local: Arc<dyn Memory> = Arc::new(share);
         // The MR closes before the memory it covers is released.
         let keep = placeholder.unwrap_or_else(|| local.clone());
@@ -118,15 +131,7 @@ impl OfiTransport {
 
     /// Registers the share (or, when empty, a host page nobody reads) and
     /// builds this rank's record.
-    #[allow(clippy::type_complexity)]
-    fn register_external(
-        &self,
-        share: &ExternalShare,
-    ) -> FabricResult<(
-        Arc<Node>,
-        ShareRecord,
-        (MemoryRegion, Option<Arc<dyn Memory>>),
-    )> {
+    fn register_external(&self, share: &ExternalShare) -> FabricResult<Registered> {
         let node = if share.iface().is_device() || hmem_forced() {
             self.hmem_node()?
         } else {
@@ -175,6 +180,11 @@ impl OfiTransport {
             mr.key(),
             share.len() as u64,
         );
-        Ok((node, record, (mr, placeholder)))
+        Ok(Registered {
+            node,
+            record,
+            mr,
+            placeholder,
+        })
     }
 }
