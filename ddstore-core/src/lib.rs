@@ -9,6 +9,7 @@ pub mod comm;
 pub mod config;
 pub mod dtype;
 pub mod error;
+pub mod external;
 pub mod file_comm;
 pub mod layout;
 pub mod node_only;

@@ -7,11 +7,12 @@ use std::time::Instant;
 
 use crate::comm::Comm;
 use crate::dtype::DType;
+use crate::external::ExternalShare;
 use crate::layout::Layout;
 use crate::plan::{validate_rows, Plan, Segment};
 use crate::profile::{Counters, Profile};
 use crate::region::{map_node_peers, process_alive, Memory, NodeLocator};
-use crate::transport::{ExposeOptions, RemoteRead, RemoteShares, ShareReader, Transport};
+use crate::transport::{ExposeOptions, Exposed, RemoteRead, RemoteShares, ShareReader, Transport};
 use crate::{Config, Error, Result};
 
 /// Bytes of same-node copies in one batch above which copies run on several threads.
@@ -68,6 +69,22 @@ struct InitRecord {
     row_bytes: usize,
     dtype: DType,
     exists: bool,
+    /// Why this rank cannot create the variable (reported by every rank).
+    #[serde(default)]
+    problem: Option<String>,
+}
+
+/// What a read does with rows of this rank's own share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnRows {
+    /// Copy them from memory (host shares).
+    Copy,
+    /// Leave their destination bytes untouched: the caller reads them itself
+    /// (device shares, read with torch on the device).
+    Skip,
+    /// Read them through the transport like other ranks' rows (device
+    /// shares in a forked process, which cannot use the device).
+    Transport,
 }
 
 impl Store {
@@ -133,6 +150,44 @@ impl Store {
     /// checks every rank's announcement, so a mismatch fails everywhere
     /// with the same message instead of hanging.
     pub fn init(&self, name: &str, rows: u64, row_bytes: usize, dtype: DType) -> Result<()> {
+        self.init_with(name, rows, row_bytes, dtype, None, |t, len, opts| {
+            t.expose(&self.comm, len, opts)
+        })
+    }
+
+    /// Collective: as [`Store::init`], with this rank's share in `share`
+    /// (caller-owned memory, e.g. a GPU buffer of exactly `rows * row_bytes`
+    /// bytes). Rows of such a share are written and, on a device, read by
+    /// the caller; other ranks read them through the transport.
+    pub fn init_external(
+        &self,
+        name: &str,
+        rows: u64,
+        row_bytes: usize,
+        dtype: DType,
+        share: ExternalShare,
+    ) -> Result<()> {
+        let want = (rows as u128) * (row_bytes as u128);
+        let problem = (share.len() as u128 != want).then(|| {
+            format!(
+                "its external share has {} bytes, expected {rows} rows x {row_bytes} bytes = {want}",
+                share.len()
+            )
+        });
+        self.init_with(name, rows, row_bytes, dtype, problem, |t, _, opts| {
+            t.expose_external(&self.comm, share, opts)
+        })
+    }
+
+    fn init_with(
+        &self,
+        name: &str,
+        rows: u64,
+        row_bytes: usize,
+        dtype: DType,
+        problem: Option<String>,
+        expose: impl FnOnce(&Arc<dyn Transport>, usize, &ExposeOptions) -> Result<Exposed>,
+    ) -> Result<()> {
         self.check_live()?;
         let mine = InitRecord {
             name: name.to_string(),
@@ -140,6 +195,7 @@ impl Store {
             row_bytes,
             dtype,
             exists: self.vars.read().unwrap().contains_key(name),
+            problem,
         };
         let all = self
             .comm
@@ -162,6 +218,9 @@ impl Store {
             }
             if rec.exists {
                 return Err(Error::AlreadyExists(name.to_string()));
+            }
+            if let Some(p) = &rec.problem {
+                return Err(Error::invalid(format!("variable '{name}': rank {r}: {p}")));
             }
             if rec.row_bytes != row_bytes || rec.dtype != dtype {
                 return Err(Error::invalid(format!(
@@ -191,7 +250,7 @@ impl Store {
             name: name.to_string(),
             node_sharing: self.config.node_sharing,
         };
-        let exposed = self.transport()?.expose(&self.comm, len, &opts)?;
+        let exposed = expose(&self.transport()?, len, &opts)?;
         let var = Variable {
             name: name.to_string(),
             info: VarInfo {
@@ -316,6 +375,17 @@ impl Store {
     /// Reads global rows (any order, repeats) into `out`, row i at `i * row_bytes`.
     /// Every index is checked before a byte moves.
     pub fn read_rows(&self, name: &str, rows: &[i64], out: &mut [u8]) -> Result<()> {
+        self.read_rows_with(name, rows, out, OwnRows::Copy)
+    }
+
+    /// As [`Store::read_rows`], with rows of this rank's share handled as `own` says.
+    pub fn read_rows_with(
+        &self,
+        name: &str,
+        rows: &[i64],
+        out: &mut [u8],
+        own: OwnRows,
+    ) -> Result<()> {
         let var = self.var(name)?;
         let rb = var.info.row_bytes;
         if out.len() != rows.len() * rb {
@@ -332,9 +402,9 @@ impl Store {
             &rows,
             rb,
             self.config.max_read_bytes,
-            |o| var.is_remote(o),
+            |o| var.is_remote(o) || (own == OwnRows::Transport && var.my_rank == Some(o)),
         )?;
-        self.watch(var.execute(&plan, out, rows.len()))
+        self.watch(var.execute(&plan, out, rows.len(), own))
     }
 
     /// Reads `out.len() / row_bytes` consecutive rows starting at `start`,
@@ -373,7 +443,7 @@ impl Store {
             self.config.max_read_bytes,
             |_| false,
         )?;
-        self.watch(var.execute(&plan, out, rows.len()))
+        self.watch(var.execute(&plan, out, rows.len(), OwnRows::Copy))
     }
 
     /// The transport's ceiling for benchmarks: one read per row straight
@@ -477,13 +547,17 @@ impl Variable {
         Some(owner) != self.my_rank && self.node_peers.get(owner).is_none_or(|p| p.is_none())
     }
 
-    fn execute(&self, plan: &Plan, out: &mut [u8], nrows: usize) -> Result<()> {
+    fn execute(&self, plan: &Plan, out: &mut [u8], nrows: usize, own: OwnRows) -> Result<()> {
         let rb = self.info.row_bytes;
         let mut copies: Vec<(&Segment, &dyn Memory)> = Vec::new();
         let mut remote: Vec<RemoteRead> = Vec::new();
         let (mut local_bytes, mut node_bytes) = (0usize, 0usize);
+        let mut skipped_bytes = 0usize;
         for seg in &plan.segments {
-            if Some(seg.owner) == self.my_rank {
+            let is_own = Some(seg.owner) == self.my_rank;
+            if is_own && own == OwnRows::Skip {
+                skipped_bytes += seg.len;
+            } else if is_own && own == OwnRows::Copy {
                 let local = self.local.as_deref().expect("a member has a local share");
                 copies.push((seg, local));
                 local_bytes += seg.len;
@@ -519,7 +593,8 @@ impl Variable {
         Counters::add(&c.calls, 1);
         Counters::add(&c.rows, nrows as u64);
         Counters::add(&c.bytes, (nrows * rb) as u64);
-        Counters::add(&c.local_rows, (local_bytes / rb) as u64);
+        // Skipped rows are own rows the caller copies.
+        Counters::add(&c.local_rows, ((local_bytes + skipped_bytes) / rb) as u64);
         Counters::add(&c.node_rows, (node_bytes / rb) as u64);
         Counters::add(
             &c.remote_rows,

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use crate::comm::Comm;
+use crate::external::{expose_alone, ExternalShare};
 use crate::region::{Memory, NodeLocator};
 use crate::Result;
 
@@ -47,6 +48,18 @@ pub trait Transport: Send + Sync {
     /// Collective over `comm`: allocates (or registers) `len` bytes for this
     /// rank's share and makes every rank's share readable by every rank.
     fn expose(&self, comm: &Arc<dyn Comm>, len: usize, opts: &ExposeOptions) -> Result<Exposed>;
+    /// Collective over `comm`: as `expose`, for a share in memory the caller
+    /// owns (device memory, see [`ExternalShare`]). Never shared on the node
+    /// through shared memory. Transports without device-memory registration
+    /// serve a one-rank group only.
+    fn expose_external(
+        &self,
+        comm: &Arc<dyn Comm>,
+        share: ExternalShare,
+        _opts: &ExposeOptions,
+    ) -> Result<Exposed> {
+        expose_alone(&self.name(), comm, share)
+    }
     /// Method 2: reach shares another job published (`Exposed::records`).
     fn attach(&self, records: &[Vec<u8>]) -> Result<Arc<dyn RemoteShares>>;
 }

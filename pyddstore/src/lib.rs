@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 mod buffer;
 mod comm;
 mod errors;
+mod external;
 mod methods;
 mod store;
 

@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use ddstore_core::external::HmemIface;
 use ddstore_core::layout::Layout;
-use ddstore_core::store::VarInfo;
+use ddstore_core::store::{OwnRows, VarInfo};
 use ddstore_core::{DType, Error, Store};
 use numpy::{PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -73,7 +74,7 @@ impl PyStore {
         name: String,
         arr: Bound<'_, PyAny>,
         indices: Bound<'_, PyAny>,
-        read: fn(&Store, &str, &[i64], &mut [u8]) -> ddstore_core::Result<()>,
+        read: impl FnOnce(&Store, &str, &[i64], &mut [u8]) -> ddstore_core::Result<()> + Send,
     ) -> PyResult<()> {
         let rows = indices_of(&indices)?;
         let mut a = Array::new(&arr, &format!("{call}('{name}', arr)"), true)?;
@@ -294,15 +295,76 @@ impl PyStore {
         py.detach(|| store.get(&name, start, out)).py(py)
     }
 
-    /// Row i of `arr` receives global row `indices[i]`.
+    /// Row i of `arr` receives global row `indices[i]`. `own_rows`: what
+    /// happens to rows of this rank's share: "copy" (memcpy, the default),
+    /// "skip" (left untouched, for the caller to fill: device shares) or
+    /// "transport" (read like other ranks' rows: device shares in a forked
+    /// process).
+    #[pyo3(signature = (name, arr, indices, own_rows=None))]
     fn get_batch(
         &self,
         py: Python<'_>,
         name: String,
         arr: Bound<'_, PyAny>,
         indices: Bound<'_, PyAny>,
+        own_rows: Option<&str>,
     ) -> PyResult<()> {
-        self.read_indexed(py, "get_batch", name, arr, indices, Store::read_rows)
+        let own = match own_rows.unwrap_or("copy") {
+            "copy" => OwnRows::Copy,
+            "skip" => OwnRows::Skip,
+            "transport" => OwnRows::Transport,
+            other => {
+                return Err(value_error(
+                    py,
+                    format!(
+                        "get_batch('{name}'): own_rows={other:?} is not one of 'copy', 'skip', 'transport'"
+                    ),
+                ))
+            }
+        };
+        self.read_indexed(py, "get_batch", name, arr, indices, move |s, n, r, o| {
+            s.read_rows_with(n, r, o, own)
+        })
+    }
+
+    /// Collective: creates `name` with this rank's share in `tensor`'s memory
+    /// (a contiguous tensor of exactly `nrows * row_bytes` bytes on device
+    /// `device` of interface `iface`: "cuda", "rocr", "ze", or "system" for
+    /// host memory). The store keeps a reference to the tensor; it must not be
+    /// resized. Rows are written by the caller; on a device, this rank reads
+    /// its own rows itself (`get_batch(..., own_rows="skip")`).
+    #[allow(clippy::too_many_arguments)] // init's arguments plus the share's memory
+    #[pyo3(signature = (name, nrows, row_bytes, tensor, iface, device=0, itemsize=1, dtype=None))]
+    fn init_external(
+        &self,
+        py: Python<'_>,
+        name: String,
+        nrows: i64,
+        row_bytes: i64,
+        tensor: Bound<'_, PyAny>,
+        iface: &str,
+        device: i32,
+        itemsize: usize,
+        dtype: Option<&str>,
+    ) -> PyResult<()> {
+        if nrows < 0 || row_bytes <= 0 {
+            return Err(value_error(
+                py,
+                format!("init_external('{name}'): nrows={nrows} must be >= 0 and row_bytes={row_bytes} >= 1"),
+            ));
+        }
+        let dtype = match dtype {
+            Some(d) => DType::parse(d).py(py)?,
+            None => DType::Bytes,
+        };
+        let iface = HmemIface::parse(iface).py(py)?;
+        let share = crate::external::share_of_tensor(&tensor, iface, device)?;
+        let store = self.store.clone();
+        let n = name.clone();
+        py.detach(move || store.init_external(&n, nrows as u64, row_bytes as usize, dtype, share))
+            .py(py)?;
+        self.itemsizes.lock().unwrap().insert(name, itemsize.max(1));
+        Ok(())
     }
 
     /// Benchmark ceiling: `get_batch` without planning, each row one

@@ -25,7 +25,7 @@ pub struct InfoRequest {
     pub domain: Option<String>,
     /// A local address to bind to (`FI_SOURCE`), e.g. the IP of an interface.
     pub node: Option<String>,
-    /// Declare `FI_MR_HMEM` (shares in device memory).
+    /// Ask for `FI_HMEM` and declare `FI_MR_HMEM` (shares in device memory).
     pub hmem: bool,
 }
 
@@ -69,6 +69,9 @@ impl Info {
             h.mode = sys::FI_CONTEXT | sys::FI_CONTEXT2;
             let mut mr_mode = MR_MODES;
             if req.hmem {
+                // Device memory: ask for the capability and declare we
+                // register device buffers (FI_MR_HMEM).
+                h.caps |= sys::FI_HMEM;
                 mr_mode |= sys::FI_MR_HMEM as u64;
             }
             (*h.domain_attr).mr_mode = mr_mode as i32;
@@ -162,10 +165,15 @@ impl Drop for Info {
 
 fn describe(req: &InfoRequest) -> String {
     format!(
-        "provider {}, domain {}, node {}",
+        "provider {}, domain {}, node {}{}",
         req.provider.as_deref().unwrap_or("(any)"),
         req.domain.as_deref().unwrap_or("(any)"),
-        req.node.as_deref().unwrap_or("(any)")
+        req.node.as_deref().unwrap_or("(any)"),
+        if req.hmem {
+            ", device memory (FI_HMEM)"
+        } else {
+            ""
+        }
     )
 }
 

@@ -41,17 +41,9 @@ impl MemoryRegion {
         len: usize,
         access: u64,
     ) -> FabricResult<MemoryRegion> {
-        let provider_keys = domain.requires(sys::FI_MR_PROV_KEY);
         let mut ptr = ptr::null_mut();
-        let mut rc;
-        let mut tries = 0;
-        loop {
-            let requested_key = if provider_keys {
-                0
-            } else {
-                domain.unique_key()
-            };
-            rc = sys::ddfi_mr_reg(
+        let rc = with_fresh_key(domain, |requested_key| {
+            sys::ddfi_mr_reg(
                 domain.as_ptr(),
                 addr as *const c_void,
                 len,
@@ -61,14 +53,24 @@ impl MemoryRegion {
                 0,
                 &mut ptr,
                 ptr::null_mut(),
-            );
-            tries += 1;
-            // A random key that happens to be taken: draw another.
-            if provider_keys || rc != -(sys::FI_ENOKEY as i32) || tries == 4 {
-                break;
-            }
-        }
+            )
+        });
         check("fi_mr_reg", rc as i64)?;
+        Self::finish(domain, endpoint, ptr, addr, len)
+    }
+
+    /// Wraps a registered `ptr`; for FI_MR_ENDPOINT binds it to `endpoint`
+    /// and enables it.
+    ///
+    /// # Safety
+    /// `ptr` is a live MR of `domain` covering `addr..addr+len`, owned by the result.
+    unsafe fn finish(
+        domain: &Arc<Domain>,
+        endpoint: &Arc<Endpoint>,
+        ptr: *mut sys::fid_mr,
+        addr: *const u8,
+        len: usize,
+    ) -> FabricResult<MemoryRegion> {
         let bind = domain.requires(sys::FI_MR_ENDPOINT);
         let mr = MemoryRegion {
             ptr,
@@ -113,4 +115,65 @@ impl Drop for MemoryRegion {
         // SAFETY: ptr is a live MR; closed exactly once, before its endpoint and domain.
         unsafe { sys::ddfi_close(ptr::addr_of_mut!((*self.ptr).fid)) };
     }
+}
+
+/// Registration of memory that may be on a device (`fi_mr_regattr` with
+/// `iface` and device id), for shares held in GPU memory. Kept apart from
+/// [`MemoryRegion::register`]; keys are chosen the same way.
+impl MemoryRegion {
+    /// Registers `addr..addr+len`, memory of interface `iface` (an
+    /// `fi_hmem_iface`) on device `device`, for `access`.
+    ///
+    /// # Safety
+    /// The memory must stay allocated (on that device) for as long as the
+    /// returned value lives.
+    pub unsafe fn register_hmem(
+        domain: &Arc<Domain>,
+        endpoint: &Arc<Endpoint>,
+        addr: *const u8,
+        len: usize,
+        access: u64,
+        iface: sys::fi_hmem_iface,
+        device: i32,
+    ) -> FabricResult<MemoryRegion> {
+        let iov = sys::iovec {
+            iov_base: addr as *mut c_void,
+            iov_len: len,
+        };
+        // All-zero is a valid fi_mr_attr (pointers, integers, a union of integers).
+        let mut attr: sys::fi_mr_attr = std::mem::zeroed();
+        attr.mr_iov = &iov;
+        attr.iov_count = 1;
+        attr.access = access;
+        attr.iface = iface;
+        // Every member of the union is the device ordinal (cuda, ze, neuron, ...);
+        // ROCm and system memory take none.
+        attr.device.reserved = 0;
+        if iface == sys::FI_HMEM_CUDA || iface == sys::FI_HMEM_ZE {
+            attr.device.cuda = device;
+        }
+        let mut ptr = ptr::null_mut();
+        let rc = with_fresh_key(domain, |requested_key| {
+            attr.requested_key = requested_key;
+            sys::ddfi_mr_regattr(domain.as_ptr(), &attr, 0, &mut ptr)
+        });
+        check("fi_mr_regattr", rc as i64)?;
+        Self::finish(domain, endpoint, ptr, addr, len)
+    }
+}
+
+/// Runs a registration with a key we pick (0 under FI_MR_PROV_KEY, where the
+/// provider picks); a random key that happens to be taken is drawn again.
+fn with_fresh_key(domain: &Domain, mut register: impl FnMut(u64) -> i32) -> i32 {
+    if domain.requires(sys::FI_MR_PROV_KEY) {
+        return register(0);
+    }
+    let mut rc = register(domain.unique_key());
+    for _ in 0..3 {
+        if rc != -(sys::FI_ENOKEY as i32) {
+            break;
+        }
+        rc = register(domain.unique_key());
+    }
+    rc
 }

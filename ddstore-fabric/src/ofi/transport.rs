@@ -4,6 +4,7 @@ use std::sync::{Arc, Mutex, Once};
 
 use ddstore_core::comm::Comm;
 use ddstore_core::config::Config;
+use ddstore_core::external::ExternalShare;
 use ddstore_core::region::{share_on_node, Memory, Region};
 use ddstore_core::transport::{ExposeOptions, Exposed, RemoteShares, ShareReader, Transport};
 use libfabric_sys as sys;
@@ -69,6 +70,10 @@ fn default_libfabric_settings(config: &Config, provider: &str) {
 /// rxm's receive buffer size for the (control-only) messages of a store.
 const RXM_BUFFER_BYTES: usize = 1024;
 
+// Shares in device memory (FI_HMEM); a child module, for this file's private items.
+#[path = "hmem.rs"]
+mod hmem;
+
 /// Opens fabric and domain from the first entry of `info`.
 fn open_domain(info: &Info) -> FabricResult<Arc<Domain>> {
     let fabric = Arc::new(Fabric::open(info)?);
@@ -118,6 +123,8 @@ pub struct OfiTransport {
     request: InfoRequest,
     info: Info,
     node: Mutex<Option<Arc<Node>>>,
+    /// The node of a domain opened with FI_HMEM, for device shares (opened on first use).
+    hmem_node: Mutex<Option<Arc<Node>>>,
 }
 
 impl OfiTransport {
@@ -172,6 +179,7 @@ impl OfiTransport {
             request,
             info,
             node: Mutex::new(None),
+            hmem_node: Mutex::new(None),
         })
     }
 
@@ -201,7 +209,7 @@ impl OfiTransport {
         &self,
         node: Arc<Node>,
         peers: Vec<ShareRecord>,
-        exposed: Option<(MemoryRegion, Arc<Region>)>,
+        exposed: Option<(MemoryRegion, Arc<dyn Memory>)>,
     ) -> OfiShares {
         OfiShares {
             _exposed: exposed,
@@ -271,7 +279,7 @@ impl OfiTransport {
         let records = comm.allgather(&mine.encode())?;
         let peers = self.decode_all(&records)?;
         let local: Arc<dyn Memory> = region.clone();
-        let shares = self.shares(node, peers, Some((mr, region)));
+        let shares = self.shares(node, peers, Some((mr, region as Arc<dyn Memory>)));
         Ok(Exposed {
             local,
             node_peers,
@@ -296,6 +304,15 @@ impl Transport for OfiTransport {
         self.expose_inner(comm, len, opts)
     }
 
+    fn expose_external(
+        &self,
+        comm: &Arc<dyn Comm>,
+        share: ExternalShare,
+        opts: &ExposeOptions,
+    ) -> ddstore_core::Result<Exposed> {
+        self.expose_hmem(comm, share, opts)
+    }
+
     fn attach(&self, records: &[Vec<u8>]) -> ddstore_core::Result<Arc<dyn RemoteShares>> {
         let peers = self.decode_all(records)?;
         let node = self.node()?;
@@ -306,7 +323,7 @@ impl Transport for OfiTransport {
 /// Every rank's share of one variable, readable through [`OfiReader`]s.
 pub struct OfiShares {
     // Close order: our share's MR (then its memory), then the node.
-    _exposed: Option<(MemoryRegion, Arc<Region>)>,
+    _exposed: Option<(MemoryRegion, Arc<dyn Memory>)>,
     node: Arc<Node>,
     peers: Arc<Vec<ShareRecord>>,
     request: InfoRequest,

@@ -1,6 +1,6 @@
 """Type stubs of the PyO3 extension ``pyddstore._native`` (use the pure-Python API in ``pyddstore``)."""
 
-from typing import Any, Optional, Sequence
+from typing import Any, Literal, Optional, Sequence
 
 import numpy as np
 
@@ -56,7 +56,24 @@ class Store:
     def add(self, name: str, arr: np.ndarray) -> None: ...
     def update(self, name: str, arr: np.ndarray, offset: int = 0) -> None: ...
     def get(self, name: str, arr: np.ndarray, start: int = 0) -> None: ...
-    def get_batch(self, name: str, arr: np.ndarray, indices: Sequence[int] | np.ndarray) -> None: ...
+    def get_batch(
+        self,
+        name: str,
+        arr: np.ndarray,
+        indices: Sequence[int] | np.ndarray,
+        own_rows: Optional[Literal["copy", "skip", "transport"]] = None,
+    ) -> None: ...
+    def init_external(
+        self,
+        name: str,
+        nrows: int,
+        row_bytes: int,
+        tensor: Any,
+        iface: Literal["system", "cuda", "rocr", "ze"],
+        device: int = 0,
+        itemsize: int = 1,
+        dtype: Optional[str] = None,
+    ) -> None: ...
     def get_batch_raw(self, name: str, arr: np.ndarray, indices: Sequence[int] | np.ndarray) -> None: ...
     def info(self, name: str) -> tuple[int, int, int]: ...
     def dtype(self, name: str) -> str: ...

@@ -10,7 +10,6 @@ import os
 import pickle
 import sys
 import time
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -29,6 +28,7 @@ from pyddstore import (
     PyDDStore,
 )
 from pyddstore._handshake import wait_and_read, write_private
+from pyddstore._store import _dtype_name
 
 from ._schema import (
     META_VERSION,
@@ -54,6 +54,77 @@ def _env_flag(name: str, default: str) -> bool:
 
 def _quiet() -> bool:
     return _env_flag("DDSTORE_QUIET", "0")
+
+
+class _DeviceShare:
+    """This rank's share of one field in device memory (add_device=): a (rows, row_bytes)
+    uint8 tensor the native store registered with the fabric, holding global rows
+    [start, start + count)."""
+
+    def __init__(self, tensor: torch.Tensor, start: int, count: int):
+        self.tensor = tensor
+        self.start = start
+        self.count = count
+
+
+def _resolve_add_device(add_device: Any) -> tuple[torch.device, str, int] | None:
+    """(device, memory interface, device index) for add_device=, or None for host storage.
+
+    DDSTORE_TEST_HOST_AS_DEVICE=1 (tests) takes add_device="cpu" as device memory of interface
+    "system": the share is a CPU tensor registered and read exactly like a GPU share."""
+    if add_device is None or add_device is False:
+        return None
+    try:
+        dev = torch.device("cuda" if add_device is True else add_device)
+    except (RuntimeError, TypeError) as e:
+        raise DDStoreValueError(f"add_device={add_device!r} is not a device: {e}") from None
+    if dev.type == "cpu":
+        if _env_flag("DDSTORE_TEST_HOST_AS_DEVICE", "0"):
+            return dev, "system", 0
+        raise DDStoreValueError(
+            f"add_device={add_device!r} needs a GPU device (e.g. 'cuda'); shares are on the host without it"
+        )
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DDStoreValueError(f"add_device={add_device!r} needs a GPU, but torch.cuda is not available")
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        iface = "rocr" if getattr(torch.version, "hip", None) else "cuda"
+        return torch.device("cuda", index), iface, index
+    if dev.type == "xpu":
+        xpu = getattr(torch, "xpu", None)
+        if xpu is None or not xpu.is_available():
+            raise DDStoreValueError(f"add_device={add_device!r} needs an XPU, but torch.xpu is not available")
+        index = dev.index if dev.index is not None else xpu.current_device()
+        return torch.device("xpu", index), "ze", index
+    raise DDStoreValueError(
+        f"add_device={add_device!r}: device type {dev.type!r} is not supported (cuda, xpu)"
+    )
+
+
+def _row_bytes_view(arr: np.ndarray, n: int, row_bytes: int) -> np.ndarray:
+    """arr (n rows, C-contiguous) as an (n, row_bytes) uint8 view of the same memory."""
+    if not arr.flags.c_contiguous:
+        raise DDStoreValueError("the destination buffer must be C-contiguous")
+    return arr.reshape(-1).view(np.uint8).reshape(n, row_bytes)
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    if a.type != b.type:
+        return False
+    if a.type == "cuda":
+        current = torch.cuda.current_device
+        return (a.index if a.index is not None else current()) == (
+            b.index if b.index is not None else current()
+        )
+    return a.index == b.index
+
+
+def _sync_device(dev: torch.device) -> None:
+    """Waits for copies to dev to finish, so peers read complete rows."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    elif dev.type == "xpu":
+        torch.xpu.synchronize(dev)
 
 
 def _sum_profiles(profiles: list[dict]) -> dict:
@@ -100,6 +171,8 @@ class _StoredDataset(Dataset):
         self._reader_pid = self._pid
         self._buffer_sets: list[Buffers] = []
         self._freed = False
+        if not hasattr(self, "_device_shares"):
+            self._device_shares: dict[str, _DeviceShare] = {}
 
     # -- description ----------------------------------------------------------------------
 
@@ -193,11 +266,42 @@ class _StoredDataset(Dataset):
             ) from None
 
     def _read_into(self, f: Field, buf: np.ndarray, rows: np.ndarray) -> None:
-        if _env_flag("DDSTORE_BATCH_GET", "1"):
+        share = self._device_shares.get(f.var)
+        if share is not None:
+            self._read_device_share(f, share, buf, rows)
+        elif _env_flag("DDSTORE_BATCH_GET", "1"):
             self._store.get_batch(f.var, buf, rows)
         else:
             for j, r in enumerate(rows.tolist()):
                 self._store.get(f.var, buf[j : j + 1], start=r)
+
+    def _read_device_share(self, f: Field, share: _DeviceShare, buf: np.ndarray, rows: np.ndarray) -> None:
+        """Other ranks' rows through the fabric; this rank's own rows gathered on the device and
+        copied once into buf. A forked process cannot use the device: it reads its own rows
+        through the fabric too (from the parent's registered share)."""
+        if self._in_forked_child():
+            self._store.get_batch(f.var, buf, rows, own_rows="transport")
+            return
+        self._store.get_batch(f.var, buf, rows, own_rows="skip")
+        mine = (rows >= share.start) & (rows < share.start + share.count)
+        if not mine.any():
+            return
+        local = torch.from_numpy(rows[mine] - share.start).to(share.tensor.device)
+        gathered = share.tensor.index_select(0, local).cpu().numpy()
+        _row_bytes_view(buf, len(rows), f.row_bytes)[np.flatnonzero(mine)] = gathered
+
+    @staticmethod
+    def _own_rows_to(f: Field, share: _DeviceShare, t: torch.Tensor, rows: np.ndarray) -> None:
+        """Copies this rank's rows of f into t (a batch of len(rows) rows on the share's
+        device) on the device."""
+        mine = (rows >= share.start) & (rows < share.start + share.count)
+        if not mine.any():
+            return
+        dev = share.tensor.device
+        local = torch.from_numpy(rows[mine] - share.start).to(dev)
+        pos = torch.from_numpy(np.flatnonzero(mine)).to(dev)
+        as_bytes = t.view(torch.uint8).reshape(len(rows), f.row_bytes)
+        as_bytes.index_copy_(0, pos, share.tensor.index_select(0, local))
 
     def _read_raw(self, rows: np.ndarray, fields: list[Field], out: Any) -> dict:
         self._ensure_reader()
@@ -234,7 +338,10 @@ class _StoredDataset(Dataset):
         columns = {}
         for f in self._select(None):
             buf = f.alloc(1)
-            self._store.get(f.var, buf, start=i)
+            if f.var in self._device_shares:
+                self._read_into(f, buf, np.array([i], dtype=np.int64))
+            else:
+                self._store.get(f.var, buf, start=i)
             columns[f.key] = f.column(self._values(f, buf, dev))
         sample = self._schema.build(columns, 1)[0]
         return self._decode(sample, i) if self._decode is not None else sample
@@ -271,6 +378,19 @@ class _StoredDataset(Dataset):
         batch = {}
         for f in self._select(None):
             t = torch.empty((n, *f.shape), dtype=f.torch_dtype, pin_memory=pin)
+            share = self._device_shares.get(f.var)
+            if (
+                out is None
+                and share is not None
+                and dev is not None
+                and _same_device(share.tensor.device, dev)
+            ):
+                # Own rows go device to device: no trip through host memory.
+                self._store.get_batch(f.var, t.numpy(), rows, own_rows="skip")
+                t = t.to(dev, non_blocking=pin)
+                self._own_rows_to(f, share, t, rows)
+                batch[f.key] = t
+                continue
             if out is not None:
                 buf = f.check_out(out[f.key], n)
                 self._read_into(f, buf, rows)
@@ -318,6 +438,7 @@ class _StoredDataset(Dataset):
         for b in list(self._buffer_sets):
             self.release(b)
         self._freed = True
+        self._device_shares = {}  # the native store's references go with free()
         if getattr(self, "_meta_path", None):  # the core stops serving: readers must not find it
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._meta_path)
@@ -420,9 +541,15 @@ class DistDataset(_StoredDataset):
     numpy records (stored as bytes) with the same layout. One store variable per field, named
     f"{name}/{key}".
 
-    add_device=: the native layer keeps shares in host memory only, so the share is stored on
-    the host (a warning says so) and reads work as without it; combine with device= to get
-    batches on the GPU.
+    add_device= (e.g. "cuda", "cuda:1", a torch.device, or True for the current GPU): each
+    rank's share of every field lives in that device's memory, registered with libfabric
+    (FI_HMEM: GPUDirect RDMA on cxi and verbs), so other ranks read it with one-sided reads
+    straight from the GPU. Needs method=1 or 2 (method=0 with several ranks raises
+    DDStoreUnsupportedError; a one-process store works) and a provider with FI_HMEM (else a
+    DDStoreUnsupportedError names the provider). The share is loaded through a host buffer of
+    one chunk. This rank's own rows are gathered on the device with torch and copied once; read
+    rows arrive in host memory (device= moves batches to the GPU). Forked DataLoader workers
+    read every row, their own too, through the fabric. chunk_size= cannot be combined with it.
     """
 
     def __init__(
@@ -455,16 +582,8 @@ class DistDataset(_StoredDataset):
             raise DDStoreValueError(
                 "chunk_size= loads the share into host storage; it cannot be used with add_device="
             )
-        if add_device is not None and add_device is not False:
-            if not torch.cuda.is_available():
-                raise DDStoreValueError(
-                    f"add_device={add_device!r} needs a GPU, but torch.cuda is not available"
-                )
-            warnings.warn(
-                "add_device=: the native store keeps shares in host memory only; "
-                "this rank's share stays on the host",
-                stacklevel=2,
-            )
+        self._share_device = _resolve_add_device(add_device)
+        self._device_shares = {}
         self.name = name
         self._add_device = add_device
         hs = handshake_dir if handshake_dir is not None else os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
@@ -523,7 +642,10 @@ class DistDataset(_StoredDataset):
         start, count = share_of(n, size, rank)
         for f in schema.fields:
             disp, itemsize, dtype = f.init_args()
-            store.init(f.var, count, disp, itemsize=itemsize, dtype=dtype)
+            if self._share_device is None:
+                store.init(f.var, count, disp, itemsize=itemsize, dtype=dtype)
+            else:
+                self._init_device_share(store, f, start, count)
         quiet = _quiet()
         bar = _progress(count, rank == 0 and not quiet, f"loading {self.name}")
         t0 = time.perf_counter()
@@ -541,6 +663,8 @@ class DistDataset(_StoredDataset):
         finally:
             if bar is not None:
                 bar.close()
+        if err is None and self._share_device is not None:
+            _sync_device(self._share_device[0])
         secs = time.perf_counter() - t0
         nbytes = count * sum(f.row_bytes for f in schema.fields)
         results = store.allgather((payload, nbytes, secs))
@@ -557,6 +681,32 @@ class DistDataset(_StoredDataset):
                 flush=True,
             )
 
+    def _init_device_share(self, store: Any, f: Field, start: int, count: int) -> None:
+        """Collective: allocates this rank's share of f on the device and registers it."""
+        dev, iface, index = self._share_device
+        tensor = torch.empty((count, f.row_bytes), dtype=torch.uint8, device=dev)
+        disp, itemsize, dtype = f.init_args()
+        if dtype is not None:
+            itemsize = np.dtype(dtype).itemsize
+        store._native.init_external(
+            f.var, count, f.row_bytes, tensor, iface, index, itemsize=itemsize, dtype=_dtype_name(dtype)
+        )
+        store._published(f.var)
+        self._device_shares[f.var] = _DeviceShare(tensor, start, count)
+
+    def _put(self, store: Any, f: Field, rows: np.ndarray, offset: int) -> None:
+        """Writes rows of this rank's share from offset: to the store, or (add_device=) one
+        host-to-device copy into the registered device share."""
+        share = self._device_shares.get(f.var)
+        if share is None:
+            store.update(f.var, rows, offset=offset)
+            return
+        host = np.ascontiguousarray(rows)
+        n = len(host)
+        if offset < 0 or offset + n > share.count:
+            raise DDStoreIndexError(f"rows {offset}..{offset + n} do not fit this rank's {share.count} rows")
+        share.tensor[offset : offset + n].copy_(torch.from_numpy(_row_bytes_view(host, n, f.row_bytes)))
+
     @staticmethod
     def _chunk_rows(count: int, chunk_size: int | None, default: int) -> int:
         if chunk_size is not None:
@@ -570,7 +720,7 @@ class DistDataset(_StoredDataset):
         for a in range(0, count, step):
             b = min(count, a + step)
             for f in schema.fields:
-                store.update(f.var, _bulk_slice(arrays[f.key], start + a, start + b, f), offset=a)
+                self._put(store, f, _bulk_slice(arrays[f.key], start + a, start + b, f), a)
                 _drop_mapped_pages(arrays[f.key])
             if bar is not None:
                 bar.update(b - a)
@@ -595,7 +745,7 @@ class DistDataset(_StoredDataset):
                 for j, (idx, sample) in enumerate(zip(indices, samples)):
                     filler.put(j, sample, idx)
                 for f, view in zip(schema.fields, filler.store_views(c)):
-                    store.update(f.var, view, offset=a)
+                    self._put(store, f, view, a)
                 if bar is not None:
                     bar.update(c)
         finally:
