@@ -78,6 +78,12 @@ def write_private(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+# The random token of each (handshake_dir, group) this process publishes in, with the
+# number of live publishers using it: every store of a core job signs with one token,
+# and the token file stays until the last of them withdraws.
+_JOB_TOKENS: dict[tuple[str, int], list] = {}
+
+
 class Publisher:
     """Core side: rank 0 of each group writes one record per variable."""
 
@@ -85,15 +91,24 @@ class Publisher:
         self.store = store
         self.directory = directory
         self.paths: list[str] = []
+        self.token_key: tuple[str, int] | None = None
         given = os.environ.get(TOKEN_ENV, "")
         if store.rank == 0:
             ensure_private_dir(directory)
+        if given:
+            self.token = given
+            return
         # One token per core job, known to every core rank.
-        self.token = given or store.allgather(secrets.token_hex(16) if store.rank == 0 else None)[0]
-        if store.rank == 0 and not given:
-            path = token_path(directory, store.group_id)
-            write_private(path, self.token.encode())
-            self.paths.append(path)
+        key = (os.path.realpath(directory), store.group_id)
+        known = _JOB_TOKENS.get(key)
+        mine = known[0] if known else secrets.token_hex(16)
+        self.token = store.allgather(mine if store.rank == 0 else None)[0]
+        entry = _JOB_TOKENS.setdefault(key, [self.token, 0])
+        entry[0] = self.token
+        entry[1] += 1
+        self.token_key = key
+        if store.rank == 0:
+            write_private(token_path(directory, store.group_id), self.token.encode())
 
     def publish(self, name: str) -> None:
         native = self.store._native
@@ -125,13 +140,21 @@ class Publisher:
         self.paths.append(path)
 
     def withdraw(self) -> None:
-        """Removes this job's records (the server is stopping)."""
-        for p in self.paths:
+        """Removes this store's records, and the token file with the job's last store."""
+        paths, self.paths = self.paths, []
+        if self.token_key is not None:
+            entry = _JOB_TOKENS[self.token_key]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _JOB_TOKENS[self.token_key]
+                if self.store.rank == 0:
+                    paths.append(token_path(self.directory, self.store.group_id))
+            self.token_key = None
+        for p in paths:
             try:
                 os.unlink(p)
             except FileNotFoundError:
                 pass
-        self.paths.clear()
 
 
 def wait_and_read(path: str, timeout_s: float, missing: str) -> bytes:
