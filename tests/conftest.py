@@ -122,3 +122,24 @@ SOAK_CONFIGS = {
     "method1-tcp": ("1", {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0"}),
     "method1-shm-path": ("1", {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "1"}),
 }
+
+
+def core_group_and_reader(script: str, handshake_dir: Path, env: dict, core_env: dict | None = None) -> None:
+    """Method 2 through pyddstore.torch: a core group of two plain processes (file
+    communicator) runs `script --part core`, a separate job `script --part reader`;
+    the reader touches nothing, the test makes {hs}/reader-done so the core finishes."""
+    hs = str(handshake_dir)
+    core = []
+    for rank in range(2):
+        e = _env({**env, **(core_env or {}), "SLURM_PROCID": rank, "SLURM_NTASKS": 2})
+        cmd = [sys.executable, str(SCRIPTS / script), "--part", "core", "--comm", "file", "--hs", hs]
+        core.append(subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        args = ("--part", "reader", "--comm", "file", "--hs", hs)
+        reader = run_procs(1, script, *args, env=env, timeout=400, expect_ok=False)[0]
+    finally:
+        (handshake_dir / "reader-done").touch()  # lets the core group finish either way
+        outs = [p.communicate(timeout=300) for p in core]
+    assert reader.returncode == 0, f"reader failed\n{reader.stdout}\n{reader.stderr}"
+    for p, (out, err) in zip(core, outs):
+        assert p.returncode == 0, f"core group failed\n{out}\n{err}"

@@ -4,11 +4,8 @@ Each launch runs many checks (tests/scripts/torch_dataset.py) to keep the suite 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from conftest import SCRIPTS, _env, run_mpi, run_procs
+from conftest import core_group_and_reader, run_mpi, run_procs
 
 pytest.importorskip("torch")
 _native = pytest.importorskip("pyddstore._native")
@@ -109,42 +106,8 @@ def test_forked_workers_without_mpi(handshake_dir):
 @needs(2)
 def test_method2_reader(handshake_dir):
     """A core group of two plain processes (file communicator) and a separate reader job."""
-    hs = str(handshake_dir)
-    env = {"DDSTORE_FORK_WORKERS": "1", "DDSTORE_HANDSHAKE_DIR": hs, "DDSTORE_MPI": "0"}
-    core = []
-    for rank in range(2):
-        e = _env({**env, "SLURM_PROCID": rank, "SLURM_NTASKS": 2})
-        cmd = [
-            sys.executable,
-            str(SCRIPTS / "torch_method2.py"),
-            "--part",
-            "core",
-            "--comm",
-            "file",
-            "--hs",
-            hs,
-        ]
-        core.append(subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    try:
-        reader = run_procs(
-            1,
-            "torch_method2.py",
-            "--part",
-            "reader",
-            "--comm",
-            "file",
-            "--hs",
-            hs,
-            env=env,
-            timeout=400,
-            expect_ok=False,
-        )[0]
-    finally:
-        (handshake_dir / "reader-done").touch()  # lets the core group finish either way
-        outs = [p.communicate(timeout=300) for p in core]
-    assert reader.returncode == 0, f"reader failed\n{reader.stdout}\n{reader.stderr}"
-    for p, (out, err) in zip(core, outs):
-        assert p.returncode == 0, f"core group failed\n{out}\n{err}"
+    env = {"DDSTORE_FORK_WORKERS": "1", "DDSTORE_HANDSHAKE_DIR": str(handshake_dir), "DDSTORE_MPI": "0"}
+    core_group_and_reader("torch_method2.py", handshake_dir, env)
 
 
 @needs(1)

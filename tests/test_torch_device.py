@@ -7,12 +7,9 @@ rows through the fabric). The GPU tests run the same checks on torch.cuda and sk
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
-from conftest import SCRIPTS, _env, run_mpi, run_procs
+from conftest import core_group_and_reader, run_mpi
 
 torch = pytest.importorskip("torch")
 _native = pytest.importorskip("pyddstore._native")
@@ -63,31 +60,8 @@ def test_method0_refuses_device_shares():
 @needs(2)
 def test_host_as_device_method2_reader(handshake_dir):
     """A core group of two plain processes with device shares, read by a separate job."""
-    hs = str(handshake_dir)
-    env = {"DDSTORE_FORK_WORKERS": "1", "DDSTORE_HANDSHAKE_DIR": hs, "DDSTORE_MPI": "0"}
-    core = []
-    for rank in range(2):
-        e = _env({**env, "DDSTORE_TEST_HOST_AS_DEVICE": "1", "SLURM_PROCID": rank, "SLURM_NTASKS": 2})
-        cmd = [
-            sys.executable,
-            str(SCRIPTS / "torch_device_m2.py"),
-            "--part",
-            "core",
-            "--comm",
-            "file",
-            "--hs",
-            hs,
-        ]
-        core.append(subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    try:
-        args = ("--part", "reader", "--comm", "file", "--hs", hs)
-        reader = run_procs(1, "torch_device_m2.py", *args, env=env, timeout=400, expect_ok=False)[0]
-    finally:
-        (handshake_dir / "reader-done").touch()  # lets the core group finish either way
-        outs = [p.communicate(timeout=300) for p in core]
-    assert reader.returncode == 0, f"reader failed\n{reader.stdout}\n{reader.stderr}"
-    for p, (out, err) in zip(core, outs):
-        assert p.returncode == 0, f"core group failed\n{out}\n{err}"
+    env = {"DDSTORE_FORK_WORKERS": "1", "DDSTORE_HANDSHAKE_DIR": str(handshake_dir), "DDSTORE_MPI": "0"}
+    core_group_and_reader("torch_device_m2.py", handshake_dir, env, {"DDSTORE_TEST_HOST_AS_DEVICE": "1"})
 
 
 def _single(monkeypatch, host_as_device: bool = True):

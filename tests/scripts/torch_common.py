@@ -116,6 +116,17 @@ def same(a, b, where: str = "") -> None:
         assert type(a) is type(b) and a == b, msg
 
 
+def raises(exc, fn, *must_contain):
+    """fn() raises exc with every fragment in its message; returns the exception."""
+    try:
+        fn()
+    except exc as e:
+        for s in must_contain:
+            assert s in str(e), f"{s!r} not in {e}"
+        return e
+    raise AssertionError(f"{fn} did not raise {exc.__name__}")
+
+
 def args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--method", type=int, default=0)

@@ -40,16 +40,6 @@ def make(src, **extra):
     return DistDataset(src, f"ds{COUNTER[0]}", **{**KW, **extra})
 
 
-def raises(exc, fn, *must_contain):
-    try:
-        fn()
-    except exc as e:
-        for s in must_contain:
-            assert s in str(e), f"{s!r} not in {e}"
-        return e
-    raise AssertionError(f"{fn} did not raise {exc.__name__}")
-
-
 def check_items(ds, src, what):
     n = len(src)
     assert len(ds) == n, what
@@ -64,7 +54,7 @@ def check_items(ds, src, what):
     for i, s in zip(order, ds.__getitems__(order)):
         tc.same(want(i), s, f"{what} batch item {i}")
     tc.same(want(n - 1), ds[-1], f"{what} item -1")
-    raises(IndexError, lambda: ds[n])
+    tc.raises(IndexError, lambda: ds[n])
 
 
 def check_structures():
@@ -82,7 +72,7 @@ def check_structures():
         ds = make(tc.DictSrc(23), chunk_size=5)
         check_items(ds, tc.DictSrc(23), "DDSTORE_LOAD_THREADS=3")
         ds.free()
-        raises(SchemaError, lambda: make(Bad(20, 9, "ragged"), chunk_size=6), "sample 9")
+        tc.raises(SchemaError, lambda: make(Bad(20, 9, "ragged"), chunk_size=6), "sample 9")
     finally:
         del os.environ["DDSTORE_LOAD_THREADS"]
     ds = make(tc.TupleSrc(5))
@@ -185,11 +175,11 @@ def check_loaders():
         collate_copies=True,
     )
     tc.same(want, got, "collate_copies")
-    raises(
+    tc.raises(
         DDStoreValueError,
         lambda: ThreadDataLoader(ds, batch_size=4, collate_fn=copying_collate, reuse_buffers=True),
     )
-    raises(ValueError, lambda: ThreadDataLoader(ds, batch_size=None, reuse_buffers=True), "batch_size")
+    tc.raises(ValueError, lambda: ThreadDataLoader(ds, batch_size=None, reuse_buffers=True), "batch_size")
     for workers in (0, 2):  # one registered set per worker, reused across epochs
         loader = ThreadDataLoader(ds, batch_size=4, num_workers=workers, reuse_buffers=True)
         for _ in range(3):
@@ -223,8 +213,8 @@ def check_read_rows():
     samples = ds.__getitems__([4, 2], out=ds.alloc(2))
     tc.same(src[4], samples[0], "__getitems__ out=")
     ds.release(bufs)
-    raises(IndexError, lambda: ds.read_rows([23]))
-    raises(KeyError, lambda: ds.read_rows([1], fields=["nope"]))
+    tc.raises(IndexError, lambda: ds.read_rows([23]))
+    tc.raises(KeyError, lambda: ds.read_rows([1], fields=["nope"]))
     ds.free()
     ds = make(tc.RecSrc(9))
     r = ds.read_rows([3, 1])
@@ -259,7 +249,7 @@ def check_windows():
     tc.same(
         list(DataLoader(w, batch_size=3)), list(ThreadDataLoader(w, batch_size=3, num_workers=2)), "windows"
     )
-    raises(ValueError, lambda: WindowedDataset(ds, window=3, starts=[35]))
+    tc.raises(ValueError, lambda: WindowedDataset(ds, window=3, starts=[35]))
     ds.free()
 
     files = ConcatDataset([tc.TupleSrc(10), tc.TupleSrc(13, offset=100), tc.TupleSrc(4, offset=200)])
@@ -306,8 +296,8 @@ def check_encode_decode_fields():
     batches = list(loader)
     assert batches[0]["label"] == [LABELS[i % 3] for i in range(5)]
     ds.free()
-    raises(SchemaTypeError, lambda: make(src), "encode")
-    raises(ValueError, lambda: make(src, fields=["x"], encode=lambda s: s), "encode")
+    tc.raises(SchemaTypeError, lambda: make(src), "encode")
+    tc.raises(ValueError, lambda: make(src, fields=["x"], encode=lambda s: s), "encode")
     d = tc.DictSrc(12)
     ds = make(d, fields=["y", "x"])
     tc.same({"y": d[5]["y"], "x": d[5]["x"]}, ds[5], "fields")
@@ -321,7 +311,7 @@ def check_encode_decode_fields():
     ds = make(t, fields=[3, 0])
     tc.same((t[2][3], t[2][0]), ds[2], "tuple fields")
     ds.free()
-    raises(ValueError, lambda: make(d, fields=["nope"]), "nope")
+    tc.raises(ValueError, lambda: make(d, fields=["nope"]), "nope")
 
 
 class Bad(torch.utils.data.Dataset):
@@ -349,14 +339,14 @@ class Bad(torch.utils.data.Dataset):
 
 def check_bad_samples():
     last = 20 - 1  # owned by the last rank
-    raises(SchemaError, lambda: make(Bad(20, last, "ragged")), f"sample {last}", "'x'", "(4,)")
-    raises(SchemaError, lambda: make(Bad(20, 7, "dtype")), "sample 7", "float64")
-    raises(SchemaError, lambda: make(Bad(20, last, "missing")), f"sample {last}")
-    raises(SchemaError, lambda: make(Bad(20, 9, "ragged"), chunk_size=3), "sample 9")
-    raises(SchemaTypeError, lambda: make(Bad(20, 0, "float16")), "sample 0", "'x'", "float16")
-    raises(SchemaTypeError, lambda: make(Bad(20, 0, "string")), "encode")
-    raises(SchemaError, lambda: make(Bad(20, 5, "string")), "sample 5")
-    raises(SchemaError, lambda: make([]), "empty")
+    tc.raises(SchemaError, lambda: make(Bad(20, last, "ragged")), f"sample {last}", "'x'", "(4,)")
+    tc.raises(SchemaError, lambda: make(Bad(20, 7, "dtype")), "sample 7", "float64")
+    tc.raises(SchemaError, lambda: make(Bad(20, last, "missing")), f"sample {last}")
+    tc.raises(SchemaError, lambda: make(Bad(20, 9, "ragged"), chunk_size=3), "sample 9")
+    tc.raises(SchemaTypeError, lambda: make(Bad(20, 0, "float16")), "sample 0", "'x'", "float16")
+    tc.raises(SchemaTypeError, lambda: make(Bad(20, 0, "string")), "encode")
+    tc.raises(SchemaError, lambda: make(Bad(20, 5, "string")), "sample 5")
+    tc.raises(SchemaError, lambda: make([]), "empty")
     ds = make(Bad(20, -1, "none"))  # still works after the failures
     tc.same({"x": torch.zeros(3), "y": 19}, ds[19], "after failures")
     ds.free()
@@ -380,7 +370,7 @@ def check_fork_method0():
         return
     ds = make(tc.TupleSrc(8))
     loader = DataLoader(ds, batch_size=2, num_workers=1)
-    e = raises(ForkedWorkerError, lambda: list(loader), "ThreadDataLoader")
+    e = tc.raises(ForkedWorkerError, lambda: list(loader), "ThreadDataLoader")
     assert "worker process 0" in str(e)
     ds.free()
 
