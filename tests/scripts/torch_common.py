@@ -127,6 +127,22 @@ def raises(exc, fn, *must_contain):
     raise AssertionError(f"{fn} did not raise {exc.__name__}")
 
 
+def distributed_batches(world, loader_cls, ds, epochs=2, **kw):
+    """Every batch `loader_cls` yields for this rank's DistributedSampler part, per epoch."""
+    from pyddstore.torch import ThreadDataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    sampler = DistributedSampler(ds, num_replicas=world.size, rank=world.rank, shuffle=True, seed=7)
+    loader = loader_cls(ds, batch_size=4, sampler=sampler, **kw)
+    out = []
+    for e in range(epochs):
+        sampler.set_epoch(e)
+        out.append(list(loader))
+    if isinstance(loader, ThreadDataLoader):
+        loader.close()
+    return out
+
+
 def args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--method", type=int, default=0)

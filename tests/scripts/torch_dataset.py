@@ -25,7 +25,6 @@ from pyddstore.torch import (
     share_of,
 )
 from torch.utils.data import ConcatDataset, DataLoader, TensorDataset
-from torch.utils.data.distributed import DistributedSampler
 
 from pyddstore import DDStoreValueError
 
@@ -117,33 +116,23 @@ def check_bulk():
         ds.free()
 
 
-def distributed_batches(loader_cls, ds, epochs=2, **kw):
-    sampler = DistributedSampler(ds, num_replicas=W.size, rank=W.rank, shuffle=True, seed=7)
-    loader = loader_cls(ds, batch_size=4, sampler=sampler, **kw)
-    out = []
-    for e in range(epochs):
-        sampler.set_epoch(e)
-        out.append(list(loader))
-    if isinstance(loader, ThreadDataLoader):
-        loader.close()
-    return out
-
-
 def check_loaders():
     for cls, n in [(tc.TupleSrc, 26), (tc.DictSrc, 21), (tc.ValueSrc, 19), (tc.ListSrc, 9)]:
         src = cls(n)
         ds = make(src)
-        want = distributed_batches(DataLoader, src)
-        tc.same(want, distributed_batches(DataLoader, ds), f"DataLoader {cls.__name__}")
+        want = tc.distributed_batches(W, DataLoader, src)
+        tc.same(want, tc.distributed_batches(W, DataLoader, ds), f"DataLoader {cls.__name__}")
         for workers in (0, 2):
             loader = ThreadDataLoader(ds, batch_size=4, num_workers=workers)
             assert iter(loader)._direct, "direct batch reads not used"
             tc.same(
-                want, distributed_batches(ThreadDataLoader, ds, num_workers=workers), f"thread {cls.__name__}"
+                want,
+                tc.distributed_batches(W, ThreadDataLoader, ds, num_workers=workers),
+                f"thread {cls.__name__}",
             )
             tc.same(
                 want,
-                distributed_batches(ThreadDataLoader, ds, num_workers=workers, reuse_buffers=True),
+                tc.distributed_batches(W, ThreadDataLoader, ds, num_workers=workers, reuse_buffers=True),
                 f"reuse_buffers {cls.__name__}",
             )
         for env in ("DDSTORE_FAST_COLLATE", "DDSTORE_BATCH_GET"):
@@ -151,7 +140,9 @@ def check_loaders():
             try:
                 assert not iter(ThreadDataLoader(ds, batch_size=4))._direct or env == "DDSTORE_BATCH_GET"
                 tc.same(
-                    want, distributed_batches(ThreadDataLoader, ds, num_workers=1), f"{env}=0 {cls.__name__}"
+                    want,
+                    tc.distributed_batches(W, ThreadDataLoader, ds, num_workers=1),
+                    f"{env}=0 {cls.__name__}",
                 )
             finally:
                 del os.environ[env]
@@ -165,8 +156,9 @@ def check_loaders():
     def copying_collate(batch):
         return torch.stack([s[0] for s in batch]).clone(), [s[1] for s in batch]
 
-    want = distributed_batches(DataLoader, src, collate_fn=copying_collate)
-    got = distributed_batches(
+    want = tc.distributed_batches(W, DataLoader, src, collate_fn=copying_collate)
+    got = tc.distributed_batches(
+        W,
         ThreadDataLoader,
         ds,
         num_workers=2,

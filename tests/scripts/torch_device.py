@@ -21,7 +21,6 @@ import torch
 import torch_common as tc
 from pyddstore.torch import DistDataset, ThreadDataLoader, WindowedDataset
 from torch.utils.data import DataLoader, TensorDataset
-from torch.utils.data.distributed import DistributedSampler
 
 from pyddstore import DDStoreUnsupportedError, DDStoreValueError
 
@@ -87,18 +86,6 @@ def check_profile(ds) -> None:
     assert p["local_rows"] > 0 or all(s.count == 0 for s in ds._device_shares.values()), p
 
 
-def distributed_batches(loader_cls, ds, epochs=2, **kw):
-    sampler = DistributedSampler(ds, num_replicas=W.size, rank=W.rank, shuffle=True, seed=7)
-    loader = loader_cls(ds, batch_size=4, sampler=sampler, **kw)
-    out = []
-    for e in range(epochs):
-        sampler.set_epoch(e)
-        out.append(list(loader))
-    if isinstance(loader, ThreadDataLoader):
-        loader.close()
-    return out
-
-
 def check_items_part() -> None:
     # Sample-by-sample loading (tuple, dict, records), a bulk tensor source, and a dataset
     # smaller than the group (ranks with empty shares).
@@ -142,15 +129,17 @@ def check_items_part() -> None:
 def check_loaders_part() -> None:
     src = tc.TupleSrc(37)
     ds = make(src)
-    want = distributed_batches(DataLoader, src)
-    tc.same(want, distributed_batches(DataLoader, ds), "DataLoader in the main process")
+    want = tc.distributed_batches(W, DataLoader, src)
+    tc.same(want, tc.distributed_batches(W, DataLoader, ds), "DataLoader in the main process")
     for workers in (0, 2):
-        tc.same(want, distributed_batches(ThreadDataLoader, ds, num_workers=workers), f"thread x{workers}")
+        tc.same(
+            want, tc.distributed_batches(W, ThreadDataLoader, ds, num_workers=workers), f"thread x{workers}"
+        )
     if os.environ.get("DDSTORE_FORK_WORKERS") == "1":
-        tc.same(want, distributed_batches(DataLoader, ds, num_workers=2), "forked workers")
+        tc.same(want, tc.distributed_batches(W, DataLoader, ds, num_workers=2), "forked workers")
         tc.same(
             want,
-            distributed_batches(DataLoader, ds, num_workers=2, persistent_workers=True),
+            tc.distributed_batches(W, DataLoader, ds, num_workers=2, persistent_workers=True),
             "persistent forked workers",
         )
     # Batches on the share's device (direct reads with the default collate): own rows are
@@ -159,7 +148,7 @@ def check_loaders_part() -> None:
     ds_dev = make(src, device=dev)
     assert iter(ThreadDataLoader(ds_dev, batch_size=4))._direct, "direct batch reads not used"
     for workers in (0, 2):
-        got = distributed_batches(ThreadDataLoader, ds_dev, epochs=1, num_workers=workers)
+        got = tc.distributed_batches(W, ThreadDataLoader, ds_dev, epochs=1, num_workers=workers)
         assert all(b[0].device == dev for b in got[0])
         got = [[[t.cpu() if isinstance(t, torch.Tensor) else t for t in b] for b in got[0]]]
         tc.same(want[:1], got, f"ThreadDataLoader x{workers} batches on {dev}")
