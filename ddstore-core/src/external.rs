@@ -11,8 +11,9 @@ use std::any::Any;
 use std::sync::Arc;
 
 use crate::comm::Comm;
+use crate::node_only::Unreachable;
 use crate::region::{Memory, RawMemory};
-use crate::transport::{Exposed, RemoteRead, RemoteShares, ShareReader};
+use crate::transport::Exposed;
 use crate::{Error, Result};
 
 /// Where a share's bytes live, as libfabric's `enum fi_hmem_iface` names it.
@@ -139,30 +140,10 @@ pub fn expose_alone(
     Ok(Exposed {
         local: Arc::new(share),
         node_peers: vec![None],
-        remote: Arc::new(NoPeers),
+        remote: Arc::new(Unreachable),
         records: Vec::new(),
         node_locators: Vec::new(),
     })
-}
-
-struct NoPeers;
-
-impl RemoteShares for NoPeers {
-    fn open_reader(&self) -> Result<Box<dyn ShareReader>> {
-        Ok(Box::new(NoPeers))
-    }
-}
-
-impl ShareReader for NoPeers {
-    fn read_many(&mut self, reads: &[RemoteRead], _dst: &mut [u8]) -> Result<()> {
-        match reads.first() {
-            None => Ok(()),
-            Some(r) => Err(Error::Unsupported(format!(
-                "rank {}'s external share has no transport route in a one-process store",
-                r.owner
-            ))),
-        }
-    }
 }
 
 #[cfg(test)]

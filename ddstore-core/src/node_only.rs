@@ -12,7 +12,8 @@ use crate::{Error, Result};
 #[derive(Debug, Default)]
 pub struct NodeOnlyTransport;
 
-struct Unreachable;
+/// The remote route of a store with no transport: any read of another rank is refused.
+pub(crate) struct Unreachable;
 
 impl Transport for NodeOnlyTransport {
     fn name(&self) -> String {
