@@ -63,10 +63,8 @@ def run_mpi(
     return _check(proc, " ".join(cmd)) if expect_ok else proc
 
 
-def run_procs(
-    n: int, script: str, *args: str, env: dict | None = None, timeout: float = 240, expect_ok: bool = True
-) -> list[subprocess.CompletedProcess]:
-    """Runs N plain processes (no MPI) with SLURM_PROCID/SLURM_NTASKS set, as srun would."""
+def start_procs(n: int, script: str, *args: str, env: dict | None = None) -> list[subprocess.Popen]:
+    """Starts N plain processes (no MPI) with SLURM_PROCID/SLURM_NTASKS set, as srun would."""
     procs = []
     for rank in range(n):
         e = _env(env)
@@ -80,6 +78,14 @@ def run_procs(
                 text=True,
             )
         )
+    return procs
+
+
+def run_procs(
+    n: int, script: str, *args: str, env: dict | None = None, timeout: float = 240, expect_ok: bool = True
+) -> list[subprocess.CompletedProcess]:
+    """Runs N plain processes (see start_procs) to the end; checks each exit unless expect_ok=False."""
+    procs = start_procs(n, script, *args, env=env)
     done = []
     for rank, p in enumerate(procs):
         try:
@@ -129,11 +135,9 @@ def core_group_and_reader(script: str, handshake_dir: Path, env: dict, core_env:
     communicator) runs `script --part core`, a separate job `script --part reader`;
     the reader touches nothing, the test makes {hs}/reader-done so the core finishes."""
     hs = str(handshake_dir)
-    core = []
-    for rank in range(2):
-        e = _env({**env, **(core_env or {}), "SLURM_PROCID": rank, "SLURM_NTASKS": 2})
-        cmd = [sys.executable, str(SCRIPTS / script), "--part", "core", "--comm", "file", "--hs", hs]
-        core.append(subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    core = start_procs(
+        2, script, "--part", "core", "--comm", "file", "--hs", hs, env={**env, **(core_env or {})}
+    )
     try:
         args = ("--part", "reader", "--comm", "file", "--hs", hs)
         reader = run_procs(1, script, *args, env=env, timeout=400, expect_ok=False)[0]

@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, _env
+from conftest import SCRIPTS, _env, start_procs
 
 from pyddstore import DDStoreError, _handshake
 
@@ -173,19 +173,7 @@ def core_job(other_user):
         "DDSTORE_HANDSHAKE_TIMEOUT_S": "60",
         "DDSTORE_JOB_ID": f"access{os.getpid()}",
     }
-    procs = []
-    for rank in range(2):
-        e = _env(env)
-        e.update({"SLURM_PROCID": str(rank), "SLURM_NTASKS": "2"})
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(SCRIPTS / "rel_access.py"), "core", str(hs), str(ready), str(done)],
-                env=e,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
+    procs = start_procs(2, "rel_access.py", "core", str(hs), str(ready), str(done), env=env)
     caught = {}
     try:
         deadline = time.monotonic() + 60

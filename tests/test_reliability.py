@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import SCRIPTS, SOAK_CONFIGS, _env, reports, run_mpi, run_procs, show
+from conftest import SCRIPTS, SOAK_CONFIGS, _env, reports, run_mpi, run_procs, show, start_procs
 
 # DDSTORE_REL_CYCLES overrides (a 200-cycle method-1 tcp run takes about 75 s here).
 CYCLES = int(os.environ.get("DDSTORE_REL_CYCLES", "200"))
@@ -100,23 +100,6 @@ def remove_fabric_shm_of(pid):
         os.unlink(f)
 
 
-def start_ranks(n, script, *args, env):
-    procs = []
-    for rank in range(n):
-        e = _env(env)
-        e.update({"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(n), "SLURM_LOCALID": str(rank)})
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(SCRIPTS / script), *args],
-                env=e,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    return procs
-
-
 @pytest.mark.parametrize("method", ["1", "2"])
 @pytest.mark.parametrize("fabric", ["tcp", "shm"])
 def test_file_comm_sigkill_survivors_time_out_and_exit(method, fabric, handshake_dir):
@@ -130,7 +113,7 @@ def test_file_comm_sigkill_survivors_time_out_and_exit(method, fabric, handshake
         "DDSTORE_HANDSHAKE_DIR": handshake_dir,
         "DDSTORE_JOB_ID": f"dead{os.getpid()}{method}{fabric}",
     }
-    procs = start_ranks(3, "rel_dead.py", method, "none", env=env)
+    procs = start_procs(3, "rel_dead.py", method, "none", env=env)
     results = []
     try:
         for p in procs:
@@ -162,7 +145,7 @@ def test_method2_sigkill_extra_job_times_out_and_exits(handshake_dir):
         "DDSTORE_JOB_ID": f"deadx{os.getpid()}",
         "REL_DEAD_EXTRA": "1",
     }
-    procs = start_ranks(3, "rel_dead.py", "2", "none", env=env)
+    procs = start_procs(3, "rel_dead.py", "2", "none", env=env)
     extra_env = _env({k: v for k, v in env.items() if k != "REL_DEAD_EXTRA"})
     for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"):
         extra_env.pop(k, None)

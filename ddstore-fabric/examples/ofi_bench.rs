@@ -26,7 +26,7 @@ const BATCHES: [usize; 3] = [1, 32, 128];
 const SHARE: usize = 130 << 20;
 
 fn main() {
-    match FileComm::from_env() {
+    match ofi_support::comm_from_env() {
         Some(comm) => rank(comm),
         None => launcher(),
     }

@@ -19,7 +19,7 @@ use ddstore_core::comm::Comm;
 use ddstore_core::config::Config;
 use ddstore_core::transport::{ExposeOptions, RemoteRead, Transport};
 use ddstore_fabric::ofi::{libfabric_version, usable_providers, OfiTransport};
-use ofi_support::{fill, pattern, FileComm};
+use ofi_support::{fill, pattern};
 use rand::{Rng, SeedableRng};
 
 const SHARE: usize = 8 << 20;
@@ -46,7 +46,7 @@ fn main() {
         .or_else(|| env_pair("PMI_RANK", "PMI_SIZE"))
         .unwrap_or((0, 1));
     std::fs::create_dir_all(&arg).expect("creating the handshake directory");
-    let comm: Arc<dyn Comm> = Arc::new(FileComm::new(&arg, rank, size));
+    let comm: Arc<dyn Comm> = Arc::new(ofi_support::file_comm(&arg, rank, size));
     let local_rank = std::env::var("SLURM_LOCALID")
         .or_else(|_| std::env::var("OMPI_COMM_WORLD_LOCAL_RANK"))
         .ok()

@@ -14,7 +14,7 @@ use ddstore_core::external::{ExternalShare, HmemIface};
 use ddstore_core::store::OwnRows;
 use ddstore_core::{DType, Store};
 use ddstore_fabric::ofi::OfiTransport;
-use ofi_support::{launch, pattern, FileComm};
+use ofi_support::{launch, pattern};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -65,7 +65,7 @@ fn provider_without_hmem_is_refused_clearly() {
 /// The rank process: does nothing unless started by `run`.
 #[test]
 fn hmem_rank() {
-    let Some(comm) = FileComm::from_env() else {
+    let Some(comm) = ofi_support::comm_from_env() else {
         return;
     };
     let rank = comm.rank();

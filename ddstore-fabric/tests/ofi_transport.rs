@@ -108,7 +108,7 @@ fn lists_providers_and_rejects_unknown_fabric() {
 /// The rank process: does nothing unless started by `run_ranks`.
 #[test]
 fn rank_worker() {
-    let Some(comm) = FileComm::from_env() else {
+    let Some(comm) = ofi_support::comm_from_env() else {
         return;
     };
     match std::env::var("DDFI_SCENARIO").as_deref() {

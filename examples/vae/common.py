@@ -398,6 +398,17 @@ class StopFlag:
         return f"signal {signal.Signals(self.signal).name}" if self.signal is not None else stop_file
 
 
+def train_and_close(ds, a: argparse.Namespace, job: Job, what: str) -> None:
+    """Describes the dataset, trains on it, logs the loss, then frees it and ends the job."""
+    describe(ds, a, job, what)
+    try:
+        losses = train(ds, a, job)
+        job.log(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+    finally:
+        ds.free()
+        job.close()
+
+
 def fail(msg: str) -> None:
     print(f"error: {msg}", file=sys.stderr, flush=True)
     sys.exit(2)

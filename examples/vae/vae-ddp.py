@@ -37,13 +37,7 @@ def main() -> None:
         device=job.device if a.gpu_dest else None,
         add_device=job.device if a.gpu_source else None,
     )
-    common.describe(ds, a, job, "single job")
-    try:
-        losses = common.train(ds, a, job)
-        job.log(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
-    finally:
-        ds.free()
-        job.close()
+    common.train_and_close(ds, a, job, "single job")
 
 
 if __name__ == "__main__":

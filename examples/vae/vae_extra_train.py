@@ -31,13 +31,7 @@ def main() -> None:
     ds = DistDatasetReader(
         a.name, handshake_dir=a.handshake_dir, n_core=a.n_core, device=job.device if a.gpu_dest else None
     )
-    common.describe(ds, a, job, "extra job")
-    try:
-        losses = common.train(ds, a, job)
-        job.log(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
-    finally:
-        ds.free()
-        job.close()
+    common.train_and_close(ds, a, job, "extra job")
 
 
 if __name__ == "__main__":

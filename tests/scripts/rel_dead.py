@@ -45,17 +45,22 @@ def wait_for_extra():
         time.sleep(0.05)
 
 
-def victim_reader(store, out):
-    """A read of random rows that all belong to the victim rank."""
-    first, count, _ = share_bounds(N, len(store.counts("v")), VICTIM)
-    rng = np.random.default_rng(7)
+def checked_reader(store, out, seed, low=0, high=N):
+    """A read of random rows in low..high into `out`, checked against the owners' data."""
+    rng = np.random.default_rng(seed)
 
     def read_once():
-        rows = rng.integers(first, first + count, len(out))
+        rows = rng.integers(low, high, len(out))
         store.get_batch("v", out, rows)
         assert np.array_equal(out, rows_of(4, rows, SHAPE, "float32")), f"rows {rows[:6]} differ"
 
     return read_once
+
+
+def victim_reader(store, out):
+    """A read of random rows that all belong to the victim rank."""
+    first, count, _ = share_bounds(N, len(store.counts("v")), VICTIM)
+    return checked_reader(store, out, 7, first, first + count)
 
 
 def read_until_victim_fails(store, read_once, start, limit):
@@ -78,14 +83,8 @@ def extra(n_core):
         None, method=2, n_core=int(n_core), handshake_dir=os.environ["DDSTORE_HANDSHAKE_DIR"]
     )
     store.join("v", timeout_s=60)
-    rng = np.random.default_rng(99)
     out = np.empty((16,) + SHAPE, np.float32)
-
-    def read_once():
-        rows = rng.integers(0, N, 16)
-        store.get_batch("v", out, rows)
-        assert np.array_equal(out, rows_of(4, rows, SHAPE, "float32")), f"rows {rows[:6]} differ"
-
+    read_once = checked_reader(store, out, 99)
     for _ in range(20):
         read_once()
     with open(extra_ready_path(), "w") as f:
@@ -105,14 +104,8 @@ def main():
     store = make_store(method, kind)
     first, count, _ = share_bounds(N, store.size, store.rank)
     store.add("v", rows_of(4, np.arange(first, first + count), SHAPE, "float32"))
-    rng = np.random.default_rng(store.rank)
     out = np.empty((16,) + SHAPE, np.float32)
-
-    def read_once():
-        rows = rng.integers(0, N, 16)
-        store.get_batch("v", out, rows)
-        assert np.array_equal(out, rows_of(4, rows, SHAPE, "float32")), f"rows {rows[:6]} differ"
-
+    read_once = checked_reader(store, out, store.rank)
     for _ in range(20):
         read_once()
     if os.environ.get("REL_DEAD_EXTRA") == "1":

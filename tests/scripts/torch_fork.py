@@ -14,7 +14,6 @@ import torch
 import torch_common as tc
 from pyddstore.torch import DistDataset
 from torch.utils.data import DataLoader
-from torch.utils.data.distributed import DistributedSampler
 
 A = tc.args()
 W = tc.World(A)  # after pyddstore: it sets libfabric defaults before MPI starts libfabric
@@ -33,25 +32,19 @@ class Pids(torch.utils.data.Dataset):
         return (*self.ds[i], os.getpid())
 
 
-def batches(ds, epochs, **kw):
-    sampler = DistributedSampler(ds, num_replicas=W.size, rank=W.rank, shuffle=True, seed=3)
-    loader = DataLoader(ds, batch_size=4, sampler=sampler, **kw)
-    out = []
-    for e in range(epochs):
-        sampler.set_epoch(e)
-        out.append(list(loader))
-    return out
-
-
 def main():
     src = tc.TupleSrc(45)
     ds = DistDataset(src, "forked", comm=W.comm, method=A.method, handshake_dir=A.hs or None)
-    want = batches(src, 3)
-    tc.same(want, batches(ds, 3, num_workers=2), "forked workers")
-    tc.same(want, batches(ds, 3, num_workers=2, persistent_workers=True), "persistent forked workers")
+    want = tc.distributed_batches(W, DataLoader, src, 3)
+    tc.same(want, tc.distributed_batches(W, DataLoader, ds, 3, num_workers=2), "forked workers")
+    tc.same(
+        want,
+        tc.distributed_batches(W, DataLoader, ds, 3, num_workers=2, persistent_workers=True),
+        "persistent forked workers",
+    )
 
     pids = set()
-    for epoch in batches(Pids(ds), 2, num_workers=2, persistent_workers=True):
+    for epoch in tc.distributed_batches(W, DataLoader, Pids(ds), 2, num_workers=2, persistent_workers=True):
         for b in epoch:
             pids.update(b[-1].tolist())
     assert os.getpid() not in pids and len(pids) == 2, pids  # read in the two workers
@@ -60,7 +53,7 @@ def main():
     ds_dev = DistDataset(
         src, "forked_dev", comm=W.comm, method=A.method, handshake_dir=A.hs or None, device="cpu"
     )
-    got = batches(ds_dev, 1, num_workers=1)
+    got = tc.distributed_batches(W, DataLoader, ds_dev, 1, num_workers=1)
     assert all(b[0].device.type == "cpu" for b in got[0])
     tc.same(want[:1], got, "device= in workers")
     ds_dev.free()

@@ -1,86 +1,37 @@
-//! Shared by the libfabric tests and `examples/ofi_bench.rs`: a tiny
-//! communicator over files in a directory (rank and size given), the byte
-//! pattern every share is filled with, and a launcher for N processes.
+//! Shared by the libfabric tests and `examples/ofi_bench.rs`: the file
+//! communicator of a launched rank, the byte pattern every share is filled
+//! with, and a launcher for N processes.
 
 #![allow(dead_code)]
 
-use std::any::Any;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ddstore_core::comm::Comm;
-use ddstore_core::{Error, Result};
+pub use ddstore_core::file_comm::FileComm;
 
-/// Records exchanged through `<dir>/ag-<seq>-<rank>.rec` files.
-pub struct FileComm {
-    dir: PathBuf,
-    rank: usize,
-    size: usize,
-    seq: AtomicU64,
-    timeout: Duration,
+/// The communicator of a rank started by [`launch`]: ddstore-core's
+/// `FileComm` over `DDFI_DIR`, rank and size from `DDFI_RANK`/`DDFI_SIZE`.
+pub fn comm_from_env() -> Option<Arc<FileComm>> {
+    let dir = std::env::var("DDFI_DIR").ok()?;
+    let rank = std::env::var("DDFI_RANK").ok()?.parse().ok()?;
+    let size = std::env::var("DDFI_SIZE").ok()?.parse().ok()?;
+    Some(Arc::new(file_comm(&dir, rank, size)))
 }
 
-impl FileComm {
-    pub fn new(dir: impl Into<PathBuf>, rank: usize, size: usize) -> FileComm {
-        FileComm {
-            dir: dir.into(),
-            rank,
-            size,
-            seq: AtomicU64::new(0),
-            timeout: Duration::from_secs(120),
-        }
-    }
-
-    /// From `DDFI_DIR`, `DDFI_RANK`, `DDFI_SIZE` (set by [`launch`]).
-    pub fn from_env() -> Option<Arc<FileComm>> {
-        let dir = std::env::var("DDFI_DIR").ok()?;
-        let rank = std::env::var("DDFI_RANK").ok()?.parse().ok()?;
-        let size = std::env::var("DDFI_SIZE").ok()?.parse().ok()?;
-        Some(Arc::new(FileComm::new(dir, rank, size)))
-    }
-}
-
-impl Comm for FileComm {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn size(&self) -> usize {
-        self.size
-    }
-    fn allgather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let seq = self.seq.fetch_add(1, Ordering::SeqCst);
-        let path = |r: usize| self.dir.join(format!("ag-{seq}-{r}.rec"));
-        let tmp = self.dir.join(format!("ag-{seq}-{}.tmp", self.rank));
-        std::fs::write(&tmp, mine).map_err(|e| Error::io("writing record", e))?;
-        std::fs::rename(&tmp, path(self.rank)).map_err(|e| Error::io("publishing record", e))?;
-        let start = Instant::now();
-        (0..self.size)
-            .map(|r| loop {
-                match std::fs::read(path(r)) {
-                    Ok(bytes) => return Ok(bytes),
-                    Err(_) if start.elapsed() < self.timeout => {
-                        std::thread::sleep(Duration::from_millis(2))
-                    }
-                    Err(e) => return Err(Error::io(format!("waiting for rank {r}"), e)),
-                }
-            })
-            .collect()
-    }
-    fn barrier(&self) -> Result<()> {
-        self.allgather(&[]).map(|_| ())
-    }
-    fn split(&self, _color: usize, _key: usize) -> Result<Arc<dyn Comm>> {
-        Err(Error::Unsupported("the test FileComm cannot split".into()))
-    }
-    fn kind(&self) -> &'static str {
-        "test-file"
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
+/// A `FileComm` of `size` ranks in `dir`, all with the same job id.
+pub fn file_comm(dir: &str, rank: usize, size: usize) -> FileComm {
+    let job = Some("ddfi-test".to_string());
+    FileComm::new(
+        Path::new(dir),
+        Some(rank),
+        Some(size),
+        job,
+        Duration::from_secs(120),
+    )
+    .expect("a valid test FileComm")
 }
 
 /// The byte at `offset` of `rank`'s share of variable `var`.

@@ -184,14 +184,20 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def parse_record(raw: bytes, path: str, n_core: int) -> dict:
-    """Validates a record; every problem names the file and the field."""
+def load_json_object(raw: bytes, what: str) -> dict:
+    """The JSON object in `raw`; DDStoreValueError naming `what` for anything else."""
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise DDStoreValueError(f"handshake record {path} is corrupt or truncated: {e}") from None
+        raise DDStoreValueError(f"{what} is corrupt or truncated: {e}") from None
     if not isinstance(body, dict):
-        raise DDStoreValueError(f"handshake record {path} is not a JSON object")
+        raise DDStoreValueError(f"{what} is not a JSON object")
+    return body
+
+
+def parse_record(raw: bytes, path: str, n_core: int) -> dict:
+    """Validates a record; every problem names the file and the field."""
+    body = load_json_object(raw, f"handshake record {path}")
     if body.get("format") != FORMAT_VERSION or isinstance(body.get("format"), bool):
         raise DDStoreValueError(
             f"handshake record {path} has format {body.get('format')!r}, this pyddstore reads format "

@@ -27,7 +27,7 @@ from pyddstore import (
     DDStoreValueError,
     PyDDStore,
 )
-from pyddstore._handshake import wait_and_read, write_private
+from pyddstore._handshake import load_json_object, wait_and_read, write_private
 from pyddstore._store import _dtype_name
 
 from ._schema import (
@@ -770,12 +770,7 @@ def read_meta(path: str, timeout: float) -> dict:
         f"{path} did not appear within {timeout:.0f} s: is the core group (DistDataset with "
         "method=2 and the same handshake_dir) running?",
     )
-    try:
-        meta = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise DDStoreValueError(f"{path} is corrupt or truncated: {e}") from None
-    if not isinstance(meta, dict):
-        raise DDStoreValueError(f"{path} is not a JSON object")
+    meta = load_json_object(raw, path)
     if meta.get("version") != META_VERSION or isinstance(meta.get("version"), bool):
         raise DDStoreValueError(f"{path}: meta version {meta.get('version')!r} is not {META_VERSION}")
     for key in ("n_core", "num_samples"):
