@@ -1,0 +1,294 @@
+#!/usr/bin/env python3
+"""A virtual cluster on one machine: N "nodes", each a network namespace with its own
+hostname (UTS namespace per process), loopback and an `eth0` on a private bridge, plus an
+Open MPI rsh agent and a hostfile so `mpirun` launches across them.
+
+    python scripts/vcluster.py up 3            # prints a JSON description, stays up
+    python scripts/vcluster.py down NAME       # tears one cluster down
+    python scripts/vcluster.py clean           # removes clusters whose creator is gone
+    python scripts/vcluster.py run 2 -- CMD    # cluster up, CMD on the host, always down
+
+Every name carries the creating process id and a random token (`ddsvc-<pid>-<token>-nI`,
+bridge `dvb<token>`, veths `dv<token>I`), so parallel runs never collide and a later run
+removes what a killed one left behind. The private subnet lives only inside the namespaces
+(the bridge in the host namespace has no address), so nothing here is reachable from, or
+routes to, any real network. Needs root (CAP_NET_ADMIN + CAP_SYS_ADMIN) and `ip`/`unshare`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PREFIX = "ddsvc-"
+SUBNET = "10.213.7"  # only ever assigned inside our namespaces
+
+
+def _ip(*args: str, check: bool = True, ns: str | None = None) -> subprocess.CompletedProcess:
+    cmd = ["ip", *(["-n", ns] if ns else []), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.strip()}")
+    return proc
+
+
+def why_unavailable() -> str | None:
+    """None when namespaces can be made here, else the reason (for pytest.skip)."""
+    if os.geteuid() != 0:
+        return "the virtual cluster needs root (network and UTS namespaces)"
+    for tool in ("ip", "unshare", "mpirun"):
+        if shutil.which(tool) is None:
+            return f"the virtual cluster needs `{tool}` (apt-get install iproute2 util-linux openmpi-bin)"
+    probe = f"{PREFIX}probe-{os.getpid()}-{secrets.token_hex(2)}"
+    made = _ip("netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return f"cannot create a network namespace here: {made.stderr.strip()}"
+    _ip("netns", "del", probe, check=False)
+    return None
+
+
+def _netns_list() -> list[str]:
+    out = _ip("netns", "list", check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale() -> list[str]:
+    """Removes clusters (namespaces, their processes and bridges) whose creating process is gone."""
+    removed = []
+    for ns in _netns_list():
+        if not ns.startswith(PREFIX):
+            continue
+        parts = ns[len(PREFIX) :].split("-")
+        if len(parts) < 2 or not parts[0].isdigit() or _pid_alive(int(parts[0])):
+            continue
+        _kill_ns(ns)
+        _ip("netns", "del", ns, check=False)
+        _ip("link", "del", f"dvb{parts[1]}", check=False)
+        removed.append(ns)
+    return removed
+
+
+def _kill_ns(ns: str, sig: int = signal.SIGKILL) -> list[int]:
+    pids = [int(p) for p in _ip("netns", "pids", ns, check=False).stdout.split() if p.isdigit()]
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+AGENT = """#!/bin/sh
+# Open MPI rsh agent of a virtual cluster: instead of ssh, enter the node's network namespace
+# with its own hostname. Called as: agent HOST CMD...
+host="$1"; shift
+exec ip netns exec "$host" unshare --uts sh -c 'hostname "$0"; exec sh -c "$*"' "$host" "$@"
+"""
+
+
+@dataclass
+class VCluster:
+    """N virtual nodes; `nodes[i]` is both namespace name and hostname, `addrs[i]` its eth0 address."""
+
+    n: int
+    token: str = field(default_factory=lambda: secrets.token_hex(3))
+    nodes: list[str] = field(default_factory=list)
+    addrs: list[str] = field(default_factory=list)
+    workdir: Path | None = None
+    _up: bool = False
+
+    @property
+    def bridge(self) -> str:
+        return f"dvb{self.token}"
+
+    @property
+    def subnet(self) -> str:
+        return f"{SUBNET}.0/24"
+
+    @property
+    def agent(self) -> Path:
+        assert self.workdir is not None
+        return self.workdir / "rsh-agent.sh"
+
+    def hostfile(self, slots: int = 2, nodes: list[int] | None = None) -> Path:
+        assert self.workdir is not None
+        idx = list(range(self.n)) if nodes is None else nodes
+        path = self.workdir / f"hostfile-{'-'.join(map(str, idx))}-{slots}"
+        path.write_text("".join(f"{self.nodes[i]} slots={slots}\n" for i in idx))
+        return path
+
+    def up(self) -> VCluster:
+        if not 1 <= self.n <= 200:
+            raise ValueError(f"n={self.n}: expected 1..200 nodes")
+        clean_stale()
+        atexit.register(self.down)
+        self._up = True
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"ddsvc-{self.token}-"))
+        self.agent.write_text(AGENT)
+        self.agent.chmod(stat.S_IRWXU)
+        base = f"{PREFIX}{os.getpid()}-{self.token}"
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("link", "set", self.bridge, "up")
+        for i in range(self.n):
+            ns, host_end = f"{base}-n{i}", f"dv{self.token}{i}"
+            addr = f"{SUBNET}.{i + 1}"
+            _ip("netns", "add", ns)
+            self.nodes.append(ns)
+            self.addrs.append(addr)
+            _ip("link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip("link", "set", host_end, "master", self.bridge)
+            _ip("link", "set", host_end, "up")
+            _ip("addr", "add", f"{addr}/24", "dev", "eth0", ns=ns)
+            _ip("link", "set", "eth0", "up", ns=ns)
+            _ip("link", "set", "lo", "up", ns=ns)
+        return self
+
+    def down(self) -> None:
+        if not self._up:
+            return
+        self._up = False
+        for ns in self.nodes:
+            _kill_ns(ns)
+            _ip("netns", "del", ns, check=False)
+        _ip("link", "del", self.bridge, check=False)
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> VCluster:
+        return self.up()
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    def on_node(self, i: int, argv: list[str]) -> list[str]:
+        """argv run on node i: in its namespace, with its hostname."""
+        inner = "hostname " + shlex.quote(self.nodes[i]) + "; exec " + shlex.join(argv)
+        return ["ip", "netns", "exec", self.nodes[i], "unshare", "--uts", "sh", "-c", inner]
+
+    def mpirun_argv(
+        self,
+        per_node: int,
+        argv: list[str],
+        env: dict | None = None,
+        nodes: list[int] | None = None,
+        map_by: str = "node",
+    ) -> list[str]:
+        """`mpirun` across nodes (`per_node` ranks on each, placed round-robin over the nodes
+        unless `map_by="slot"`), started on the first of `nodes`.
+
+        Open MPI's out-of-band and TCP byte transfer use only the bridge's subnet; `env`
+        is passed to every rank with -x (with FI_TCP_IFACE/FI_SOCKETS_IFACE=eth0)."""
+        idx = list(range(self.n)) if nodes is None else nodes
+        hostfile = self.hostfile(per_node, idx)
+        env = {"FI_TCP_IFACE": "eth0", "FI_SOCKETS_IFACE": "eth0", **(env or {})}
+        xs: list[str] = []
+        for k, v in env.items():
+            xs += ["-x", f"{k}={v}"]
+        cmd = [
+            "mpirun",
+            "-n",
+            str(per_node * len(idx)),
+            "--hostfile",
+            str(hostfile),
+            "--map-by",
+            map_by,
+            "--bind-to",
+            "none",
+            "--mca",
+            "plm_rsh_agent",
+            str(self.agent),
+            "--mca",
+            "btl",
+            "self,vader,tcp",
+            "--mca",
+            "btl_tcp_if_include",
+            self.subnet,
+            "--mca",
+            "oob_tcp_if_include",
+            self.subnet,
+            *xs,
+            *argv,
+        ]
+        return self.on_node(idx[0], cmd)
+
+    def kill_node(self, i: int, sig: int = signal.SIGKILL) -> list[int]:
+        """Kills every process on node i (the node is lost); returns their pids."""
+        return _kill_ns(self.nodes[i], sig)
+
+    def describe(self) -> dict:
+        return {
+            "nodes": self.nodes,
+            "addrs": self.addrs,
+            "bridge": self.bridge,
+            "subnet": self.subnet,
+            "agent": str(self.agent),
+            "hostfile": str(self.hostfile()),
+        }
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    cmd = argv[0]
+    if cmd == "clean":
+        print(json.dumps({"removed": clean_stale()}))
+        return 0
+    reason = why_unavailable()
+    if reason:
+        print(f"vcluster: {reason}", file=sys.stderr)
+        return 2
+    if cmd == "up":
+        c = VCluster(int(argv[1]) if len(argv) > 1 else 2).up()
+        print(json.dumps(c.describe()), flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            c.down()
+        return 0
+    if cmd == "down":
+        ns_prefix = argv[1].rsplit("-n", 1)[0]
+        for ns in _netns_list():
+            if ns.startswith(ns_prefix):
+                _kill_ns(ns)
+                _ip("netns", "del", ns, check=False)
+        _ip("link", "del", "dvb" + ns_prefix.rsplit("-", 1)[-1], check=False)
+        return 0
+    if cmd == "run":
+        n = int(argv[1])
+        rest = argv[argv.index("--") + 1 :] if "--" in argv else argv[2:]
+        with VCluster(n) as c:
+            env = dict(os.environ, DDSVC_JSON=json.dumps(c.describe()))
+            return subprocess.call(rest, env=env)
+    print(f"vcluster: unknown command {cmd!r} (up, down, clean, run)", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    sys.exit(main(sys.argv[1:]))
