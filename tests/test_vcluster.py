@@ -6,11 +6,14 @@ the jobs count rows by where their owner lives (own, same node, another node).""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
-from conftest import reports
-from vc_fixture import finish, harness, vc_mpirun, vc_start, vcluster  # noqa: F401 - fixture
+from conftest import _env, reports
+from vc_fixture import finish, harness, vc_mpirun, vc_start, vcluster_fixture  # noqa: F401 - fixture
 
 
 def _one_per_rank(out: str, size: int) -> list[dict]:
@@ -20,8 +23,6 @@ def _one_per_rank(out: str, size: int) -> list[dict]:
 
 
 def test_harness_nodes_have_own_hostname_and_address(vcluster):
-    import subprocess
-
     for i, ns in enumerate(vcluster.nodes):
         out = subprocess.run(
             vcluster.on_node(i, ["sh", "-c", "hostname; ip -4 -o addr show dev eth0"]),
@@ -40,7 +41,9 @@ def test_method1_tcp_mixed_batches_loaders_and_width(vcluster):
     same-node (memfd) and remote rows from two threads; DistDataset through ThreadDataLoader
     and forked DataLoader workers; ddstore_width=2 groups that span both nodes."""
     env = {"DDSTORE_FABRIC": "tcp", "FABRIC_IFACE": "eth0", "DDSTORE_FORK_WORKERS": "1"}
-    out = vc_mpirun(vcluster, 2, "vc_job.py", "store", "--method", "1", "--torch", env=env, timeout=300).stdout
+    out = vc_mpirun(
+        vcluster, 2, "vc_job.py", "store", "--method", "1", "--torch", env=env, timeout=300
+    ).stdout
     ranks = _one_per_rank(out, 4)
     for r in ranks:
         assert r["nodes"] == 2 and r["mismatches"] == 0, r
@@ -154,3 +157,64 @@ def test_method0_across_nodes_with_pt2pt_at_serialized(vcluster):
     for r in _one_per_rank(out, 4):
         assert r["nodes"] == 2 and r["mismatches"] == 0, r
         assert r["same_node"] > 0 and r["remote"] > 0, r
+
+
+def test_info_says_whether_method0_spans_nodes():
+    """`python -m pyddstore info` answers for this MPI, thread level and network."""
+
+    def info(extra):
+        cmd = [sys.executable, "-m", "pyddstore", "info"]
+        out = subprocess.run(
+            cmd, env=_env(extra), capture_output=True, text=True, timeout=120, check=True
+        ).stdout
+        (line,) = [x for x in out.splitlines() if x.startswith("method 0 across nodes:")]
+        return line
+
+    line = info({"OMPI_MCA_osc": None, "DDSTORE_MPI_THREAD_LEVEL": None})
+    if "Open MPI" not in subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout:
+        assert "add() checks it" in line, line
+        return
+    if not os.path.isdir("/sys/class/infiniband") and not os.path.isdir("/sys/class/cxi"):
+        assert line.startswith("method 0 across nodes: no:") and "method=1" in line, line
+        line = info({"OMPI_MCA_osc": "sm,pt2pt", "DDSTORE_MPI_THREAD_LEVEL": "serialized"})
+        assert "yes, through Open MPI osc/pt2pt at thread level serialized" in line, line
+
+
+def test_bench_over_the_virtual_cluster(tmp_path):
+    """`python -m pyddstore.bench --vcluster` (short): remote rows across two nodes beside one
+    node; the bench checks the data it reads before timing."""
+
+    reason = harness.why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    out_json = tmp_path / "vc.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "pyddstore.bench",
+        "--vcluster",
+        "--row-sizes",
+        "3072",
+        "--batch-sizes",
+        "128",
+    ]
+    cmd += [
+        "--threads",
+        "1",
+        "--seconds",
+        "0.05",
+        "--rounds",
+        "1",
+        "--share-bytes",
+        "1e6",
+        "--json",
+        str(out_json),
+    ]
+    env = {k: None for k in ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")}
+    proc = subprocess.run(cmd, env=_env(env), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    results = json.loads(out_json.read_text())["results"]
+    two = {(r["config"], r["kind"]) for r in results if r["placement"] == "two nodes"}
+    assert {("ofi-tcp", "store"), ("mpi-rma", "store")} <= two, two
+    assert all(r["us_per_row"] > 0 and r["gb_per_s"] > 0 for r in results)
+    assert any("vs_one_node" in r for r in results), results

@@ -1,7 +1,7 @@
 """pytest side of the virtual cluster (scripts/vcluster.py): a session-wide cluster of three
 namespace "nodes", and launchers for mpirun across them and for plain processes on one node.
 
-Import the fixture into a test module (`from vc_fixture import vcluster`); tests using it skip,
+Import the fixture into a test module (`from vc_fixture import vcluster_fixture`); tests using it skip,
 with the reason, where namespaces cannot be made (not root, no `ip`)."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ _spec.loader.exec_module(harness)
 N_NODES = 3
 
 
-@pytest.fixture(scope="session")
-def vcluster():
+@pytest.fixture(name="vcluster", scope="session")
+def vcluster_fixture():
     """Three virtual nodes for the whole session, torn down at its end (and by atexit, and
     by the next run's stale-cluster sweep if this process is killed)."""
     reason = harness.why_unavailable()

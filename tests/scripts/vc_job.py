@@ -115,10 +115,9 @@ def check_batch(batch, what: str) -> int:
 
 def torch_reads(comm_kind: str, hs: str | None) -> dict:
     import torch
+    from pyddstore.torch import DistDataset, ThreadDataLoader
     from torch.utils.data import DataLoader, default_collate
     from torch.utils.data.distributed import DistributedSampler
-
-    from pyddstore.torch import DistDataset, ThreadDataLoader
 
     comm = None
     if comm_kind == "world":
@@ -154,7 +153,12 @@ def hosts_of_group(store) -> list[int]:
 
 def run_store(a) -> None:
     store = make_store(a.method, a.comm, a.hs)
-    report = {"rank": store.rank, "size": store.size, "host": socket.gethostname(), "transport": store.transport}
+    report = {
+        "rank": store.rank,
+        "size": store.size,
+        "host": socket.gethostname(),
+        "transport": store.transport,
+    }
     if a.expect == "refuse":
         try:
             store.add("x", np.zeros((4, 8), np.float32))
