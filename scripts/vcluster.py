@@ -3,16 +3,18 @@
 hostname (UTS namespace per process), loopback and an `eth0` on a private bridge, plus an
 Open MPI rsh agent and a hostfile so `mpirun` launches across them.
 
-    python scripts/vcluster.py up 3            # prints a JSON description, stays up
+    python scripts/vcluster.py up 3 [NICS]     # prints a JSON description, stays up
     python scripts/vcluster.py down NAME       # tears one cluster down
     python scripts/vcluster.py clean           # removes clusters whose creator is gone
     python scripts/vcluster.py run 2 -- CMD    # cluster up, CMD on the host, always down
 
-Every name carries the creating process id and a random token (`ddsvc-<pid>-<token>-nI`,
-bridge `dvb<token>`, veths `dv<token>I`), so parallel runs never collide and a later run
-removes what a killed one left behind. The private subnet lives only inside the namespaces
-(the bridge in the host namespace has no address), so nothing here is reachable from, or
-routes to, any real network. Needs root (CAP_NET_ADMIN + CAP_SYS_ADMIN) and `ip`/`unshare`.
+Each node has `nics` interfaces (`eth0`, `eth1`, ...), interface k on bridge k with address
+10.213.(7+k).(node+1)/24, like the several NICs of an HPC node. Every name carries the creating
+process id and a random token (`ddsvc-<pid>-<token>-nI`, bridges `dvb<token>K`, veths
+`dv<token>nIeK`), so parallel runs never collide and a later run removes what a killed one
+left behind. The private subnets live only inside the namespaces (the bridges in the host
+namespace have no address), so nothing here is reachable from, or routes to, any real network.
+Needs root (CAP_NET_ADMIN + CAP_SYS_ADMIN) and `ip`/`unshare`.
 """
 
 from __future__ import annotations
@@ -33,7 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PREFIX = "ddsvc-"
-SUBNET = "10.213.7"  # only ever assigned inside our namespaces
+SUBNET_BASE = (10, 213, 7)  # 10.213.(7+k).0/24 for interface k, only inside our namespaces
+
+
+def subnet_prefix(k: int) -> str:
+    """First three octets of interface k's subnet."""
+    a, b, c = SUBNET_BASE
+    return f"{a}.{b}.{c + k}"
 
 
 def _ip(*args: str, check: bool = True, ns: str | None = None) -> subprocess.CompletedProcess:
@@ -85,9 +93,17 @@ def clean_stale() -> list[str]:
             continue
         _kill_ns(ns)
         _ip("netns", "del", ns, check=False)
-        _ip("link", "del", f"dvb{parts[1]}", check=False)
+        _del_bridges(parts[1])
         removed.append(ns)
     return removed
+
+
+def _del_bridges(token: str) -> None:
+    out = _ip("-o", "link", "show", "type", "bridge", check=False).stdout
+    for line in out.splitlines():
+        name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+        if name.startswith(f"dvb{token}"):
+            _ip("link", "del", name, check=False)
 
 
 def _kill_ns(ns: str, sig: int = signal.SIGKILL) -> list[int]:
@@ -113,19 +129,23 @@ class VCluster:
     """N virtual nodes; `nodes[i]` is both namespace name and hostname, `addrs[i]` its eth0 address."""
 
     n: int
+    nics: int = 1
     token: str = field(default_factory=lambda: secrets.token_hex(3))
     nodes: list[str] = field(default_factory=list)
     addrs: list[str] = field(default_factory=list)
     workdir: Path | None = None
     _up: bool = False
 
-    @property
-    def bridge(self) -> str:
-        return f"dvb{self.token}"
+    def bridge(self, k: int = 0) -> str:
+        return f"dvb{self.token}{k}"
 
-    @property
-    def subnet(self) -> str:
-        return f"{SUBNET}.0/24"
+    def subnet(self, k: int = 0) -> str:
+        """Interface k's subnet (eth0's carries Open MPI's traffic)."""
+        return f"{subnet_prefix(k)}.0/24"
+
+    def addr(self, node: int, k: int = 0) -> str:
+        """Node `node`'s address on interface `ethk`."""
+        return f"{subnet_prefix(k)}.{node + 1}"
 
     @property
     def agent(self) -> Path:
@@ -140,30 +160,39 @@ class VCluster:
         return path
 
     def up(self) -> VCluster:
-        if not 1 <= self.n <= 200:
-            raise ValueError(f"n={self.n}: expected 1..200 nodes")
+        if not 1 <= self.n <= 200 or not 1 <= self.nics <= 8:
+            raise ValueError(f"n={self.n}, nics={self.nics}: expected 1..200 nodes of 1..8 NICs")
         clean_stale()
         atexit.register(self.down)
         self._up = True
+        try:
+            self._make()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _make(self) -> None:
         self.workdir = Path(tempfile.mkdtemp(prefix=f"ddsvc-{self.token}-"))
         self.agent.write_text(AGENT)
         self.agent.chmod(stat.S_IRWXU)
         base = f"{PREFIX}{os.getpid()}-{self.token}"
-        _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("link", "set", self.bridge, "up")
+        for k in range(self.nics):
+            _ip("link", "add", self.bridge(k), "type", "bridge")
+            _ip("link", "set", self.bridge(k), "up")
         for i in range(self.n):
-            ns, host_end = f"{base}-n{i}", f"dv{self.token}{i}"
-            addr = f"{SUBNET}.{i + 1}"
+            ns = f"{base}-n{i}"
             _ip("netns", "add", ns)
             self.nodes.append(ns)
-            self.addrs.append(addr)
-            _ip("link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            _ip("link", "set", host_end, "master", self.bridge)
-            _ip("link", "set", host_end, "up")
-            _ip("addr", "add", f"{addr}/24", "dev", "eth0", ns=ns)
-            _ip("link", "set", "eth0", "up", ns=ns)
+            self.addrs.append(self.addr(i))
             _ip("link", "set", "lo", "up", ns=ns)
-        return self
+            for k in range(self.nics):
+                host_end, nic = f"dv{self.token}n{i}e{k}", f"eth{k}"
+                _ip("link", "add", host_end, "type", "veth", "peer", "name", nic, "netns", ns)
+                _ip("link", "set", host_end, "master", self.bridge(k))
+                _ip("link", "set", host_end, "up")
+                _ip("addr", "add", f"{self.addr(i, k)}/24", "dev", nic, ns=ns)
+                _ip("link", "set", nic, "up", ns=ns)
 
     def down(self) -> None:
         if not self._up:
@@ -172,7 +201,7 @@ class VCluster:
         for ns in self.nodes:
             _kill_ns(ns)
             _ip("netns", "del", ns, check=False)
-        _ip("link", "del", self.bridge, check=False)
+        _del_bridges(self.token)
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -224,10 +253,10 @@ class VCluster:
             "self,vader,tcp",
             "--mca",
             "btl_tcp_if_include",
-            self.subnet,
+            self.subnet(),
             "--mca",
             "oob_tcp_if_include",
-            self.subnet,
+            self.subnet(),
             *xs,
             *argv,
         ]
@@ -241,8 +270,8 @@ class VCluster:
         return {
             "nodes": self.nodes,
             "addrs": self.addrs,
-            "bridge": self.bridge,
-            "subnet": self.subnet,
+            "bridges": [self.bridge(k) for k in range(self.nics)],
+            "subnets": [self.subnet(k) for k in range(self.nics)],
             "agent": str(self.agent),
             "hostfile": str(self.hostfile()),
         }
@@ -261,7 +290,7 @@ def main(argv: list[str]) -> int:
         print(f"vcluster: {reason}", file=sys.stderr)
         return 2
     if cmd == "up":
-        c = VCluster(int(argv[1]) if len(argv) > 1 else 2).up()
+        c = VCluster(int(argv[1]) if len(argv) > 1 else 2, int(argv[2]) if len(argv) > 2 else 1).up()
         print(json.dumps(c.describe()), flush=True)
         try:
             while True:
@@ -277,7 +306,7 @@ def main(argv: list[str]) -> int:
             if ns.startswith(ns_prefix):
                 _kill_ns(ns)
                 _ip("netns", "del", ns, check=False)
-        _ip("link", "del", "dvb" + ns_prefix.rsplit("-", 1)[-1], check=False)
+        _del_bridges(ns_prefix.rsplit("-", 1)[-1])
         return 0
     if cmd == "run":
         n = int(argv[1])

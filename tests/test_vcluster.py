@@ -32,15 +32,24 @@ def test_harness_nodes_have_own_hostname_and_address(vcluster):
         ).stdout
         assert out.splitlines()[0] == ns, out
         assert f"{vcluster.addrs[i]}/24" in out, out
+        assert (
+            f"{vcluster.addr(i, 1)}/24"
+            in subprocess.run(
+                vcluster.on_node(i, ["ip", "-4", "-o", "addr", "show", "dev", "eth1"]),
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout
+        )
     # A stale cluster (its creator gone) is swept by the next run's clean_stale().
     assert all(n.startswith(harness.PREFIX) for n in vcluster.nodes)
 
 
 def test_method1_tcp_mixed_batches_loaders_and_width(vcluster):
-    """2 nodes x 2 ranks, method 1 over tcp on eth0 (FABRIC_IFACE): get_batch mixing own,
+    """2 nodes x 2 ranks, method 1 over tcp on eth1 (FABRIC_IFACE): get_batch mixing own,
     same-node (memfd) and remote rows from two threads; DistDataset through ThreadDataLoader
     and forked DataLoader workers; ddstore_width=2 groups that span both nodes."""
-    env = {"DDSTORE_FABRIC": "tcp", "FABRIC_IFACE": "eth0", "DDSTORE_FORK_WORKERS": "1"}
+    env = {"DDSTORE_FABRIC": "tcp", "FABRIC_IFACE": "eth1", "DDSTORE_FORK_WORKERS": "1", "VC_CHECK_NIC": "1"}
     out = vc_mpirun(
         vcluster, 2, "vc_job.py", "store", "--method", "1", "--torch", env=env, timeout=300
     ).stdout
@@ -48,23 +57,30 @@ def test_method1_tcp_mixed_batches_loaders_and_width(vcluster):
     for r in ranks:
         assert r["nodes"] == 2 and r["mismatches"] == 0, r
         assert r["same_node"] > 0 and r["remote"] > 0, r
-        assert "tcp" in r["transport"], r
+        assert "tcp" in r["transport"] and r["nic"] == "eth1", r
+        assert r["addr"] == vcluster.addr(vcluster.nodes.index(r["host"]), 1), r
         t = r["torch"]
         assert t["thread_loader"] > 0 and t["forked_workers"] > 0 and t["width2"] == 203, t
         assert len(t["width2_group_hosts"]) == 2, f"a ddstore_width group must span two nodes: {t}"
 
 
 def test_file_comm_across_nodes_with_nic_map(vcluster, handshake_dir):
-    """The file communicator (no MPI) across 2 nodes x 2 plain processes; each node picks its
-    NIC through DDSTORE_NIC_MAP (local rank -> interface)."""
-    env = {"DDSTORE_FABRIC": "tcp", "DDSTORE_NIC_MAP": "0:eth0,1:eth0", "DDSTORE_MPI": "0"}
+    """The file communicator (no MPI) across 2 nodes x 2 plain processes; on each node local
+    rank 0 uses eth0 and local rank 1 eth1 (DDSTORE_NIC_MAP), checked in the published records."""
+    env = {
+        "DDSTORE_FABRIC": "tcp",
+        "DDSTORE_NIC_MAP": "0:eth0,1:eth1",
+        "DDSTORE_MPI": "0",
+        "VC_CHECK_NIC": "1",
+    }
     args = ("store", "--method", "1", "--comm", "file", "--hs", str(handshake_dir))
     procs = [vc_start(vcluster, r // 2, r, 4, r % 2, "vc_job.py", *args, env=env) for r in range(4)]
     outs = finish(procs, timeout=240)
-    for rc, out, _ in outs:
+    for rank, (rc, out, _) in enumerate(outs):
         (r,) = reports(out, "vcjob")
         assert r["nodes"] == 2 and r["mismatches"] == 0, r
         assert r["same_node"] > 0 and r["remote"] > 0, r
+        assert r["nic"] == f"eth{rank % 2}" and r["addr"] == vcluster.addr(rank // 2, rank % 2), r
 
 
 def test_method2_core_on_two_nodes_extra_job_on_a_third(vcluster, handshake_dir):

@@ -21,16 +21,17 @@ sys.modules["ddstore_vcluster"] = harness
 _spec.loader.exec_module(harness)
 
 N_NODES = 3
+NICS = 2  # eth0 (Open MPI's and the default), eth1 (for NIC selection)
 
 
 @pytest.fixture(name="vcluster", scope="session")
 def vcluster_fixture():
-    """Three virtual nodes for the whole session, torn down at its end (and by atexit, and
+    """Three virtual nodes of two NICs for the whole session, torn down at its end (and by atexit, and
     by the next run's stale-cluster sweep if this process is killed)."""
     reason = harness.why_unavailable()
     if reason:
         pytest.skip(reason)
-    cluster = harness.VCluster(N_NODES).up()
+    cluster = harness.VCluster(N_NODES, NICS).up()
     try:
         yield cluster
     finally:

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import socket
+import subprocess
 import threading
 import time
 import zlib
@@ -55,6 +56,37 @@ def hosts_of(store) -> np.ndarray:
     assert list(out[:, 1]) == list(range(store.size)), out
     assert out[store.rank, 0] == host_hash()
     return out[:, 0]
+
+
+def local_rank() -> int:
+    for k in ("SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"):
+        if os.environ.get(k):
+            return int(os.environ[k])
+    return 0
+
+
+def expected_nic() -> str:
+    """The interface FABRIC_IFACE, else DDSTORE_NIC_MAP (local rank -> NIC), names here."""
+    if os.environ.get("FABRIC_IFACE"):
+        return os.environ["FABRIC_IFACE"]
+    pairs = sorted((int(k), v) for k, v in (e.split(":") for e in os.environ["DDSTORE_NIC_MAP"].split(",")))
+    return pairs[local_rank() % len(pairs)][1]
+
+
+def ipv4_of(iface: str) -> str:
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", iface], capture_output=True, text=True)
+    return out.stdout.split()[3].split("/")[0]
+
+
+def check_nic(store, name: str) -> dict:
+    """This rank's endpoint (its published record) is bound to the NIC its settings name."""
+    records = store._native.records(name)
+    mine = records[store.rank] if len(records) == store.size else records[0]
+    addr = bytes(json.loads(mine[4:])["addr"])
+    assert int.from_bytes(addr[:2], "little") == socket.AF_INET, addr
+    bound, nic = socket.inet_ntoa(addr[4:8]), expected_nic()
+    assert bound == ipv4_of(nic), f"rank {store.rank} bound {bound}, expected {nic} ({ipv4_of(nic)})"
+    return {"nic": nic, "addr": bound}
 
 
 def owners(counts: list[int]) -> np.ndarray:
@@ -173,6 +205,8 @@ def run_store(a) -> None:
     hosts = hosts_of(store)
     report["nodes"] = len(set(hosts.tolist()))
     report.update(mixed_reads(store, hosts))
+    if os.environ.get("VC_CHECK_NIC") == "1":
+        report.update(check_nic(store, "x"))
     report["transport"] = store.transport
     store.free()
     if a.torch:
