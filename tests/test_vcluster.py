@@ -234,3 +234,41 @@ def test_bench_over_the_virtual_cluster(tmp_path):
     assert {("ofi-tcp", "store"), ("mpi-rma", "store")} <= two, two
     assert all(r["us_per_row"] > 0 and r["gb_per_s"] > 0 for r in results)
     assert any("vs_one_node" in r for r in results), results
+
+
+def _bridges() -> str:
+    return subprocess.run(
+        ["ip", "-o", "link", "show", "type", "bridge"], capture_output=True, text=True
+    ).stdout
+
+
+def test_teardown_after_sigterm_and_sweep_after_sigkill():
+    """A harness process ended by SIGTERM removes its cluster itself; one killed with SIGKILL
+    leaves it behind, and the next harness start (clean_stale) removes it and its processes."""
+    import signal
+
+    reason = harness.why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        p = subprocess.Popen(
+            [sys.executable, str(harness.__file__), "up", "2", "2"], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            desc = json.loads(p.stdout.readline())
+            nodes, bridges = desc["nodes"], desc["bridges"]
+            # A process living on a node, as a rank would.
+            sub = subprocess.Popen(["ip", "netns", "exec", nodes[1], "sleep", "300"])
+            time.sleep(0.2)
+            assert set(nodes) <= set(harness._netns_list())
+            p.send_signal(sig)
+            p.wait(timeout=30)
+            if sig == signal.SIGKILL:
+                assert set(nodes) <= set(harness._netns_list()), "SIGKILL leaves the cluster behind"
+                assert nodes[0] in harness.clean_stale()
+            assert not set(nodes) & set(harness._netns_list()), nodes
+            assert not any(b in _bridges() for b in bridges), bridges
+            assert sub.wait(timeout=30) != 0, "the node's processes must be killed"
+        finally:
+            if p.poll() is None:
+                p.kill()
