@@ -438,4 +438,32 @@ mod tests {
         assert!(err.to_string().contains("another job"), "{err}");
         assert_eq!(MpiRma::new().name(), "mpi-rma");
     }
+
+    #[test]
+    fn span_refusal_names_the_mpi_the_ranks_and_the_alternatives() {
+        let ranks: Vec<usize> = (0..12).collect();
+        let msg = span_refusal(12, 3, &ranks, "MPI_ERR_WIN");
+        let version = library_version();
+        let first = version
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        for part in [
+            first.as_str(),
+            "across nodes",
+            "12 ranks on 3 nodes",
+            "[0, 1, 2, 3, 4, 5, 6, 7, ...]",
+            "MPI_ERR_WIN",
+            "nothing was created",
+            "method=1",
+        ] {
+            assert!(msg.contains(part), "{part:?} missing from {msg}");
+        }
+        if first.contains("Open MPI") {
+            assert!(msg.contains("OMPI_MCA_osc=sm,pt2pt"), "{msg}");
+            assert!(msg.contains("serialized"), "{msg}");
+        }
+    }
 }
