@@ -64,6 +64,9 @@ def why_unavailable() -> str | None:
     if made.returncode != 0:
         return f"cannot create a network namespace here: {made.stderr.strip()}"
     _ip("netns", "del", probe, check=False)
+    uts = subprocess.run(["unshare", "--uts", "true"], capture_output=True, text=True, timeout=30)
+    if uts.returncode != 0:
+        return f"cannot create a UTS namespace here (unshare --uts): {uts.stderr.strip()}"
     return None
 
 
