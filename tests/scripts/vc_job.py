@@ -215,7 +215,8 @@ def run_store(a) -> None:
 
 
 def run_dead(a) -> None:
-    """Ranks on node 1 (ranks 2, 3) are killed by the test once everyone has read from them."""
+    """Ranks on node 1 (ranks 2, 3) are killed by the test once everyone has read from them;
+    rank 0 then reads from each dead rank (DDStoreTimeoutError), rank 1 only frees."""
     store = make_store(1, "file", a.hs)
     first, count, counts = share_bounds(N, store.size, store.rank)
     store.add("x", rows_of(SEED, np.arange(first, first + count), SHAPE, "float32"))
@@ -232,6 +233,18 @@ def run_dead(a) -> None:
     while not os.path.exists(os.path.join(a.hs, "node1-killed")):
         time.sleep(0.05)
     report = {"rank": store.rank, "timeouts": {}}
+    if store.rank == 1:
+        # Never reads from the dead node: free() must still return, within the handshake
+        # deadline (its barrier cannot complete: ranks 2, 3 are dead and rank 0 skips it).
+        t0 = time.monotonic()
+        try:
+            store.free()
+            report["free_error"] = None
+        except DDStoreTimeoutError as e:
+            report["free_error"] = str(e)
+        report["free_s"] = round(time.monotonic() - t0, 2)
+        print("vcjob", json.dumps(report), flush=True)
+        return
     for victim in (2, 3):
         rows = np.arange(starts[victim], starts[victim] + 4)
         t0 = time.monotonic()
@@ -249,6 +262,7 @@ def run_dead(a) -> None:
     t0 = time.monotonic()
     store.free()
     report["free_s"] = round(time.monotonic() - t0, 2)
+    report["free_error"] = None
     print("vcjob", json.dumps(report), flush=True)
 
 
