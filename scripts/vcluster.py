@@ -98,6 +98,10 @@ def clean_stale() -> list[str]:
         _ip("netns", "del", ns, check=False)
         _del_bridges(parts[1])
         removed.append(ns)
+    for workdir in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
+        parts = workdir.name[len(PREFIX) :].split("-")
+        if workdir.is_dir() and parts[0].isdigit() and not _pid_alive(int(parts[0])):
+            shutil.rmtree(workdir, ignore_errors=True)
     return removed
 
 
@@ -176,7 +180,7 @@ class VCluster:
         return self
 
     def _make(self) -> None:
-        self.workdir = Path(tempfile.mkdtemp(prefix=f"ddsvc-{self.token}-"))
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-{self.token}-"))
         self.agent.write_text(AGENT)
         self.agent.chmod(stat.S_IRWXU)
         base = f"{PREFIX}{os.getpid()}-{self.token}"

@@ -271,6 +271,7 @@ def test_teardown_after_sigterm_and_sweep_after_sigkill():
                 assert nodes[0] in harness.clean_stale()
             assert not set(nodes) & set(harness._netns_list()), nodes
             assert not any(b in _bridges() for b in bridges), bridges
+            assert not os.path.exists(desc["agent"]), "the rsh agent's directory must be removed"
             assert sub.wait(timeout=30) != 0, "the node's processes must be killed"
         finally:
             if p.poll() is None:
