@@ -95,7 +95,9 @@ def main():
     if size > 1:
         arr = np.zeros((2, 4), np.float32)
         e = expect_error(
-            DDStoreError, "", lambda: store.add("mixed", arr, lengths=[1, 1]) if rank == 0 else store.add("mixed", arr)
+            DDStoreError,
+            "",
+            lambda: store.add("mixed", arr, lengths=[1, 1]) if rank == 0 else store.add("mixed", arr),
         )
         assert isinstance(e, DDStoreError)
 

@@ -48,8 +48,8 @@ class PyDDStore:
     every variable's rows and reads any row with one-sided reads.
 
     ``PyDDStore(comm=None, method=0, handshake_dir="", n_core=0, nic_map=None)``:
-    ``comm`` (upstream's name; ``comm_or_none`` is accepted too) is an mpi4py communicator, a torch.distributed group, a
-    :class:`pyddstore.FileComm` or None (resolved as documented in
+    ``comm`` (upstream's name; ``comm_or_none`` is accepted too) is an mpi4py
+    communicator, a torch.distributed group, a :class:`pyddstore.FileComm` or None (resolved as documented in
     :mod:`pyddstore._comm`). ``method`` 0 reads with MPI RMA, 1 with
     libfabric, 2 with libfabric across jobs (``n_core > 0`` joins a running
     core group published in ``handshake_dir``). ``ddstore_width`` splits
