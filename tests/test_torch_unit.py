@@ -190,7 +190,7 @@ def test_window_math():
 
 def test_row_of():
     concat = ConcatDataset([list(range(4)), list(range(6)), list(range(2))])
-    assert [row_of(concat, 0, 3), row_of(concat, 1, 0), row_of(concat, 2, 1), row_of(concat, -1, -1)] == [
+    assert [row_of(concat, 0, 3), row_of(concat, 1, 0), row_of(concat, 2, 1), row_of(concat, -1, 1)] == [
         3,
         4,
         11,
@@ -201,6 +201,8 @@ def test_row_of():
             assert concat[row_of(concat, k, i)] == concat.datasets[k][i]
     with pytest.raises(IndexError):
         row_of(concat, 0, 4)
+    with pytest.raises(IndexError):  # not the last sample of dataset 1, as upstream
+        row_of(concat, 1, -1)
     with pytest.raises(IndexError):
         row_of(concat, 3, 0)
 

@@ -317,6 +317,7 @@ def main():
         ("window index", IndexError, "out of range", win.__getitem__, len(win)),
         ("window over a list", TypeError, "DistDataset", WindowedDataset, [1, 2, 3], 2),
         ("row_of bad source", IndexError, "source", row_of, torch.utils.data.ConcatDataset([Src()]), 3, 0),
+        ("row_of index -1", IndexError, "index -1", row_of, torch.utils.data.ConcatDataset([Src()]), 0, -1),
         ("reader without dir", ValueError, "handshake_dir", lambda: DistDatasetReader("x", handshake_dir="")),
         # ThreadDataLoader
         (

@@ -251,7 +251,7 @@ class PyDDStore:
         key = _recv_key(name, arr)
         if key in self._recv:
             return
-        self._native.register_recv(name, arr)
+        self._native.register_recv(self._values_var(name), arr)
         self._recv.add(key)
 
     def unregister_recv(self, name: str, arr) -> None:
@@ -261,7 +261,7 @@ class PyDDStore:
             raise DDStoreValueError(
                 f"unregister_recv('{name}'): this buffer is not registered (never, or already unregistered)"
             )
-        self._native.unregister_recv(name, arr)
+        self._native.unregister_recv(self._values_var(name), arr)
         self._recv.discard(key)
 
     def get_profile(self, name: str | None = None) -> dict:
@@ -371,6 +371,10 @@ class PyDDStore:
             )
 
     # -- helpers ------------------------------------------------------------
+    def _values_var(self, name: str) -> str:
+        """The variable reads of ``name`` land from: a ragged variable's values part."""
+        return name + "#values" if self._native.is_ragged(name) else name
+
     def _check_name(self, name) -> None:
         if not isinstance(name, str) or not name:
             raise DDStoreTypeError(f"name must be a non-empty str, got {name!r}")
