@@ -90,9 +90,8 @@ def same_batches(want, got, where):
 
 
 def check_graphs(ds, where, forked_ok):
-    from torch_geometric.loader import DataLoader as GraphLoader
-
     from pyddstore.torch import ThreadDataLoader
+    from torch_geometric.loader import DataLoader as GraphLoader
 
     src = Graphs()
     for i in range(N):

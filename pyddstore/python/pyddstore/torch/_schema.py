@@ -224,7 +224,8 @@ class Field:
             arr = arr.numpy()
         if not isinstance(arr, np.ndarray) or arr.dtype != self.dtype:
             raise DDStoreTypeError(
-                f"out buffer for ragged field {self.key!r} must be a numpy array or CPU tensor of {self.dtype}"
+                f"out buffer for ragged field {self.key!r} must be a numpy array or CPU tensor "
+                f"of {self.dtype}"
             )
         return arr
 
@@ -331,7 +332,8 @@ class Field:
                 "(or ragged='auto') for fields whose size varies along one axis"
             )
             raise SchemaError(
-                f"{_where(index, self.key)}: {describe(value)} differs from sample 0's {self.describe()}; {hint}"
+                f"{_where(index, self.key)}: {describe(value)} differs from sample 0's "
+                f"{self.describe()}; {hint}"
             )
 
     def describe(self) -> str:
