@@ -6,6 +6,7 @@ behaviours (comm=, epoch nesting, register_recv, get_profile keys).
     python ragged_store.py <method> <comm: world|none>
 """
 
+import os
 import sys
 
 import numpy as np
@@ -91,6 +92,15 @@ def main():
                 check(v, off, b, unit, dtype, f"{name} thread {t}")
 
         run_threads(3, reader)
+    # Through the fabric: a batch costs one read of row ends per owner plus the values' reads.
+    if size > 1 and os.environ.get("DDSTORE_SHM") == "0" and store.transport.startswith("ofi"):
+        owner1 = my_rows(1, size)
+        b = rng.choice(np.array(owner1), 12)
+        before = store.get_profile("pos")["remote_reads"]
+        store.get_batch("pos", b)
+        reads = store.get_profile("pos")["remote_reads"] - before
+        nonempty = len({int(r) for r in b if length(int(r))}) if rank != 1 else 0
+        assert rank == 1 or reads <= nonempty + 1, f"{reads} reads for {nonempty} rows of one owner"
     # A mismatch (ragged on one rank, fixed on another) fails every rank, no hang.
     if size > 1:
         arr = np.zeros((2, 4), np.float32)

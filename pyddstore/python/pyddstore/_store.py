@@ -122,7 +122,7 @@ class PyDDStore:
         # Upstream get_profile() keys: seconds in get/get_batch/epoch syncs, live registrations.
         self._py_times = {"py_get": 0.0, "py_gets": 0.0, "py_sync": 0.0}
         self._recv: set = set()
-        self._ragged_units: dict = {}
+        self._ragged_units: dict = {}  # ragged variables here -> their unit shape
         self._publisher = None
         if method == 2 and not self.is_extra:
             self._publisher = _handshake.Publisher(self, self.handshake_dir)
@@ -209,7 +209,7 @@ class PyDDStore:
         """
         t = time.perf_counter()
         try:
-            if indices is None or self._native.is_ragged(name):
+            if indices is None or name in self._ragged_units:
                 if indices is None:
                     indices = arr
                 elif arr is not None:
@@ -343,6 +343,7 @@ class PyDDStore:
         _handshake.join(self, name + "#values", timeout_s, token)
         _handshake.join(self, name + "#ends", timeout_s, token)
         self._native.link_ragged(name)
+        self._ragged_units[name] = ()  # values come back flat: the unit shape is not published
 
     def free(self) -> None:
         """Collective: releases every variable once every rank has stopped reading. Idempotent."""
