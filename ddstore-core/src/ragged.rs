@@ -57,6 +57,13 @@ pub struct RaggedInfo {
     pub units: Layout,
 }
 
+/// A ragged variable as the store keeps it: its shape and its two parts.
+pub(crate) struct RaggedVar {
+    pub(crate) info: RaggedInfo,
+    values: Arc<Variable>,
+    ends: Arc<Variable>,
+}
+
 /// A batch whose row lengths are known (the `ends` were read) and whose
 /// values are planned but not read yet: the caller sizes the destination
 /// from [`RaggedBatch::offsets`], then calls [`Store::read_ragged`].
@@ -65,6 +72,7 @@ pub struct RaggedBatch {
     pub(crate) plan: Plan,
     offsets: Vec<u64>,
     unit_bytes: usize,
+    dtype: DType,
 }
 
 impl RaggedBatch {
@@ -83,6 +91,10 @@ impl RaggedBatch {
     }
     pub fn unit_bytes(&self) -> usize {
         self.unit_bytes
+    }
+    /// The variable's element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
     }
     /// Reads and memory copies the values need (after coalescing): one per
     /// owner for consecutive rows of one share.
@@ -162,12 +174,20 @@ impl Store {
             rows: ends.info.layout.clone(),
             units: values.info.layout.clone(),
         };
-        self.ragged.write().unwrap().insert(name.to_string(), info);
+        let var = RaggedVar { info, values, ends };
+        self.ragged
+            .write()
+            .unwrap()
+            .insert(name.to_string(), Arc::new(var));
         Ok(())
     }
 
     /// The shape of ragged variable `name`.
     pub fn ragged_info(&self, name: &str) -> Result<RaggedInfo> {
+        Ok(self.ragged_var(name)?.info.clone())
+    }
+
+    fn ragged_var(&self, name: &str) -> Result<Arc<RaggedVar>> {
         self.check_live()?;
         self.ragged
             .read()
@@ -185,10 +205,10 @@ impl Store {
     /// Reads the lengths of `rows` (any order, repeats; every index checked
     /// first) and plans reading their values. One round trip per remote owner.
     pub fn plan_ragged(&self, name: &str, rows: &[i64]) -> Result<RaggedBatch> {
-        let info = self.ragged_info(name)?;
+        let var = self.ragged_var(name)?;
+        let info = &var.info;
         let rows = validate_rows(rows, info.rows.total())?;
-        let ends_var = self.var(&ends_name(name))?;
-        let values = self.var(&values_name(name))?;
+        let (ends_var, values) = (&var.ends, var.values.clone());
         let located: Vec<(usize, u64)> = rows
             .iter()
             .map(|&r| info.rows.locate(r))
@@ -309,6 +329,7 @@ impl Store {
             plan,
             offsets,
             unit_bytes: ub,
+            dtype: info.dtype,
         })
     }
 

@@ -11,7 +11,7 @@ use crate::external::ExternalShare;
 use crate::layout::Layout;
 use crate::plan::{validate_rows, Plan, Segment};
 use crate::profile::{Counters, Profile};
-use crate::ragged::{ends_name, values_name, RaggedInfo};
+use crate::ragged::{ends_name, values_name, RaggedVar};
 use crate::region::{map_node_peers, process_alive, Memory, NodeLocator};
 use crate::transport::{ExposeOptions, Exposed, RemoteRead, RemoteShares, ShareReader, Transport};
 use crate::{Config, Error, Result};
@@ -60,7 +60,7 @@ pub struct Store {
     /// Ordered so teardown (collective for MPI windows) runs in the same order on every rank.
     vars: RwLock<BTreeMap<String, Arc<Variable>>>,
     /// Ragged variables by name; their values and ends live in `vars`.
-    pub(crate) ragged: RwLock<BTreeMap<String, RaggedInfo>>,
+    pub(crate) ragged: RwLock<BTreeMap<String, Arc<RaggedVar>>>,
     freed: AtomicBool,
 }
 

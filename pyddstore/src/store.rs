@@ -314,28 +314,19 @@ impl PyStore {
         out: Option<Bound<'py, PyAny>>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, numpy::PyArray1<i64>>)> {
         let rows = indices_of(&indices)?;
-        let info = self.store.ragged_info(&name).py(py)?;
         let store = self.store.clone();
         let n = name.clone();
         let batch = py.detach(|| store.plan_ragged(&n, &rows)).py(py)?;
-        let itemsize = self
-            .itemsizes
-            .lock()
-            .unwrap()
-            .get(&name)
-            .copied()
-            .unwrap_or(1);
-        let elems = batch.bytes() / itemsize;
         let values = match out {
             Some(o) => {
                 let a = Array::new(&o, &format!("get_batch('{name}', out)"), true)?;
-                if info.dtype != DType::Bytes && a.dtype() != info.dtype {
+                if batch.dtype() != DType::Bytes && a.dtype() != batch.dtype() {
                     return Err(type_error(
                         py,
                         format!(
                             "get_batch('{name}'): out has dtype {}, the variable holds {}",
                             a.dtype_name(),
-                            info.dtype.name()
+                            batch.dtype().name()
                         ),
                     ));
                 }
@@ -347,25 +338,20 @@ impl PyStore {
                             a.nbytes(),
                             batch.bytes(),
                             batch.units(),
-                            info.unit_bytes
+                            batch.unit_bytes()
                         ),
                     ));
                 }
                 let flat = o.call_method1("reshape", (-1,))?;
-                flat.get_item(pyo3::types::PySlice::new(
-                    py,
-                    0,
-                    (batch.bytes() / a.itemsize()) as isize,
-                    1,
-                ))?
+                let end = (batch.bytes() / a.itemsize()) as isize;
+                flat.get_item(pyo3::types::PySlice::new(py, 0, end, 1))?
             }
             None => {
-                let np_dtype = match info.dtype {
-                    DType::Bytes => "uint8",
-                    d => d.name(),
+                let itemsize = match batch.dtype() {
+                    DType::Bytes => 1,
+                    d => d.itemsize(),
                 };
-                py.import("numpy")?
-                    .call_method1("empty", (elems, np_dtype))?
+                crate::buffer::alloc_uninit(py, batch.dtype(), batch.bytes() / itemsize)
             }
         };
         {
