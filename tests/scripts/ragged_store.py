@@ -126,6 +126,7 @@ def main():
     store.unregister_recv("fixed", recv)
     expect_error(ValueError, "not registered", store.unregister_recv, "fixed", recv)
     store.get("fixed", np.empty((0, 4), np.float32), 6 * size)
+    expect_error(TypeError, "indices are missing", store.get_batch, "fixed", [0, 1])
     prof = store.get_profile()
     for k in ("calls", "rows", "py_get", "py_gets", "py_sync", "lock_wait", "mr", "mr_miss", "read", "cq"):
         assert k in prof, k
