@@ -579,6 +579,14 @@ class DistDataset(_StoredDataset):
     one chunk. This rank's own rows are gathered on the device with torch and copied once; read
     rows arrive in host memory (device= moves batches to the GPU). Forked DataLoader workers
     read every row, their own too, through the fabric. chunk_size= cannot be combined with it.
+
+    ragged= (fields whose size varies from sample to sample along one axis): {key: axis} for
+    those fields, or "auto" (every rank scans the shapes of its share once; the axes that differ
+    anywhere are agreed by all ranks). torch_geometric Data samples need none: each tensor field
+    is ragged along the axis Data batches it on, and samples come back as Data. Each ragged field
+    is one ragged store variable (values plus per-row offsets kept by their owner); a batch is
+    one ragged read per field. A rank holds its ragged fields' share in memory once more while
+    loading. Not with add_device=.
     """
 
     def __init__(
