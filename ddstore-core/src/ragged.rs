@@ -225,7 +225,7 @@ impl Store {
         }
         need.sort_unstable();
         need.dedup();
-        // Needed ends of one owner closer than END_GAP_ROWS are read as one span (gaps
+        // Needed ends of a remote owner closer than END_GAP_ROWS are read as one span (gaps
         // included): a read costs about the same for 8 bytes as for a few KiB, so a batch
         // reads each owner's ends with one read, not one per row.
         let mut spans: Vec<(u64, u64, usize)> = Vec::new(); // (first row, last row, buffer offset)
@@ -236,9 +236,15 @@ impl Store {
         while i < need.len() {
             let (owner, _) = info.rows.locate(need[i])?;
             let owner_end = info.rows.start(owner) + info.rows.count(owner);
+            // Memory copies (own share, same-node peers) gain nothing from reading gaps.
+            let gap = if ends_var.is_remote(owner) {
+                END_GAP_ROWS
+            } else {
+                1
+            };
             let (lo, mut hi) = (need[i], need[i]);
             i += 1;
-            while i < need.len() && need[i] < owner_end && need[i] - hi <= END_GAP_ROWS {
+            while i < need.len() && need[i] < owner_end && need[i] - hi <= gap {
                 hi = need[i];
                 i += 1;
             }
