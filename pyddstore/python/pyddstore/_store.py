@@ -15,7 +15,7 @@ import numpy as np
 from . import _handshake, _native
 from ._comm import resolve_comm
 from ._env import FABRICS, env_choice, env_flag, resolve_method
-from ._errors import DDStoreTypeError, DDStoreUnsupportedError, DDStoreValueError
+from ._errors import DDStoreTimeoutError, DDStoreTypeError, DDStoreUnsupportedError, DDStoreValueError
 
 _live_stores: weakref.WeakSet = weakref.WeakSet()
 
@@ -340,7 +340,20 @@ class PyDDStore:
                 "join() is for method=2 extra members: PyDDStore(None, method=2, n_core=N)"
             )
         group = int(os.environ.get("DDSTORE_CORE_GROUP", "0") or 0)
+        plain = _handshake.record_path(self.handshake_dir, name, group)
         ends = _handshake.record_path(self.handshake_dir, name + "#ends", group)
+        # Whichever record appears first tells a fixed-row variable from a ragged one.
+        if timeout_s is None:
+            timeout_s = float(os.environ.get("DDSTORE_HANDSHAKE_TIMEOUT_S", "") or 300)
+        deadline = time.monotonic() + timeout_s
+        while not (os.path.exists(plain) or os.path.exists(ends)):
+            if time.monotonic() >= deadline:
+                raise DDStoreTimeoutError(
+                    f"join('{name}'): no record {plain} (nor {ends} of a ragged variable) after "
+                    f"{timeout_s:g} s: is the core job running with handshake_dir={self.handshake_dir!r}? "
+                    "(DDSTORE_HANDSHAKE_TIMEOUT_S sets the wait)"
+                )
+            time.sleep(0.05)
         if not os.path.exists(ends):
             _handshake.join(self, name, timeout_s, token)
             return
