@@ -302,25 +302,29 @@ class PyDDStore:
         self._native.comm().barrier()
 
     def epoch_begin(self) -> None:
-        """Opens a read epoch (upstream's ``epoch_begin``). Method 0: collective
-        (a barrier of the store's group, as upstream's window synchronisation);
-        other methods: local. Nesting is refused: ``epoch_begin`` twice without
-        ``epoch_end`` raises DDStoreValueError. Reads themselves need no epoch."""
+        """Opens a read epoch, as upstream's ``epoch_begin``: for method 0 collective (a barrier of
+        the store's group, where upstream fences every window) and refusing nesting
+        (``epoch_begin`` twice without ``epoch_end`` raises DDStoreValueError); for methods 1
+        and 2 nothing, as upstream. Reads themselves need no epoch."""
+        if self.method != 0:
+            return
         if self._in_epoch:
             raise DDStoreValueError("epoch_begin(): an epoch is already open: call epoch_end() first")
         self._epoch_sync()
         self._in_epoch = True
 
     def epoch_end(self) -> None:
-        """Closes the epoch :meth:`epoch_begin` opened (collective for method 0);
-        without an open epoch it raises DDStoreValueError."""
+        """Closes the epoch :meth:`epoch_begin` opened (method 0: collective; without an open
+        epoch it raises DDStoreValueError); nothing for methods 1 and 2, as upstream."""
+        if self.method != 0:
+            return
         if not self._in_epoch:
             raise DDStoreValueError("epoch_end(): no epoch is open: call epoch_begin() first")
         self._epoch_sync()
         self._in_epoch = False
 
     def _epoch_sync(self) -> None:
-        if self.method == 0 and self.size > 1:
+        if self.size > 1:
             t = time.perf_counter()
             self._native.comm().barrier()
             self._py_times["py_sync"] += time.perf_counter() - t
