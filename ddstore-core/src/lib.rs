@@ -15,6 +15,7 @@ pub mod layout;
 pub mod node_only;
 pub mod plan;
 pub mod profile;
+pub mod ragged;
 pub mod region;
 pub mod store;
 pub mod transport;

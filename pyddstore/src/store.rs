@@ -84,7 +84,17 @@ impl PyStore {
         py.detach(|| read(&store, &name, &rows, out)).py(py)
     }
 
+    /// A fixed-row variable's shape; for a ragged one, its rows with the
+    /// unit as the "row" width (what info/dtype/counts report).
     fn var_info(&self, py: Python<'_>, name: &str) -> PyResult<VarInfo> {
+        if self.store.is_ragged(name) {
+            let r = self.store.ragged_info(name).py(py)?;
+            return Ok(VarInfo {
+                dtype: r.dtype,
+                row_bytes: r.unit_bytes,
+                layout: r.rows,
+            });
+        }
         Ok(self.store.var(name).py(py)?.info.clone())
     }
 
@@ -250,6 +260,131 @@ impl PyStore {
         Ok(())
     }
 
+    /// Collective: creates the ragged variable `name` from this rank's rows:
+    /// row i is `lengths[i]` consecutive units (first-axis entries) of
+    /// `values`; lengths may be 0 and a rank may have no rows.
+    fn add_ragged(
+        &self,
+        py: Python<'_>,
+        name: String,
+        values: Bound<'_, PyAny>,
+        lengths: Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let a = Array::new(&values, &format!("add('{name}', values)"), false)?;
+        if a.arr.ndim() == 0 {
+            return Err(value_error(
+                py,
+                format!("add('{name}'): values must have at least one dimension (units)"),
+            ));
+        }
+        let lengths = indices_of(&lengths)?;
+        if let Some(i) = lengths.iter().position(|&l| l < 0) {
+            return Err(value_error(
+                py,
+                format!(
+                    "add('{name}'): lengths[{i}] = {} is negative: expected lengths >= 0",
+                    lengths[i]
+                ),
+            ));
+        }
+        let lengths: Vec<u64> = lengths.iter().map(|&l| l as u64).collect();
+        let unit_bytes: usize = a.arr.shape()[1..].iter().product::<usize>() * a.itemsize();
+        let dtype = a.dtype();
+        let store = self.store.clone();
+        let n = name.clone();
+        let data = a.bytes();
+        py.detach(|| store.add_ragged(&n, &lengths, unit_bytes, dtype, data))
+            .py(py)?;
+        self.itemsizes.lock().unwrap().insert(name, a.itemsize());
+        Ok(())
+    }
+
+    /// Reads ragged rows `indices` (any order, repeats): returns
+    /// `(values, offsets)`, row i being units `offsets[i]:offsets[i + 1]` of
+    /// `values` (a flat array of the variable's dtype, `unit_bytes` per unit).
+    /// With `out`, the values land at the start of `out` (a writable
+    /// contiguous array of the same dtype, large enough) and `values` is the
+    /// filled part of `out`.
+    #[pyo3(signature = (name, indices, out=None))]
+    fn get_ragged<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        indices: Bound<'py, PyAny>,
+        out: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, numpy::PyArray1<i64>>)> {
+        let rows = indices_of(&indices)?;
+        let store = self.store.clone();
+        let n = name.clone();
+        let batch = py.detach(|| store.plan_ragged(&n, &rows)).py(py)?;
+        let values = match out {
+            Some(o) => {
+                let a = Array::new(&o, &format!("get_batch('{name}', out)"), true)?;
+                if batch.dtype() != DType::Bytes && a.dtype() != batch.dtype() {
+                    return Err(type_error(
+                        py,
+                        format!(
+                            "get_batch('{name}'): out has dtype {}, the variable holds {}",
+                            a.dtype_name(),
+                            batch.dtype().name()
+                        ),
+                    ));
+                }
+                if a.nbytes() < batch.bytes() {
+                    return Err(value_error(
+                        py,
+                        format!(
+                            "get_batch('{name}'): out has {} bytes, the batch needs {} ({} units of {} bytes)",
+                            a.nbytes(),
+                            batch.bytes(),
+                            batch.units(),
+                            batch.unit_bytes()
+                        ),
+                    ));
+                }
+                let flat = o.call_method1("reshape", (-1,))?;
+                let end = (batch.bytes() / a.itemsize()) as isize;
+                flat.get_item(pyo3::types::PySlice::new(py, 0, end, 1))?
+            }
+            None => {
+                let itemsize = match batch.dtype() {
+                    DType::Bytes => 1,
+                    d => d.itemsize(),
+                };
+                crate::buffer::alloc_uninit(py, batch.dtype(), batch.bytes() / itemsize)
+            }
+        };
+        {
+            let mut a = Array::new(&values, &format!("get_batch('{name}', out)"), true)?;
+            let dst = a.bytes_mut();
+            let store = self.store.clone();
+            py.detach(|| store.read_ragged(&batch, &mut dst[..batch.bytes()]))
+                .py(py)?;
+        }
+        let offsets: Vec<i64> = batch.offsets().iter().map(|&o| o as i64).collect();
+        Ok((values, numpy::PyArray1::from_vec(py, offsets)))
+    }
+
+    /// Whether `name` is a ragged variable.
+    fn is_ragged(&self, name: &str) -> bool {
+        self.store.is_ragged(name)
+    }
+
+    /// Method 2 extra job: `name`'s values and ends were attached
+    /// (as `name#values`, `name#ends`); read them as one ragged variable.
+    fn link_ragged(&self, py: Python<'_>, name: String) -> PyResult<()> {
+        let itemsize = self
+            .itemsizes
+            .lock()
+            .unwrap()
+            .get(&ddstore_core::ragged::values_name(&name))
+            .copied()
+            .unwrap_or(1);
+        self.store.link_ragged(&name).py(py)?;
+        self.itemsizes.lock().unwrap().insert(name, itemsize);
+        Ok(())
+    }
+
     /// Writes this rank's rows `[offset, offset + len(arr))`.
     #[pyo3(signature = (name, arr, offset=0))]
     fn update(
@@ -277,12 +412,12 @@ impl PyStore {
     #[pyo3(signature = (name, arr, start=0))]
     fn get(&self, py: Python<'_>, name: String, arr: Bound<'_, PyAny>, start: i64) -> PyResult<()> {
         let mut a = Array::new(&arr, &format!("get('{name}', arr)"), true)?;
-        let info = self.var_info(py, &name)?;
-        if a.nbytes() == 0 || !a.nbytes().is_multiple_of(info.row_bytes) {
+        let info = self.store.var(&name).py(py)?.info.clone();
+        if !a.nbytes().is_multiple_of(info.row_bytes) {
             return Err(value_error(
                 py,
                 format!(
-                    "get('{name}'): arr has shape {:?} ({} bytes), expected a positive multiple of the {}-byte row",
+                    "get('{name}'): arr has shape {:?} ({} bytes), expected a multiple of the {}-byte row",
                     a.arr.shape(),
                     a.nbytes(),
                     info.row_bytes

@@ -21,7 +21,7 @@ from pyddstore import FileComm
 
 from ._dataset import Buffers, DistDataset, DistDatasetReader, ForkedWorkerError
 from ._loader import ThreadDataLoader
-from ._schema import SchemaError, SchemaTypeError, share_of
+from ._schema import RaggedRows, SchemaError, SchemaTypeError, share_of
 from ._windowed import WindowedDataset, row_of
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "DistDatasetReader",
     "FileComm",
     "ForkedWorkerError",
+    "RaggedRows",
     "SchemaError",
     "SchemaTypeError",
     "ThreadDataLoader",

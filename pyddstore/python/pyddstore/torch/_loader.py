@@ -29,7 +29,7 @@ from torch.utils.data._utils import pin_memory as _pin
 from torch.utils.data._utils import worker as _worker
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
-from pyddstore import DDStoreValueError
+from pyddstore import DDStoreTypeError, DDStoreValueError
 
 from ._dataset import _env_flag, _StoredDataset
 
@@ -485,7 +485,7 @@ class ThreadDataLoader(DataLoader):
         super().__init__(dataset, **kwargs)
         if self.reuse_buffers:
             if not hasattr(dataset, "alloc") or not hasattr(dataset, "release"):
-                raise DDStoreValueError(
+                raise DDStoreTypeError(
                     "reuse_buffers=True needs a DistDataset or DistDatasetReader (dataset.alloc)"
                 )
             if isinstance(dataset, IterableDataset):
