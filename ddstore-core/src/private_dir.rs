@@ -172,7 +172,7 @@ impl PrivateDir {
     pub fn write(&self, name: &str, data: &[u8]) -> Result<()> {
         let target = cstr(name)?;
         let ctx = |e| Error::io(format!("writing {}", self.show(name)), e);
-        let tmp_name = format!(".{}.tmp-{}", name.get(..40).unwrap_or(name), random_hex());
+        let tmp_name = format!(".{}.tmp-{}", name.get(..200).unwrap_or(name), random_hex());
         let tmp = cstr(&tmp_name)?;
         let flags =
             libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;

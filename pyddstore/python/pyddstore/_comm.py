@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import atexit
 import os
-import pickle
 import sys
 
-from . import _native
-from ._env import env_choice, env_flag
+from . import _native, _wire
+from ._env import env_choice, env_flag, env_seconds
 from ._errors import DDStoreValueError
 
 _MPI_LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_SIZE")
@@ -48,7 +47,7 @@ class FileComm:
                 "or set DDSTORE_HANDSHAKE_DIR"
             )
         if timeout_s is None:
-            timeout_s = float(os.environ.get("DDSTORE_HANDSHAKE_TIMEOUT_S", "") or 300)
+            timeout_s = env_seconds("DDSTORE_HANDSHAKE_TIMEOUT_S", 300.0)
         self.handshake_dir = os.fspath(handshake_dir)
         self._native = _native.Comm.file(self.handshake_dir, rank, size, job_id, timeout_s)
 
@@ -67,7 +66,8 @@ class FileComm:
         return self._native.size
 
     def allgather(self, obj) -> list:
-        return [pickle.loads(b) for b in self._native.allgather(pickle.dumps(obj))]
+        """Every rank's `obj`: data only (see ``pyddstore._wire``), never pickles."""
+        return _wire.gather(self._native, obj)
 
     def barrier(self) -> None:
         self._native.barrier()
