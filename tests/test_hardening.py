@@ -1,0 +1,258 @@
+"""Issue 12: handshake files are untrusted input. Attacks from a second local user
+(squatted directories, planted pickles), special files and symlinks at the names
+pyddstore reads and writes, two live core jobs on one name, a killed job's leftovers,
+object arrays, out-of-range arguments and bad settings. Every test asserts the outcome."""
+
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import _env
+from test_access import other_user  # noqa: F401 - the shared second-user fixture
+
+from pyddstore import (
+    DDStoreAccessError,
+    DDStoreError,
+    DDStoreIndexError,
+    DDStoreTimeoutError,
+    DDStoreTypeError,
+    DDStoreValueError,
+    _handshake,
+    _native,
+    _wire,
+)
+
+FILE_COMM_JOB = """
+import sys
+import pyddstore
+try:
+    store = pyddstore.PyDDStore(None, method=1)
+    print("ALLGATHER", store.allgather({"rank": store.rank}))
+    store.free()
+except pyddstore.DDStoreError as e:
+    print("REFUSED", type(e).__name__, e)
+"""
+
+
+class Evil:
+    """Unpickling this creates the marker file: proof that planted code ran."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def run_as(user, *cmd):
+    return subprocess.run(["runuser", "-u", user, "--", *cmd], capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+def shared_dir():
+    """A sticky world-writable directory both users reach (like /tmp or a project directory)."""
+    base = Path(tempfile.mkdtemp(prefix="ddstore-shared-", dir="/tmp"))
+    os.chmod(base, 0o1777)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_squatted_world_writable_dir_with_planted_pickles_is_refused(tmp_path, shared_dir, other_user):  # noqa: F811
+    hs = shared_dir / "hs"
+    made = run_as(other_user, "mkdir", "-m", "777", str(hs))
+    assert made.returncode == 0, made.stderr
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps([Evil(str(marker))])
+    # The round files a 2-rank job would read, for any plausible job id.
+    for name in [f"ppid{os.getpid()}-0.c0.r1.{r}.rec" for r in (0, 1)] + ["x.r1.1.rec"]:
+        p = hs / name
+        p.write_bytes(payload)
+        os.chmod(p, 0o666)
+    env = _env({"DDSTORE_MPI": "0", "DDSTORE_HANDSHAKE_DIR": str(hs), "SLURM_NTASKS": "2", "DDSTORE_FABRIC": "tcp"})
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", FILE_COMM_JOB],
+            env={**env, "SLURM_PROCID": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    for out in outs:
+        assert "REFUSED DDStoreAccessError" in out, out
+        assert "mode 0777" in out and "mkdir -m 700" in out and other_user in out, out
+    assert not marker.exists(), "planted code ran"
+
+
+def test_planted_pickles_and_malformed_rounds_are_data_errors(tmp_path):
+    marker = tmp_path / "pwned"
+    for raw in (pickle.dumps(Evil(str(marker))), b"{" * 100, b'{"$x": 1}', b"\xff\xfe", b"[" * 5000):
+        with pytest.raises(DDStoreValueError, match="rank 1"):
+            _wire.decode(raw, 1)
+    with pytest.raises(DDStoreValueError, match="more than"):
+        _wire.decode(b" " * (_wire.MAX_BYTES + 1), 1)
+    assert not marker.exists()
+    for bad in (object(), {1: 2}, np.zeros(2), Evil("x")):
+        with pytest.raises(DDStoreTypeError):
+            _wire.encode(bad)
+    value = {"a": [1, 2.5, None, True, "s", b"\x00\xff"], "b": {"$d": {"x": b""}}}
+    assert _wire.decode(_wire.encode(value), 0) == value
+
+
+def test_symlinks_at_written_names_never_write_outside(tmp_path):
+    hs = tmp_path / "hs"
+    d = _handshake.open_dir(str(hs))
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"owner-only data")
+    os.chmod(outside, 0o600)
+    names = ["v.ddstore.json", ".v.ddstore.token", "v.ddstore.lock", "j.r1.0.rec"]
+    for n in names:
+        os.symlink(outside, hs / n)
+    d.write("v.ddstore.json", b"{}")
+    d.write(".v.ddstore.token", b"secret-token")
+    with pytest.raises(DDStoreAccessError, match="symbolic link"):
+        d.try_lock("v.ddstore.lock", "me")
+    with pytest.raises(DDStoreAccessError, match="symbolic link"):
+        d.read("j.r1.0.rec", 100)
+    assert outside.read_bytes() == b"owner-only data"
+    assert not (hs / "v.ddstore.json").is_symlink() and (hs / "v.ddstore.json").read_bytes() == b"{}"
+    assert oct((hs / ".v.ddstore.token").stat().st_mode & 0o777) == "0o600"
+    assert not [n for n in os.listdir(hs) if ".tmp-" in n], "temporary files left"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "directory", "other_mode"])
+def test_special_files_at_the_record_path_fail_within_the_timeout(tmp_path, kind):
+    hs = tmp_path / "hs"
+    _handshake.open_dir(str(hs))
+    path = _handshake.record_path(str(hs), "v")
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev_zero":
+        os.symlink("/dev/zero", path)
+    elif kind == "directory":
+        os.mkdir(path)
+    else:
+        with open(path, "w") as f:
+            f.write("{}")
+        os.chmod(path, 0o666)
+    t0 = time.monotonic()
+    with pytest.raises(DDStoreAccessError):
+        _handshake.wait_and_read(path, 2.0, "missing")
+    assert time.monotonic() - t0 < 4.0
+    with pytest.raises(DDStoreTimeoutError):
+        _handshake.wait_and_read(str(hs / "absent.json"), 0.5, "missing")
+
+
+HOLD_LOCK = """
+import sys, time
+from pyddstore import _native
+d = _native.HandshakeDir(sys.argv[1])
+lock = d.try_lock("v.ddstore.lock", "host h, pid %d" % __import__("os").getpid())
+d.write("v.ddstore.json", b"{}")
+d.write(".v.ddstore.token", b"dead-job-token")
+print("HELD", flush=True)
+time.sleep(600)
+"""
+
+
+def test_one_live_core_job_per_name_and_a_dead_ones_leftovers_are_cleaned(tmp_path):
+    hs = tmp_path / "hs"
+    d = _handshake.open_dir(str(hs))
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(hs)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "HELD"
+        got = d.try_lock("v.ddstore.lock", "second job")
+        assert isinstance(got, str) and f"pid {holder.pid}" in got, got
+        _handshake.clean_dead(d)
+        assert (hs / "v.ddstore.json").exists(), "a live job's record must stay"
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    _handshake.clean_dead(d)
+    assert sorted(os.listdir(hs)) == [], "a killed job's lock, record and token are removed"
+    lock = d.try_lock("v.ddstore.lock", "new job")
+    assert not isinstance(lock, str)
+    lock.release()
+    assert os.listdir(hs) == []
+
+
+@pytest.fixture
+def single_store(monkeypatch):
+    monkeypatch.setenv("DDSTORE_MPI", "0")
+    monkeypatch.setenv("DDSTORE_FABRIC", "tcp")
+    monkeypatch.delenv("DDSTORE_HANDSHAKE_DIR", raising=False)
+    monkeypatch.delenv("SLURM_NTASKS", raising=False)
+    import pyddstore
+
+    store = pyddstore.PyDDStore(None, method=1)
+    store.add("x", np.arange(12, dtype=np.float32).reshape(6, 2))
+    yield store
+    store.free()
+
+
+def test_object_arrays_and_out_of_range_arguments_are_ddstore_errors(single_store):
+    s = single_store
+    with pytest.raises(DDStoreTypeError, match="object"):
+        s.add("o", np.array([object(), object()], dtype=object))
+    with pytest.raises(DDStoreTypeError, match="object"):
+        s.init("o2", 2, 1, dtype=object)
+    with pytest.raises(DDStoreTypeError, match="object"):
+        s.get_batch("x", np.empty((1, 2), dtype=object), [0])
+    with pytest.raises(DDStoreTypeError, match="object"):
+        s.update("x", np.empty((1, 2), dtype=object))
+    out = np.empty((1, 2), np.float32)
+    with pytest.raises(DDStoreIndexError, match=str(2**63)):
+        s.get("x", out, 2**63)
+    with pytest.raises(DDStoreTypeError, match="1.5"):
+        s.get("x", out, 1.5)
+    with pytest.raises(DDStoreIndexError, match=str(2**63)):
+        s.update("x", out, 2**63)
+    with pytest.raises(DDStoreError):
+        s.init("big", 2**64, 1)
+    with pytest.raises(DDStoreIndexError, match=str(2**63 + 5)):
+        s.get_batch("x", out, np.array([2**63 + 5], dtype=np.uint64))
+    s.get_batch("x", out, [5])
+    assert out.tolist() == [[10.0, 11.0]]
+
+
+BAD_VALUES = ["abc", "-1", "1e23", "nan", "2"]
+FLAGS = ["DDSTORE_MPI", "DDSTORE_SHM", "DDSTORE_THREAD_READERS", "DDSTORE_QUIET", "DDSTORE_PROFILE"]
+FLAGS += ["DDSTORE_OFI_LOCAL_MR", "DDSTORE_OFI_HMEM", "DDSTORE_TEST_HOST_AS_DEVICE", "DDSTORE_FORK_WORKERS"]
+FLAGS += ["DDSTORE_BATCH_GET", "DDSTORE_FAST_COLLATE"]
+INTS = ["DDSTORE_METHOD", "DDSTORE_N_CORE", "DDSTORE_CORE_GROUP", "DDSTORE_MAX_INFLIGHT", "DDSTORE_LOAD_THREADS"]
+INTS += ["DDSTORE_AFFINITY_WIDTH", "DDSTORE_AFFINITY_OFFSET"]
+NUMBERS = ["DDSTORE_TIMEOUT_S", "DDSTORE_HANDSHAKE_TIMEOUT_S", "DDSTORE_MAX_READ_BYTES"]
+CHOICES = ["DDSTORE_COMM", "DDSTORE_FABRIC", "DDSTORE_MPI_THREAD_LEVEL"]
+
+
+@pytest.mark.parametrize("key", FLAGS + INTS + NUMBERS + CHOICES)
+def test_every_setting_refuses_bad_values_naming_the_variable(monkeypatch, key):
+    for value in BAD_VALUES:
+        if key in INTS and value == "2" or key == "DDSTORE_AFFINITY_OFFSET" and value == "2":
+            continue  # 2 is a valid integer for these
+        if key in NUMBERS and value == "2":
+            continue
+        monkeypatch.setenv(key, value)
+        with pytest.raises(DDStoreValueError, match=key) as e:
+            _native.check_env()
+        assert "expected" in str(e.value)
+    monkeypatch.setenv(key, "")
+    _native.check_env()  # empty means unset
+    if key in FLAGS:
+        for ok in ("0", "1", "true", "false"):
+            monkeypatch.setenv(key, ok)
+            assert _native.setting(key) == ("1" if ok in ("1", "true") else "0")
+        for no in ("yes", "on", "01"):
+            monkeypatch.setenv(key, no)
+            with pytest.raises(DDStoreValueError, match="0, 1, true or false"):
+                _native.check_env()
