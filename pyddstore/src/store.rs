@@ -34,7 +34,7 @@ fn int_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
     if obj.is_instance_of::<pyo3::types::PyFloat>() {
         return Err(type_error(
             py,
-            format!("{what}={} must be an integer, not a float (indices must be integers)", shown()),
+            format!("{what}={} must be an integer, not a float", shown()),
         ));
     }
     let idx = obj
@@ -100,7 +100,14 @@ fn indices_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
     // Say which element is wrong: a float, or an integer beyond int64.
     if let Ok(items) = obj.try_iter() {
         for (i, item) in items.enumerate() {
-            int_arg(&item?, &format!("indices[{i}]"))?;
+            if let Err(e) = int_arg(&item?, &format!("indices[{i}]")) {
+                let msg = format!("{} (indices must be integers below 2**63)", e.value(py));
+                return Err(if e.is_instance_of::<pyo3::exceptions::PyIndexError>(py) {
+                    to_index(py, msg)
+                } else {
+                    type_error(py, msg)
+                });
+            }
         }
     }
     Err(type_error(
