@@ -312,9 +312,9 @@ impl Comm for FileComm {
         let deadline = Instant::now() + self.timeout;
         let mut all = vec![Vec::new(); self.size];
         let mut missing = Vec::new();
-        for peer in 0..self.size {
+        for (peer, slot) in all.iter_mut().enumerate() {
             if peer == self.rank {
-                all[peer] = mine.to_vec();
+                *slot = mine.to_vec();
                 continue;
             }
             // Once one peer is missing, the others are only checked, not waited for.
@@ -327,7 +327,7 @@ impl Comm for FileComm {
                 .dir
                 .wait_for(&self.file(r, peer), until, DEFAULT_READ_CAP)?
             {
-                Some(data) => all[peer] = data,
+                Some(data) => *slot = data,
                 None => missing.push(peer),
             }
         }
