@@ -257,3 +257,55 @@ def test_every_setting_refuses_bad_values_naming_the_variable(monkeypatch, key):
             monkeypatch.setenv(key, no)
             with pytest.raises(DDStoreValueError, match="0, 1, true or false"):
                 _native.check_env()
+
+
+def run_file_comm_job(hs, n=2, extra_env=None):
+    env = _env({"DDSTORE_MPI": "0", "DDSTORE_HANDSHAKE_DIR": str(hs), "SLURM_NTASKS": str(n)})
+    env.update({"DDSTORE_FABRIC": "tcp", **(extra_env or {})})
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", FILE_COMM_JOB],
+            env={**env, "SLURM_PROCID": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(n)
+    ]
+    return [p.communicate(timeout=120)[0] for p in procs]
+
+
+def test_a_clean_file_comm_run_leaves_nothing_and_a_killed_ones_files_are_cleaned(handshake_dir):
+    outs = run_file_comm_job(handshake_dir)
+    for out in outs:
+        assert "ALLGATHER [{'rank': 0}, {'rank': 1}]" in out, out
+    assert os.listdir(handshake_dir) == [], "a clean run left files"
+    # A job killed mid-way leaves its round files and its live lock (nobody holds it now).
+    for name in ("deadjob.c0.r3.0.rec", ".deadjob.c0.r4.0.rec.tmp-0123456789abcdef", "deadjob.c0.0.live"):
+        fd = os.open(handshake_dir / name, os.O_CREAT | os.O_WRONLY, 0o600)
+        os.close(fd)
+    outs = run_file_comm_job(handshake_dir)
+    assert all("ALLGATHER" in out for out in outs), outs
+    assert os.listdir(handshake_dir) == [], "the next job did not clean the dead job's files"
+
+
+MPI_M2_CORE = """
+import pyddstore
+from mpi4py import MPI
+try:
+    pyddstore.PyDDStore(MPI.COMM_WORLD, method=2, handshake_dir=__import__("sys").argv[1])
+    print("ACCEPTED", flush=True)
+except pyddstore.DDStoreError as e:
+    print("REFUSED", type(e).__name__, e, flush=True)
+"""
+
+
+def test_squatted_dir_under_mpirun_is_refused_on_every_rank(shared_dir, other_user):  # noqa: F811
+    hs = shared_dir / "hs"
+    assert run_as(other_user, "mkdir", "-m", "777", str(hs)).returncode == 0
+    cmd = ["mpirun", "-n", "2", "--bind-to", "none", sys.executable, "-c", MPI_M2_CORE, str(hs)]
+    env = _env({"DDSTORE_FABRIC": "tcp"})
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.count("REFUSED DDStoreAccessError") == 2, proc.stdout + proc.stderr[-2000:]
+    assert "ACCEPTED" not in proc.stdout
+    assert os.listdir(hs) == [], "nothing may be written into a squatted directory"

@@ -510,19 +510,10 @@ impl Store {
         if self.freed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        let is_member = self
-            .vars
-            .read()
-            .unwrap()
-            .values()
-            .any(|v| v.my_rank.is_some());
         // Always synchronise, even after a read timed out: the peer may be back
         // (a stall, not a death), and skipping here would leave it waiting.
-        let synced = if is_member {
-            self.comm.barrier_timeout(self.config.timeout)
-        } else {
-            Ok(())
-        };
+        // Extra jobs (attached, not members) run on a group of their own.
+        let synced = self.comm.barrier_timeout(self.config.timeout);
         let vars = std::mem::take(&mut *self.vars.write().unwrap());
         let transport = self.transport.write().unwrap().take();
         if synced.is_err() {
