@@ -3,6 +3,7 @@
 pyddstore reads and writes, two live core jobs on one name, a killed job's leftovers,
 object arrays, out-of-range arguments and bad settings. Every test asserts the outcome."""
 
+import gc
 import os
 import pickle
 import shutil
@@ -309,3 +310,57 @@ def test_squatted_dir_under_mpirun_is_refused_on_every_rank(shared_dir, other_us
     assert proc.stdout.count("REFUSED DDStoreAccessError") == 2, proc.stdout + proc.stderr[-2000:]
     assert "ACCEPTED" not in proc.stdout
     assert os.listdir(hs) == [], "nothing may be written into a squatted directory"
+
+
+def test_two_live_core_jobs_on_one_name_then_a_killed_one_is_taken_over(handshake_dir):
+    from test_method2 import RECORDS, Core
+
+    env = {"DDSTORE_FABRIC": "tcp"}
+    first = Core(handshake_dir, env)
+    try:
+        first.wait_ready(RECORDS)
+        record = (handshake_dir / RECORDS[0]).read_bytes()
+        second = Core(handshake_dir, env)
+        try:
+            assert second.proc.wait(timeout=120) != 0, "a second live core job published the same name"
+        finally:
+            second.kill()
+        out = second.output()
+        assert out.count("DDStoreAccessError") >= 2, out  # refused on both ranks
+        assert "already published" in out and "by a live core job (host" in out and ", pid " in out, out
+        assert (handshake_dir / RECORDS[0]).read_bytes() == record, "the live job's record was replaced"
+        first.kill(signal.SIGKILL)  # dies holding its locks: the kernel releases them
+        third = Core(handshake_dir, env)
+        try:
+            deadline = time.monotonic() + 120
+            while "core ready" not in third.output():
+                assert third.proc.poll() is None and time.monotonic() < deadline, third.output()
+                time.sleep(0.1)
+            assert (handshake_dir / RECORDS[0]).read_bytes() != record, "the dead job's record was kept"
+            assert third.stop() == 0, third.output()
+        finally:
+            third.kill()
+    finally:
+        first.kill(signal.SIGKILL)
+    left = [n for n in os.listdir(handshake_dir) if n != "STOP"]
+    assert left == [], f"left behind: {left}"
+
+
+def test_a_name_too_long_for_the_file_system_is_refused_before_creating(handshake_dir, monkeypatch):
+    import pyddstore
+
+    monkeypatch.setenv("DDSTORE_MPI", "0")
+    monkeypatch.setenv("DDSTORE_FABRIC", "tcp")
+    monkeypatch.delenv("SLURM_NTASKS", raising=False)
+    store = pyddstore.PyDDStore(None, method=2, handshake_dir=str(handshake_dir))
+    try:
+        with pytest.raises(DDStoreValueError, match="too long"):
+            store.add("x" * 300, np.zeros((2, 2), np.float32))
+        assert store.names() == []
+        store.add("ok", np.zeros((2, 2), np.float32))
+        assert store.names() == ["ok"]
+    finally:
+        store.free()
+    del store  # the communicator's live lock goes with it
+    gc.collect()
+    assert os.listdir(handshake_dir) == []
