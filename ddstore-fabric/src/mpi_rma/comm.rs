@@ -123,8 +123,11 @@ impl Pending {
 }
 
 /// Polls `pending` until all complete or `deadline` passes; false on timeout.
+/// Spins (yielding) for the first moments, as a barrier usually completes in
+/// microseconds, then sleeps with backoff so a long wait costs no CPU.
 fn poll_all(pending: &mut [Pending], deadline: Instant) -> FabricResult<bool> {
-    let mut pause = Duration::from_micros(20);
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(50);
     loop {
         let mut all = true;
         for p in pending.iter_mut() {
@@ -137,8 +140,12 @@ fn poll_all(pending: &mut [Pending], deadline: Instant) -> FabricResult<bool> {
         if now >= deadline {
             return Ok(false);
         }
-        std::thread::sleep(pause.min(deadline - now));
-        pause = (pause * 2).min(Duration::from_millis(5));
+        if now - start < Duration::from_millis(2) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(pause.min(deadline - now));
+            pause = (pause * 2).min(Duration::from_millis(2));
+        }
     }
 }
 
