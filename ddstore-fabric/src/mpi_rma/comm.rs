@@ -23,6 +23,10 @@ pub struct MpiComm {
     /// A bounded barrier gave up: messages may still be in flight, so later
     /// collectives refuse instead of matching stale ones.
     broken: AtomicBool,
+    /// Bound of `allgather` and `barrier` (`DDSTORE_HANDSHAKE_TIMEOUT_S`): each
+    /// first meets the others in a bounded barrier, so a rank that never comes
+    /// is named instead of waited for.
+    timeout: Duration,
 }
 
 /// Tag of the bounded barrier's messages (this communicator is our private dup).
@@ -218,6 +222,9 @@ impl MpiComm {
             size: 1,
             pid: std::process::id(),
             broken: AtomicBool::new(false),
+            timeout: ddstore_core::Config::from_env()
+                .map(|c| c.handshake_timeout)
+                .unwrap_or(Duration::from_secs(300)),
         };
         let (mut rank, mut size): (c_int, c_int) = (0, 0);
         let _g = serialize();
@@ -416,12 +423,6 @@ impl MpiComm {
             "did not arrive at the barrier (as rank 0 saw)",
         ))
     }
-
-    fn barrier_raw(&self) -> FabricResult<()> {
-        let _g = serialize();
-        // SAFETY: our handle is valid.
-        check("MPI_Barrier", unsafe { ffi::MPI_Barrier(self.handle) })
-    }
 }
 
 impl Drop for MpiComm {
@@ -444,12 +445,13 @@ impl Comm for MpiComm {
         self.size
     }
     fn allgather(&self, mine: &[u8]) -> ddstore_core::Result<Vec<Vec<u8>>> {
-        self.check_usable()?;
+        // Everyone is known to be there once the bounded barrier passes, so
+        // the blocking MPI_Allgatherv that follows cannot wait for an absent rank.
+        self.barrier_within(self.timeout)?;
         Ok(self.allgather_bytes(mine)?)
     }
     fn barrier(&self) -> ddstore_core::Result<()> {
-        self.check_usable()?;
-        Ok(self.barrier_raw()?)
+        self.barrier_within(self.timeout)
     }
     fn barrier_timeout(&self, timeout: Duration) -> ddstore_core::Result<()> {
         self.barrier_within(timeout)
@@ -460,6 +462,7 @@ impl Comm for MpiComm {
         let mut record = [0u8; 16];
         record[..8].copy_from_slice(&(color as u64).to_le_bytes());
         record[8..].copy_from_slice(&(key as u64).to_le_bytes());
+        self.barrier_within(self.timeout)?;
         let all = self.allgather_bytes(&record)?;
         let mut pairs = Vec::with_capacity(all.len());
         for (rank, bytes) in all.iter().enumerate() {
