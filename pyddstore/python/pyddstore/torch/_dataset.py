@@ -3,6 +3,7 @@ extra job reading what a core group published)."""
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import json
 import mmap
@@ -489,7 +490,7 @@ def _type_from_name(name: Any) -> Any:
     obj = sys.modules.get(module)
     for part in qualname.split("."):
         obj = getattr(obj, part, None) if obj is not None and part.isidentifier() else None
-    if isinstance(obj, type) and (issubclass(obj, (tuple, list, dict)) or hasattr(obj, "keys")):
+    if isinstance(obj, type) and issubclass(obj, (tuple, list, dict, collections.abc.Mapping)):
         return obj
     return None
 
