@@ -368,3 +368,28 @@ def test_a_name_too_long_for_the_file_system_is_refused_before_creating(handshak
     del store  # the communicator's live lock goes with it
     gc.collect()
     assert os.listdir(handshake_dir) == []
+
+
+INFLIGHT_JOB = """
+import numpy as np, pyddstore
+from mpi4py import MPI
+s = pyddstore.PyDDStore(MPI.COMM_WORLD, method=1)
+s.add("x", np.arange(8, dtype=np.float32).reshape(2, 4))
+out = np.empty((1, 4), np.float32)
+try:
+    s.get_batch("x", out, [2 * (1 - s.rank)])
+    raise SystemExit("read with DDSTORE_MAX_INFLIGHT beyond the transmit queue")
+except pyddstore.DDStoreValueError as e:
+    assert "DDSTORE_MAX_INFLIGHT=1048576" in str(e) and "at most" in str(e), e
+    print("REFUSED", e, flush=True)
+s.free()
+"""
+
+
+@pytest.mark.parametrize("fabric", ["tcp", "shm"])
+def test_max_inflight_beyond_the_providers_queue_names_the_variable(fabric):
+    env = _env({"DDSTORE_SHM": "0", "DDSTORE_FABRIC": fabric, "DDSTORE_MAX_INFLIGHT": "1048576"})
+    cmd = ["mpirun", "-n", "2", "--bind-to", "none", sys.executable, "-c", INFLIGHT_JOB]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    assert "transmit queue" in proc.stdout, proc.stdout
