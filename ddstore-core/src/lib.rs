@@ -14,6 +14,7 @@ pub mod file_comm;
 pub mod layout;
 pub mod node_only;
 pub mod plan;
+pub mod private_dir;
 pub mod profile;
 pub mod ragged;
 pub mod region;

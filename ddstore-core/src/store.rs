@@ -539,30 +539,32 @@ impl Store {
 
     /// Releases every variable; later calls fail with `Error::Freed`.
     /// Collective: every rank of the group calls it, and no rank tears its
-    /// shares down before every rank has stopped reading them.
+    /// shares down before every rank has stopped reading them. The barrier is
+    /// bounded by `DDSTORE_TIMEOUT_S`: when a rank does not arrive in time this
+    /// returns `Error::Timeout` naming it, and this rank's shares are left
+    /// mapped and registered (leaked until the process exits) instead of torn
+    /// down, so a late peer still reading them reads valid rows, and no
+    /// collective teardown (MPI windows) waits for a rank that is not there.
     pub fn free(&self) -> Result<()> {
         if self.freed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        let is_member = self
-            .vars
-            .read()
-            .unwrap()
-            .values()
-            .any(|v| v.my_rank.is_some());
-        let synced = if is_member && !self.peer_lost.load(Ordering::Acquire) {
-            self.comm.barrier()
-        } else {
-            Ok(())
-        };
-        {
-            self.ragged.write().unwrap().clear();
-            let vars = std::mem::take(&mut *self.vars.write().unwrap());
-            for (_, var) in vars {
-                drop(var);
-            }
+        // Always synchronise, even after a read timed out: the peer may be back
+        // (a stall, not a death), and skipping here would leave it waiting.
+        // Extra jobs (attached, not members) run on a group of their own.
+        let synced = self.comm.barrier_timeout(self.config.timeout);
+        self.ragged.write().unwrap().clear();
+        let vars = std::mem::take(&mut *self.vars.write().unwrap());
+        let transport = self.transport.write().unwrap().take();
+        if synced.is_err() {
+            std::mem::forget(vars);
+            std::mem::forget(transport);
+            return synced;
         }
-        self.transport.write().unwrap().take();
+        for (_, var) in vars {
+            drop(var);
+        }
+        drop(transport);
         synced
     }
 

@@ -60,6 +60,18 @@ impl<'py> Array<'py> {
                 ),
             )
         })?;
+        // Object arrays hold PyObject pointers: stored or read elsewhere they
+        // are dangling pointers, so any dtype holding references is refused.
+        if arr.dtype().has_object() {
+            return Err(type_error(
+                py,
+                format!(
+                    "{arg} has dtype {} which holds Python object references: pyddstore stores plain \
+                     data only (numeric, bool or fixed-size bytes dtypes)",
+                    arr.dtype()
+                ),
+            ));
+        }
         if !arr.is_c_contiguous() {
             return Err(type_error(
                 py,

@@ -26,6 +26,31 @@ pub struct PyStore {
 }
 
 /// Row indices from an int64 array (fast path) or any sequence of ints.
+/// An integer argument (int or numpy integer; not a float) within int64,
+/// else a DDStoreTypeError / DDStoreIndexError quoting what was passed.
+fn int_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
+    let py = obj.py();
+    let shown = || obj.repr().map(|r| r.to_string()).unwrap_or_default();
+    if obj.is_instance_of::<pyo3::types::PyFloat>() {
+        return Err(type_error(
+            py,
+            format!("{what}={} must be an integer, not a float", shown()),
+        ));
+    }
+    let idx = obj
+        .call_method0("__index__")
+        .map_err(|_| type_error(py, format!("{what}={} must be an integer", shown())))?;
+    idx.extract::<i64>().map_err(|_| {
+        to_index(
+            py,
+            format!(
+                "{what}={} is out of range: expected an integer below 2**63",
+                shown()
+            ),
+        )
+    })
+}
+
 fn indices_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
     let py = obj.py();
     if let Ok(arr) = obj.extract::<PyReadonlyArray1<i64>>() {
@@ -54,15 +79,41 @@ fn indices_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
                 ),
             ));
         }
+        if kind == b'u' && numpy::PyArrayDescrMethods::itemsize(&arr.dtype()) >= 8 {
+            // Values of 2**63 and more would wrap to negatives: quote the value passed.
+            let big = obj.call_method1("__ge__", (1u64 << 63,))?;
+            if big.call_method0("any")?.is_truthy()? {
+                let first = big.call_method0("argmax")?;
+                let value = obj.get_item(first)?;
+                return Err(to_index(
+                    py,
+                    format!("index {value} is out of range: indices must be below 2**63"),
+                ));
+            }
+        }
         let as_i64 = obj.call_method1("astype", ("int64",))?;
         return indices_of(&as_i64);
     }
-    obj.extract::<Vec<i64>>().map_err(|_| {
-        type_error(
-            py,
-            "indices must be a sequence of integers (list, range or integer numpy array)".into(),
-        )
-    })
+    if let Ok(v) = obj.extract::<Vec<i64>>() {
+        return Ok(v);
+    }
+    // Say which element is wrong: a float, or an integer beyond int64.
+    if let Ok(items) = obj.try_iter() {
+        for (i, item) in items.enumerate() {
+            if let Err(e) = int_arg(&item?, &format!("indices[{i}]")) {
+                let msg = format!("{} (indices must be integers below 2**63)", e.value(py));
+                return Err(if e.is_instance_of::<pyo3::exceptions::PyIndexError>(py) {
+                    to_index(py, msg)
+                } else {
+                    type_error(py, msg)
+                });
+            }
+        }
+    }
+    Err(type_error(
+        py,
+        "indices must be a sequence of integers (list, range or integer numpy array)".into(),
+    ))
 }
 
 impl PyStore {
@@ -193,6 +244,18 @@ impl PyStore {
         self.store.is_freed()
     }
 
+    /// Collective barrier over the store's group, bounded by
+    /// `DDSTORE_HANDSHAKE_TIMEOUT_S` (DDStoreTimeoutError naming absent ranks).
+    fn barrier(&self, py: Python<'_>) -> PyResult<()> {
+        let store = self.store.clone();
+        py.detach(move || {
+            store
+                .comm()
+                .barrier_timeout(store.config().handshake_timeout)
+        })
+        .py(py)
+    }
+
     fn comm(&self) -> PyComm {
         PyComm {
             inner: self.store.comm().clone(),
@@ -205,11 +268,13 @@ impl PyStore {
         &self,
         py: Python<'_>,
         name: String,
-        nrows: i64,
-        row_bytes: i64,
+        nrows: Bound<'_, PyAny>,
+        row_bytes: Bound<'_, PyAny>,
         itemsize: usize,
         dtype: Option<&str>,
     ) -> PyResult<()> {
+        let nrows = int_arg(&nrows, &format!("init('{name}'): nrows"))?;
+        let row_bytes = int_arg(&row_bytes, &format!("init('{name}'): row_bytes"))?;
         if nrows < 0 {
             return Err(value_error(
                 py,
@@ -253,7 +318,8 @@ impl PyStore {
             store.init(&n, nrows as u64, per_row, dtype)?;
             store.write_local(&n, 0, data)?;
             // Collective like upstream: every rank's rows are readable once add returns.
-            store.comm().barrier()
+            // Bounded: a rank that never arrives is named, not waited for forever.
+            store.comm().barrier_timeout(store.config().timeout)
         })
         .py(py)?;
         self.itemsizes.lock().unwrap().insert(name, a.itemsize());
@@ -386,14 +452,18 @@ impl PyStore {
     }
 
     /// Writes this rank's rows `[offset, offset + len(arr))`.
-    #[pyo3(signature = (name, arr, offset=0))]
+    #[pyo3(signature = (name, arr, offset=None))]
     fn update(
         &self,
         py: Python<'_>,
         name: String,
         arr: Bound<'_, PyAny>,
-        offset: i64,
+        offset: Option<Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let offset = match &offset {
+            Some(o) => int_arg(o, &format!("update('{name}'): offset"))?,
+            None => 0,
+        };
         let a = Array::new(&arr, &format!("update('{name}', arr)"), false)?;
         self.check_dtype(py, "update", &name, &a)?;
         if offset < 0 {
@@ -409,8 +479,18 @@ impl PyStore {
     }
 
     /// Reads rows `start .. start + len(arr)` (one owner's share) into `arr`.
-    #[pyo3(signature = (name, arr, start=0))]
-    fn get(&self, py: Python<'_>, name: String, arr: Bound<'_, PyAny>, start: i64) -> PyResult<()> {
+    #[pyo3(signature = (name, arr, start=None))]
+    fn get(
+        &self,
+        py: Python<'_>,
+        name: String,
+        arr: Bound<'_, PyAny>,
+        start: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let start = match &start {
+            Some(s) => int_arg(s, &format!("get('{name}'): start"))?,
+            None => 0,
+        };
         let mut a = Array::new(&arr, &format!("get('{name}', arr)"), true)?;
         let info = self.store.var(&name).py(py)?.info.clone();
         if !a.nbytes().is_multiple_of(info.row_bytes) {

@@ -4,17 +4,17 @@ the methods pyddstore.torch builds on."""
 from __future__ import annotations
 
 import atexit
+import operator
 import os
-import pickle
 import sys
 import time
 import weakref
 
 import numpy as np
 
-from . import _handshake, _native
+from . import _handshake, _native, _wire
 from ._comm import resolve_comm
-from ._env import FABRICS, env_choice, env_flag, resolve_method
+from ._env import check_env, env_flag, resolve_method
 from ._errors import DDStoreTimeoutError, DDStoreTypeError, DDStoreUnsupportedError, DDStoreValueError
 
 _live_stores: weakref.WeakSet = weakref.WeakSet()
@@ -72,8 +72,7 @@ class PyDDStore:
         comm_or_none = comm if comm is not None else comm_or_none
         method = resolve_method(method)
         # Settings are checked even where this store does not use them: a typo must not pass silently.
-        env_choice("DDSTORE_COMM", ("mpi", "torch", "file"))
-        env_choice("DDSTORE_FABRIC", FABRICS)
+        check_env()
         self.handshake_dir = os.fspath(handshake_dir or os.environ.get("DDSTORE_HANDSHAKE_DIR", ""))
         if not isinstance(n_core, int) or n_core < 0:
             raise DDStoreValueError(f"n_core={n_core!r} is not valid: expected a non-negative integer")
@@ -151,8 +150,19 @@ class PyDDStore:
         """Collective: ``nrows`` rows on this rank, ``disp`` elements of ``itemsize`` bytes each."""
         self._check_name(name)
         if dtype is not None:
+            if np.dtype(dtype).hasobject:
+                raise DDStoreTypeError(
+                    f"init('{name}'): dtype {np.dtype(dtype)} holds Python object references; "
+                    "pyddstore stores plain data only"
+                )
             itemsize = np.dtype(dtype).itemsize
-        self._native.init(name, int(nrows), int(disp) * int(itemsize), int(itemsize), _dtype_name(dtype))
+        disp, itemsize = _int(disp, f"init('{name}'): disp"), _int(itemsize, f"init('{name}'): itemsize")
+        if not 0 <= disp * itemsize < 2**63 or itemsize < 1:
+            raise DDStoreValueError(
+                f"init('{name}'): disp={disp} elements of itemsize={itemsize} bytes is out of range"
+            )
+        self._reserve(name)
+        self._native.init(name, nrows, disp * itemsize, itemsize, _dtype_name(dtype))
         self._published(name)
 
     def add(self, name: str, arr, lengths=None) -> None:
@@ -166,6 +176,7 @@ class PyDDStore:
         self._check_name(name)
         arr = _as_array(arr, f"add('{name}', arr)")
         if lengths is None:
+            self._reserve(name)
             self._native.add(name, arr)
             self._published(name)
             return
@@ -175,6 +186,8 @@ class PyDDStore:
                 f"add('{name}'): lengths must be a 1-D sequence of non-negative ints, got "
                 f"shape {lengths.shape} of {lengths.dtype}"
             )
+        self._reserve(name + "#values")
+        self._reserve(name + "#ends")
         self._native.add_ragged(name, arr, lengths.astype(np.int64))
         self._ragged_units[name] = tuple(arr.shape[1:])
         self._published(name + "#values")
@@ -234,7 +247,7 @@ class PyDDStore:
 
     def update(self, name: str, arr, offset: int = 0) -> None:
         """Writes this rank's local rows ``offset .. offset + len(arr)``."""
-        self._native.update(name, _as_array(arr, f"update('{name}', arr)"), int(offset))
+        self._native.update(name, _as_array(arr, f"update('{name}', arr)"), offset)
 
     def info(self, name: str):
         """``(total_rows, disp, itemsize)``."""
@@ -296,10 +309,14 @@ class PyDDStore:
 
     # -- collectives over the store's group ---------------------------------
     def allgather(self, obj) -> list:
-        return [pickle.loads(b) for b in self._native.comm().allgather(pickle.dumps(obj))]
+        """Every rank's `obj`, in rank order. Data only (None, bool, int, float, str, bytes,
+        lists, dicts with str keys; see ``pyddstore._wire``): nothing received can run code."""
+        return _wire.gather(self._native.comm(), obj)
 
     def barrier(self) -> None:
-        self._native.comm().barrier()
+        """Collective; bounded by DDSTORE_HANDSHAKE_TIMEOUT_S (DDStoreTimeoutError naming the
+        ranks that did not arrive)."""
+        self._native.barrier()
 
     def epoch_begin(self) -> None:
         """Opens a read epoch, as upstream's ``epoch_begin``: for method 0 collective (a barrier of
@@ -326,7 +343,7 @@ class PyDDStore:
     def _epoch_sync(self) -> None:
         if self.size > 1:
             t = time.perf_counter()
-            self._native.comm().barrier()
+            self._native.barrier()
             self._py_times["py_sync"] += time.perf_counter() - t
 
     # -- processes and jobs ---------------------------------------------------
@@ -402,6 +419,11 @@ class PyDDStore:
         if not isinstance(name, str) or not name:
             raise DDStoreTypeError(f"name must be a non-empty str, got {name!r}")
 
+    def _reserve(self, name: str) -> None:
+        """Method 2 core: the name fits the file system and no other live job publishes it."""
+        if self._publisher is not None:
+            self._publisher.reserve(name)
+
     def _published(self, name: str) -> None:
         if self._publisher is not None:
             self._publisher.publish(name)
@@ -419,8 +441,23 @@ def _recv_key(name: str, arr) -> tuple:
     return (name, a.__array_interface__["data"][0], a.nbytes)
 
 
+def _int(value, what: str) -> int:
+    """An integer argument (int or numpy integer, not a float or bool)."""
+    if isinstance(value, (bool, float, np.floating)):
+        raise DDStoreTypeError(f"{what}={value!r} must be an integer")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise DDStoreTypeError(f"{what}={value!r} must be an integer") from None
+
+
 def _as_array(arr, what: str):
     if isinstance(arr, np.ndarray):
+        if arr.dtype.hasobject:
+            raise DDStoreTypeError(
+                f"{what} has dtype {arr.dtype}, which holds Python object references: pyddstore "
+                "stores plain data only (numeric, bool or fixed-size bytes dtypes)"
+            )
         return arr
     if hasattr(arr, "numpy") and hasattr(arr, "is_cuda"):  # torch tensor
         if arr.is_cuda:

@@ -3,11 +3,11 @@ extra job reading what a core group published)."""
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import json
 import mmap
 import os
-import pickle
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +27,7 @@ from pyddstore import (
     DDStoreValueError,
     PyDDStore,
 )
+from pyddstore._env import env_flag, env_int, env_seconds
 from pyddstore._handshake import load_json_object, wait_and_read, write_private
 from pyddstore._store import _dtype_name
 
@@ -51,7 +52,7 @@ class ForkedWorkerError(DDStoreUnsupportedError):
 
 
 def _env_flag(name: str, default: str) -> bool:
-    return os.environ.get(name, default).strip().lower() not in ("", "0", "false", "no", "off")
+    return env_flag(name, default == "1")
 
 
 def _quiet() -> bool:
@@ -502,12 +503,25 @@ def _rebuild_error(payload: tuple[str, str]) -> Exception:
     return DDStoreError(f"loading failed on another rank: {msg}")
 
 
-def _picklable(obj: Any) -> Any:
-    try:
-        pickle.dumps(obj)
-    except (pickle.PicklingError, TypeError, AttributeError):
+def _type_name(t: Any) -> str | None:
+    """A sample container type as data ("module:qualname") for the schema exchange."""
+    if not isinstance(t, type):
         return None
-    return obj
+    return f"{t.__module__}:{t.__qualname__}"
+
+
+def _type_from_name(name: Any) -> Any:
+    """The container type a peer named, only if this process already has it loaded
+    (nothing is imported or run) and it is a tuple, list or mapping type; else None."""
+    if not isinstance(name, str) or ":" not in name:
+        return None
+    module, qualname = name.split(":", 1)
+    obj = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None) if obj is not None and part.isidentifier() else None
+    if isinstance(obj, type) and issubclass(obj, (tuple, list, dict, collections.abc.Mapping)):
+        return obj
+    return None
 
 
 def _bulk_arrays(source: Any) -> dict | None:
@@ -676,14 +690,15 @@ class DistDataset(_StoredDataset):
                     schema = Schema.infer(sample, name, fields, allow_empty=True)
                 else:
                     schema = Schema.infer(sample, name, fields, ragged)
-                payload = ("ok", schema.to_json(), _picklable(schema.seq_type))
+                payload = ("ok", schema.to_json(), _type_name(schema.seq_type))
             except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
                 local_err = e
                 payload = ("err", _error_payload(e, 0))
         agreed = store.allgather(payload)[0]
         if agreed[0] == "err":
             raise local_err if local_err is not None else _rebuild_error(agreed[1])
-        return Schema.from_json(agreed[1], agreed[2])
+        seq_type = schema.seq_type if store.rank == 0 else _type_from_name(agreed[2])
+        return Schema.from_json(agreed[1], seq_type)
 
     def _agree_ragged_axes(self, store: Any, source: Any, schema: Schema, encode: Any, n: int) -> None:
         """ragged='auto': every rank scans the shapes of its share (one extra pass over the
@@ -790,6 +805,7 @@ class DistDataset(_StoredDataset):
         disp, itemsize, dtype = f.init_args()
         if dtype is not None:
             itemsize = np.dtype(dtype).itemsize
+        store._reserve(f.var)
         store._native.init_external(
             f.var, count, f.row_bytes, tensor, iface, index, itemsize=itemsize, dtype=_dtype_name(dtype)
         )
@@ -835,7 +851,7 @@ class DistDataset(_StoredDataset):
         fixed = schema.fixed_fields
         # Sources that read files gain from several reads in flight; opt-in, as not every
         # source's __getitem__ is thread-safe.
-        threads = int(os.environ.get("DDSTORE_LOAD_THREADS", "1") or 1)
+        threads = env_int("DDSTORE_LOAD_THREADS", 1)
         pool = ThreadPoolExecutor(threads, thread_name_prefix="ddstore-load") if threads > 1 else None
         try:
             for a in range(0, count, step):
@@ -907,11 +923,11 @@ class DistDatasetReader(_StoredDataset):
         hs = handshake_dir if handshake_dir is not None else os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
         if not hs:
             raise DDStoreValueError("DistDatasetReader needs handshake_dir= (or DDSTORE_HANDSHAKE_DIR)")
-        timeout = float(os.environ.get("DDSTORE_HANDSHAKE_TIMEOUT_S", "") or 300)
+        timeout = env_seconds("DDSTORE_HANDSHAKE_TIMEOUT_S", 300.0)
         meta = read_meta(os.path.join(hs, f"{name}.meta.json"), timeout)
         if n_core is None:
-            env = os.environ.get("DDSTORE_N_CORE")
-            n_core = int(env) if env else int(meta["n_core"])
+            env = env_int("DDSTORE_N_CORE", None)
+            n_core = env if env is not None else int(meta["n_core"])
         self.name = name
         self.meta = meta
         schema = Schema.from_json(meta)
