@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex, Once};
 
 use ddstore_core::comm::Comm;
-use ddstore_core::config::Config;
+use ddstore_core::config::{Config, RemoteGather};
 use ddstore_core::external::ExternalShare;
 use ddstore_core::region::{share_on_node, Memory, Region};
 use ddstore_core::transport::{ExposeOptions, Exposed, RemoteShares, ShareReader, Transport};
@@ -20,6 +20,7 @@ use super::progress::Progress;
 use super::reader::{DstRegistry, OfiReader, ReaderSettings};
 use super::record::ShareRecord;
 use super::select;
+use super::serve::{self, ServedShares};
 use crate::error::{FabricError, FabricResult};
 
 /// Over tcp, rxm gives each endpoint an internal completion queue of
@@ -86,34 +87,54 @@ struct Node {
     // Field order is close order: stop the thread, then endpoint, then domain.
     _progress: Option<Progress>,
     target: Arc<Endpoint>,
+    /// Shares this process answers gather requests for (gather path only).
+    served: Option<Arc<ServedShares>>,
     domain: Arc<Domain>,
 }
 
 impl Node {
-    fn open(info: &Info) -> FabricResult<Node> {
+    /// `gather`: the progress thread also answers gather requests (the
+    /// domain must then offer tagged messages).
+    fn open(info: &Info, gather: bool) -> FabricResult<Node> {
         let domain = open_domain(info)?;
         // sockets reports auto progress, but its own progress thread is slow
         // to serve reads (measured: half the bandwidth without ours).
         let manual = domain.info().manual_data_progress() || domain.info().provider() == "sockets";
         // A wait object lets the progress thread sleep until a request arrives.
-        let cq = if manual {
+        let cq = if gather {
+            Cq::open_blocking_if_possible_format(&domain, serve::CQ_SIZE, sys::FI_CQ_FORMAT_TAGGED)?
+        } else if manual {
             Cq::open_blocking_if_possible(&domain, 64)?
         } else {
             Cq::open(&domain, 64, false)?
         };
         let av = Arc::new(Av::open(&domain, 1)?);
         let target = Arc::new(Endpoint::open(&domain, Arc::new(cq), av)?);
-        let progress = if manual {
-            Some(Progress::start(target.clone())?)
-        } else {
-            None
+        let served = gather.then(|| Arc::new(ServedShares::default()));
+        let progress = match &served {
+            Some(shares) => {
+                let server = serve::Server::new(target.clone(), shares.clone())?;
+                Some(Progress::start(target.clone(), Some(server))?)
+            }
+            None if manual => Some(Progress::start(target.clone(), None)?),
+            None => None,
         };
         Ok(Node {
             _progress: progress,
             target,
+            served,
             domain,
         })
     }
+}
+
+/// Providers `DDSTORE_REMOTE_GATHER=auto` reads through the gather path:
+/// those whose one-sided reads are emulated in software (measured over tcp:
+/// one request/response pair per row, 4-5x slower than packed replies).
+pub fn gather_by_default(provider: &str) -> bool {
+    ["tcp", "sockets", "udp"]
+        .iter()
+        .any(|p| provider.starts_with(p))
 }
 
 /// One-sided reads through libfabric (methods 1 and 2).
@@ -123,6 +144,8 @@ pub struct OfiTransport {
     request: InfoRequest,
     info: Info,
     node: Mutex<Option<Arc<Node>>>,
+    /// Remote batches go through the owner-side gather path.
+    gather: bool,
     /// The node of a domain opened with FI_HMEM, for device shares (opened on first use).
     hmem_node: Mutex<Option<Arc<Node>>>,
 }
@@ -169,16 +192,55 @@ impl OfiTransport {
         provider: &str,
         iface: Option<&str>,
     ) -> FabricResult<OfiTransport> {
-        let request = select::request(provider, iface)?;
+        let mut request = select::request(provider, iface)?;
         default_libfabric_settings(config, provider);
-        let info = Info::query(&request)?;
+        let mut info = Info::query(&request)?;
         let provider = info.first().provider();
+        let want = match config.remote_gather {
+            RemoteGather::Off => false,
+            RemoteGather::On => true,
+            RemoteGather::Auto => gather_by_default(&provider),
+        };
+        let mut gather = false;
+        if want {
+            let tagged = InfoRequest {
+                tagged: true,
+                provider: Some(provider.clone()),
+                ..request.clone()
+            };
+            // Our sends and receives pass no descriptors: providers that
+            // need registered local buffers keep one-sided reads.
+            let usable = Info::query(&tagged).and_then(|i| {
+                if i.first().mr_mode() & sys::FI_MR_LOCAL as u64 != 0 {
+                    Err(FabricError::Unavailable(
+                        "it requires registered local buffers (FI_MR_LOCAL)".into(),
+                    ))
+                } else {
+                    Ok(i)
+                }
+            });
+            match usable {
+                Ok(i) => {
+                    info = i;
+                    request = tagged;
+                    gather = true;
+                }
+                Err(e) if config.remote_gather == RemoteGather::On => {
+                    return Err(FabricError::Unavailable(format!(
+                        "DDSTORE_REMOTE_GATHER=1 but provider {provider} cannot serve the \
+                         gather path: {e}; use DDSTORE_REMOTE_GATHER=auto or 0"
+                    )))
+                }
+                Err(_) => {}
+            }
+        }
         Ok(OfiTransport {
             config: config.clone(),
             provider,
             request,
             info,
             node: Mutex::new(None),
+            gather,
             hmem_node: Mutex::new(None),
         })
     }
@@ -186,6 +248,11 @@ impl OfiTransport {
     /// The provider chosen, as libfabric names it (e.g. "tcp;ofi_rxm").
     pub fn provider(&self) -> &str {
         &self.provider
+    }
+
+    /// Whether remote batches go through the owner-side gather path.
+    pub fn remote_gather(&self) -> bool {
+        self.gather
     }
 
     fn node(&self) -> FabricResult<Arc<Node>> {
@@ -198,7 +265,7 @@ impl OfiTransport {
                     .into(),
             )),
             None => {
-                let n = Arc::new(Node::open(&self.info)?);
+                let n = Arc::new(Node::open(&self.info, self.gather)?);
                 *node = Some(n.clone());
                 Ok(n)
             }
@@ -211,7 +278,16 @@ impl OfiTransport {
         peers: Vec<ShareRecord>,
         exposed: Option<(MemoryRegion, Arc<dyn Memory>)>,
     ) -> OfiShares {
+        // Our own share answers gather requests while these shares live.
+        let served_key = match (&node.served, &exposed) {
+            (Some(served), Some((mr, share))) => {
+                served.add(mr.key(), share.clone());
+                Some(mr.key())
+            }
+            _ => None,
+        };
         OfiShares {
+            served_key,
             _exposed: exposed,
             node,
             peers: Arc::new(peers),
@@ -219,6 +295,7 @@ impl OfiTransport {
             child_domain: Mutex::new(None),
             registry: Arc::new(DstRegistry::default()),
             config: self.config.clone(),
+            gather: self.gather,
         }
     }
 
@@ -269,13 +346,14 @@ impl OfiTransport {
                 sys::FI_REMOTE_READ as u64,
             )
         }?;
-        let mine = ShareRecord::new(
+        let mut mine = ShareRecord::new(
             self.provider.clone(),
             node.target.name()?,
             region.as_ptr() as u64,
             mr.key(),
             len as u64,
         );
+        mine.gather = node.served.is_some();
         let records = comm.allgather(&mine.encode())?;
         let peers = self.decode_all(&records)?;
         let local: Arc<dyn Memory> = region.clone();
@@ -322,6 +400,8 @@ impl Transport for OfiTransport {
 
 /// Every rank's share of one variable, readable through [`OfiReader`]s.
 pub struct OfiShares {
+    /// Our share's key in the node's served table (removed on drop).
+    served_key: Option<u64>,
     // Close order: our share's MR (then its memory), then the node.
     _exposed: Option<(MemoryRegion, Arc<dyn Memory>)>,
     node: Arc<Node>,
@@ -331,6 +411,8 @@ pub struct OfiShares {
     child_domain: Mutex<Option<Arc<Domain>>>,
     registry: Arc<DstRegistry>,
     config: Config,
+    /// Readers use the gather path for owners whose record offers it.
+    gather: bool,
 }
 
 impl OfiShares {
@@ -355,6 +437,16 @@ impl OfiShares {
     }
 }
 
+impl Drop for OfiShares {
+    fn drop(&mut self) {
+        // Refuse gather requests for this share from now on; replies in
+        // flight keep its memory alive until they complete.
+        if let (Some(key), Some(served)) = (self.served_key, &self.node.served) {
+            served.remove(key);
+        }
+    }
+}
+
 impl RemoteShares for OfiShares {
     fn share_lens(&self) -> Option<Vec<u64>> {
         Some(OfiShares::share_lens(self))
@@ -371,6 +463,7 @@ impl RemoteShares for OfiShares {
                 timeout: self.config.timeout,
                 max_read_bytes: self.config.max_read_bytes,
                 force_local_mr: std::env::var("DDSTORE_OFI_LOCAL_MR").is_ok_and(|v| v == "1"),
+                gather: self.gather && self.peers.iter().any(|p| p.gather),
             },
         )?;
         Ok(Box::new(reader))
