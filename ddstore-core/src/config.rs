@@ -39,10 +39,7 @@ impl RemoteGather {
     /// Parses `DDSTORE_REMOTE_GATHER` (auto, 0, 1); a bad value names the variable.
     pub fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<RemoteGather> {
         const KEY: &str = "DDSTORE_REMOTE_GATHER";
-        match get(KEY)
-            .map(|v| v.trim().to_ascii_lowercase())
-            .as_deref()
-        {
+        match get(KEY).map(|v| v.trim().to_ascii_lowercase()).as_deref() {
             None | Some("" | "auto") => Ok(RemoteGather::Auto),
             Some(_) => Ok(match parse_flag(get, KEY) {
                 Ok(Some(true)) => RemoteGather::On,

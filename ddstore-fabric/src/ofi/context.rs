@@ -48,4 +48,3 @@ impl Drop for Contexts {
 // SAFETY: the contexts are plain memory owned by the reader; the provider
 // only uses them during calls made by the reader's current thread.
 unsafe impl Send for Contexts {}
-

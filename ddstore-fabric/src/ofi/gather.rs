@@ -336,13 +336,7 @@ struct Open {
 }
 
 /// Ends message `o` (pieces `o.first..end` of `list`) in `req`.
-fn close(
-    out: &mut Plan,
-    req: &mut RequestPlan,
-    list: &[(u64, usize, usize)],
-    o: Open,
-    end: usize,
-) {
+fn close(out: &mut Plan, req: &mut RequestPlan, list: &[(u64, usize, usize)], o: Open, end: usize) {
     req.msg_ranges.push((end - o.first) as u32);
     let land = if o.contiguous {
         Landing::Direct(list[o.first].2)
@@ -360,10 +354,7 @@ fn close(
             scatter: (s0, out.scatter.len()),
         }
     };
-    req.msgs.push(Message {
-        len: o.bytes,
-        land,
-    });
+    req.msgs.push(Message { len: o.bytes, land });
 }
 
 /// Checks a request against the share it names (`share_len` bytes) and the
@@ -393,7 +384,10 @@ pub fn bad_reply(owner: usize, status: u64, got: usize, want: usize) -> FabricEr
     if status != 0 {
         FabricError::Refused {
             peer: owner,
-            detail: format!("rank {owner} refused the request: {}", Refusal::describe(status)),
+            detail: format!(
+                "rank {owner} refused the request: {}",
+                Refusal::describe(status)
+            ),
         }
     } else {
         FabricError::Invalid(format!(

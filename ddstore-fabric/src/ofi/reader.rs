@@ -14,9 +14,9 @@ use libfabric_sys as sys;
 use super::av::Av;
 use super::context::Contexts;
 use super::cq::{Cq, CqEntry, CqError, Poll};
-use super::gather::{self, Landing};
 use super::domain::Domain;
 use super::endpoint::Endpoint;
+use super::gather::{self, Landing};
 use super::mr::MemoryRegion;
 use super::record::ShareRecord;
 use crate::error::{FabricError, FabricResult};
@@ -460,9 +460,9 @@ impl OfiReader {
         // Checks and scatters replies that arrived; a refusal cancels the
         // rest of its request's receives, any other mismatch poisons the reader.
         let settle = |live: &mut Live,
-                          cancel: &mut Vec<bool>,
-                          poisoned: &mut bool,
-                          first_error: &mut Option<FabricError>| {
+                      cancel: &mut Vec<bool>,
+                      poisoned: &mut bool,
+                      first_error: &mut Option<FabricError>| {
             for a in std::mem::take(&mut live.arrived) {
                 let status = gather::reply_status(a.tag);
                 if status != 0 || a.got != a.want {
@@ -643,7 +643,11 @@ impl OfiReader {
                         live.free.push(slot);
                         cancel[ri] = true;
                         first_error.get_or_insert(match e {
-                            FabricError::Ofi { call, code, message } => FabricError::Ofi {
+                            FabricError::Ofi {
+                                call,
+                                code,
+                                message,
+                            } => FabricError::Ofi {
                                 call,
                                 code,
                                 message: format!("request to rank {}: {message}", req.owner),
@@ -825,7 +829,9 @@ fn reap_until(
                     }
                 }
                 let op = taken.as_ref().map(|f| f.op).unwrap_or(Op::Read);
-                if matches!(op, Op::Recv { .. }) && err.code.unsigned_abs() == sys::FI_ECANCELED as u64 {
+                if matches!(op, Op::Recv { .. })
+                    && err.code.unsigned_abs() == sys::FI_ECANCELED as u64
+                {
                     // A receive this reader cancelled (its request was refused or never sent).
                     return Ok(());
                 }

@@ -46,6 +46,8 @@ const SEND_SLOTS: usize = 256;
 pub const CQ_SIZE: usize = 2 * (REQUEST_SLOTS + SEND_SLOTS);
 /// Longest block in `fi_cq_sread` before the stop flag is checked again.
 const WAIT_MS: i32 = 100;
+/// How long the loop keeps polling without blocking after it did work.
+const HOT: Duration = Duration::from_micros(500);
 /// Reader names remembered (each an AV entry); beyond that the cache restarts.
 const MAX_ROUTES: usize = 4096;
 /// How long shutdown waits for cancelled operations before abandoning buffers.
@@ -333,9 +335,8 @@ impl Server {
         }
         self.backlog.clear();
         let deadline = Instant::now() + SHUTDOWN_WAIT;
-        let pending = |s: &Server| {
-            s.posted.iter().any(|p| *p) || s.sending.iter().any(|r| r.is_some())
-        };
+        let pending =
+            |s: &Server| s.posted.iter().any(|p| *p) || s.sending.iter().any(|r| r.is_some());
         let cq = self.ep.cq().clone();
         let mut entries = [sys::fi_cq_tagged_entry::default(); 16];
         while pending(&self) && Instant::now() < deadline {
@@ -374,12 +375,22 @@ impl Server {
 pub fn run(mut server: Server, stop: &AtomicBool) {
     let blocking = server.ep.cq().has_wait();
     let mut sleep = Duration::from_micros(5);
+    let mut hot_until = Instant::now();
     while !stop.load(Ordering::Acquire) {
-        let busy = server.turn(blocking);
+        // Keep polling for a while after a request: replies just posted
+        // (and the next request of a busy reader) progress without a wakeup.
+        let hot = Instant::now() < hot_until;
+        let busy = server.turn(blocking && !hot);
+        if busy {
+            hot_until = Instant::now() + HOT;
+        }
         if blocking {
+            if hot && !busy {
+                std::thread::yield_now();
+            }
             continue;
         }
-        if busy {
+        if busy || hot {
             sleep = Duration::from_micros(5);
             std::thread::yield_now();
         } else {
