@@ -17,12 +17,22 @@ CASES = [
     pytest.param({"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "1"}, id="tcp-shm"),
     # A 4-deep window and 64 KiB replies: several requests per owner, 1 MB rows split.
     pytest.param(
-        {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0", "DDSTORE_MAX_INFLIGHT": "4", "DDSTORE_MAX_READ_BYTES": "65536"},
+        {
+            "DDSTORE_FABRIC": "tcp",
+            "DDSTORE_SHM": "0",
+            "DDSTORE_MAX_INFLIGHT": "4",
+            "DDSTORE_MAX_READ_BYTES": "65536",
+        },
         id="tcp-small-window",
     ),
     # Forced one-sided reads: the previous path, same checks.
     pytest.param(
-        {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0", "DDSTORE_REMOTE_GATHER": "0", "GATHER_EXPECT": "one-sided"},
+        {
+            "DDSTORE_FABRIC": "tcp",
+            "DDSTORE_SHM": "0",
+            "DDSTORE_REMOTE_GATHER": "0",
+            "GATHER_EXPECT": "one-sided",
+        },
         id="tcp-one-sided",
     ),
 ]
@@ -62,6 +72,7 @@ def test_method2_extra_job_and_freed_variable(handshake_dir):
             assert time.monotonic() < deadline, "the core did not publish"
             time.sleep(0.1)
         extra = run_procs(1, "gather.py", "extra", "--hs", hs, env=env, timeout=180, expect_ok=False)[0]
+        print(extra.stdout)
         assert extra.returncode == 0, f"{extra.stdout}\n{extra.stderr}"
         assert "extra freed-variable ok" in extra.stdout, extra.stdout
     finally:

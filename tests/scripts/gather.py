@@ -1,17 +1,17 @@
 """The owner-side gather path (DDSTORE_REMOTE_GATHER): every read checked against the owner's rows.
 
-    mpirun -n 3 python gather.py read           method 1: 3 KB, 1 MB and 13 B rows; shuffled batches
-                                                with repeats and the reader's own rows, get(), 4
-                                                threads, a forked child; expects remote_path from
-                                                GATHER_EXPECT (default "gather")
-    python gather.py stopped  (3 plain procs)   rank 0 SIGSTOPs rank 1 and reads its rows: a
-                                                DDStoreTimeoutError naming rank 1 within
-                                                DDSTORE_TIMEOUT_S; after SIGCONT the late reply
-                                                never lands in the caller's buffer, and reads work
-    python gather.py core --hs DIR              method-2 core (one process): publishes "g", frees it
-                                                when {hs}/free-now appears, serves until {hs}/STOP
-    python gather.py extra --hs DIR             joins "g", reads it (gather path, verified), asks the
-                                                core to free, then a read is an error and never data
+mpirun -n 3 python gather.py read           method 1: 3 KB, 1 MB and 13 B rows; shuffled batches
+                                            with repeats and the reader's own rows, get(), 4
+                                            threads, a forked child; expects remote_path from
+                                            GATHER_EXPECT (default "gather")
+python gather.py stopped  (3 plain procs)   rank 0 SIGSTOPs rank 1 and reads its rows: a
+                                            DDStoreTimeoutError naming rank 1 within
+                                            DDSTORE_TIMEOUT_S; after SIGCONT the late reply
+                                            never lands in the caller's buffer, and reads work
+python gather.py core --hs DIR              method-2 core (one process): publishes "g", frees it
+                                            when {hs}/free-now appears, serves until {hs}/STOP
+python gather.py extra --hs DIR             joins "g", reads it (gather path, verified), asks the
+                                            core to free, then a read is an error and never data
 """
 
 from __future__ import annotations

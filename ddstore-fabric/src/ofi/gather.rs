@@ -180,8 +180,7 @@ pub fn decode(bytes: &[u8]) -> Result<Request, Option<u32>> {
         .map(|_| Some((c.u64()?, c.u64()?)))
         .collect::<Option<Vec<_>>>()
         .ok_or(bad)?;
-    if msg_ranges.iter().any(|&n| n == 0)
-        || msg_ranges.iter().map(|&n| n as usize).sum::<usize>() != n_ranges
+    if msg_ranges.contains(&0) || msg_ranges.iter().map(|&n| n as usize).sum::<usize>() != n_ranges
     {
         return Err(bad);
     }
@@ -393,5 +392,145 @@ pub fn bad_reply(owner: usize, status: u64, got: usize, want: usize) -> FabricEr
         FabricError::Invalid(format!(
             "rank {owner} answered a gather request with {got} bytes where {want} were asked"
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            chunk: 1 << 20,
+            msgs_per_request: 63,
+            name_len: 20,
+        }
+    }
+
+    #[test]
+    fn requests_round_trip_and_reject_garbage() {
+        let mut buf = Vec::new();
+        encode(
+            &mut buf,
+            7,
+            0xdead,
+            b"reader",
+            &[2, 1],
+            &[(0, 8), (64, 8), (512, 3)],
+        );
+        let req = decode(&buf).unwrap();
+        assert_eq!(req.seq, 7);
+        assert_eq!(req.key, 0xdead);
+        assert_eq!(req.reply_to, b"reader");
+        assert_eq!(req.msg_ranges, vec![2, 1]);
+        assert_eq!(req.ranges, vec![(0, 8), (64, 8), (512, 3)]);
+        assert!(decode(&buf[..buf.len() - 1]).is_err());
+        assert!(decode(b"junk").is_err());
+        let mut bad = Vec::new();
+        encode(&mut bad, 1, 2, b"r", &[3], &[(0, 8)]); // counts do not add up
+        assert!(decode(&bad).is_err());
+        assert_eq!(check_request(&req, 515, 1 << 20), Ok(()));
+        assert_eq!(check_request(&req, 514, 1 << 20), Err(Refusal::OutOfRange));
+        assert_eq!(check_request(&req, 515, 15), Err(Refusal::Malformed));
+        let huge = Request {
+            ranges: vec![(u64::MAX - 1, 8)],
+            msg_ranges: vec![1],
+            ..req
+        };
+        assert_eq!(
+            check_request(&huge, u64::MAX, 1 << 20),
+            Err(Refusal::OutOfRange)
+        );
+    }
+
+    #[test]
+    fn tags_carry_status_seq_and_index() {
+        let t = reply_tag(SEQ_MASK + 5, 9, 0);
+        assert_eq!(t & STATUS_MASK, 0);
+        assert_eq!(reply_status(reply_tag(3, 0, Refusal::UnknownKey as u64)), 1);
+        assert_ne!(reply_tag(1, 0, 0), reply_tag(2, 0, 0));
+        assert_ne!(REQUEST_TAG & REPLY_BIT, REPLY_BIT);
+    }
+
+    #[test]
+    fn plan_packs_small_rows_lands_large_ones_and_reads_repeats_once() {
+        // Owner 1: two 3 KB rows apart in dst (packed), owner 2: a 1 MB row (direct).
+        let reads = [
+            (1, 0, 3072, 0),
+            (2, 0, 1 << 20, 3072),
+            (1, 9216, 3072, 3072 + (1 << 20)),
+            (1, 0, 3072, 6144 + (1 << 20)), // repeat of the first
+        ];
+        let p = plan(&reads, limits());
+        assert_eq!(p.requests.len(), 2);
+        let r1 = &p.requests[0];
+        assert_eq!((r1.owner, r1.ranges.len(), r1.msgs.len()), (1, 2, 1));
+        assert!(matches!(r1.msgs[0].land, Landing::Bounce { at: 0, .. }));
+        assert_eq!(
+            p.scatter,
+            vec![(0, 0, 3072), (3072, 3072 + (1 << 20), 3072)]
+        );
+        let r2 = &p.requests[1];
+        assert_eq!(
+            r2.msgs,
+            vec![Message {
+                len: 1 << 20,
+                land: Landing::Direct(3072)
+            }]
+        );
+        assert_eq!(p.repeats, vec![(0, 6144 + (1 << 20), 3072)]);
+    }
+
+    #[test]
+    fn plan_splits_at_the_chunk_and_the_window() {
+        let l = Limits {
+            chunk: 100_000,
+            msgs_per_request: 2,
+            name_len: 20,
+        };
+        // 350,000 contiguous bytes: 4 pieces, 2 messages per request, each straight into dst.
+        let p = plan(&[(0, 0, 350_000, 0)], l);
+        let lens: Vec<Vec<usize>> = p
+            .requests
+            .iter()
+            .map(|r| r.msgs.iter().map(|m| m.len).collect())
+            .collect();
+        assert_eq!(lens, vec![vec![100_000, 100_000], vec![100_000, 50_000]]);
+        assert!(p
+            .requests
+            .iter()
+            .flat_map(|r| &r.msgs)
+            .all(|m| matches!(m.land, Landing::Direct(_))));
+        // Many small rows back to back in dst: one message, straight into dst.
+        let reads: Vec<_> = (0..64)
+            .map(|i| (0, 1000 * i as u64 * 3, 1000, 1000 * i))
+            .collect();
+        let p = plan(&reads, limits());
+        assert_eq!(p.requests.len(), 1);
+        assert_eq!(
+            p.requests[0].msgs,
+            vec![Message {
+                len: 64_000,
+                land: Landing::Direct(0)
+            }]
+        );
+        assert_eq!(p.bounce_len, 0);
+        // Too many ranges for one request: split, every range kept once.
+        let reads: Vec<_> = (0..10_000)
+            .map(|i| (0, 16 * i as u64, 8, 8 * (9_999 - i)))
+            .collect();
+        let p = plan(&reads, limits());
+        assert!(p.requests.len() > 1);
+        assert_eq!(
+            p.requests.iter().map(|r| r.ranges.len()).sum::<usize>(),
+            10_000
+        );
+        for r in &p.requests {
+            assert!(request_bytes(20, r.msgs.len(), r.ranges.len()) <= MAX_REQUEST_BYTES);
+            assert_eq!(
+                r.msg_ranges.iter().map(|&n| n as usize).sum::<usize>(),
+                r.ranges.len()
+            );
+        }
     }
 }

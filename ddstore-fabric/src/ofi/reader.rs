@@ -899,7 +899,7 @@ fn reap_until(
                             "a read was posted but never completed (the peer may have exited)"
                         }
                         Op::Recv { .. } => {
-                            "it never answered a gather request (it may be stopped or have exited)"
+                            "it never answered a gather request (it may be stopped, have exited or freed the variable)"
                         }
                         Op::Send => "a gather request was never sent (the peer may have exited)",
                     }

@@ -209,7 +209,9 @@ def measure(args, comm) -> list[dict]:
                         sockets = SocketReader(ports, per_rank, row_bytes, max(args.threads), batch)
                         sockets.get_batch(batches[1], outs[0], 0)
                         if not np.array_equal(outs[0], pattern(batches[1], row_bytes)):
-                            raise SystemExit(f"{label}: socket line read wrong data for rows {batches[1][:8]}")
+                            raise SystemExit(
+                                f"{label}: socket line read wrong data for rows {batches[1][:8]}"
+                            )
                         lines.append(("socket", lambda r, t: sockets.get_batch(r, outs[t], t)))
                     for threads in args.threads:
                         # Alternate the lines and keep each one's best round: interference from
