@@ -27,8 +27,8 @@ const SEQ_SHIFT: u32 = 32;
 /// Sequence numbers wrap at 20 bits.
 pub const SEQ_MASK: u32 = 0x000f_ffff;
 
-/// Longest request; owners post receives of this size.
-pub const MAX_REQUEST_BYTES: usize = 64 << 10;
+/// Longest request (about 1,000 ranges); owners post receives of this size.
+pub const MAX_REQUEST_BYTES: usize = 16 << 10;
 /// Ranges of at least this many bytes get a message of their own, which
 /// lands straight in the destination (no bounce copy for large rows).
 pub const DIRECT_MIN: usize = 64 << 10;

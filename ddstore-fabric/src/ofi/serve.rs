@@ -38,8 +38,9 @@ impl ServedShares {
     }
 }
 
-/// Requests received at once (each slot holds one request of up to 64 KiB).
-const REQUEST_SLOTS: usize = 8;
+/// Requests received at once (each slot holds one request of up to 16 KiB);
+/// more wait in the provider until a slot is posted again.
+const REQUEST_SLOTS: usize = 32;
 /// Replies in flight at once; more wait in a backlog.
 const SEND_SLOTS: usize = 256;
 /// CQ entries the serving endpoint needs (every posted operation completes there).
