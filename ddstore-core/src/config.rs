@@ -25,8 +25,9 @@ pub struct Config {
 /// `DDSTORE_REMOTE_GATHER`: how remote rows are read over libfabric.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RemoteGather {
-    /// The gather path where it is faster (tcp, sockets, udp), one-sided
-    /// reads where the NIC does them (cxi, verbs, efa, shm).
+    /// The gather path where it is faster (tcp;ofi_rxm), one-sided reads
+    /// elsewhere (cxi, verbs, efa, shm: the NIC or the kernel does them;
+    /// sockets: measured no faster gathered).
     #[default]
     Auto,
     /// Always one-sided reads.

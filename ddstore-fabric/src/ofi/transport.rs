@@ -138,13 +138,14 @@ impl Node {
     }
 }
 
-/// Providers `DDSTORE_REMOTE_GATHER=auto` reads through the gather path:
-/// those whose one-sided reads are emulated in software (measured over tcp:
-/// one request/response pair per row, 4-5x slower than packed replies).
+/// Providers `DDSTORE_REMOTE_GATHER=auto` reads through the gather path,
+/// by measurement (`python -m pyddstore.bench`, same run): tcp;ofi_rxm, whose
+/// one-sided reads are request/response pairs in software (128 x 3 KB rows:
+/// 14.7 -> 2.0 µs/row). Not sockets: its own progress thread makes every
+/// exchange slow either way, and single rows are 3.8x slower gathered
+/// (`DDSTORE_REMOTE_GATHER=1` still gathers there).
 pub fn gather_by_default(provider: &str) -> bool {
-    ["tcp", "sockets", "udp"]
-        .iter()
-        .any(|p| provider.starts_with(p))
+    provider.starts_with("tcp")
 }
 
 /// One-sided reads through libfabric (methods 1 and 2).

@@ -27,11 +27,12 @@ CONFIGS = {
     # label: (method, env)
     "mpi-shm": (0, {"DDSTORE_SHM": "1"}),
     "mpi-rma": (0, {"DDSTORE_SHM": "0"}),
-    # tcp and sockets: the owner-side gather path (DDSTORE_REMOTE_GATHER=auto), and
-    # one-sided reads (rxm's software emulation) for comparison.
+    # tcp and sockets, each through the owner-side gather path (auto's choice on tcp) and
+    # through one-sided reads (DDSTORE_REMOTE_GATHER=0; rxm emulates them in software on tcp).
     "ofi-tcp": (1, {"DDSTORE_SHM": "0", "DDSTORE_FABRIC": "tcp", "DDSTORE_REMOTE_GATHER": "auto"}),
     "ofi-tcp-1s": (1, {"DDSTORE_SHM": "0", "DDSTORE_FABRIC": "tcp", "DDSTORE_REMOTE_GATHER": "0"}),
-    "ofi-sock": (1, {"DDSTORE_SHM": "0", "DDSTORE_FABRIC": "sockets", "DDSTORE_REMOTE_GATHER": "auto"}),
+    "ofi-sock": (1, {"DDSTORE_SHM": "0", "DDSTORE_FABRIC": "sockets", "DDSTORE_REMOTE_GATHER": "1"}),
+    "ofi-sock-1s": (1, {"DDSTORE_SHM": "0", "DDSTORE_FABRIC": "sockets", "DDSTORE_REMOTE_GATHER": "0"}),
     "ofi-shm": (1, {"DDSTORE_SHM": "0", "DDSTORE_FABRIC": "shm"}),
     "node-shm": (1, {"DDSTORE_SHM": "1", "DDSTORE_FABRIC": "tcp"}),
 }
