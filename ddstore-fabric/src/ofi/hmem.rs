@@ -70,7 +70,7 @@ impl OfiTransport {
                 self.provider
             ))
         })?;
-        let node = Arc::new(Node::open(&info, false)?);
+        let node = Arc::new(Node::open(&info, false, self.config.timeout)?);
         *slot = Some(node.clone());
         Ok(node)
     }

@@ -70,6 +70,9 @@ struct Reply {
     peer: sys::fi_addr_t,
     tag: u64,
     body: Body,
+    /// When the request arrived: a reply not taken by the provider within
+    /// the readers' timeout is dropped (its reader has given up).
+    queued: Instant,
 }
 
 // SAFETY: the iovecs point into a share kept alive by the same Reply (an
@@ -91,10 +94,16 @@ pub struct Server {
     free_sends: Vec<usize>,
     backlog: VecDeque<Reply>,
     routes: HashMap<Vec<u8>, sys::fi_addr_t>,
+    expiry: Duration,
 }
 
 impl Server {
-    pub fn new(ep: Arc<Endpoint>, shares: Arc<ServedShares>) -> crate::error::FabricResult<Server> {
+    /// `expiry`: how long a reply may wait for the provider (the readers' `DDSTORE_TIMEOUT_S`).
+    pub fn new(
+        ep: Arc<Endpoint>,
+        shares: Arc<ServedShares>,
+        expiry: Duration,
+    ) -> crate::error::FabricResult<Server> {
         let info = ep.domain().info();
         let max_msg = info.max_msg_size().max(1);
         let iov_limit = info.tx_iov_limit().min(16);
@@ -114,6 +123,7 @@ impl Server {
             free_sends: (0..SEND_SLOTS).rev().collect(),
             backlog: VecDeque::new(),
             routes: HashMap::new(),
+            expiry,
         })
     }
 
@@ -160,10 +170,12 @@ impl Server {
         let Some(peer) = self.route(&req.reply_to) else {
             return;
         };
+        let now = Instant::now();
         let refuse = |r: Refusal| Reply {
             peer,
             tag: gather::reply_tag(req.seq, 0, r as u64),
             body: Body::Empty,
+            queued: now,
         };
         let Some(share) = self.shares.get(req.key) else {
             self.backlog.push_back(refuse(Refusal::UnknownKey));
@@ -212,13 +224,21 @@ impl Server {
                 peer,
                 tag: gather::reply_tag(req.seq, index as u32, 0),
                 body,
+                queued: now,
             });
         }
     }
 
-    /// Posts backlogged replies while send slots are free.
+    /// Posts backlogged replies while send slots are free. A reply the
+    /// provider does not take now (its reader still connecting, or gone)
+    /// goes to the back, so it never holds up other readers' replies.
     fn flush(&mut self) {
+        let mut tries = self.backlog.len();
         while let Some(slot) = self.free_sends.last().copied() {
+            if tries == 0 {
+                return;
+            }
+            tries -= 1;
             let Some(reply) = self.backlog.pop_front() else {
                 return;
             };
@@ -258,10 +278,10 @@ impl Server {
                     self.free_sends.pop();
                     self.sending[slot] = Some(reply);
                 }
-                Ok(Err(_again)) => {
-                    self.backlog.push_front(reply);
-                    return;
+                Ok(Err(_again)) if reply.queued.elapsed() < self.expiry => {
+                    self.backlog.push_back(reply)
                 }
+                Ok(Err(_again)) => {}
                 // The reader is gone (or unreachable): drop its reply.
                 Err(_) => {}
             }

@@ -104,8 +104,9 @@ struct Node {
 
 impl Node {
     /// `gather`: the progress thread also answers gather requests (the
-    /// domain must then offer tagged messages).
-    fn open(info: &Info, gather: bool) -> FabricResult<Node> {
+    /// domain must then offer tagged messages); replies wait for the
+    /// provider at most `timeout` (the readers' `DDSTORE_TIMEOUT_S`).
+    fn open(info: &Info, gather: bool, timeout: std::time::Duration) -> FabricResult<Node> {
         let domain = open_domain(info)?;
         // sockets reports auto progress, but its own progress thread is slow
         // to serve reads (measured: half the bandwidth without ours).
@@ -123,7 +124,7 @@ impl Node {
         let served = gather.then(|| Arc::new(ServedShares::default()));
         let progress = match &served {
             Some(shares) => {
-                let server = serve::Server::new(target.clone(), shares.clone())?;
+                let server = serve::Server::new(target.clone(), shares.clone(), timeout)?;
                 Some(Progress::start(target.clone(), Some(server))?)
             }
             None if manual => Some(Progress::start(target.clone(), None)?),
@@ -276,7 +277,7 @@ impl OfiTransport {
                     .into(),
             )),
             None => {
-                let n = Arc::new(Node::open(&self.info, self.gather)?);
+                let n = Arc::new(Node::open(&self.info, self.gather, self.config.timeout)?);
                 *node = Some(n.clone());
                 Ok(n)
             }
