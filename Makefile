@@ -1,5 +1,5 @@
 # pyddstore: `make help` lists the targets.
-.PHONY: help setup demo test bench lint fmt soak check-memory clean
+.PHONY: help setup demo test bench bench-vcluster lint fmt soak check-memory clean
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -17,6 +17,11 @@ bench:  ## the benchmark suite (python -m pyddstore.bench) under mpirun -n 4
 	bash scripts/setup.sh && . .venv/bin/activate && \
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
 	FI_TCP_IFACE=lo mpirun -n 4 --bind-to none python -m pyddstore.bench --json bench-results/bench.json
+
+bench-vcluster:  ## remote rows across two virtual nodes beside one node (root; docs/developer.md)
+	bash scripts/setup.sh && . .venv/bin/activate && \
+	python -m pyddstore.bench --vcluster --row-sizes 3072,1048576 --batch-sizes 1,128 --threads 1 \
+	--json bench-results/bench-vcluster.json
 
 soak:  ## long soak: 1,000,000 verified random reads per rank per config, RSS flat (scripts/soak.sh)
 	bash scripts/setup.sh && bash scripts/soak.sh 1000000 4

@@ -9,6 +9,11 @@
 //! - `expose` and dropping the last handle of an exposed share
 //!   (`MPI_Win_free`) are collective: `free()` runs on every rank, in the
 //!   same order of variables.
+//! - A communicator spanning several nodes is first tested with a one-byte
+//!   probe window whose outcome all ranks agree on: where no one-sided
+//!   component can span the nodes (Open MPI over TCP at
+//!   `MPI_THREAD_MULTIPLE`), every rank refuses with `Unavailable` before
+//!   any share exists, instead of failing inside `MPI_Win_create`.
 //! - `MPI_Win_flush` has no timeout: a read from a dead peer can block
 //!   until MPI itself gives up (`Config::timeout` cannot apply here).
 //! - Loaded bytes are written by plain stores into window memory; this

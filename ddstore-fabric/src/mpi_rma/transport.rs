@@ -18,7 +18,7 @@ use ddstore_core::transport::{
 use mpi::ffi;
 
 use super::comm::MpiComm;
-use super::init::serialize;
+use super::init::{library_version, serialize, thread_level};
 use super::window::Window;
 use crate::error::{FabricError, FabricResult};
 
@@ -91,6 +91,66 @@ fn node_comm(comm: &MpiComm) -> ddstore_core::Result<Option<MpiComm>> {
     })
 }
 
+/// Refuses, on every rank alike, a communicator spanning several nodes when this MPI cannot
+/// make a window across them (e.g. Open MPI over TCP at `MPI_THREAD_MULTIPLE`: `osc/rdma`
+/// needs an RDMA network and `osc/pt2pt` refuses that level). Collective; runs before any
+/// share is created. A one-byte probe window is the only reliable test: which one-sided
+/// component serves a window is decided inside `MPI_Win_allocate`.
+fn check_windows_span_nodes(comm: &MpiComm) -> ddstore_core::Result<()> {
+    let size = comm.size();
+    if size < 2 {
+        return Ok(());
+    }
+    let node = comm.split_node()?;
+    if node.size() == size {
+        return Ok(());
+    }
+    let nodes: u64 = gather_u64(comm, u64::from(node.rank() == 0))?.iter().sum();
+    drop(node);
+    let probe = Window::allocate(comm, 1);
+    let ok = gather_u64(comm, u64::from(probe.is_ok()))?;
+    let failed: Vec<usize> = (0..size).filter(|&r| ok[r] == 0).collect();
+    let mine = match probe {
+        // Freeing is collective over the ranks that made it: only when all did.
+        Ok(win) if failed.is_empty() => {
+            drop(win);
+            return Ok(());
+        }
+        // Some ranks failed: a collective free could hang, so this one-byte probe is leaked.
+        Ok(win) => {
+            std::mem::forget(win);
+            "the probe window was made here, not on the ranks named".to_string()
+        }
+        Err(e) => e.to_string(),
+    };
+    Err(FabricError::Unavailable(span_refusal(size, nodes, &failed, &mine)).into())
+}
+
+/// The message of a refused multi-node method 0: the MPI, why, and what would work.
+fn span_refusal(size: usize, nodes: u64, failed: &[usize], detail: &str) -> String {
+    let version = library_version();
+    let version = version.lines().next().unwrap_or("unknown MPI").trim();
+    let level = thread_level().map(|l| l.name()).unwrap_or("unknown");
+    let shown: Vec<String> = failed.iter().take(8).map(|r| r.to_string()).collect();
+    let more = if failed.len() > 8 { ", ..." } else { "" };
+    let mut msg = format!(
+        "method 0 (MPI RMA) cannot read across nodes here: {version} at thread level {level} has no \
+         one-sided component for a window spanning nodes (a probe window over {size} ranks on \
+         {nodes} nodes failed on ranks [{}{more}]: {detail}); nothing was created. Use method=1 \
+         (DDSTORE_METHOD=1: libfabric reads over tcp, verbs or cxi)",
+        shown.join(", ")
+    );
+    if version.contains("Open MPI") {
+        msg.push_str(
+            ", or Open MPI's active-message windows: OMPI_MCA_osc=sm,pt2pt with thread level \
+             serialized (DDSTORE_MPI_THREAD_LEVEL=serialized, or mpi4py.rc.thread_level = \
+             'serialized' before importing mpi4py); reads from a rank then complete only while \
+             it is inside MPI. osc/rdma and osc/ucx need an RDMA network or UCX",
+        );
+    }
+    msg
+}
+
 impl Transport for MpiRma {
     fn name(&self) -> String {
         "mpi-rma".into()
@@ -124,6 +184,8 @@ impl Transport for MpiRma {
             ))
             .into());
         }
+
+        check_windows_span_nodes(mpi_comm)?;
 
         let node = if opts.node_sharing && size > 1 {
             node_comm(mpi_comm)?
@@ -375,5 +437,33 @@ mod tests {
         let err = MpiRma::new().attach(&[]).err().expect("refused");
         assert!(err.to_string().contains("another job"), "{err}");
         assert_eq!(MpiRma::new().name(), "mpi-rma");
+    }
+
+    #[test]
+    fn span_refusal_names_the_mpi_the_ranks_and_the_alternatives() {
+        let ranks: Vec<usize> = (0..12).collect();
+        let msg = span_refusal(12, 3, &ranks, "MPI_ERR_WIN");
+        let version = library_version();
+        let first = version
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        for part in [
+            first.as_str(),
+            "across nodes",
+            "12 ranks on 3 nodes",
+            "[0, 1, 2, 3, 4, 5, 6, 7, ...]",
+            "MPI_ERR_WIN",
+            "nothing was created",
+            "method=1",
+        ] {
+            assert!(msg.contains(part), "{part:?} missing from {msg}");
+        }
+        if first.contains("Open MPI") {
+            assert!(msg.contains("OMPI_MCA_osc=sm,pt2pt"), "{msg}");
+            assert!(msg.contains("serialized"), "{msg}");
+        }
     }
 }

@@ -7,6 +7,41 @@ import os
 import sys
 
 
+def _rdma_devices() -> list[str]:
+    """RDMA-capable devices here (InfiniBand/RoCE verbs, Slingshot cxi)."""
+    found = []
+    for cls in ("/sys/class/infiniband", "/sys/class/cxi"):
+        try:
+            found += sorted(os.listdir(cls))
+        except OSError:
+            pass
+    return found
+
+
+def method0_across_nodes(mpi_library: str) -> str:
+    """Whether method 0 can span nodes here, from the MPI, the thread level pyddstore asks for
+    and the network; add() settles it on every multi-node store (a probe window)."""
+    if not mpi_library:
+        return "no (no MPI library)"
+    if "Open MPI" not in mpi_library:
+        return "expected (this MPI serves windows across nodes itself); add() checks it"
+    level = (os.environ.get("DDSTORE_MPI_THREAD_LEVEL") or "multiple").strip().lower()
+    osc = os.environ.get("OMPI_MCA_osc", "")
+    devices = _rdma_devices()
+    if devices:
+        return f"expected (Open MPI osc/rdma or osc/ucx over {', '.join(devices)}); add() checks it"
+    if level != "multiple" and "pt2pt" in osc and not osc.startswith("^"):
+        return (
+            f"yes, through Open MPI osc/pt2pt at thread level {level} (OMPI_MCA_osc={osc}): "
+            "reads from a rank complete only while it is inside MPI"
+        )
+    return (
+        f"no: Open MPI without an RDMA network has no one-sided component for windows across "
+        f"nodes at thread level {level} (osc/rdma needs RDMA, osc/pt2pt refuses multiple); "
+        "use method=1, or OMPI_MCA_osc=sm,pt2pt with DDSTORE_MPI_THREAD_LEVEL=serialized"
+    )
+
+
 def info() -> None:
     """Prints what this machine offers and what pyddstore would choose."""
     from . import _native
@@ -28,6 +63,7 @@ def info() -> None:
             f"max_msg {p['max_msg_size']:<12} mr_mode {'|'.join(p['mr_mode']) or '0'}"
         )
     print(f"MPI: {sysinfo['mpi_library'].splitlines()[0] if sysinfo['mpi_library'] else 'not found'}")
+    print(f"method 0 across nodes: {method0_across_nodes(sysinfo['mpi_library'])}")
     forced = env_choice("DDSTORE_COMM", ("mpi", "torch", "file"))
     if forced:
         comm = f"{forced} (DDSTORE_COMM)"

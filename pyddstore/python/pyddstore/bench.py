@@ -3,6 +3,7 @@ method, beside the ceilings measured in the same run (numpy fancy indexing
 of a local array for memory, the raw transport line for the fabric).
 
     mpirun -n 4 python -m pyddstore.bench [--json FILE] [--plot FILE.png]
+    python -m pyddstore.bench --vcluster [--json FILE]     (across namespace nodes; root)
 
 Rank 0 reads rows owned by the other ranks while they wait without
 spinning; every configuration is checked against the owners' data first.
@@ -232,7 +233,17 @@ def main(argv=None) -> None:
     ap.add_argument("--share-bytes", type=float, default=64e6, help="bytes per rank per variable")
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--plot", help="write a PNG plot (matplotlib) to this file")
+    ap.add_argument(
+        "--vcluster",
+        action="store_true",
+        help="run over a virtual cluster of two namespace nodes beside one node (root, not under mpirun)",
+    )
     args = ap.parse_args(argv)
+    if args.vcluster:
+        from .bench_cluster import run
+
+        run(args)
+        return
     unknown = [c for c in args.configs if c not in CONFIGS]
     if unknown:
         ap.error(f"unknown configs {unknown}: choose from {', '.join(CONFIGS)}")
