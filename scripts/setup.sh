@@ -32,7 +32,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 
-want="numpy mpi4py maturin pytest ruff matplotlib"
+want="numpy mpi4py maturin pytest ruff matplotlib h5py zarr"
 [ "${WITH_TORCH:-1}" = "1" ] && want="$want torch"
 need=""
 for p in $want; do
