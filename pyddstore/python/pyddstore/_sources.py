@@ -262,8 +262,11 @@ class AlignedReader:
         return buf[offset - a0 : offset - a0 + nbytes]
 
     def close(self) -> None:
-        if self._view is not None:
-            self._view.release()
-        if self._buf is not None:
-            self._buf.close()
+        try:
+            if self._view is not None:
+                self._view.release()
+            if self._buf is not None:
+                self._buf.close()
+        except BufferError:
+            pass  # a view is still held (an error's traceback): the mapping goes with it
         self._buf = self._view = None
