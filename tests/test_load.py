@@ -18,7 +18,9 @@ _native = pytest.importorskip("pyddstore._native")
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("load")
-    subprocess.run([sys.executable, str(SCRIPTS / "load_sources.py"), "write", str(d)], check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, str(SCRIPTS / "load_sources.py"), "write", str(d)], check=True, timeout=300
+    )
     return d
 
 
@@ -37,8 +39,9 @@ def test_snapshot_other_rank_counts_and_damage(data_dir):
 
 
 def test_load_env_validation(monkeypatch):
-    from pyddstore import DDStoreValueError
     from pyddstore.torch import _load
+
+    from pyddstore import DDStoreValueError
 
     monkeypatch.delenv("DDSTORE_LOAD_THREADS", raising=False)
     monkeypatch.delenv("DDSTORE_LOAD_DEPTH", raising=False)

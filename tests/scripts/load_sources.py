@@ -64,6 +64,13 @@ class UnsafeNpzSource(NpzSource):
     thread_safe = False
 
 
+class BadSource(UnsafeNpzSource):
+    def __getitem__(self, i):
+        if i == 150:
+            raise ValueError(f"sample {i} is unreadable")
+        return super().__getitem__(i)
+
+
 class RaggedSource(Dataset):
     def __len__(self) -> int:
         return N
@@ -95,11 +102,9 @@ def stats_of(ds, world) -> dict:
 
 def part_sources(world, d: str) -> None:
     import h5py
-
     from pyddstore.torch import DistDataset, _load
 
-    def npz_want(i):
-        return torch.from_numpy(row(i)), i * 3
+    from pyddstore import DDStoreError
 
     ds = DistDataset(NpzSource(d), "npz", world.comm)
     st = stats_of(ds, world)
@@ -107,11 +112,26 @@ def part_sources(world, d: str) -> None:
     check_all(ds, npz_want, "npz")
     ds.free()
 
-    ds = DistDataset(UnsafeNpzSource(d), "npz1", world.comm)
+    # Not thread-safe: forked processes fill a staging area (small here: several rounds).
+    saved = _load.MIN_WINDOW_BYTES
+    _load.MIN_WINDOW_BYTES = 10 * row(0).nbytes
+    try:
+        ds = DistDataset(UnsafeNpzSource(d), "npz1", world.comm)
+    finally:
+        _load.MIN_WINDOW_BYTES = saved
     st = stats_of(ds, world)
-    assert st["workers"] == 1 and "thread_safe" in st["notes"][0], st
+    assert st["path"] == "samples (processes)" and st["workers"] == 2, st
     check_all(ds, npz_want, "npz thread_safe=False")
     ds.free()
+    ds = DistDataset(RaggedSource(), "rag-t", world.comm, ragged={"pos": 0})
+    check_all(ds, rag_want, "ragged, threads")
+    ds.free()
+    ds = DistDataset(RaggedSource(), "rag-p", world.comm, ragged={"pos": 0}, load_workers="processes")
+    assert stats_of(ds, world)["workers"] == 1
+    check_all(ds, rag_want, "ragged, load_workers=processes")
+    ds.free()
+    # A failing sample in a worker process reaches every rank, named.
+    raises(DDStoreError, lambda: DistDataset(BadSource(d), "bad", world.comm), "sample 150")
 
     allrows = np.stack([row(i) for i in range(N)])
     ds = DistDataset(allrows, "mem", world.comm)
@@ -173,7 +193,13 @@ def part_sources(world, d: str) -> None:
     except ImportError:
         zarr = None
     if zarr is not None:
-        z = zarr.open(os.path.join(d, f"z{world.rank}.zarr"), mode="w", shape=allrows.shape, chunks=(10, 6, 16), dtype="f4")
+        z = zarr.open(
+            os.path.join(d, f"z{world.rank}.zarr"),
+            mode="w",
+            shape=allrows.shape,
+            chunks=(10, 6, 16),
+            dtype="f4",
+        )
         z[:] = allrows
         ds = DistDataset(z, "zarr", world.comm)
         assert stats_of(ds, world)["path"] == "arrays"
@@ -188,9 +214,21 @@ def part_sources(world, d: str) -> None:
     if world.rank == 0:
         np.save(os.path.join(d, "odd.npy"), np.zeros((3, 5), np.float32))
     world.barrier()
-    raises(DDStoreValueError, lambda: DistDataset([parts[0], os.path.join(d, "odd.npy")], "bad", world.comm), "odd.npy")
-    raises(DDStoreValueError, lambda: _with_env("DDSTORE_LOAD_DEPTH", "0", _load.load_depth), "DDSTORE_LOAD_DEPTH")
-    raises(DDStoreValueError, lambda: _with_env("DDSTORE_LOAD_DIRECT", "maybe", _load.load_direct), "DDSTORE_LOAD_DIRECT")
+    raises(
+        DDStoreValueError,
+        lambda: DistDataset([parts[0], os.path.join(d, "odd.npy")], "bad", world.comm),
+        "odd.npy",
+    )
+    raises(
+        DDStoreValueError,
+        lambda: _with_env("DDSTORE_LOAD_DEPTH", "0", _load.load_depth),
+        "DDSTORE_LOAD_DEPTH",
+    )
+    raises(
+        DDStoreValueError,
+        lambda: _with_env("DDSTORE_LOAD_DIRECT", "maybe", _load.load_direct),
+        "DDSTORE_LOAD_DIRECT",
+    )
     if world.rank == 0:
         print("sources ok", flush=True)
 
@@ -307,7 +345,11 @@ def part_restore(world, d: str) -> None:
         if world.rank == 0:
             damaged(d, tag, fn)
         world.barrier()
-        e = raises(SnapshotError, lambda tag=tag: DistDataset.restore(os.path.join(d, f"snap-{tag}"), comm=world.comm), msg)
+        e = raises(
+            SnapshotError,
+            lambda tag=tag: DistDataset.restore(os.path.join(d, f"snap-{tag}"), comm=world.comm),
+            msg,
+        )
         if world.rank == 0:
             print(f"{tag}: {e}", flush=True)
     # The store is usable after the failures.

@@ -55,7 +55,12 @@ def write_data(d: str, n: int, floats: int) -> None:
     with h5py.File(os.path.join(d, "data.h5"), "w") as h:
         contig = h.create_dataset("contig", shape=(n, floats), dtype=np.float32)
         chunked = h.create_dataset(
-            "gzip", shape=(n, floats), dtype=np.float32, chunks=(8, floats), compression="gzip", compression_opts=1
+            "gzip",
+            shape=(n, floats),
+            dtype=np.float32,
+            chunks=(8, floats),
+            compression="gzip",
+            compression_opts=1,
         )
         step = 64
         for a in range(0, n, step):
@@ -175,7 +180,11 @@ def measure_load(args, comm) -> dict:
         if comm.rank == 0 and not os.path.exists(os.path.join(d, "data.h5")):
             t = time.perf_counter()
             write_data(d, n, floats)
-            print(f"# load: wrote {n} files in {time.perf_counter() - t:.0f} s to {d}", file=sys.stderr, flush=True)
+            print(
+                f"# load: wrote {n} files in {time.perf_counter() - t:.0f} s to {d}",
+                file=sys.stderr,
+                flush=True,
+            )
         comm.Barrier()
         start, count = share_of(n, comm.size, comm.rank)
         my_files = [os.path.join(d, f"s{i:06d}.npz") for i in range(start, start + count)]
@@ -237,9 +246,9 @@ def measure_load(args, comm) -> dict:
             return ds.load_stats[comm.rank]["nbytes"], ds
 
         timed("DistDataset, npz map-style (default)", lambda: load(NpzFiles(d, n), "npz"), check_rows)
-        mm = np.load(os.path.join(d, "all.npy"), mmap_mode="r")
+        mm: np.ndarray | None = np.load(os.path.join(d, "all.npy"), mmap_mode="r")
         timed("DistDataset, np.memmap", lambda: load(mm, "mm"), check_rows)
-        del mm
+        mm = None
         with h5py.File(os.path.join(d, "data.h5"), "r") as h:
             timed("DistDataset, h5py contiguous", lambda: load(h["contig"], "h5"), check_rows)
             timed("DistDataset, h5py chunked gzip", lambda: load(h["gzip"], "h5z"), check_rows, ratio=False)

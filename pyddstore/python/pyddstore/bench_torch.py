@@ -14,7 +14,8 @@ loaders: every rank runs epochs of --batches batches (DistributedSampler, set_ep
 DataLoader(DistDataset) in the main process and with forked workers (method 1 only; new or
 persistent workers), and ThreadDataLoader with 1 and 2 threads, for each method. Samples/s and
 the time spent waiting for batches; the first batch of every epoch is checked against the
-baseline's. load (not run by default): see pyddstore.bench_load. Method 1 runs with DDSTORE_FABRIC=tcp; ranks on one node read each other's shares
+baseline's. load (not run by default): see pyddstore.bench_load.
+Method 1 runs with DDSTORE_FABRIC=tcp; ranks on one node read each other's shares
 through shared memory unless DDSTORE_SHM=0 is exported.
 """
 

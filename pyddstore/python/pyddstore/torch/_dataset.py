@@ -546,6 +546,13 @@ def _bulk_arrays(source: Any) -> dict | None:
     return None
 
 
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _source_len(source: Any) -> int:
     """len(source); array-likes without __len__ (zarr 3 arrays): their first dimension."""
     shape = getattr(source, "shape", None)
@@ -621,6 +628,16 @@ class DistDataset(_StoredDataset):
     one chunk. This rank's own rows are gathered on the device with torch and copied once; read
     rows arrive in host memory (device= moves batches to the GPU). Forked DataLoader workers
     read every row, their own too, through the fabric. chunk_size= cannot be combined with it.
+
+    Loading keeps DDSTORE_LOAD_DEPTH (default 32) reads in flight and writes rows straight into
+    the share: threads calling source[i] (load_workers="threads", the default), or forked
+    processes filling a shared staging area (load_workers="processes", the default for a source
+    with ``thread_safe = False``; use it when decoding holds the GIL). Sources whose rows lie in
+    files are read with large positional reads instead of per-sample calls: a list of .npy file
+    paths, an np.memmap, an h5py dataset stored contiguously; chunked h5py datasets and zarr
+    arrays are read in chunk-aligned slices. DDSTORE_LOAD_DIRECT=1 reads files with O_DIRECT.
+    chunk_size= sets the rows per read of array and file sources. ``ds.load_stats`` holds each
+    rank's load figures; ``ds.save(path)`` / ``DistDataset.restore(path)`` snapshot the shares.
     """
 
     def __init__(
@@ -638,8 +655,15 @@ class DistDataset(_StoredDataset):
         decode: Any = None,
         fields: Any = None,
         ragged: Any = None,
+        load_workers: str | None = None,
     ):
         super().__init__()
+        if load_workers not in (None, "threads", "processes"):
+            raise DDStoreValueError(
+                f"load_workers={load_workers!r}: expected 'threads', 'processes' or None (threads, or "
+                "processes for sources with thread_safe = False)"
+            )
+        self._load_workers = load_workers
         if not isinstance(name, str) or not name:
             raise DDStoreValueError("name must be a non-empty string")
         if fields is not None and encode is not None:
@@ -743,6 +767,7 @@ class DistDataset(_StoredDataset):
         self._share_device = None
         self._device_shares = {}
         self._add_device = None
+        self._load_workers = None
         hs = handshake_dir if handshake_dir is not None else os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
         self._handshake_dir = hs
         path = os.fspath(path)
@@ -953,11 +978,21 @@ class DistDataset(_StoredDataset):
                         chunk_size,
                     )
             else:
-                if getattr(source, "thread_safe", True) is False:
+                mode = self._load_workers
+                if mode is None:
+                    mode = "threads" if getattr(source, "thread_safe", True) is not False else "processes"
+                if mode == "processes" and not schema.ragged_fields:
+                    workers = max(1, min(depth, count, _cpus()))
+                    stats = _load.LoadStats("samples (processes)", workers)
+                    _load.load_samples_forked(
+                        source, schema, encode, start, count, put, workers, stats, progress
+                    )
+                    return stats
+                if mode == "processes":  # ragged rows cannot come back through the staging area
                     depth = 1
-                stats = _load.LoadStats("samples", depth)
-                if depth == 1 and getattr(source, "thread_safe", True) is False:
-                    stats.notes.append("source.thread_safe is False: one reader")
+                stats = _load.LoadStats("samples", min(depth, max(1, count)))
+                if depth == 1 and mode == "processes":
+                    stats.notes.append("ragged fields load in one thread without thread-safe sources")
                 stats.ragged = _load.load_samples(
                     source, schema, encode, start, count, put, depth, stats, progress
                 )

@@ -19,12 +19,19 @@ from typing import Any, Callable
 
 import numpy as np
 
+from pyddstore import DDStoreError
 from pyddstore._env import env_flag, env_int
 from pyddstore._sources import AlignedReader, FileRows, open_regular
 
 from ._schema import ChunkFiller, Field, Schema
 
 DEFAULT_DEPTH = 32
+
+
+class DDStoreChildError(DDStoreError, RuntimeError):
+    """A forked load worker died (killed, out of memory) before answering."""
+
+
 MAX_READ_BYTES = 8 << 20  # one read of a file source
 MIN_WINDOW_BYTES = 16 << 20
 
@@ -49,6 +56,7 @@ class LoadStats:
     def __init__(self, path: str, workers: int):
         self.path = path
         self.workers = workers
+        self.declared = workers
         self.nbytes = 0
         self.t0 = time.perf_counter()
         self.cpu0 = time.process_time()
@@ -153,8 +161,10 @@ class Progress:
             self._bar.close()
 
 
-def _run_workers(n: int, work: Callable[[], None]) -> None:
+def _run_workers(n: int, work: Callable[[], None], stats: LoadStats | None = None) -> None:
     """Runs work() in n threads; the first error (if any) is raised once all have stopped."""
+    if stats is not None:
+        stats.workers = max(stats.workers if stats.workers != stats.declared else 0, n)
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -230,7 +240,7 @@ def load_samples(
         finally:
             stats.add(nbytes, src_s, put_s)
 
-    _run_workers(min(depth, max(1, count)), work)
+    _run_workers(min(depth, max(1, count)), work, stats)
     out = {}
     for f in ragged:
         vals = r_values.pop(f.key)
@@ -321,7 +331,7 @@ def _read_pieces(pieces, fds, row_bytes, f, start, put, depth, stats, progress) 
             reader.close()
             stats.add(nbytes, src_s, put_s)
 
-    _run_workers(min(depth, max(1, len(pieces))), work)
+    _run_workers(min(depth, max(1, len(pieces))), work, stats)
 
 
 def load_sliced(
@@ -381,7 +391,7 @@ def load_sliced(
             stats.add(nbytes, src_s, put_s)
 
     in_memory = isinstance(arr, np.ndarray) and not isinstance(arr, np.memmap)
-    _run_workers(1 if in_memory else min(depth, len(bounds)), work)
+    _run_workers(1 if in_memory else min(depth, len(bounds)), work, stats)
 
 
 def _chunk_rows(arr: Any) -> int:
@@ -389,3 +399,132 @@ def _chunk_rows(arr: Any) -> int:
     if isinstance(chunks, tuple) and chunks and isinstance(chunks[0], int) and chunks[0] > 0:
         return chunks[0]
     return 0
+
+
+def _staging_filler(schema: Schema, staging: Any, rows: int) -> ChunkFiller:
+    """A ChunkFiller whose row buffers are views of the shared staging mapping: each field's
+    rows in value layout, one field after another."""
+    filler = ChunkFiller(schema, 0)
+    bufs, pos = [], 0
+    for f in schema.fixed_fields:
+        n = rows * f.row_bytes
+        bufs.append(np.frombuffer(staging, np.uint8, n, pos).view(f.dtype).reshape(rows, *f.shape))
+        pos += n
+    filler.bufs = bufs
+    return filler
+
+
+def _child_loop(rfd: int, wfd: int, w: int, workers: int, source, schema, encode, start, filler) -> None:
+    """A forked worker: for every chunk [a, b) the parent sends, fills rows a + w, a + w +
+    workers, ... of the staging area; answers "ok" or the error (JSON: kind and message)."""
+    import json
+
+    from pyddstore.torch._dataset import _error_payload
+
+    with os.fdopen(rfd, "r") as cmds, os.fdopen(wfd, "w") as answers:
+        for line in cmds:
+            a, b = (int(x) for x in line.split())
+            try:
+                for j in range(a + w, b, workers):
+                    i = start + j
+                    sample = source[i]
+                    if encode is not None:
+                        sample = encode(sample)
+                    filler.put(j - a, sample, i)
+                answers.write("ok\n")
+            except BaseException as e:  # noqa: BLE001 - reported to the parent
+                answers.write(json.dumps(list(_error_payload(e, -1))) + "\n")
+            answers.flush()
+
+
+def load_samples_forked(
+    source: Any,
+    schema: Schema,
+    encode: Any,
+    start: int,
+    count: int,
+    put: Callable[[Field, np.ndarray, int], None],
+    workers: int,
+    stats: LoadStats,
+    progress: Progress,
+) -> None:
+    """Map-style sources that are not thread-safe (or whose decoding holds the GIL): `workers`
+    forked processes fill a shared staging area of whole rows (at most ~10% of the share, at
+    least 16 MiB), chunk after chunk, and this process copies each chunk into the share.
+    Children never touch the store; each sends "ok" or its error through a pipe, and a child
+    that dies is seen as the pipe's end."""
+    import json
+    import mmap
+
+    from ._dataset import _rebuild_error
+
+    row_bytes = max(1, sum(f.row_bytes for f in schema.fixed_fields))
+    rows = max(workers, min(count, max(MIN_WINDOW_BYTES, count * row_bytes // 10) // row_bytes))
+    stats.window_bytes = rows * row_bytes
+    staging = mmap.mmap(-1, max(1, rows * row_bytes))  # MAP_SHARED|MAP_ANONYMOUS: seen by the children
+    filler = _staging_filler(schema, staging, rows)
+    children = []
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for w in range(workers):
+            c_r, p_w = os.pipe()
+            p_r, c_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # child
+                code = 0
+                try:
+                    os.close(p_w)
+                    os.close(p_r)
+                    for _, pw, pr in children:
+                        pw.close()
+                        pr.close()
+                    _child_loop(c_r, c_w, w, workers, source, schema, encode, start, filler)
+                except BaseException:  # noqa: BLE001 - the parent sees the pipe close
+                    code = 1
+                finally:
+                    os._exit(code)
+            os.close(c_r)
+            os.close(c_w)
+            children.append((pid, os.fdopen(p_w, "w"), os.fdopen(p_r, "r")))
+        for a in range(0, count, rows):
+            b = min(count, a + rows)
+            t0 = time.perf_counter()
+            for _, pw, _ in children:
+                pw.write(f"{a} {b}\n")
+                pw.flush()
+            error = None
+            for pid, _, pr in children:
+                answer = pr.readline()
+                if not answer:
+                    error = error or DDStoreChildError(
+                        f"load worker process {pid} died while loading rows {a}..{b}"
+                    )
+                elif answer.strip() != "ok" and error is None:
+                    kind, msg = json.loads(answer)
+                    if kind == "other":
+                        msg = msg.replace("rank -1: ", "", 1)
+                        error = DDStoreError(f"a load worker process failed: {msg}")
+                    else:
+                        error = _rebuild_error((kind, msg))
+            if error is not None:
+                raise error
+            t1 = time.perf_counter()
+            for f, view in zip(schema.fixed_fields, filler.store_views(b - a)):
+                put(f, view, a)
+            stats.add((b - a) * row_bytes, (t1 - t0) * workers, time.perf_counter() - t1)
+            progress.update((b - a) * row_bytes)
+    finally:
+        for pid, pw, pr in children:
+            pw.close()  # the child's loop ends
+            pr.close()
+        for pid, _, _ in children:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        filler.bufs = []
+        try:
+            staging.close()
+        except BufferError:
+            pass

@@ -484,7 +484,7 @@ def restore_share(
                 reader.close()
                 stats.add(nbytes, src_s, put_s)
 
-        _load._run_workers(min(depth, max(1, len(tasks))), work)
+        _load._run_workers(min(depth, max(1, len(tasks))), work, stats)
         return {
             key: (vals.reshape(-1, schema.by_key[key].unit_count), lens)
             for key, (vals, lens) in ragged_out.items()
