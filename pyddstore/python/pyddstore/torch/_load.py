@@ -106,8 +106,14 @@ def limit_of(stats: dict) -> str:
     busy = (stats["source_s"] + stats["put_s"]) / secs / max(1, stats["workers"])
     if stats["window_capped"] and busy > 0.8:
         return f"memory (in-flight window capped at {stats['window_bytes'] / 2**20:.0f} MiB)"
+    if stats["path"] == "samples" and stats["workers"] > 1 and stats["cpu"] / secs > 0.5:
+        # Threads share one interpreter: Python-heavy __getitem__ runs one at a time.
+        return (
+            f"decode in Python (the GIL: {stats['cpu'] / secs:.1f} cores busy; load_workers='processes' "
+            "runs it in parallel where cores are free)"
+        )
     if cpu_share > 0.85:
-        what = "decode" if stats["path"] == "samples" else "copies"
+        what = "decode" if stats["path"].startswith("samples") else "copies"
         return f"CPU ({what}: {cpu_share:.0%} of {cores} cores)"
     if stats["put_s"] > stats["source_s"]:
         return "copies into the share"

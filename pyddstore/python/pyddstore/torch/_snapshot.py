@@ -369,12 +369,18 @@ class _Files:
         self.fds = {}
 
 
-def _span_tasks(span: dict, lo: int, hi: int) -> list[tuple[int, int]]:
-    """Items [lo, hi) of a span as reads of whole checksum blocks: (first block, end block)."""
+def _span_tasks(span: dict, lo: int, hi: int, read_bytes: int) -> list[tuple[int, int]]:
+    """Items [lo, hi) of a span as reads of whole checksum blocks of about read_bytes each:
+    (first block, end block)."""
     bi = span["block_items"]
     b0, b1 = lo // bi, -(-hi // bi)
-    per = max(1, READ_BYTES // max(1, bi * span["item_bytes"]))
+    per = max(1, read_bytes // max(1, bi * span["item_bytes"]))
     return [(b, min(b1, b + per)) for b in range(b0, b1, per)]
+
+
+def _task_bytes(task: tuple) -> int:
+    _, _, span, b0, b1, *_ = task
+    return (b1 - b0) * span["block_items"] * span["item_bytes"] + 2 * ALIGN
 
 
 def _read_blocks(reader: AlignedReader, files: _Files, entry: dict, span: dict, b0: int, b1: int, what: str):
@@ -418,6 +424,10 @@ def restore_share(
     share with `depth` reads in flight; ragged fields gathered into one array per field
     (returned as {key: (values, lengths)})."""
     files = _Files(directory, direct)
+    # Reads in flight stay within ~10% of the share (at least 16 MiB): depth x read_bytes.
+    share_bytes = count * sum(f.row_bytes for f in schema.fixed_fields)
+    window = max(_load.MIN_WINDOW_BYTES, share_bytes // 10)
+    read_bytes = min(READ_BYTES, max(1, window // max(1, depth)))
     try:
         tasks = []  # (field index, entry, span, b0, b1, lo, hi)
         ragged_out = {}
@@ -425,10 +435,12 @@ def restore_share(
             for entry, lo, hi in _overlaps(manifest, start, count):
                 fe = entry["fields"][k]
                 if not f.is_ragged:
-                    for b0, b1 in _span_tasks(fe["rows"], lo - entry["start"], hi - entry["start"]):
+                    for b0, b1 in _span_tasks(
+                        fe["rows"], lo - entry["start"], hi - entry["start"], read_bytes
+                    ):
                         tasks.append((k, entry, fe["rows"], b0, b1, lo, hi, 0))
             if f.is_ragged:
-                ragged_out[f.key] = _plan_ragged(files, manifest, f, k, start, count, tasks)
+                ragged_out[f.key] = _plan_ragged(files, manifest, f, k, start, count, tasks, read_bytes)
         if direct:
             notes = {
                 "O_DIRECT" if d else "O_DIRECT not supported by this file system: buffered reads"
@@ -484,7 +496,11 @@ def restore_share(
                 reader.close()
                 stats.add(nbytes, src_s, put_s)
 
-        _load._run_workers(min(depth, max(1, len(tasks))), work, stats)
+        biggest = max((_task_bytes(t) for t in tasks), default=1)
+        threads = min(depth, max(1, len(tasks)), max(1, window // max(1, biggest)))
+        stats.window_bytes = threads * biggest
+        stats.window_capped = threads < depth and len(tasks) > threads
+        _load._run_workers(threads, work, stats)
         return {
             key: (vals.reshape(-1, schema.by_key[key].unit_count), lens)
             for key, (vals, lens) in ragged_out.items()
@@ -493,7 +509,9 @@ def restore_share(
         files.close()
 
 
-def _plan_ragged(files: _Files, manifest: dict, f: Field, k: int, start: int, count: int, tasks: list):
+def _plan_ragged(
+    files: _Files, manifest: dict, f: Field, k: int, start: int, count: int, tasks: list, read_bytes: int
+):
     """A ragged field: reads each overlapping file's lengths (checked), allocates this rank's
     values once, and adds reads of the value blocks to tasks; returns (values, lengths)."""
     reader = AlignedReader()
@@ -527,7 +545,7 @@ def _plan_ragged(files: _Files, manifest: dict, f: Field, k: int, start: int, co
         values = np.empty(total * f.unit_count, f.dtype)
         for entry, span, u0, u1, dst_first in plans:
             if u1 > u0:
-                for b0, b1 in _span_tasks(span, u0, u1):
+                for b0, b1 in _span_tasks(span, u0, u1, read_bytes):
                     tasks.append((k, entry, span, b0, b1, u0, u1, dst_first))
         return values, lengths
     finally:
