@@ -79,9 +79,38 @@ class RaggedSource(Dataset):
         return {"pos": pos(i), "y": np.int64(i), "img": torch.from_numpy(row(i))}
 
 
+def _equal(a, b) -> bool:
+    """What torch_common.same checks (types, dtypes, shapes, values), without building its
+    message: same() is called only to report a difference."""
+    if isinstance(a, torch.Tensor):
+        return type(b) is type(a) and a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
+    if isinstance(a, (np.ndarray, np.void)):
+        return (
+            type(a) is type(b)
+            and a.dtype == b.dtype
+            and np.shape(a) == np.shape(b)
+            and a.tobytes() == b.tobytes()
+        )
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return type(a) is type(b) and list(a) == list(b) and all(_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def check(got, want, where: str) -> None:
+    if not _equal(want, got):
+        same(want, got, where)
+        raise AssertionError(f"{where}: {got!r} != {want!r}")
+
+
 def check_all(ds, want, what: str) -> None:
-    for i in range(len(ds)):
-        same(ds[i], want(i), f"{what} sample {i}")
+    """Every sample (one batched read), a few one by one, every row again in reverse order."""
+    n = len(ds)
+    for i, got in enumerate(ds.__getitems__(list(range(n)))):
+        check(got, want(i), f"{what} sample {i}")
+    for i in sorted({0, 1, n // 3, n // 2, n - 2, n - 1, -1}):
+        check(ds[i], want(i % n), f"{what} ds[{i}]")
     rows = np.arange(len(ds))[::-1].copy()
     got = ds.read_rows(rows)
     for j, i in enumerate(rows.tolist()):
@@ -89,11 +118,11 @@ def check_all(ds, want, what: str) -> None:
         if isinstance(w, dict):
             for k, v in w.items():
                 g = got[k].row(j) if hasattr(got[k], "row") else got[k][j]
-                same(np.asarray(g), np.asarray(v), f"{what} read_rows row {i} field {k}")
+                check(np.asarray(g), np.asarray(v), f"{what} read_rows row {i} field {k}")
         elif isinstance(w, tuple):
-            same(got[0][j], w[0], f"{what} read_rows row {i}")
+            check(got[0][j], w[0], f"{what} read_rows row {i}")
         else:
-            same(np.asarray(got[0][j]), np.asarray(w), f"{what} read_rows row {i}")
+            check(np.asarray(got[0][j]), np.asarray(w), f"{what} read_rows row {i}")
 
 
 def stats_of(ds, world) -> dict:
