@@ -363,7 +363,14 @@ def part_restore(world, d: str) -> None:
         m["num_samples"] += 1
         json.dump(m, open(mp, "w"))
 
+    def object_dtype(p):
+        mp = os.path.join(p, "manifest.json")
+        m = json.load(open(mp))
+        m["schema"]["fields"][0]["dtype"] = "|O"
+        json.dump(m, open(mp, "w"))
+
     cases = [
+        ("dtype", object_dtype, "dtype |O is not one the store holds"),
         ("trunc", truncate, "rank-00001.ddsnap is truncated"),
         ("crc", flip, "rank-00000.ddsnap: checksum mismatch"),
         ("link", symlink, "rank-00000.ddsnap is a symbolic link"),

@@ -3,6 +3,7 @@ bytes read straight from the files by N threads per rank) measured in the same r
 where the machine allows dropping it, and the peak memory of each load as a multiple of the share.
 
     mpirun -n 2 python -m pyddstore.bench_torch --parts load [--load-files 1500 --load-kib 330]
+        [--load-rounds 2] [--load-dir DIR]
 
 Cases: a map-style dataset whose __getitem__ calls np.load on one .npz file per sample (the
 default load: DDSTORE_LOAD_DEPTH reads in flight), an np.memmap of one .npy file, a contiguous
@@ -234,37 +235,56 @@ def measure_load(args, comm) -> dict:
                 if not np.array_equal(np.asarray(x), _row(i, floats)):
                     raise SystemExit(f"bench load: wrong data for sample {i}")
 
-        timed("read, 1 thread (limit)", lambda: (read_limit(my_files, 1)[0], None), ratio=False)
-        timed(
-            f"read, {args.limit_threads} threads (limit)",
-            lambda: (read_limit(my_files, args.limit_threads)[0], None),
-            ratio=False,
-        )
-
-        def load(src, name):
-            ds = DistDataset(src, name, comm)
-            return ds.load_stats[comm.rank]["nbytes"], ds
-
-        timed("DistDataset, npz map-style (default)", lambda: load(NpzFiles(d, n), "npz"), check_rows)
-        mm: np.ndarray | None = np.load(os.path.join(d, "all.npy"), mmap_mode="r")
-        timed("DistDataset, np.memmap", lambda: load(mm, "mm"), check_rows)
-        mm = None
-        with h5py.File(os.path.join(d, "data.h5"), "r") as h:
-            timed("DistDataset, h5py contiguous", lambda: load(h["contig"], "h5"), check_rows)
-            timed("DistDataset, h5py chunked gzip", lambda: load(h["gzip"], "h5z"), check_rows, ratio=False)
-        snap = os.path.join(d, f"snap-{os.getpid() if comm.rank == 0 else 0}")
-        snap = comm.bcast(snap, root=0)
-        ds = DistDataset(NpzFiles(d, n), "tosave", comm)
-        ds.save(snap)
-        ds.free()
-        timed("DistDataset.restore (snapshot)", lambda: _restore(DistDataset, snap, comm), check_rows)
-        if comm.rank == 0:
-            shutil.rmtree(snap, ignore_errors=True)
-        return {"rows": rows, "share_mib": share / MIB, "files": n, "file_kib": args.load_kib}
+        for _ in range(args.load_rounds):
+            _round(args, comm, d, n, my_files, timed, check_rows, DistDataset, h5py)
+        best: dict = {}
+        for r in rows:  # best MB/s of the rounds, worst peak
+            b = best.setdefault(r["case"], dict(r))
+            if r["total_mb_s"] > b["total_mb_s"]:
+                b.update({k: v for k, v in r.items() if k != "peak_x_share"})
+            b["peak_x_share"] = max(b["peak_x_share"], r["peak_x_share"])
+            b["rounds"] = b.get("rounds", 0) + 1
+        return {"rows": list(best.values()), "share_mib": share / MIB, "files": n, "file_kib": args.load_kib}
     finally:
         comm.Barrier()
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _round(args, comm, d, n, my_files, timed, check_rows, DistDataset, h5py) -> None:  # noqa: N803
+    """One round of every case, in the same order."""
+    timed("read, 1 thread (limit)", lambda: (read_limit(my_files, 1)[0], None), ratio=False)
+    timed(
+        f"read, {args.limit_threads} threads (limit)",
+        lambda: (read_limit(my_files, args.limit_threads)[0], None),
+        ratio=False,
+    )
+
+    def load(src, name, **kw):
+        ds = DistDataset(src, name, comm, **kw)
+        return ds.load_stats[comm.rank]["nbytes"], ds
+
+    timed("DistDataset, npz map-style (default)", lambda: load(NpzFiles(d, n), "npz"), check_rows)
+    timed(
+        "DistDataset, npz, load_workers=processes",
+        lambda: load(NpzFiles(d, n), "npzp", load_workers="processes"),
+        check_rows,
+    )
+    mm: np.ndarray | None = np.load(os.path.join(d, "all.npy"), mmap_mode="r")
+    timed("DistDataset, np.memmap", lambda: load(mm, "mm"), check_rows)
+    mm = None
+    with h5py.File(os.path.join(d, "data.h5"), "r") as h:
+        timed("DistDataset, h5py contiguous", lambda: load(h["contig"], "h5"), check_rows)
+        timed("DistDataset, h5py chunked gzip", lambda: load(h["gzip"], "h5z"), check_rows, ratio=False)
+    snap = os.path.join(d, f"snap-{os.getpid() if comm.rank == 0 else 0}-{time.time_ns()}")
+    snap = comm.bcast(snap, root=0)
+    ds = DistDataset(NpzFiles(d, n), "tosave", comm)
+    ds.save(snap)
+    ds.free()
+    timed("DistDataset.restore (snapshot)", lambda: _restore(DistDataset, snap, comm), check_rows)
+    comm.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(snap, ignore_errors=True)
 
 
 def _restore(cls, path, comm):
@@ -285,6 +305,7 @@ def print_load(res: dict, size: int) -> None:
         x = f"{r['total_mb_s'] / limit:.2f}" if limit else "-"
         peak = "-" if "limit" in r["case"] else f"{r['peak_x_share']:.2f}"
         print(f"{r['case']:<40} {r['total_mb_s']:>10.0f} {per:>20} {x:>7} {peak:>10}")
+    print(f"# best of {rows[0].get('rounds', 1)} rounds (the cases alternate); peak: the worst round")
     print(
         "# x limit: MB/s / the many-thread read of the same npz bytes, same run; peak/share: peak RssAnon+"
         "RssShmem above the RSS before the load (the share included), per rank, worst rank"

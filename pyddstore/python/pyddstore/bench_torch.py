@@ -462,6 +462,7 @@ def main(argv=None) -> None:
     ap.add_argument("--load-kib", type=int, default=330, help="load: KiB per sample")
     ap.add_argument("--load-dir", default=None, help="load: reuse (or create) the files here")
     ap.add_argument("--limit-threads", type=int, default=64, help="load: threads of the read limit")
+    ap.add_argument("--load-rounds", type=int, default=2, help="load: rounds of every case (best kept)")
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--memory-case", help=argparse.SUPPRESS)  # internal: one memory case, JSON out
     args = ap.parse_args(argv)

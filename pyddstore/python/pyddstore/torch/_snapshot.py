@@ -28,7 +28,24 @@ from pyddstore import DDStoreError, DDStoreFileError
 from pyddstore._sources import ALIGN, AlignedReader, open_regular
 
 from . import _load
-from ._schema import Field, Schema, share_of
+from ._schema import (
+    BOOL,
+    DICT,
+    FLOAT,
+    INT,
+    LIST,
+    NDARRAY,
+    NPSCALAR,
+    PYG,
+    RECORD,
+    SUPPORTED_DTYPES,
+    TENSOR,
+    TUPLE,
+    VALUE,
+    Field,
+    Schema,
+    share_of,
+)
 
 FORMAT = "pyddstore-snapshot"
 VERSION = 1
@@ -303,6 +320,7 @@ def _check_manifest(m: Any, mpath: str) -> None:
         schema = Schema.from_json(m["schema"])
     except Exception as e:  # noqa: BLE001 - any malformed field description
         raise SnapshotError(f"{mpath}: the schema is malformed ({type(e).__name__}: {e})") from None
+    _check_schema(schema, mpath)
     ranks = m.get("ranks")
     if not isinstance(ranks, list) or not ranks:
         raise SnapshotError(f"{mpath}: no rank files listed")
@@ -339,6 +357,30 @@ def _check_manifest(m: Any, mpath: str) -> None:
                 _check_span(fe.get("rows"), entry["count"], f.row_bytes, entry["size"], fwhere)
     if pos != m["num_samples"]:
         raise SnapshotError(f"{mpath}: the rank files hold {pos} rows, num_samples is {m['num_samples']}")
+
+
+def _check_schema(schema: Schema, mpath: str) -> None:
+    """Only what the store can hold: known kinds and structures, supported native dtypes,
+    records without Python objects, non-negative dimensions (-1 on the ragged axis only)."""
+    if schema.structure not in (VALUE, TUPLE, LIST, DICT, PYG) or not schema.fields:
+        raise SnapshotError(f"{mpath}: sample structure {schema.structure!r} is not one pyddstore writes")
+    for f in schema.fields:
+        where = f"{mpath}: field {f.key!r}"
+        if not isinstance(f.key, (str, int)) or isinstance(f.key, bool):
+            raise SnapshotError(f"{where}: keys are strings or integers")
+        if f.kind not in (TENSOR, NDARRAY, NPSCALAR, INT, FLOAT, BOOL, RECORD):
+            raise SnapshotError(f"{where}: kind {f.kind!r} is not one pyddstore writes")
+        if f.is_record:
+            if f.dtype.names is None or f.dtype.hasobject:
+                raise SnapshotError(f"{where}: record dtype {f.dtype} is not a plain structured dtype")
+        elif f.dtype.name not in SUPPORTED_DTYPES or not f.dtype.isnative:
+            raise SnapshotError(f"{where}: dtype {f.dtype.str} is not one the store holds")
+        dims_ok = all(
+            isinstance(d, int) and not isinstance(d, bool) and (d >= 0 or (d == -1 and i == f.ragged))
+            for i, d in enumerate(f.shape)
+        )
+        if not dims_ok or (f.is_ragged and f.shape[f.ragged] != -1) or f.row_bytes > 2**40:
+            raise SnapshotError(f"{where}: shape {f.shape} is malformed")
 
 
 class _Files:
