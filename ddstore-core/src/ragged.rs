@@ -48,6 +48,7 @@ pub fn ends_name(name: &str) -> String {
 /// Shape of a ragged variable, the same on every rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RaggedInfo {
+    /// Element type of the values.
     pub dtype: DType,
     /// Bytes of one unit (one element, or one slice along the ragged axis).
     pub unit_bytes: usize,
@@ -89,6 +90,7 @@ impl RaggedBatch {
     pub fn bytes(&self) -> usize {
         self.units() as usize * self.unit_bytes
     }
+    /// Bytes of one unit (one step along the ragged axis).
     pub fn unit_bytes(&self) -> usize {
         self.unit_bytes
     }

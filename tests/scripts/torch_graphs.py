@@ -5,7 +5,8 @@ torch_geometric DataLoader, ThreadDataLoader (with reuse_buffers), forked worker
 (DDSTORE_FORK_WORKERS=1), read_rows/alloc, encode/decode, WindowedDataset, and a method-2
 DistDatasetReader.
 
-    mpirun -n N python torch_graphs.py --method M
+    mpirun -n N python torch_graphs.py --method M [--part graphs]
+    mpirun -n N python torch_graphs.py --part methods01      (methods 0 and 1 in one job)
     python torch_graphs.py --part core|reader --comm file --hs DIR   (method 2)
 """
 
@@ -168,13 +169,16 @@ def main():
     w = tc.World(A)
     from pyddstore.torch import DistDataset
 
-    ds = DistDataset(Graphs(), "graphs", comm=w.comm, method=A.method)
-    forked = A.method != 0 and os.environ.get("DDSTORE_FORK_WORKERS") == "1"
-    check_graphs(ds, f"method {A.method}", forked)
-    ds.free()
-    if A.part == "all":
-        check_dicts(w.comm, A.method)
-    print(f"rank {w.rank}: torch_graphs ok (method {A.method})", flush=True)
+    # --part methods01: methods 0 and 1 in one job (one start-up of torch and torch_geometric).
+    methods = [0, 1] if A.part == "methods01" else [A.method]
+    for method in methods:
+        ds = DistDataset(Graphs(), f"graphs{method}", comm=w.comm, method=method)
+        forked = method != 0 and os.environ.get("DDSTORE_FORK_WORKERS") == "1"
+        check_graphs(ds, f"method {method}", forked)
+        ds.free()
+    if A.part in ("all", "methods01"):
+        check_dicts(w.comm, methods[0])
+    print(f"rank {w.rank}: torch_graphs ok (method {', '.join(map(str, methods))})", flush=True)
 
 
 def core():

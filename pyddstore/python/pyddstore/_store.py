@@ -211,6 +211,11 @@ class PyDDStore:
         try:
             if indices is None or name in self._ragged_units:
                 if indices is None:
+                    if name not in self._ragged_units and name in self._native.names():
+                        raise DDStoreTypeError(
+                            f"get_batch('{name}', arr, indices): indices are missing "
+                            f"('{name}' has fixed rows)"
+                        )
                     indices = arr
                 elif arr is not None:
                     raise DDStoreTypeError(

@@ -24,7 +24,7 @@ from pyddstore import FileComm
 
 from ._dataset import Buffers, DistDataset, DistDatasetReader, ForkedWorkerError
 from ._loader import ThreadDataLoader
-from ._schema import SchemaError, SchemaTypeError, share_of
+from ._schema import RaggedRows, SchemaError, SchemaTypeError, share_of
 from ._snapshot import SnapshotError
 from ._windowed import WindowedDataset, row_of
 
@@ -34,6 +34,7 @@ __all__ = [
     "DistDatasetReader",
     "FileComm",
     "ForkedWorkerError",
+    "RaggedRows",
     "SchemaError",
     "SchemaTypeError",
     "SnapshotError",

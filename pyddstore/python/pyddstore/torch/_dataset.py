@@ -629,6 +629,14 @@ class DistDataset(_StoredDataset):
     rows arrive in host memory (device= moves batches to the GPU). Forked DataLoader workers
     read every row, their own too, through the fabric. chunk_size= cannot be combined with it.
 
+    ragged= (fields whose size varies from sample to sample along one axis): {key: axis} for
+    those fields, or "auto" (every rank scans the shapes of its share once; the axes that differ
+    anywhere are agreed by all ranks). torch_geometric Data samples need none: each tensor field
+    is ragged along the axis Data batches it on, and samples come back as Data. Each ragged field
+    is one ragged store variable (values plus per-row offsets kept by their owner); a batch is
+    one ragged read per field. A rank holds its ragged fields' share in memory once more while
+    loading. Not with add_device=.
+
     Loading keeps DDSTORE_LOAD_DEPTH (default 32) reads in flight and writes rows straight into
     the share: threads calling source[i] (load_workers="threads", the default), or forked
     processes filling a shared staging area (load_workers="processes", the default for a source
