@@ -155,6 +155,8 @@ def _memmap_rows(arr: np.memmap) -> FileRows | None:
     path = getattr(arr, "filename", None)
     if mm is None or path is None or arr.ndim < 1 or not arr.flags.c_contiguous or not arr.dtype.isnative:
         return None
+    if getattr(arr, "mode", "c") == "c":  # copy-on-write: changes live in memory, not in the file
+        return None
     if arr.dtype.hasobject:
         return None
     # Where arr's first byte lies in the file: its distance from the mapping's start plus the
@@ -171,6 +173,8 @@ def _h5py_rows(ds: Any) -> FileRows | None:
         if ds.chunks is not None or ds.compression is not None or ds.ndim < 1:
             return None
         if ds.file.driver != "sec2" or not ds.dtype.isnative or ds.dtype.hasobject:
+            return None
+        if ds.file.mode != "r":  # writes may still sit in HDF5's buffers, not in the file
             return None
         offset = ds.id.get_offset()
         if offset is None:  # not allocated yet
