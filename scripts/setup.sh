@@ -32,7 +32,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 
-want="numpy mpi4py maturin pytest ruff matplotlib"
+want="numpy mpi4py maturin pytest ruff matplotlib h5py zarr"
 # torch_geometric: the graph tests and examples/gnn (pure Python; the `graph` extra)
 [ "${WITH_TORCH:-1}" = "1" ] && want="$want torch torch_geometric"
 need=""

@@ -169,6 +169,8 @@ pub const SETTINGS: &[(&str, Kind)] = &[
     ("DDSTORE_PROFILE", Kind::Flag),
     ("DDSTORE_QUIET", Kind::Flag),
     ("DDSTORE_LOAD_THREADS", Kind::Int { min: 1, max: 1024 }),
+    ("DDSTORE_LOAD_DEPTH", Kind::Int { min: 1, max: 1024 }),
+    ("DDSTORE_LOAD_DIRECT", Kind::Flag),
     (
         "DDSTORE_CORE_GROUP",
         Kind::Int {

@@ -15,6 +15,7 @@ from ._comm import FileComm, TorchComm  # noqa: E402
 from ._errors import (  # noqa: E402
     DDStoreAccessError,
     DDStoreError,
+    DDStoreFileError,
     DDStoreFreedError,
     DDStoreIndexError,
     DDStoreKeyError,
@@ -40,4 +41,5 @@ __all__ = [
     "DDStoreTimeoutError",
     "DDStoreFreedError",
     "DDStoreUnsupportedError",
+    "DDStoreFileError",
 ]

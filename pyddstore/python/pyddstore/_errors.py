@@ -53,3 +53,11 @@ __all__ = [
     "DDStoreFreedError",
     "DDStoreUnsupportedError",
 ]
+
+
+class DDStoreFileError(DDStoreError, OSError):
+    """A source or snapshot file that cannot be used: missing, a symbolic link, not a regular
+    file, truncated, or (snapshots) not what its manifest says (sizes, checksums, schema)."""
+
+
+__all__ += ["DDStoreFileError"]
