@@ -54,6 +54,9 @@ const WAIT_MS: i32 = 100;
 const HOT: Duration = Duration::from_micros(100);
 /// Reader names remembered (each an AV entry); beyond that the cache restarts.
 const MAX_ROUTES: usize = 4096;
+/// Packing buffers kept for reuse once their reply is sent: no allocation
+/// (and no fresh zeroed pages) per packed reply on the serving hot path.
+const SPARE_PACKING_BUFFERS: usize = 8;
 /// How long shutdown waits for cancelled operations before abandoning buffers.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
 
@@ -98,6 +101,8 @@ pub struct Server {
     backlog: VecDeque<Reply>,
     routes: HashMap<Vec<u8>, sys::fi_addr_t>,
     expiry: Duration,
+    /// Packing buffers of sent replies, reused by the next packed replies.
+    spare: Vec<Vec<u8>>,
 }
 
 impl Server {
@@ -127,6 +132,7 @@ impl Server {
             backlog: VecDeque::new(),
             routes: HashMap::new(),
             expiry,
+            spare: Vec::new(),
         })
     }
 
@@ -207,7 +213,9 @@ impl Server {
                 }
             } else {
                 let total: u64 = ranges.iter().map(|r| r.1).sum();
-                let mut packed = vec![0u8; total as usize];
+                let mut packed = self.spare.pop().unwrap_or_default();
+                packed.clear();
+                packed.resize(total as usize, 0);
                 let mut at = 0usize;
                 let mut failed = false;
                 for &(off, len) in ranges {
@@ -303,7 +311,12 @@ impl Server {
             self.post_request_slot(slot);
         } else {
             let s = slot - REQUEST_SLOTS;
-            if self.sending[s].take().is_some() {
+            if let Some(reply) = self.sending[s].take() {
+                if let Body::Packed(buffer) = reply.body {
+                    if self.spare.len() < SPARE_PACKING_BUFFERS {
+                        self.spare.push(buffer);
+                    }
+                }
                 self.free_sends.push(s);
             }
         }
