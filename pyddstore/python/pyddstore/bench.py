@@ -56,15 +56,32 @@ def _recv_exact(conn: socket.socket, buf) -> bool:
     return True
 
 
+def _line_address() -> str:
+    """The IPv4 address of the interface libfabric's tcp provider uses here (FI_TCP_IFACE,
+    e.g. eth0 on a virtual-cluster node), so the socket line crosses the same link; else loopback."""
+    iface = os.environ.get("FI_TCP_IFACE", "lo")
+    if iface == "lo":
+        return "127.0.0.1"
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", iface[:15].encode()))  # SIOCGIFADDR
+        except OSError:
+            return "127.0.0.1"
+    return socket.inet_ntoa(packed[20:24])
+
+
 class SocketServer:
     """Owner side of the socket line: answers (count, rows) requests with the rows packed."""
 
     def __init__(self, local: np.ndarray):
         self.local = local
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind((_line_address(), 0))
         self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
+        self.port = self.sock.getsockname()[:2]
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -100,7 +117,8 @@ class SocketReader:
             conns = {}
             for owner, port in enumerate(ports):
                 if port is not None:
-                    c = socket.create_connection(("127.0.0.1", port))
+                    c = socket.create_connection(tuple(port), timeout=30)
+                    c.settimeout(None)
                     c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     conns[owner] = c
             self.conns.append(conns)
