@@ -236,12 +236,9 @@ impl Store {
         while i < need.len() {
             let (owner, _) = info.rows.locate(need[i])?;
             let owner_end = info.rows.start(owner) + info.rows.count(owner);
-            // Memory copies (own share, same-node peers) gain nothing from reading gaps.
-            let gap = if ends_var.is_remote(owner) {
-                END_GAP_ROWS
-            } else {
-                1
-            };
+            // Memory copies (own share, same-node peers) gain too: one copy of a span
+            // with its gaps costs less than a planned segment per row.
+            let gap = END_GAP_ROWS;
             let (lo, mut hi) = (need[i], need[i]);
             i += 1;
             while i < need.len() && need[i] < owner_end && need[i] - hi <= gap {
