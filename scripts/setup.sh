@@ -32,7 +32,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 
-want="numpy mpi4py maturin pytest ruff matplotlib"
+want="numpy mpi4py maturin pytest ruff matplotlib tqdm mkdocs material mkdocstrings mkdocstrings_handlers.python"
 [ "${WITH_TORCH:-1}" = "1" ] && want="$want torch"
 need=""
 for p in $want; do
@@ -41,9 +41,11 @@ done
 if [ -n "$need" ]; then
     echo "==> pip install$need"
     python -m pip install -q --no-cache-dir --upgrade pip >/dev/null
+    # import names -> pip names (the docs toolchain: mkdocs-material + mkdocstrings)
+    need=$(echo "$need" | sed -e 's/ material/ mkdocs-material/' -e 's/ mkdocstrings_handlers.python/ mkdocstrings-python/')
     python -m pip install -q --no-cache-dir $need
 fi
 
 echo "==> building the extension (maturin develop --release)"
-(cd pyddstore && maturin develop --release -q 2>&1 | grep -v "^$" | tail -n 3)
+maturin develop --release -q 2>&1 | grep -v "^$" | tail -n 3
 python -c "import pyddstore; print('pyddstore', pyddstore.__version__, 'ready')"

@@ -27,12 +27,7 @@ fn system_info(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
         "libfabric_version",
         ddstore_fabric::ofi::libfabric_version(),
     )?;
-    d.set_item(
-        "mpi_library",
-        ddstore_fabric::mpi_rma::library_version()
-            .trim()
-            .to_string(),
-    )?;
+    d.set_item("mpi_library", methods::mpi_library_version())?;
     let providers = pyo3::types::PyList::empty(py);
     for p in ddstore_fabric::ofi::usable_providers() {
         let e = PyDict::new(py);
@@ -57,7 +52,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyStore>()?;
     m.add_function(wrap_pyfunction!(finalize_mpi, m)?)?;
     m.add_function(wrap_pyfunction!(system_info, m)?)?;
-    m.add("METHODS", methods::METHODS.to_vec())?;
+    // A list of ints (a Vec<u8> would become bytes).
+    let methods: Vec<u32> = methods::METHODS.iter().map(|&m| u32::from(m)).collect();
+    m.add("METHODS", methods)?;
+    m.add("HAS_MPI", cfg!(feature = "mpi"))?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

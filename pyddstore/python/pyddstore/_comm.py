@@ -18,7 +18,7 @@ import os
 import pickle
 import sys
 
-from . import _native
+from . import _launch, _native
 from ._env import env_choice, env_flag
 from ._errors import DDStoreValueError
 
@@ -159,13 +159,19 @@ def resolve_comm(comm_or_none, handshake_dir: str = "") -> _native.Comm:
         )
     forced = env_choice("DDSTORE_COMM", ("mpi", "torch", "file"))
     use_mpi = env_flag("DDSTORE_MPI", True)
-    if forced == "mpi" or (forced is None and use_mpi and _mpi_in_use()):
+    # A build without MPI goes on to torch or files under mpirun (DDSTORE_COMM=mpi raises).
+    if forced == "mpi" or (forced is None and use_mpi and _native.HAS_MPI and _mpi_in_use()):
         if not use_mpi:
             raise DDStoreValueError("DDSTORE_COMM=mpi contradicts DDSTORE_MPI=0")
         return _mpi_comm(None)
     if forced == "torch" or (forced is None and _torch_initialized()):
         return _native.Comm.callback(TorchComm())
     handshake_dir = handshake_dir or os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
+    launcher = _launch.detect()
     if forced == "file" or handshake_dir or int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1:
+        if launcher is not None and launcher.name == "torchrun":
+            return FileComm(handshake_dir, rank=launcher.rank, size=launcher.size)._native
         return FileComm(handshake_dir)._native
+    if launcher is not None and launcher.size > 1:
+        raise _launch.no_group_error(launcher)
     return _native.Comm.single()

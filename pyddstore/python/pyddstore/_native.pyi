@@ -5,6 +5,7 @@ from typing import Any, Literal, Optional, Sequence
 import numpy as np
 
 METHODS: list[int]
+HAS_MPI: bool  # False in a build without the cargo feature `mpi` (no method 0)
 __version__: str
 
 def finalize_mpi() -> None: ...
