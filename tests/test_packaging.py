@@ -91,7 +91,9 @@ def _check_wheel(wheel: Path) -> None:
     assert "linux_" in wheel.name and "manylinux" not in wheel.name, wheel.name
     for field in ("Requires-Python: >=3.9", "Provides-Extra: torch", "Provides-Extra: mpi", "Classifier: "):
         assert field in meta, f"{field!r} missing from the wheel's METADATA"
-    assert "Provides-Extra: graph" in meta and "Provides-Extra: bench" in meta and "Provides-Extra: dev" in meta
+    assert (
+        "Provides-Extra: graph" in meta and "Provides-Extra: bench" in meta and "Provides-Extra: dev" in meta
+    )
 
 
 def test_pip_install_root_and_wheel_has_no_bundled_libraries(tmp_path):

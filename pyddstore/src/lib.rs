@@ -46,12 +46,24 @@ fn system_info(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     Ok(d)
 }
 
+/// The libfabric providers a `DDSTORE_FABRIC` value makes pyddstore try, in order
+/// (None: the default list); a value that cannot be a provider name raises.
+#[pyfunction]
+#[pyo3(signature = (value=None))]
+fn provider_candidates(py: Python<'_>, value: Option<&str>) -> PyResult<Vec<String>> {
+    use errors::IntoPyResult;
+    ddstore_fabric::ofi::provider_candidates(value)
+        .map_err(ddstore_core::Error::from)
+        .py(py)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<comm::PyComm>()?;
     m.add_class::<store::PyStore>()?;
     m.add_function(wrap_pyfunction!(finalize_mpi, m)?)?;
     m.add_function(wrap_pyfunction!(system_info, m)?)?;
+    m.add_function(wrap_pyfunction!(provider_candidates, m)?)?;
     // A list of ints (a Vec<u8> would become bytes).
     let methods: Vec<u32> = methods::METHODS.iter().map(|&m| u32::from(m)).collect();
     m.add("METHODS", methods)?;

@@ -7,8 +7,17 @@ import os
 
 from ._errors import DDStoreValueError
 
-# DDSTORE_FABRIC values: hsn and tcp both mean tcp;ofi_rxm.
-FABRICS = ("cxi", "verbs", "hsn", "tcp", "shm", "sockets")
+# DDSTORE_FABRIC values with a meaning of their own (hsn and tcp both mean tcp;ofi_rxm, verbs
+# verbs;ofi_rxm); any other libfabric provider name is passed through (efa, opx, psm3, ucx, ...).
+FABRICS = ("cxi", "verbs", "efa", "opx", "psm3", "psm2", "ucx", "hsn", "tcp", "shm", "sockets")
+
+
+def check_fabric(environ=os.environ) -> list:
+    """The providers DDSTORE_FABRIC makes pyddstore try, in order; DDStoreValueError when the
+    value cannot be a libfabric provider name."""
+    from . import _native
+
+    return _native.provider_candidates(environ.get("DDSTORE_FABRIC") or None)
 
 
 def apply_fabric_defaults(environ=os.environ) -> None:

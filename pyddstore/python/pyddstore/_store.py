@@ -6,14 +6,13 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
-import sys
 import weakref
 
 import numpy as np
 
-from . import _handshake, _native
+from . import _handshake, _log, _native
 from ._comm import resolve_comm
-from ._env import FABRICS, env_choice, env_flag, resolve_method
+from ._env import check_fabric, env_choice, env_flag, resolve_method
 from ._errors import DDStoreTypeError, DDStoreUnsupportedError, DDStoreValueError
 
 _live_stores: weakref.WeakSet = weakref.WeakSet()
@@ -61,7 +60,7 @@ class PyDDStore:
         method = resolve_method(method)
         # Settings are checked even where this store does not use them: a typo must not pass silently.
         env_choice("DDSTORE_COMM", ("mpi", "torch", "file"))
-        env_choice("DDSTORE_FABRIC", FABRICS)
+        check_fabric()
         self.handshake_dir = os.fspath(handshake_dir or os.environ.get("DDSTORE_HANDSHAKE_DIR", ""))
         if not isinstance(n_core, int) or n_core < 0:
             raise DDStoreValueError(f"n_core={n_core!r} is not valid: expected a non-negative integer")
@@ -229,10 +228,8 @@ class PyDDStore:
             return
         for name in self._native.names():
             p = self._native.get_profile(name)
-            print(
-                f"[pyddstore rank {self.world_rank}] {name}: " + " ".join(f"{k}={v}" for k, v in p.items()),
-                file=sys.stderr,
-                flush=True,
+            _log.get_logger("store").info(
+                f"rank {self.world_rank}: profile {name}: " + " ".join(f"{k}={v}" for k, v in p.items())
             )
 
     # -- helpers ------------------------------------------------------------

@@ -8,7 +8,6 @@ import json
 import mmap
 import os
 import pickle
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -28,6 +27,7 @@ from pyddstore import (
     PyDDStore,
 )
 from pyddstore._handshake import load_json_object, wait_and_read, write_private
+from pyddstore._log import get_logger
 from pyddstore._store import _dtype_name
 
 from ._schema import (
@@ -40,6 +40,7 @@ from ._schema import (
     share_of,
 )
 
+_LOG = get_logger("torch")
 _DEFAULT_CHUNK_SAMPLES = 1024
 _BULK_CHUNK_BYTES = 64 << 20
 
@@ -674,11 +675,9 @@ class DistDataset(_StoredDataset):
         if rank == 0 and not quiet:
             total = sum(r[1] for r in results)
             slowest = max(r[2] for r in results) or 1e-9
-            print(
-                f"pyddstore: {self.name}: {n} samples, {max(r[1] for r in results) / 2**20:.1f} MiB per rank "
-                f"({size} ranks), {slowest:.2f} s, {total / slowest / 1e9:.2f} GB/s",
-                file=sys.stderr,
-                flush=True,
+            _LOG.info(
+                f"rank {rank}: loaded {self.name}: {n} samples, {max(r[1] for r in results) / 2**20:.1f} MiB "
+                f"per rank ({size} ranks), {slowest:.2f} s, {total / slowest / 1e9:.2f} GB/s"
             )
 
     def _init_device_share(self, store: Any, f: Field, start: int, count: int) -> None:
