@@ -26,7 +26,6 @@ for epoch in range(2):
     assert mine == list(sampler)
     everyone = MPI.COMM_WORLD.allgather(mine)
     assert sorted(set(sum(everyone, []))) == list(range(n))  # the ranks together cover every sample
-print(
-    f"quickstart ok: rank {trainset.ddstore.rank} of {trainset.ddstore.size} read {len(mine)} samples per epoch"
-)
+store = trainset.ddstore
+print(f"quickstart ok: rank {store.rank} of {store.size} read {len(mine)} samples per epoch")
 trainset.free()
