@@ -241,6 +241,13 @@ class PyDDStore:
         if self._publisher is not None:
             self._publisher.publish(name)
 
+    def __reduce__(self):
+        """Pickles to a handle that a spawn/forkserver process re-attaches through the fabric
+        (methods 1 and 2; method 0 raises DDStoreUnsupportedError). See pyddstore._attach."""
+        from ._attach import attach_store, store_handle
+
+        return (attach_store, (store_handle(self, self.names()),))
+
     def __repr__(self) -> str:
         return (
             f"PyDDStore(rank={self.rank}, size={self.size}, method={self.method}, "

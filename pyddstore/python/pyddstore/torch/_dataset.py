@@ -206,6 +206,18 @@ class _StoredDataset(Dataset):
 
     # -- processes and devices ------------------------------------------------------------
 
+    def __getstate__(self) -> dict:
+        """Pickling (spawn/forkserver DataLoader workers): a handle of the store's variables
+        that the worker re-attaches through the fabric (methods 1 and 2; method 0 raises)."""
+        from ._pickle import dataset_state
+
+        return dataset_state(self)
+
+    def __setstate__(self, state: dict) -> None:
+        from ._pickle import restore_dataset
+
+        restore_dataset(self, state)
+
     def _in_forked_child(self) -> bool:
         return os.getpid() != self._pid
 
