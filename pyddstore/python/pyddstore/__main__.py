@@ -6,16 +6,7 @@ import argparse
 import os
 import sys
 
-
-def _rdma_devices() -> list[str]:
-    """RDMA-capable devices here (InfiniBand/RoCE verbs, Slingshot cxi)."""
-    found = []
-    for cls in ("/sys/class/infiniband", "/sys/class/cxi"):
-        try:
-            found += sorted(os.listdir(cls))
-        except OSError:
-            pass
-    return found
+from ._log import _rdma_devices
 
 
 def method0_across_nodes(mpi_library: str) -> str:

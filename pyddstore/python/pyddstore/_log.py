@@ -61,3 +61,33 @@ def configure(environ=os.environ) -> None:
 def level_name() -> str:
     """The pyddstore logger's effective level, e.g. 'WARNING'."""
     return logging.getLevelName(logger.getEffectiveLevel())
+
+
+def _rdma_devices() -> list:
+    found = []
+    for cls in ("/sys/class/infiniband", "/sys/class/cxi"):
+        try:
+            found += sorted(os.listdir(cls))
+        except OSError:
+            pass
+    return found
+
+
+def report_choice(store) -> None:
+    """INFO: the method, transport and communicator a new store uses (rank 0 of its group);
+    WARNING: a fallback to a socket provider on a node with an RDMA device."""
+    transport = store.transport
+    if store.rank == 0:
+        logger.info(
+            f"rank {store.world_rank}: store of {store.size} ranks: method {store.method}, "
+            f"transport {transport}, communicator {store.comm_kind}"
+        )
+    provider = transport.split(":", 1)[1] if transport.startswith("ofi:") else ""
+    if provider.split(";")[0] in ("tcp", "sockets", "udp", "net") and not os.environ.get("DDSTORE_FABRIC"):
+        devices = _rdma_devices()
+        if devices and store.rank == 0:
+            logger.warning(
+                f"rank {store.world_rank}: fell back to {provider} although RDMA devices are present "
+                f"({', '.join(devices)}): their provider (cxi, verbs, efa, opx) is not usable; see "
+                "`python -m pyddstore info`, or set DDSTORE_FABRIC"
+            )

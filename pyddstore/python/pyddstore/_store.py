@@ -113,6 +113,7 @@ class PyDDStore:
             self._publisher = _handshake.Publisher(self, self.handshake_dir)
         # A weak reference: the exit hook must not keep a dropped store (and its memory) alive.
         _live_stores.add(self)
+        _log.report_choice(self)
 
     # -- identity ---------------------------------------------------------
     @property

@@ -541,6 +541,10 @@ def _progress(total: int, enabled: bool, desc: str) -> Any:
     try:
         from tqdm.auto import tqdm
     except ImportError:
+        _LOG.warning(
+            "no progress bar: tqdm is not installed (pip install 'pyddstore[torch]'; DDSTORE_QUIET=1 "
+            "turns the bar off)"
+        )
         return None
     return tqdm(total=total, desc=desc, unit="sample", leave=False)
 
@@ -680,6 +684,9 @@ class DistDataset(_StoredDataset):
             _sync_device(self._share_device[0])
         secs = time.perf_counter() - t0
         nbytes = count * sum(f.row_bytes for f in schema.fields)
+        _LOG.debug(
+            f"rank {rank}: {self.name}: loaded rows {start}..{start + count} ({nbytes} bytes) in {secs:.3f} s"
+        )
         results = store.allgather((payload, nbytes, secs))
         failed = [r[0] for r in results if r[0] is not None]
         if failed:
