@@ -29,9 +29,17 @@ class FileComm:
     """A communicator without MPI: ranks exchange records through files in
     ``handshake_dir`` (a directory every rank can reach, e.g. on Lustre).
 
-    ``rank``/``size`` default to ``SLURM_PROCID``/``SLURM_NTASKS``; ``job_id``
-    (default: Slurm job and step, or the launching process) tags every file so
-    files left by an earlier job are never read."""
+    `rank`/`size` default to `SLURM_PROCID`/`SLURM_NTASKS` (or Open MPI's and PMI's
+    variables); `job_id` (default `DDSTORE_JOB_ID`, else the Slurm job and step, else the
+    launching process) tags every file so files left by an earlier job are never read.
+
+    Example:
+        ```python
+        # srun -n 8 python train.py   (no MPI)
+        comm = pyddstore.FileComm("/lustre/me/hs")
+        store = pyddstore.PyDDStore(comm, method=1)
+        ```
+    """
 
     def __init__(
         self,
@@ -60,19 +68,24 @@ class FileComm:
 
     @property
     def rank(self) -> int:
+        """This process's rank."""
         return self._native.rank
 
     @property
     def size(self) -> int:
+        """Number of ranks."""
         return self._native.size
 
     def allgather(self, obj) -> list:
+        """Collective: every rank's picklable `obj`, by rank."""
         return [pickle.loads(b) for b in self._native.allgather(pickle.dumps(obj))]
 
     def barrier(self) -> None:
+        """Collective: returns once every rank has called it (bounded by the handshake timeout)."""
         self._native.barrier()
 
     def split(self, color: int, key: int | None = None) -> FileComm:
+        """Collective: the ranks with the same `color`, ordered by `key` (default: rank)."""
         return FileComm._wrap(self._native.split(color, self.rank if key is None else key))
 
     def __repr__(self) -> str:
@@ -80,8 +93,16 @@ class FileComm:
 
 
 class TorchComm:
-    """A ``torch.distributed`` group as a communicator (``all_gather_object``).
-    With NCCL/RCCL call ``torch.cuda.set_device()`` first."""
+    """A `torch.distributed` group as a communicator (`all_gather_object`).
+    With NCCL/RCCL call `torch.cuda.set_device()` first. Passing a group (or None once
+    `init_process_group` ran) as `comm` makes one of these for you.
+
+    Example:
+        ```python
+        dist.init_process_group("gloo")
+        store = pyddstore.PyDDStore(pyddstore.TorchComm(), method=1)
+        ```
+    """
 
     def __init__(self, group=None):
         import torch.distributed as dist
@@ -96,14 +117,17 @@ class TorchComm:
         self.size = dist.get_world_size(group)
 
     def allgather(self, data: bytes) -> list:
+        """Collective: every rank's `data`, by rank."""
         out = [None] * self.size
         self._dist.all_gather_object(out, data, group=self.group)
         return out
 
     def barrier(self) -> None:
+        """Collective: `torch.distributed.barrier` on the group."""
         self._dist.barrier(group=self.group)
 
     def split(self, color: int, key: int) -> TorchComm:
+        """Collective: a new group of the ranks with the same `color` (WORLD group only)."""
         dist = self._dist
         if self.group not in (None, dist.group.WORLD) and self.size != dist.get_world_size():
             raise DDStoreValueError("ddstore_width with torch.distributed needs the default (WORLD) group")

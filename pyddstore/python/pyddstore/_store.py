@@ -45,13 +45,41 @@ class PyDDStore:
     """A distributed store of named variables; each rank holds a share of
     every variable's rows and reads any row with one-sided reads.
 
-    ``PyDDStore(comm_or_none=None, method=0, handshake_dir="", n_core=0, nic_map=None)``:
-    ``comm_or_none`` is an mpi4py communicator, a torch.distributed group, a
-    :class:`pyddstore.FileComm` or None (resolved as documented in
-    :mod:`pyddstore._comm`). ``method`` 0 reads with MPI RMA, 1 with
-    libfabric, 2 with libfabric across jobs (``n_core > 0`` joins a running
-    core group published in ``handshake_dir``). ``ddstore_width`` splits
-    the group into independent stores of that many consecutive ranks.
+    Args:
+        comm_or_none: an mpi4py communicator, a torch.distributed group, a
+            `pyddstore.FileComm`, or None: `MPI.COMM_WORLD` when MPI is in use, else the
+            default torch.distributed group when initialised, else a `FileComm` in
+            `handshake_dir`. Under a launcher that says the job has several ranks (torchrun,
+            mpirun, srun) and no communicator found, None raises `DDStoreValueError`
+            instead of making a one-rank store.
+        method: 0 reads with MPI RMA, 1 with libfabric, 2 with libfabric across jobs.
+            Default: `DDSTORE_METHOD`, else 0 with an MPI communicator, else 1.
+        handshake_dir: directory for the file communicator and method-2 records
+            (default `DDSTORE_HANDSHAKE_DIR`).
+        n_core: method 2 only: with `comm_or_none=None` and `n_core > 0` this process is
+            an extra member that `join()`s a core group of `n_core` ranks.
+        nic_map: per-local-rank NIC map, `"0:cxi0,1:cxi1"` or a dict (default
+            `DDSTORE_NIC_MAP`).
+        ddstore_width: split the group into independent stores of that many consecutive
+            ranks (each group holds a whole copy).
+
+    Collective calls (`add`, `init`, `free`) must be made by every rank of the group in the
+    same order. A store pickles to a handle that spawn/forkserver processes re-attach
+    through the fabric (methods 1 and 2).
+
+    Example:
+        ```python
+        from mpi4py import MPI
+        import numpy as np
+        import pyddstore
+
+        store = pyddstore.PyDDStore(MPI.COMM_WORLD)  # method 0 under mpirun
+        rows = np.full((100, 8), store.rank, dtype=np.float32)
+        store.add("x", rows)  # collective: this rank's 100 rows
+        out = np.empty((3, 8), np.float32)
+        store.get_batch("x", out, [0, 150, 399])  # rows of any rank, any order
+        store.free()
+        ```
     """
 
     def __init__(
@@ -118,23 +146,66 @@ class PyDDStore:
     # -- identity ---------------------------------------------------------
     @property
     def rank(self) -> int:
+        """This process's rank in the store's group (0 for a method-2 extra member)."""
         return self._native.rank
 
     @property
     def size(self) -> int:
+        """Number of ranks holding shares (the group's size)."""
         return self._native.size
 
     @property
     def comm_kind(self) -> str:
+        """The communicator: `mpi`, `torch`, `file` or `single`."""
         return self._native.comm_kind
 
     @property
     def transport(self) -> str:
+        """How remote rows are read, e.g. `mpi-rma` or `ofi:tcp;ofi_rxm`."""
         return self._native.transport
+
+    # -- reads (instances bind these straight to the native methods: no Python frame) --------
+    def get(self, name: str, arr, start: int = 0) -> None:
+        """Reads `len(arr)` consecutive global rows of `name` from row `start` into `arr`.
+
+        `arr` is a C-contiguous numpy array (or CPU tensor) whose rows match the variable's
+        row shape and dtype. Raises `DDStoreIndexError` for rows out of range.
+
+        Example:
+            ```python
+            out = np.empty((10, 8), np.float32)
+            store.get("x", out, start=120)  # global rows 120..129
+            ```
+        """
+        self._native.get(name, arr, start)
+
+    def get_batch(self, name: str, arr, indices, own_rows=None) -> None:
+        """Reads the global rows `indices` (any order, repeats allowed) of `name` into `arr`.
+
+        Reads to every owner are posted together and waited for once; same-node rows are
+        memory copies. Every index is checked before a byte moves; a failed call leaves the
+        store usable. `own_rows` is for pyddstore.torch's device shares.
+
+        Example:
+            ```python
+            out = np.empty((128, 8), np.float32)
+            store.get_batch("x", out, np.random.randint(0, 400, 128))
+            ```
+        """
+        self._native.get_batch(name, arr, indices, own_rows=own_rows)
 
     # -- variables --------------------------------------------------------
     def init(self, name: str, nrows: int, disp: int, itemsize: int = 1, dtype=None) -> None:
-        """Collective: ``nrows`` rows on this rank, ``disp`` elements of ``itemsize`` bytes each."""
+        """Collective: creates `name` with `nrows` rows on this rank, each of `disp` elements
+        of `itemsize` bytes (or of `dtype`); fill them with `update()`.
+
+        Example:
+            ```python
+            store.init("y", nrows=len(my_rows), disp=16, dtype=np.float64)
+            store.update("y", my_rows)
+            store.barrier()
+            ```
+        """
         self._check_name(name)
         if dtype is not None:
             itemsize = np.dtype(dtype).itemsize
@@ -142,36 +213,79 @@ class PyDDStore:
         self._published(name)
 
     def add(self, name: str, arr) -> None:
-        """Collective: creates ``name`` from this rank's rows (first axis of ``arr``)."""
+        """Collective: creates `name` from this rank's rows (first axis of `arr`); returns once
+        every rank's rows are readable.
+
+        Example:
+            ```python
+            store.add("x", np.random.rand(1000, 32).astype(np.float32))
+            ```
+        """
         self._check_name(name)
         self._native.add(name, _as_array(arr, f"add('{name}', arr)"))
         self._published(name)
 
     def update(self, name: str, arr, offset: int = 0) -> None:
-        """Writes this rank's local rows ``offset .. offset + len(arr)``."""
+        """Writes this rank's local rows `offset .. offset + len(arr)` (local, not collective:
+        call `barrier()` before others read them).
+
+        Example:
+            ```python
+            store.update("x", new_rows, offset=10)
+            store.barrier()
+            ```
+        """
         self._native.update(name, _as_array(arr, f"update('{name}', arr)"), int(offset))
 
     def info(self, name: str):
-        """``(total_rows, disp, itemsize)``."""
+        """`(total_rows, disp, itemsize)` of `name`: rows over all ranks, elements per row,
+        bytes per element.
+
+        Example:
+            ```python
+            total, disp, itemsize = store.info("x")
+            ```
+        """
         return self._native.info(name)
 
     def counts(self, name: str) -> list:
+        """Rows each rank holds of `name`, by rank (`sum(counts) == info(name)[0]`)."""
         return self._native.counts(name)
 
     def dtype(self, name: str) -> str:
+        """The stored dtype of `name` (`float32`, ..., or `bytes` for raw rows)."""
         return self._native.dtype(name)
 
     def names(self) -> list:
+        """The variables this store holds."""
         return self._native.names()
 
     def register_recv(self, name: str, arr) -> None:
+        """Registers `arr` as a destination of reads of `name` once (providers that need
+        registered destinations, cxi and verbs, then skip a registration per read).
+
+        Example:
+            ```python
+            buf = np.empty((128, 8), np.float32)
+            store.register_recv("x", buf)
+            store.get_batch("x", buf, idx)
+            store.unregister_recv("x", buf)
+            ```
+        """
         self._native.register_recv(name, arr)
 
     def unregister_recv(self, name: str, arr) -> None:
+        """Undoes `register_recv(name, arr)`."""
         self._native.unregister_recv(name, arr)
 
     def get_profile(self, name: str | None = None) -> dict:
-        """Read counters of one variable, or summed over all of them."""
+        """Read counters of one variable, or summed over all of them.
+
+        Example:
+            ```python
+            print(store.get_profile("x"))  # reads, bytes, remote/local split, ...
+            ```
+        """
         if name is not None:
             return self._native.get_profile(name)
         total: dict = {}
@@ -182,27 +296,55 @@ class PyDDStore:
 
     # -- collectives over the store's group ---------------------------------
     def allgather(self, obj) -> list:
+        """Collective: every rank's picklable `obj`, by rank, over the store's group."""
         return [pickle.loads(b) for b in self._native.comm().allgather(pickle.dumps(obj))]
 
     def barrier(self) -> None:
+        """Collective: returns once every rank of the group has called it (e.g. after
+        `update()`, before others read the updated rows)."""
         self._native.comm().barrier()
 
     def epoch_begin(self) -> None:
-        """Kept for existing callers: reads need no epoch, so this is free."""
+        """Kept for existing (upstream DDStore) callers: reads need no epoch, so this costs
+        nothing.
+
+        Example:
+            ```python
+            store.epoch_begin(); store.get_batch("x", out, idx); store.epoch_end()
+            ```
+        """
 
     def epoch_end(self) -> None:
         """Kept for existing callers: reads need no epoch, so this is free."""
 
     # -- processes and jobs ---------------------------------------------------
     def fork_reader(self) -> None:
-        """In a forked child: open fresh readers instead of the inherited ones."""
+        """In a forked child (methods 1, 2): open fresh readers instead of the inherited ones.
+        pyddstore.torch calls it in forked DataLoader workers.
+
+        Example:
+            ```python
+            if os.fork() == 0:
+                store.fork_reader()
+                store.get_batch("x", out, idx)
+                os._exit(0)
+            ```
+        """
         self._native.fork_reader()
 
     def join(self, name: str, timeout_s: float | None = None, token: str | None = None) -> None:
-        """Method 2 extra member: wait for ``name`` to be published, then read it.
+        """Method 2 extra member: wait for `name` to be published, then read it.
 
-        ``token``: the core job's job token; default ``DDSTORE_JOB_TOKEN``, else
-        the token file the core job wrote in ``handshake_dir``."""
+        `token`: the core job's job token; default `DDSTORE_JOB_TOKEN`, else the token file
+        the core job wrote in `handshake_dir`.
+
+        Example:
+            ```python
+            extra = pyddstore.PyDDStore(None, method=2, handshake_dir=hs, n_core=4)
+            extra.join("x")
+            extra.get_batch("x", out, idx)
+            ```
+        """
         if not self.is_extra:
             raise DDStoreUnsupportedError(
                 "join() is for method=2 extra members: PyDDStore(None, method=2, n_core=N)"
@@ -210,7 +352,13 @@ class PyDDStore:
         _handshake.join(self, name, timeout_s, token)
 
     def free(self) -> None:
-        """Collective: releases every variable once every rank has stopped reading. Idempotent."""
+        """Collective: releases every variable once every rank has stopped reading. Idempotent.
+
+        Example:
+            ```python
+            store.free()  # on every rank
+            ```
+        """
         if self._publisher is not None:
             self._publisher.withdraw()
         if not self._native.freed:

@@ -46,7 +46,15 @@ _BULK_CHUNK_BYTES = 64 << 20
 
 
 class ForkedWorkerError(DDStoreUnsupportedError):
-    """A read from a forked process that the store's method cannot serve (method 0)."""
+    """A read from a forked process, or a pickling for a spawn/forkserver one, that the
+    store's method cannot serve (method 0: MPI does not cross processes).
+
+    Example:
+        ```python
+        ds = DistDataset(src, "train", MPI.COMM_WORLD)  # method 0
+        DataLoader(ds, num_workers=2)  # workers raise ForkedWorkerError: use ThreadDataLoader
+        ```
+    """
 
 
 def _env_flag(name: str, default: str) -> bool:
@@ -145,7 +153,15 @@ def _sum_profiles(profiles: list[dict]) -> dict:
 class Buffers(dict):
     """Per-field receive buffers from alloc(): a dict key -> array, registered with the store.
 
-    Pass as out= to read_rows() / __getitems__(); give back with release()."""
+    Pass as out= to read_rows() / __getitems__(); give back with release().
+
+    Example:
+        ```python
+        bufs = ds.alloc(128)
+        batch = ds.read_rows(idx, out=bufs)  # views into bufs
+        ds.release(bufs)
+        ```
+    """
 
     def __init__(self, arrays: dict, registered: list):
         super().__init__(arrays)
@@ -187,6 +203,7 @@ class _StoredDataset(Dataset):
 
     @property
     def schema(self) -> Schema:
+        """The stored fields' description (keys, shapes, dtypes, the sample's structure)."""
         return self._schema
 
     @property
@@ -337,7 +354,14 @@ class _StoredDataset(Dataset):
 
         Tensors for tensor fields (on device= if set), numpy arrays otherwise, record arrays for
         records. With out= (e.g. from alloc()) the results are views into those buffers.
-        decode= is not applied. Collective for method=0."""
+        decode= is not applied. Collective for method=0.
+
+        Example:
+            ```python
+            cols = ds.read_rows([7, 3, 7], fields=["x"])
+            cols["x"].shape  # (3, *x_shape)
+            ```
+        """
         rows = self._rows(rows)
         sel = self._select(fields)
         raw = self._read_raw(rows, sel, out)
@@ -418,7 +442,14 @@ class _StoredDataset(Dataset):
     # -- buffers --------------------------------------------------------------------------
 
     def alloc(self, n: int, fields: Any = None) -> Buffers:
-        """Per-field buffers for n rows, registered with the store once; pass as out=."""
+        """Per-field buffers for n rows, registered with the store once; pass as out=.
+
+        Example:
+            ```python
+            bufs = ds.alloc(64)
+            samples = ds.__getitems__(list(range(64)), out=bufs)
+            ```
+        """
         if n < 1:
             raise DDStoreValueError(f"alloc needs n >= 1, got {n}")
         arrays, registered = {}, []
@@ -437,7 +468,13 @@ class _StoredDataset(Dataset):
         return bufs
 
     def release(self, bufs: Buffers) -> None:
-        """Unregisters buffers from alloc(); they stay usable as plain arrays."""
+        """Unregisters buffers from alloc(); they stay usable as plain arrays.
+
+        Example:
+            ```python
+            ds.release(bufs)
+            ```
+        """
         regs, bufs.registered = getattr(bufs, "registered", []), []
         for var, arr in regs:
             if not self._freed:
@@ -445,7 +482,13 @@ class _StoredDataset(Dataset):
         self._buffer_sets = [b for b in self._buffer_sets if b is not bufs]
 
     def free(self) -> None:
-        """Releases buffers and frees the store (collective for the core group)."""
+        """Releases buffers and frees the store (collective for the core group).
+
+        Example:
+            ```python
+            ds.free()  # on every rank, once no rank reads any more
+            ```
+        """
         if self._freed:
             return
         for b in list(self._buffer_sets):
@@ -459,7 +502,13 @@ class _StoredDataset(Dataset):
 
     def get_profile(self, name: Any = None) -> dict:
         """Read counters summed over the store and the threads' readers: all fields, one field
-        (by key), or one store variable (by name)."""
+        (by key), or one store variable (by name).
+
+        Example:
+            ```python
+            print(ds.get_profile())  # reads, bytes, remote and local rows, ...
+            ```
+        """
         if name is None:
             names = [f.var for f in self._schema.fields]
         elif name in self._schema.by_key:
@@ -567,6 +616,24 @@ class DistDataset(_StoredDataset):
     one chunk. This rank's own rows are gathered on the device with torch and copied once; read
     rows arrive in host memory (device= moves batches to the GPU). Forked DataLoader workers
     read every row, their own too, through the fabric. chunk_size= cannot be combined with it.
+
+    comm=None resolves as for PyDDStore (MPI, else the default torch.distributed group,
+    else a FileComm); under torchrun, mpirun or srun without any of them it raises instead
+    of making a one-rank store. A DistDataset pickles to a handle that spawn and forkserver
+    DataLoader workers re-attach through the fabric (methods 1 and 2).
+
+    Example:
+        ```python
+        import torch
+        from mpi4py import MPI
+        from pyddstore.torch import DistDataset, DistributedSampler, ThreadDataLoader
+
+        trainset = DistDataset(my_dataset, "train", MPI.COMM_WORLD)  # each rank loads its share
+        sampler = DistributedSampler(trainset)
+        loader = ThreadDataLoader(trainset, batch_size=128, sampler=sampler, num_workers=1)
+        for x, y in loader:
+            ...
+        ```
     """
 
     def __init__(
@@ -807,7 +874,15 @@ def read_meta(path: str, timeout: float) -> dict:
 
 class DistDatasetReader(_StoredDataset):
     """The dataset a method-2 core group (DistDataset(..., method=2)) holds, read from a
-    separate extra job. Fields come from {handshake_dir}/{name}.meta.json."""
+    separate extra job. Fields come from {handshake_dir}/{name}.meta.json.
+
+    Example:
+        ```python
+        # core job:  DistDataset(src, "train", method=2, handshake_dir=hs)
+        reader = DistDatasetReader("train", handshake_dir=hs)
+        x, y = reader[0]
+        ```
+    """
 
     def __init__(
         self,

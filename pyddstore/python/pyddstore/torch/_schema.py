@@ -55,16 +55,35 @@ DICT = "dict"
 
 
 class SchemaError(DDStoreValueError):
-    """Samples that cannot be stored: ragged shapes, missing keys, differing structures."""
+    """Samples that cannot be stored: ragged shapes, missing keys, differing structures.
+
+    Example:
+        ```python
+        DistDataset([torch.zeros(3), torch.zeros(4)], "ragged")  # SchemaError names sample 1
+        ```
+    """
 
 
 class SchemaTypeError(DDStoreTypeError):
-    """A field of a type or dtype the store does not hold (strings, float16, objects...)."""
+    """A field of a type or dtype the store does not hold (strings, float16, objects...).
+
+    Example:
+        ```python
+        DistDataset([{"name": "cat"}], "s")  # SchemaTypeError: use encode=/decode= for strings
+        ```
+    """
 
 
 def share_of(n: int, size: int, rank: int) -> tuple[int, int]:
     """(start, count) of rank's share of n samples split over size ranks: the first n % size
-    ranks get one more."""
+    ranks get one more.
+
+    Example:
+        ```python
+        share_of(10, 3, 0)  # (0, 4)
+        share_of(10, 3, 2)  # (7, 3)
+        ```
+    """
     if size <= 0 or not 0 <= rank < size:
         raise DDStoreValueError(f"rank {rank} is not in a group of {size}")
     base, extra = divmod(n, size)
