@@ -49,6 +49,9 @@ def test_named_provider_absent_here_is_a_clear_error(fabric):
 def test_malformed_provider_name_is_a_value_error():
     out = _store_error("tcp; rm")
     assert out.startswith("DDStoreValueError ::") and "DDSTORE_FABRIC" in out and "psm3" in out, out
+    # A well-formed name that is neither known nor a provider here: a typo, refused at once.
+    out = _store_error("nope")
+    assert out.startswith("DDStoreValueError ::") and "here: " in out and "tcp;ofi_rxm" in out, out
 
 
 def test_info_lists_providers_and_the_choice():

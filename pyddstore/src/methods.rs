@@ -60,12 +60,13 @@ pub fn transport_for(
     nic_map: Option<&str>,
 ) -> Result<Arc<dyn Transport>> {
     match (method, comm.kind()) {
+        // Method 0 is not in a build without MPI, even for one process.
+        #[cfg(not(feature = "mpi"))]
+        (0, _) => Err(Error::Unsupported(NO_MPI.to_string())),
         // One process has no peer to reach: its reads are memory copies.
         (0, "single") => Ok(Arc::new(NodeOnlyTransport)),
         #[cfg(feature = "mpi")]
         (0, _) => Ok(Arc::new(MpiRma::new())),
-        #[cfg(not(feature = "mpi"))]
-        (0, _) => Err(Error::Unsupported(NO_MPI.to_string())),
         (1 | 2, _) => Ok(Arc::new(OfiTransport::from_env(
             config,
             nic_map,

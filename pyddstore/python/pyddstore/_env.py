@@ -13,11 +13,22 @@ FABRICS = ("cxi", "verbs", "efa", "opx", "psm3", "psm2", "ucx", "hsn", "tcp", "s
 
 
 def check_fabric(environ=os.environ) -> list:
-    """The providers DDSTORE_FABRIC makes pyddstore try, in order; DDStoreValueError when the
-    value cannot be a libfabric provider name."""
+    """The providers DDSTORE_FABRIC makes pyddstore try, in order. DDStoreValueError when the
+    value cannot be a provider name, or is none of the known names (FABRICS) and no provider
+    of that name offers one-sided reads here (a typo must not pass silently, even where the
+    store does not use libfabric)."""
     from . import _native
 
-    return _native.provider_candidates(environ.get("DDSTORE_FABRIC") or None)
+    raw = (environ.get("DDSTORE_FABRIC") or "").strip()
+    candidates = _native.provider_candidates(raw or None)
+    if raw and raw.lower() not in FABRICS:
+        here = sorted({p["provider"] for p in _native.system_info()["providers"]})
+        if candidates[0] not in here:
+            raise DDStoreValueError(
+                f"environment variable DDSTORE_FABRIC={raw!r} names no libfabric provider with one-sided "
+                f"reads here (here: {', '.join(here) or 'none'}; known names: {', '.join(FABRICS)})"
+            )
+    return candidates
 
 
 def apply_fabric_defaults(environ=os.environ) -> None:
