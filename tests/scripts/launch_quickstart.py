@@ -2,6 +2,8 @@
 DistributedSampler against torch's own with the same rank and size: seed, epoch, shuffle
 and drop_last semantics, on a size that does not divide evenly."""
 
+import contextlib
+import io
 import os
 import runpy
 
@@ -11,9 +13,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 g = runpy.run_path(os.path.join(HERE, "..", "..", "examples", "quickstart.py"), run_name="__main__")
 
 from mpi4py import MPI  # noqa: E402 - the example imported torch first
+from pyddstore.__main__ import info  # noqa: E402
 from pyddstore.torch import DistDataset, DistributedSampler  # noqa: E402
 
 comm = MPI.COMM_WORLD
+
+# `python -m pyddstore info` as this rank would print it under mpirun.
+buf = io.StringIO()
+with contextlib.redirect_stdout(buf):
+    info()
+text = buf.getvalue()
+assert "launcher: mpirun (Open MPI)" in text and "communicator: mpi (MPI.COMM_WORLD)" in text, text
+assert "method: 0 (MPI RMA)" in text, text
 odd = DistDataset(g["features"][:1001], "odd", comm)  # 1001 samples: uneven over 2 or 3 ranks
 for shuffle in (True, False):
     for drop_last in (False, True):

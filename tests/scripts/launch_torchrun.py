@@ -2,16 +2,27 @@
 (never a 1-rank store holding everything); after it, the store spans both processes and
 every sample reads back as the source has it."""
 
+import contextlib
+import io
 import os
 
 import torch
 import torch.distributed as dist
+from pyddstore.__main__ import info
 from pyddstore.torch import DistDataset, DistributedSampler
 from torch.utils.data import TensorDataset
 
 import pyddstore
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+# `python -m pyddstore info` as this process would print it: torchrun seen, comm=None refused.
+buf = io.StringIO()
+with contextlib.redirect_stdout(buf):
+    info()
+text = buf.getvalue()
+assert f"launcher: torchrun (RANK={rank}, WORLD_SIZE={world})" in text, text
+assert "communicator: none: comm=None raises" in text and "init_process_group" in text, text
 n = 300
 x = torch.arange(n * 4, dtype=torch.float32).reshape(n, 4) * 0.5
 src = TensorDataset(x, torch.arange(n))
