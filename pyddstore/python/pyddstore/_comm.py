@@ -5,10 +5,14 @@
 ==========================  ===================================================
 ``MPI.COMM_WORLD``          MPI is in use: mpi4py imported, or launched by mpirun
 the default torch group     no MPI, ``torch.distributed`` initialised
-a ``FileComm``              otherwise, rank and size from ``SLURM_PROCID``/``SLURM_NTASKS``
+a ``FileComm``              a handshake dir, or srun with several tasks; rank and size from
+                            ``SLURM_PROCID``/``SLURM_NTASKS`` (torchrun: ``RANK``/``WORLD_SIZE``)
+DDStoreValueError           a launcher says there are several ranks and none of the above applies
+a one-process store         otherwise
 ==========================  ===================================================
 
-``DDSTORE_COMM=mpi|torch|file`` forces one; ``DDSTORE_MPI=0`` never uses MPI.
+``DDSTORE_COMM=mpi|torch|file`` forces one; ``DDSTORE_MPI=0`` never uses MPI (nor does a build
+without the cargo feature ``mpi``).
 """
 
 from __future__ import annotations
