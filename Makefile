@@ -1,5 +1,5 @@
 # pyddstore: `make help` lists the targets.
-.PHONY: help setup demo test bench bench-vcluster lint fmt soak check-memory check-no-mpi test-torch-min docs clean
+.PHONY: help setup demo test test-long bench bench-graph bench-vcluster lint fmt soak check-memory check-no-mpi test-torch-min docs clean
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -13,6 +13,12 @@ demo:  ## the main job: 4-rank demo + VAE example on this machine
 test:  ## every test (cargo test + pytest with real multi-rank jobs)
 	bash scripts/run-tests.sh
 
+test-long:  ## the longer variants of the ragged and graph tests (DDSTORE_TEST_LONG=1)
+	bash scripts/setup.sh && . .venv/bin/activate && \
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+	FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo DDSTORE_TEST_LONG=1 \
+	python -m pytest tests/test_ragged.py tests/test_torch_graphs.py -q
+
 bench:  ## the benchmark suite (python -m pyddstore.bench) under mpirun -n 4
 	bash scripts/setup.sh && . .venv/bin/activate && \
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
@@ -22,6 +28,10 @@ bench-vcluster:  ## remote rows across two virtual nodes beside one node (root; 
 	bash scripts/setup.sh && . .venv/bin/activate && \
 	python -m pyddstore.bench --vcluster --row-sizes 3072,1048576 --batch-sizes 1,128 --threads 1 \
 	--json bench-results/bench-vcluster.json
+bench-graph:  ## graphs: ragged vs padded vs per-sample records vs a local list (python -m pyddstore.bench_graph)
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+	FI_TCP_IFACE=lo mpirun -n 2 --bind-to none python -m pyddstore.bench_graph --batch 128 \
+	--json bench-results/bench_graph.json
 
 soak:  ## long soak: 1,000,000 verified random reads per rank per config, RSS flat (scripts/soak.sh)
 	bash scripts/setup.sh && bash scripts/soak.sh 1000000 4

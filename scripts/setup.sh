@@ -2,7 +2,7 @@
 # Installs everything pyddstore needs on a fresh Debian machine (as root, or
 # with sudo), then builds the extension into ./.venv. Safe to run again:
 # steps already done are skipped.
-#   WITH_TORCH=0  skip PyTorch (2.8 GB download; needed for pyddstore.torch)
+#   WITH_TORCH=0  skip PyTorch and torch_geometric (2.8 GB download; needed for pyddstore.torch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,7 +33,8 @@ fi
 . .venv/bin/activate
 
 want="numpy mpi4py maturin pytest ruff matplotlib tqdm mkdocs material mkdocstrings mkdocstrings_handlers.python"
-[ "${WITH_TORCH:-1}" = "1" ] && want="$want torch"
+# torch_geometric: the graph tests and examples/gnn (pure Python; the `graph` extra)
+[ "${WITH_TORCH:-1}" = "1" ] && want="$want torch torch_geometric"
 need=""
 for p in $want; do
     python -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('$p') is None)" 2>/dev/null || need="$need $p"

@@ -117,7 +117,8 @@ def test_records_are_owner_only(handshake_dir):
     try:
         core.wait_ready(RECORDS)
         assert stat.S_IMODE(hs.stat().st_mode) == 0o700
-        for f in RECORDS + [".ddstore-token"]:
+        tokens = ["." + r.replace(".json", ".token") for r in RECORDS]
+        for f in RECORDS + tokens:
             assert stat.S_IMODE((hs / f).stat().st_mode) == 0o600, f
         assert not list(hs.glob("*.tmp*")), "temporary files left behind"
     finally:
@@ -171,7 +172,7 @@ def test_job_token_from_the_environment(handshake_dir):
     core = Core(handshake_dir, env)
     try:
         core.wait_ready(RECORDS)
-        assert not list(handshake_dir.glob(".ddstore-token*")), "an explicit token must not be written out"
+        assert not list(handshake_dir.glob("*.token")), "an explicit token must not be written out"
         args = ("read", "--hs", str(handshake_dir), "--n-core", "2")
         out = run_procs(1, "m2_extra.py", *args, env=extra_env(handshake_dir, env), timeout=120)[0].stdout
         assert "extra read ok" in out

@@ -110,7 +110,7 @@ def test_len_and_argument_checks():
         ThreadDataLoader(ds, batch_size=4, shuffle=True, sampler=SequentialSampler(ds))
     with pytest.raises(ValueError, match="persistent_workers"):
         ThreadDataLoader(ds, persistent_workers=True)
-    with pytest.raises(ValueError, match="reuse_buffers"):
+    with pytest.raises(TypeError, match="reuse_buffers"):
         ThreadDataLoader(ds, batch_size=4, reuse_buffers=True)
 
 

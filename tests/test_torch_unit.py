@@ -190,7 +190,7 @@ def test_window_math():
 
 def test_row_of():
     concat = ConcatDataset([list(range(4)), list(range(6)), list(range(2))])
-    assert [row_of(concat, 0, 3), row_of(concat, 1, 0), row_of(concat, 2, 1), row_of(concat, -1, -1)] == [
+    assert [row_of(concat, 0, 3), row_of(concat, 1, 0), row_of(concat, 2, 1), row_of(concat, -1, 1)] == [
         3,
         4,
         11,
@@ -201,6 +201,8 @@ def test_row_of():
             assert concat[row_of(concat, k, i)] == concat.datasets[k][i]
     with pytest.raises(IndexError):
         row_of(concat, 0, 4)
+    with pytest.raises(IndexError):  # not the last sample of dataset 1, as upstream
+        row_of(concat, 1, -1)
     with pytest.raises(IndexError):
         row_of(concat, 3, 0)
 
@@ -218,3 +220,41 @@ def test_affinity_sets(monkeypatch):
     sets = _affinity_sets(3)
     for w, s in enumerate(sets):
         assert s == {cpus[(1 + 2 * w + k) % len(cpus)] for k in range(2)}
+
+
+def test_ragged_schema_filler_and_json():
+    """ragged={key: axis}: sample 0 may be empty there, other axes must match, the JSON keeps the
+    axis and the longest row, the filler collects each field's share with its lengths."""
+    from pyddstore.torch._schema import RaggedRows
+
+    samples = [
+        {"pos": torch.zeros(0, 3), "bonds": np.zeros((2, 0), np.int64), "e": 0.5},
+        {"pos": torch.ones(4, 3), "bonds": np.arange(6, dtype=np.int64).reshape(2, 3), "e": 1.5},
+    ]
+    s = Schema.infer(samples[0], "m", ragged={"pos": 0, "bonds": -1})
+    pos, bonds = s.by_key["pos"], s.by_key["bonds"]
+    assert (pos.shape, pos.ragged, bonds.shape, bonds.ragged) == ((-1, 3), 0, (2, -1), 1)
+    assert [f.key for f in s.ragged_fields] == ["pos", "bonds"] and [f.key for f in s.fixed_fields] == ["e"]
+    filler = ChunkFiller(s, 2)
+    for i, smp in enumerate(samples):
+        filler.put(i, smp, i)
+    values, lengths = filler.ragged_share(bonds)
+    assert lengths.tolist() == [0, 3] and values.shape == (3, 2)
+    with pytest.raises(SchemaError, match="ragged axis"):
+        filler.put(0, {"pos": torch.ones(2, 4), "bonds": samples[1]["bonds"], "e": 1.0}, 7)
+    bonds.max_len = 3
+    back = Schema.from_json(json.loads(json.dumps(s.to_json())))
+    assert (back.by_key["bonds"].ragged, back.by_key["bonds"].max_len) == (1, 3)
+    bad = s.to_json()
+    bad["fields"][0]["ragged"] = 1  # not the -1 axis
+    with pytest.raises(ValueError, match="malformed"):
+        Schema.from_json(bad)
+    with pytest.raises(SchemaError, match="no stored field"):
+        Schema.infer(samples[0], "m", ragged={"nope": 0})
+    with pytest.raises(SchemaError, match="at least one dimension"):
+        Schema.infer(samples[1], "m", ragged={"e": 0})
+    with pytest.raises(SchemaError, match="has no elements"):  # an empty field that is not ragged
+        Schema.infer(samples[0], "m", ragged={"bonds": 1})
+    rows = bonds.ragged_values(np.arange(6, dtype=np.int64), np.array([0, 0, 3]))
+    assert isinstance(rows, RaggedRows) and rows.shapes == [(2, 0), (2, 3)]
+    assert np.array_equal(rows.row(1), np.arange(6).reshape(2, 3)) and rows.row(0).shape == (2, 0)

@@ -16,6 +16,13 @@ pub trait Comm: Send + Sync {
     /// Every rank's bytes, in rank order (records may differ in length).
     fn allgather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
     fn barrier(&self) -> Result<()>;
+    /// A barrier that gives up after `timeout`, with `Error::Timeout` naming
+    /// the ranks that did not arrive (on every rank that waited). The default
+    /// cannot bound a communicator without such a primitive.
+    fn barrier_timeout(&self, timeout: std::time::Duration) -> Result<()> {
+        let _ = timeout;
+        self.barrier()
+    }
     /// Ranks with equal `color` form a new group, ordered by `key` then rank.
     fn split(&self, color: usize, key: usize) -> Result<Arc<dyn Comm>>;
     /// Short name for messages and `info`: "mpi", "file", "torch", "single".

@@ -44,8 +44,8 @@ impl Config {
         Ok(Config {
             max_read_bytes: parse_positive(&get, "DDSTORE_MAX_READ_BYTES")?
                 .unwrap_or(d.max_read_bytes as f64) as usize,
-            max_inflight: parse_positive(&get, "DDSTORE_MAX_INFLIGHT")?
-                .unwrap_or(d.max_inflight as f64) as usize,
+            max_inflight: setting(&get, "DDSTORE_MAX_INFLIGHT")?
+                .map_or(d.max_inflight, |v| v.parse().expect("checked integer")),
             timeout: parse_positive(&get, "DDSTORE_TIMEOUT_S")?
                 .map(Duration::from_secs_f64)
                 .unwrap_or(d.timeout),
@@ -55,7 +55,183 @@ impl Config {
             node_sharing: parse_flag(&get, "DDSTORE_SHM")?.unwrap_or(d.node_sharing),
             thread_readers: parse_flag(&get, "DDSTORE_THREAD_READERS")?.unwrap_or(d.thread_readers),
         })
+        .and_then(|c| {
+            check_env(&get)?;
+            Ok(c)
+        })
     }
+}
+
+/// What a `DDSTORE_*` variable accepts.
+#[derive(Clone, Copy, Debug)]
+pub enum Kind {
+    /// Exactly `0`, `1`, `true` or `false`.
+    Flag,
+    /// An integer in `min..=max`.
+    Int { min: i64, max: i64 },
+    /// A positive number (count or bytes) up to 2^53.
+    Positive,
+    /// Seconds, 0.001 to a year.
+    Seconds,
+    /// One of these words (lower case).
+    Choice(&'static [&'static str]),
+    /// Free text (paths, ids, tokens, maps), checked where used.
+    Text,
+    /// A libfabric provider name: `;`-separated parts, each a letter then letters,
+    /// digits, `_` or `-` ("psm3", "tcp;ofi_rxm"); whether it exists here is
+    /// checked by the transport.
+    Provider,
+}
+
+/// Every `DDSTORE_*` variable pyddstore reads, in one table: `check_env`
+/// validates all of them at store creation (Rust and Python read the same
+/// table). To add a setting, add its row here.
+pub const SETTINGS: &[(&str, Kind)] = &[
+    ("DDSTORE_METHOD", Kind::Int { min: 0, max: 2 }),
+    ("DDSTORE_COMM", Kind::Choice(&["mpi", "torch", "file"])),
+    ("DDSTORE_MPI", Kind::Flag),
+    ("DDSTORE_HANDSHAKE_DIR", Kind::Text),
+    ("DDSTORE_HANDSHAKE_TIMEOUT_S", Kind::Seconds),
+    (
+        "DDSTORE_N_CORE",
+        Kind::Int {
+            min: 0,
+            max: 1 << 24,
+        },
+    ),
+    ("DDSTORE_MAX_READ_BYTES", Kind::Positive),
+    (
+        "DDSTORE_MAX_INFLIGHT",
+        Kind::Int {
+            min: 1,
+            max: 1 << 20,
+        },
+    ),
+    ("DDSTORE_TIMEOUT_S", Kind::Seconds),
+    ("DDSTORE_SHM", Kind::Flag),
+    ("DDSTORE_THREAD_READERS", Kind::Flag),
+    // Any libfabric provider name (efa, opx, psm3, ucx, ...), not only the known ones.
+    ("DDSTORE_FABRIC", Kind::Provider),
+    ("DDSTORE_NIC_MAP", Kind::Text),
+    ("DDSTORE_FORK_WORKERS", Kind::Flag),
+    ("DDSTORE_BATCH_GET", Kind::Flag),
+    ("DDSTORE_FAST_COLLATE", Kind::Flag),
+    (
+        "DDSTORE_AFFINITY_WIDTH",
+        Kind::Int {
+            min: 0,
+            max: 1 << 16,
+        },
+    ),
+    (
+        "DDSTORE_AFFINITY_OFFSET",
+        Kind::Int {
+            min: 0,
+            max: 1 << 16,
+        },
+    ),
+    ("DDSTORE_PROFILE", Kind::Flag),
+    ("DDSTORE_QUIET", Kind::Flag),
+    // debug, info, warning, error or a number: checked by pyddstore's logging set-up.
+    ("DDSTORE_LOG_LEVEL", Kind::Text),
+    ("DDSTORE_LOAD_THREADS", Kind::Int { min: 1, max: 1024 }),
+    (
+        "DDSTORE_CORE_GROUP",
+        Kind::Int {
+            min: 0,
+            max: 1 << 24,
+        },
+    ),
+    ("DDSTORE_OFI_LOCAL_MR", Kind::Flag),
+    ("DDSTORE_OFI_HMEM", Kind::Flag),
+    ("DDSTORE_TEST_HOST_AS_DEVICE", Kind::Flag),
+    (
+        "DDSTORE_MPI_THREAD_LEVEL",
+        Kind::Choice(&["single", "funneled", "serialized", "multiple"]),
+    ),
+    ("DDSTORE_JOB_ID", Kind::Text),
+    ("DDSTORE_JOB_TOKEN", Kind::Text),
+    ("DDSTORE_HOST_ID", Kind::Text),
+    (
+        "DDSTORE_MPI_FAKE_NODE_SIZE",
+        Kind::Int {
+            min: 1,
+            max: 1 << 20,
+        },
+    ),
+];
+
+/// The value of a flag or integer setting, checked against `SETTINGS`;
+/// `None` when unset or empty. Unknown keys are an error (a typo in code).
+pub fn setting(get: &impl Fn(&str) -> Option<String>, key: &str) -> Result<Option<String>> {
+    let kind = SETTINGS
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, kind)| *kind)
+        .ok_or_else(|| Error::invalid(format!("{key} is not a pyddstore setting")))?;
+    let Some(raw) = get(key) else { return Ok(None) };
+    let raw = raw.trim().to_string();
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    let bad = |expected: String| {
+        Err(Error::invalid(format!(
+            "environment variable {key}={raw:?} is not valid: expected {expected}"
+        )))
+    };
+    match kind {
+        Kind::Flag => match raw.to_ascii_lowercase().as_str() {
+            "1" | "true" => Ok(Some("1".into())),
+            "0" | "false" => Ok(Some("0".into())),
+            _ => bad("0, 1, true or false".into()),
+        },
+        Kind::Int { min, max } => match raw.parse::<i64>() {
+            Ok(v) if (min..=max).contains(&v) => Ok(Some(v.to_string())),
+            _ => bad(format!("an integer from {min} to {max}")),
+        },
+        Kind::Positive | Kind::Seconds => {
+            parse_positive(get, key).map(|v| v.map(|v| v.to_string()))
+        }
+        Kind::Choice(words) => {
+            let low = raw.to_ascii_lowercase();
+            if words.contains(&low.as_str()) {
+                Ok(Some(low))
+            } else {
+                bad(format!("one of {}", words.join(", ")))
+            }
+        }
+        Kind::Text => Ok(Some(raw)),
+        Kind::Provider => {
+            let low = raw.to_ascii_lowercase();
+            let part_ok = |p: &str| {
+                p.len() <= 32
+                    && p.starts_with(|c: char| c.is_ascii_alphabetic())
+                    && p.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            };
+            if low.split(';').all(part_ok) {
+                Ok(Some(low))
+            } else {
+                bad("a libfabric provider name such as cxi, verbs, efa, opx, psm3, ucx, tcp, shm or \
+                     tcp;ofi_rxm"
+                    .into())
+            }
+        }
+    }
+}
+
+/// Validates every `DDSTORE_*` setting that is set; the first bad one is an
+/// error naming the variable and what it accepts.
+pub fn check_env(get: &impl Fn(&str) -> Option<String>) -> Result<()> {
+    for (key, _) in SETTINGS {
+        setting(get, key)?;
+    }
+    Ok(())
+}
+
+/// A flag setting from the process environment (`SETTINGS` rules).
+pub fn env_flag(key: &str, default: bool) -> Result<bool> {
+    Ok(setting(&|k| std::env::var(k).ok(), key)?.map_or(default, |v| v == "1"))
 }
 
 fn parse_positive(get: &impl Fn(&str) -> Option<String>, key: &str) -> Result<Option<f64>> {
@@ -80,15 +256,15 @@ fn parse_positive(get: &impl Fn(&str) -> Option<String>, key: &str) -> Result<Op
     }
 }
 
-/// Parses a 0/1 style switch.
+/// Parses a switch: exactly `0`, `1`, `true` or `false`.
 pub fn parse_flag(get: &impl Fn(&str) -> Option<String>, key: &str) -> Result<Option<bool>> {
     let Some(raw) = get(key) else { return Ok(None) };
     match raw.trim().to_ascii_lowercase().as_str() {
         "" => Ok(None),
-        "1" | "true" | "yes" | "on" => Ok(Some(true)),
-        "0" | "false" | "no" | "off" => Ok(Some(false)),
+        "1" | "true" => Ok(Some(true)),
+        "0" | "false" => Ok(Some(false)),
         other => Err(Error::invalid(format!(
-            "environment variable {key}={other:?} is not valid: expected 0 or 1"
+            "environment variable {key}={other:?} is not valid: expected 0, 1, true or false"
         ))),
     }
 }

@@ -38,6 +38,10 @@ pub enum Error {
     /// Transport failures (libfabric, MPI) with the failing call named.
     #[error("transport: {0}")]
     Transport(String),
+    /// Refused for safety: an untrusted directory or file, a wrong token, a name
+    /// another live job holds (maps to `DDStoreAccessError`).
+    #[error("{0}")]
+    Access(String),
     /// The operation is not possible in this configuration.
     #[error("{0}")]
     Unsupported(String),

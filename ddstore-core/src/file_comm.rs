@@ -5,25 +5,31 @@
 
 use std::any::Any;
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::comm::Comm;
+use crate::private_dir::{NameLock, PrivateDir, DEFAULT_READ_CAP};
 use crate::{Error, Result};
 
 static COMMS_CREATED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// How much longer than rank 0 the other ranks wait in a barrier, so rank 0's
+/// verdict (which ranks did not arrive) reaches them before they give up.
+const RELEASE_GRACE: Duration = Duration::from_secs(2);
+
+/// The file communicator (see the module doc).
 pub struct FileComm {
-    dir: PathBuf,
+    dir: Arc<PrivateDir>,
     rank: usize,
     size: usize,
     job: String,
     timeout: Duration,
     /// Number of collectives done so far; names each round's files.
     round: Mutex<u64>,
+    /// Held for this communicator's life: tells a later job that this one is alive.
+    _live: Option<Arc<NameLock>>,
 }
 
 /// The id that ties a job's files together: Slurm's job and step, else
@@ -53,7 +59,8 @@ pub fn default_job_id() -> String {
 }
 
 fn sanitize(s: &str) -> String {
-    s.chars()
+    let clean: String = s
+        .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
                 c
@@ -61,12 +68,44 @@ fn sanitize(s: &str) -> String {
                 '_'
             }
         })
-        .collect()
+        .collect();
+    // File names stay well under NAME_MAX whatever the job id.
+    clean.chars().take(96).collect()
+}
+
+const LIVE_SUFFIX: &str = ".live";
+
+/// Removes what dead jobs left: every `*.live` lock nobody holds names a job
+/// that is gone, and its round, barrier and temporary files go with it.
+fn clean_dead_jobs(dir: &PrivateDir, own_job: &str) {
+    let Ok(names) = dir.list() else { return };
+    for lock in names.iter().filter(|n| n.ends_with(LIVE_SUFFIX)) {
+        let stem = &lock[..lock.len() - LIVE_SUFFIX.len()];
+        let Some((job, _rank)) = stem.rsplit_once('.') else {
+            continue;
+        };
+        if job == own_job || job.starts_with(&format!("{own_job}.")) {
+            continue;
+        }
+        // Taking the lock proves its holder is dead; dropping it removes the file.
+        if let Ok(Ok(_dead)) = dir.try_lock(lock, "cleaning") {
+            let (a, b) = (format!("{job}."), format!(".{job}."));
+            for n in &names {
+                if n != lock
+                    && !n.ends_with(LIVE_SUFFIX)
+                    && (n.starts_with(&a) || n.starts_with(&b))
+                {
+                    let _ = dir.remove(n);
+                }
+            }
+        }
+    }
 }
 
 impl FileComm {
     /// Rank and size from the arguments, else `SLURM_PROCID`/`SLURM_NTASKS`
-    /// (or Open MPI's / PMI's equivalents).
+    /// (or Open MPI's / PMI's equivalents). The directory is created (0700)
+    /// or must be private already (`PrivateDir`).
     pub fn new(
         dir: &Path,
         rank: Option<usize>,
@@ -109,11 +148,7 @@ impl FileComm {
                 dir.display()
             )));
         }
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| Error::io(format!("creating handshake_dir {}", dir.display()), e))?;
+        let pdir = PrivateDir::open(dir, true)?;
         let job = match job {
             Some(job) => sanitize(&job),
             // Every rank creates its communicators in the same order, so the
@@ -124,57 +159,136 @@ impl FileComm {
                 format!("{}.c{nth}", sanitize(&default_job_id()))
             }
         };
+        clean_dead_jobs(&pdir, &job);
+        let holder = format!("pid {} rank {rank} of job {job}", std::process::id());
+        let live = match pdir.try_lock(&format!("{job}.{rank}{LIVE_SUFFIX}"), &holder)? {
+            Ok(lock) => lock,
+            Err(other) => {
+                return Err(Error::Access(format!(
+                    "rank {rank} of file-communicator job '{job}' is already running in {} ({other}): \
+                     two jobs with the same job id cannot share a handshake_dir (set DDSTORE_JOB_ID)",
+                    dir.display()
+                )))
+            }
+        };
         Ok(FileComm {
-            dir: dir.to_path_buf(),
+            dir: Arc::new(pdir),
             rank,
             size,
             job,
             timeout,
             round: Mutex::new(0),
+            _live: Some(Arc::new(live)),
         })
     }
 
-    pub fn dir(&self) -> &Path {
+    /// The verified directory (method 2's records use it too).
+    pub fn private_dir(&self) -> &Arc<PrivateDir> {
         &self.dir
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
     }
 
     pub fn job(&self) -> &str {
         &self.job
     }
 
-    fn file(&self, round: u64, rank: usize) -> PathBuf {
-        self.dir.join(format!("{}.r{round}.{rank}.rec", self.job))
+    fn file(&self, round: u64, rank: usize) -> String {
+        format!("{}.r{round}.{rank}.rec", self.job)
     }
-}
 
-/// Writes `data` to `path` so readers never see a partial file.
-pub fn write_atomically(path: &Path, data: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let ctx = |e| Error::io(format!("writing {}", path.display()), e);
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(ctx)?;
-    f.write_all(data).map_err(ctx)?;
-    f.sync_data().ok();
-    fs::rename(&tmp, path).map_err(ctx)
-}
+    fn barrier_file(&self, round: u64, rank: usize, kind: &str) -> String {
+        format!("{}.r{round}.{rank}.{kind}", self.job)
+    }
 
-/// Polls for `path` with backoff until it exists or `deadline` passes.
-pub fn wait_for_file(path: &Path, deadline: Instant) -> Option<Vec<u8>> {
-    let mut pause = Duration::from_micros(200);
-    loop {
-        if let Ok(data) = fs::read(path) {
-            return Some(data);
+    /// Removes this rank's files of rounds before `round` that may remain
+    /// (only called once every rank is known to have read them).
+    fn drop_own_before(&self, round: u64) {
+        for r in round.saturating_sub(2)..round {
+            let _ = self.dir.remove(&self.file(r, self.rank));
         }
-        if Instant::now() >= deadline {
-            return None;
+    }
+
+    /// A barrier that leaves no file behind and names the ranks that did not
+    /// arrive on every rank: ranks report to rank 0, rank 0 releases them.
+    fn barrier_within(&self, timeout: Duration) -> Result<()> {
+        let mut round = self.round.lock().unwrap();
+        *round += 1;
+        let r = *round;
+        let start = Instant::now();
+        if self.rank == 0 {
+            let deadline = start + timeout;
+            let mut missing = Vec::new();
+            for peer in 1..self.size {
+                let name = self.barrier_file(r, peer, "arr");
+                match self.dir.wait_for(&name, deadline, 64)? {
+                    Some(_) => self.dir.remove(&name)?,
+                    None => missing.push(peer),
+                }
+            }
+            if missing.is_empty() {
+                self.drop_own_before(r);
+            }
+            let verdict = if missing.is_empty() {
+                "ok".to_string()
+            } else {
+                format!("missing {missing:?}")
+            };
+            for peer in (1..self.size).filter(|p| !missing.contains(p)) {
+                self.dir
+                    .write(&self.barrier_file(r, peer, "rel"), verdict.as_bytes())?;
+            }
+            if missing.is_empty() {
+                return Ok(());
+            }
+            return Err(self.absent_error(missing, timeout, "did not arrive at the barrier"));
         }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(50));
+        let arrived = self.barrier_file(r, self.rank, "arr");
+        self.dir.write(&arrived, b"")?;
+        let rel = self.barrier_file(r, self.rank, "rel");
+        match self
+            .dir
+            .wait_for(&rel, start + timeout + RELEASE_GRACE, 256)?
+        {
+            Some(verdict) => {
+                self.dir.remove(&rel)?;
+                if verdict == b"ok" {
+                    self.drop_own_before(r);
+                    return Ok(());
+                }
+                let text = String::from_utf8_lossy(&verdict);
+                let missing: Vec<usize> = text
+                    .trim_start_matches("missing [")
+                    .trim_end_matches(']')
+                    .split(',')
+                    .filter_map(|s| s.trim().parse().ok())
+                    .collect();
+                Err(self.absent_error(
+                    missing,
+                    timeout,
+                    "did not arrive at the barrier (as rank 0 saw)",
+                ))
+            }
+            None => {
+                let _ = self.dir.remove(&arrived);
+                Err(self.absent_error(vec![0], timeout, "did not release the barrier"))
+            }
+        }
+    }
+
+    fn absent_error(&self, missing: Vec<usize>, waited: Duration, what: &str) -> Error {
+        Error::Timeout {
+            peer: missing.first().copied().unwrap_or(0),
+            waited,
+            what: format!(
+                "ranks {missing:?} of file-communicator job '{}' {what} in {} (stopped or dead; \
+                 DDSTORE_TIMEOUT_S / DDSTORE_HANDSHAKE_TIMEOUT_S set the wait)",
+                self.job,
+                self.dir.path().display()
+            ),
+        }
     }
 }
 
@@ -190,39 +304,54 @@ impl Comm for FileComm {
         let mut round = self.round.lock().unwrap();
         *round += 1;
         let r = *round;
-        write_atomically(&self.file(r, self.rank), mine)?;
+        self.dir.write(&self.file(r, self.rank), mine)?;
         // Everyone has finished reading round r-2 once they wrote round r-1.
         if r >= 2 {
-            let _ = fs::remove_file(self.file(r - 2, self.rank));
+            let _ = self.dir.remove(&self.file(r - 2, self.rank));
         }
         let deadline = Instant::now() + self.timeout;
-        let mut all = Vec::with_capacity(self.size);
-        for peer in 0..self.size {
+        let mut all = vec![Vec::new(); self.size];
+        let mut missing = Vec::new();
+        for (peer, slot) in all.iter_mut().enumerate() {
             if peer == self.rank {
-                all.push(mine.to_vec());
+                *slot = mine.to_vec();
                 continue;
             }
-            match wait_for_file(&self.file(r, peer), deadline) {
-                Some(data) => all.push(data),
-                None => {
-                    return Err(Error::Timeout {
-                        peer,
-                        waited: self.timeout,
-                        what: format!(
-                            "no record {} in handshake_dir (is rank {peer} running, with the same \
-                             handshake_dir and job id '{}'?)",
-                            self.file(r, peer).display(),
-                            self.job
-                        ),
-                    })
-                }
+            // Once one peer is missing, the others are only checked, not waited for.
+            let until = if missing.is_empty() {
+                deadline
+            } else {
+                Instant::now()
+            };
+            match self
+                .dir
+                .wait_for(&self.file(r, peer), until, DEFAULT_READ_CAP)?
+            {
+                Some(data) => *slot = data,
+                None => missing.push(peer),
             }
+        }
+        if let Some(&peer) = missing.first() {
+            return Err(Error::Timeout {
+                peer,
+                waited: self.timeout,
+                what: format!(
+                    "ranks {missing:?} wrote no record {} in handshake_dir (are they running, with \
+                     the same handshake_dir and job id '{}'?)",
+                    self.file(r, peer),
+                    self.job
+                ),
+            });
         }
         Ok(all)
     }
 
     fn barrier(&self) -> Result<()> {
-        self.allgather(&[]).map(|_| ())
+        self.barrier_within(self.timeout)
+    }
+
+    fn barrier_timeout(&self, timeout: Duration) -> Result<()> {
+        self.barrier_within(timeout)
     }
 
     fn split(&self, color: usize, key: usize) -> Result<Arc<dyn Comm>> {
@@ -255,6 +384,7 @@ impl Comm for FileComm {
             job: format!("{}.s{round}c{color}", self.job),
             timeout: self.timeout,
             round: Mutex::new(0),
+            _live: self._live.clone(),
         }))
     }
 
@@ -334,5 +464,56 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.to_string().contains("not a directory"));
+    }
+
+    #[test]
+    fn a_clean_run_leaves_nothing_and_a_barrier_names_the_absent() {
+        let dir = tempfile::tempdir().unwrap();
+        let hs = dir.path().join("hs");
+        let handles: Vec<_> = (0..3)
+            .map(|rank| {
+                let hs = hs.clone();
+                std::thread::spawn(move || {
+                    let c = FileComm::new(
+                        &hs,
+                        Some(rank),
+                        Some(3),
+                        Some("j".into()),
+                        Duration::from_secs(10),
+                    )
+                    .unwrap();
+                    c.allgather(&[rank as u8]).unwrap();
+                    c.allgather(&[rank as u8]).unwrap();
+                    c.barrier().unwrap();
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(fs::read_dir(&hs).unwrap().count(), 0);
+        // Rank 2 never comes: ranks 0 and 1 both name it.
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                let hs = hs.clone();
+                std::thread::spawn(move || {
+                    let c = FileComm::new(
+                        &hs,
+                        Some(rank),
+                        Some(3),
+                        Some("k".into()),
+                        Duration::from_secs(10),
+                    )
+                    .unwrap();
+                    let t0 = Instant::now();
+                    let e = c.barrier_timeout(Duration::from_millis(300)).unwrap_err();
+                    assert!(t0.elapsed() < Duration::from_secs(4));
+                    assert!(e.to_string().contains("ranks [2]"), "{e}");
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
     }
 }

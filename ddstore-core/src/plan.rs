@@ -111,7 +111,7 @@ impl Plan {
     }
 
     /// Adds a segment, cut into pieces of at most `max_read` bytes (rows wider than that).
-    fn push_split(&mut self, seg: Segment, max_read: usize) {
+    pub(crate) fn push_split(&mut self, seg: Segment, max_read: usize) {
         let mut done = 0;
         while done < seg.len {
             let len = (seg.len - done).min(max_read);

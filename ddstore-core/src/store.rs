@@ -11,6 +11,7 @@ use crate::external::ExternalShare;
 use crate::layout::Layout;
 use crate::plan::{validate_rows, Plan, Segment};
 use crate::profile::{Counters, Profile};
+use crate::ragged::{ends_name, values_name, RaggedVar};
 use crate::region::{map_node_peers, process_alive, Memory, NodeLocator};
 use crate::transport::{ExposeOptions, Exposed, RemoteRead, RemoteShares, ShareReader, Transport};
 use crate::{Config, Error, Result};
@@ -58,6 +59,8 @@ pub struct Store {
     config: Config,
     /// Ordered so teardown (collective for MPI windows) runs in the same order on every rank.
     vars: RwLock<BTreeMap<String, Arc<Variable>>>,
+    /// Ragged variables by name; their values and ends live in `vars`.
+    pub(crate) ragged: RwLock<BTreeMap<String, Arc<RaggedVar>>>,
     freed: AtomicBool,
 }
 
@@ -96,6 +99,7 @@ impl Store {
             peer_lost: AtomicBool::new(false),
             config,
             vars: RwLock::new(BTreeMap::new()),
+            ragged: RwLock::new(BTreeMap::new()),
             freed: AtomicBool::new(false),
         }
     }
@@ -115,14 +119,14 @@ impl Store {
     }
 
     /// Notes a lost peer on the way out of a read.
-    fn watch<T>(&self, result: Result<T>) -> Result<T> {
+    pub(crate) fn watch<T>(&self, result: Result<T>) -> Result<T> {
         if let Err(Error::Timeout { .. }) = &result {
             self.peer_lost.store(true, Ordering::Release);
         }
         result
     }
 
-    fn check_live(&self) -> Result<()> {
+    pub(crate) fn check_live(&self) -> Result<()> {
         if self.freed.load(Ordering::Acquire) {
             Err(Error::Freed)
         } else {
@@ -132,16 +136,39 @@ impl Store {
 
     pub fn var(&self, name: &str) -> Result<Arc<Variable>> {
         self.check_live()?;
-        self.vars
-            .read()
-            .unwrap()
-            .get(name)
-            .cloned()
-            .ok_or_else(|| Error::UnknownVariable(name.to_string()))
+        if let Some(v) = self.vars.read().unwrap().get(name) {
+            return Ok(v.clone());
+        }
+        if self.is_ragged(name) {
+            return Err(Error::WrongType(format!(
+                "'{name}' is a ragged variable: read it with get_batch(name, indices) (values and offsets)"
+            )));
+        }
+        Err(Error::UnknownVariable(name.to_string()))
     }
 
+    /// Whether a fixed-row or ragged variable `name` exists here.
+    pub(crate) fn has_var(&self, name: &str) -> bool {
+        self.vars.read().unwrap().contains_key(name) || self.is_ragged(name)
+    }
+
+    /// Every variable by the name it was added with (a ragged variable once,
+    /// not its two parts), sorted.
     pub fn names(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.vars.read().unwrap().keys().cloned().collect();
+        let ragged = self.ragged.read().unwrap();
+        let parts: Vec<String> = ragged
+            .keys()
+            .flat_map(|n| [values_name(n), ends_name(n)])
+            .collect();
+        let mut v: Vec<String> = self
+            .vars
+            .read()
+            .unwrap()
+            .keys()
+            .filter(|n| !parts.contains(n))
+            .cloned()
+            .chain(ragged.keys().cloned())
+            .collect();
         v.sort();
         v
     }
@@ -179,7 +206,7 @@ impl Store {
         })
     }
 
-    fn init_with(
+    pub(crate) fn init_with(
         &self,
         name: &str,
         rows: u64,
@@ -194,7 +221,7 @@ impl Store {
             rows,
             row_bytes,
             dtype,
-            exists: self.vars.read().unwrap().contains_key(name),
+            exists: self.has_var(name),
             problem,
         };
         let all = self
@@ -295,7 +322,7 @@ impl Store {
         node_locators: &[Option<NodeLocator>],
     ) -> Result<()> {
         self.check_live()?;
-        if self.vars.read().unwrap().contains_key(name) {
+        if self.has_var(name) {
             return Err(Error::AlreadyExists(name.to_string()));
         }
         let remote = self.transport()?.attach(records)?;
@@ -407,43 +434,49 @@ impl Store {
         self.watch(var.execute(&plan, out, rows.len(), own))
     }
 
-    /// Reads `out.len() / row_bytes` consecutive rows starting at `start`,
-    /// which must all belong to one rank (the upstream `get` contract).
+    /// Reads `out.len() / row_bytes` consecutive rows starting at `start`:
+    /// one read (or memory copy) per owner the range spans. An empty `out`
+    /// reads nothing and succeeds for any `0 <= start <= rows` (upstream's
+    /// zero-length `get`, e.g. a graph without edges).
     pub fn get(&self, name: &str, start: i64, out: &mut [u8]) -> Result<()> {
         let var = self.var(name)?;
         let rb = var.info.row_bytes;
-        if !out.len().is_multiple_of(rb) || out.is_empty() {
+        if !out.len().is_multiple_of(rb) {
             return Err(Error::invalid(format!(
-                "output for '{name}' has {} bytes, expected a positive multiple of the {rb}-byte row",
+                "output for '{name}' has {} bytes, expected a multiple of the {rb}-byte row",
                 out.len()
             )));
         }
-        let n = (out.len() / rb) as i64;
-        let total = var.info.layout.total() as i64;
-        if start < 0 || start.checked_add(n).is_none_or(|end| end > total) {
+        let n = (out.len() / rb) as u64;
+        let layout = &var.info.layout;
+        let total = layout.total();
+        if start < 0 || (start as u64).checked_add(n).is_none_or(|end| end > total) {
             return Err(Error::IndexOutOfRange(format!(
                 "get of '{name}': rows {start}..{} are out of range: the variable has {total} rows",
-                start.saturating_add(n)
+                start.saturating_add(n as i64)
             )));
         }
-        let (first_owner, _) = var.info.layout.locate(start as u64)?;
-        let (last_owner, _) = var.info.layout.locate((start + n - 1) as u64)?;
-        if first_owner != last_owner {
-            return Err(Error::invalid(format!(
-                "get of '{name}': rows {start}..{} cross from rank {first_owner}'s share into rank {last_owner}'s: \
-                 use get_batch for rows of several ranks",
-                start + n
-            )));
+        if n == 0 {
+            return Ok(());
         }
-        let rows: Vec<u64> = (start as u64..(start + n) as u64).collect();
-        let plan = Plan::build(
-            &var.info.layout,
-            &rows,
-            rb,
-            self.config.max_read_bytes,
-            |_| false,
-        )?;
-        self.watch(var.execute(&plan, out, rows.len(), OwnRows::Copy))
+        let (start, end) = (start as u64, start as u64 + n);
+        let mut plan = Plan::default();
+        let mut row = start;
+        while row < end {
+            let (owner, local) = layout.locate(row)?;
+            let take = (layout.start(owner) + layout.count(owner)).min(end) - row;
+            plan.push_split(
+                Segment {
+                    owner,
+                    src_offset: local * rb as u64,
+                    len: take as usize * rb,
+                    dst_offset: (row - start) as usize * rb,
+                },
+                self.config.max_read_bytes.max(1),
+            );
+            row += take;
+        }
+        self.watch(var.execute(&plan, out, n as usize, OwnRows::Copy))
     }
 
     /// The transport's ceiling for benchmarks: one read per row straight
@@ -481,7 +514,13 @@ impl Store {
         self.var(name)?.remote.unregister_dst(addr, len)
     }
 
+    /// Read counters of `name` (a ragged variable's: its ends' and values' summed).
     pub fn profile(&self, name: &str) -> Result<Profile> {
+        if self.is_ragged(name) {
+            let mut p = self.var(&ends_name(name))?.counters.snapshot();
+            p.merge(&self.var(&values_name(name))?.counters.snapshot());
+            return Ok(p);
+        }
         Ok(self.var(name)?.counters.snapshot())
     }
 
@@ -500,29 +539,32 @@ impl Store {
 
     /// Releases every variable; later calls fail with `Error::Freed`.
     /// Collective: every rank of the group calls it, and no rank tears its
-    /// shares down before every rank has stopped reading them.
+    /// shares down before every rank has stopped reading them. The barrier is
+    /// bounded by `DDSTORE_TIMEOUT_S`: when a rank does not arrive in time this
+    /// returns `Error::Timeout` naming it, and this rank's shares are left
+    /// mapped and registered (leaked until the process exits) instead of torn
+    /// down, so a late peer still reading them reads valid rows, and no
+    /// collective teardown (MPI windows) waits for a rank that is not there.
     pub fn free(&self) -> Result<()> {
         if self.freed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        let is_member = self
-            .vars
-            .read()
-            .unwrap()
-            .values()
-            .any(|v| v.my_rank.is_some());
-        let synced = if is_member && !self.peer_lost.load(Ordering::Acquire) {
-            self.comm.barrier()
-        } else {
-            Ok(())
-        };
-        {
-            let vars = std::mem::take(&mut *self.vars.write().unwrap());
-            for (_, var) in vars {
-                drop(var);
-            }
+        // Always synchronise, even after a read timed out: the peer may be back
+        // (a stall, not a death), and skipping here would leave it waiting.
+        // Extra jobs (attached, not members) run on a group of their own.
+        let synced = self.comm.barrier_timeout(self.config.timeout);
+        self.ragged.write().unwrap().clear();
+        let vars = std::mem::take(&mut *self.vars.write().unwrap());
+        let transport = self.transport.write().unwrap().take();
+        if synced.is_err() {
+            std::mem::forget(vars);
+            std::mem::forget(transport);
+            return synced;
         }
-        self.transport.write().unwrap().take();
+        for (_, var) in vars {
+            drop(var);
+        }
+        drop(transport);
         synced
     }
 
@@ -543,11 +585,17 @@ impl Variable {
     }
 
     /// Whether rows of `owner` go through the transport (not a memory copy).
-    fn is_remote(&self, owner: usize) -> bool {
+    pub(crate) fn is_remote(&self, owner: usize) -> bool {
         Some(owner) != self.my_rank && self.node_peers.get(owner).is_none_or(|p| p.is_none())
     }
 
-    fn execute(&self, plan: &Plan, out: &mut [u8], nrows: usize, own: OwnRows) -> Result<()> {
+    pub(crate) fn execute(
+        &self,
+        plan: &Plan,
+        out: &mut [u8],
+        nrows: usize,
+        own: OwnRows,
+    ) -> Result<()> {
         let rb = self.info.row_bytes;
         let mut copies: Vec<(&Segment, &dyn Memory)> = Vec::new();
         let mut remote: Vec<RemoteRead> = Vec::new();

@@ -3,7 +3,7 @@
 
 use ddstore_core::DType;
 use numpy::npyffi;
-use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
 use crate::errors::type_error;
@@ -19,6 +19,23 @@ pub fn dtype_of(arr: &Bound<'_, PyUntypedArray>) -> DType {
         (b'f', 4) => DType::Float32,
         (b'f', 8) => DType::Float64,
         _ => DType::Bytes,
+    }
+}
+
+/// A new 1-D array of `len` elements of `dtype` (raw bytes: uint8), left
+/// uninitialised: the caller fills every element before Python sees it.
+pub fn alloc_uninit(py: Python<'_>, dtype: DType, len: usize) -> Bound<'_, PyAny> {
+    // SAFETY: numpy allocates `len` elements of a plain-old-data type; every
+    // caller overwrites them all (a read of the whole array) before returning it.
+    unsafe {
+        match dtype {
+            DType::Bytes | DType::Uint8 => PyArray1::<u8>::new(py, len, false).into_any(),
+            DType::Bool => PyArray1::<bool>::new(py, len, false).into_any(),
+            DType::Int32 => PyArray1::<i32>::new(py, len, false).into_any(),
+            DType::Int64 => PyArray1::<i64>::new(py, len, false).into_any(),
+            DType::Float32 => PyArray1::<f32>::new(py, len, false).into_any(),
+            DType::Float64 => PyArray1::<f64>::new(py, len, false).into_any(),
+        }
     }
 }
 
@@ -43,6 +60,18 @@ impl<'py> Array<'py> {
                 ),
             )
         })?;
+        // Object arrays hold PyObject pointers: stored or read elsewhere they
+        // are dangling pointers, so any dtype holding references is refused.
+        if arr.dtype().has_object() {
+            return Err(type_error(
+                py,
+                format!(
+                    "{arg} has dtype {} which holds Python object references: pyddstore stores plain \
+                     data only (numeric, bool or fixed-size bytes dtypes)",
+                    arr.dtype()
+                ),
+            ));
+        }
         if !arr.is_c_contiguous() {
             return Err(type_error(
                 py,

@@ -50,7 +50,7 @@ impl PyComm {
     }
 
     /// Any object with `rank`, `size`, `allgather(bytes) -> list[bytes]`,
-    /// `barrier()` and `split(color, key)` (pyddstore.TorchComm).
+    /// `barrier(timeout_s)` and `split(color, key)` (pyddstore.TorchComm).
     #[staticmethod]
     fn callback(obj: Bound<'_, PyAny>) -> PyResult<PyComm> {
         let rank: usize = obj.getattr("rank")?.extract()?;
@@ -145,6 +145,25 @@ impl Comm for CallbackComm {
                 .call_method0("barrier")
                 .map(|_| ())
                 .map_err(py_failure)
+        })
+    }
+    fn barrier_timeout(&self, timeout: Duration) -> Result<()> {
+        Python::attach(|py| {
+            match self
+                .obj
+                .bind(py)
+                .call_method1("barrier", (timeout.as_secs_f64(),))
+            {
+                Ok(_) => Ok(()),
+                Err(e) if e.is_instance_of::<pyo3::exceptions::PyTimeoutError>(py) => {
+                    Err(Error::Timeout {
+                        peer: 0,
+                        waited: timeout,
+                        what: e.value(py).to_string(),
+                    })
+                }
+                Err(e) => Err(py_failure(e)),
+            }
         })
     }
     fn split(&self, color: usize, key: usize) -> Result<Arc<dyn Comm>> {

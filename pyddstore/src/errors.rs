@@ -19,6 +19,7 @@ fn class_name(err: &Error) -> &'static str {
         Error::Freed => "DDStoreFreedError",
         Error::Timeout { .. } => "DDStoreTimeoutError",
         Error::Unsupported(_) => "DDStoreUnsupportedError",
+        Error::Access(_) => "DDStoreAccessError",
         Error::Comm(_) | Error::Transport(_) | Error::Io { .. } => "DDStoreError",
     }
 }

@@ -7,6 +7,7 @@ mod buffer;
 mod comm;
 mod errors;
 mod external;
+mod handshake;
 mod methods;
 mod store;
 
@@ -57,11 +58,30 @@ fn provider_candidates(py: Python<'_>, value: Option<&str>) -> PyResult<Vec<Stri
         .py(py)
 }
 
+/// The checked value of a `DDSTORE_*` setting (flags as "0"/"1"), None when
+/// unset; a bad value raises DDStoreValueError naming the variable.
+#[pyfunction]
+fn setting(py: Python<'_>, key: &str) -> PyResult<Option<String>> {
+    use errors::IntoPyResult;
+    ddstore_core::config::setting(&|k| std::env::var(k).ok(), key).py(py)
+}
+
+/// Validates every `DDSTORE_*` setting that is set (one table: ddstore_core::config::SETTINGS).
+#[pyfunction]
+fn check_env(py: Python<'_>) -> PyResult<()> {
+    use errors::IntoPyResult;
+    ddstore_core::config::check_env(&|k| std::env::var(k).ok()).py(py)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<comm::PyComm>()?;
     m.add_class::<store::PyStore>()?;
+    m.add_class::<handshake::PyHandshakeDir>()?;
+    m.add_class::<handshake::PyNameLock>()?;
     m.add_function(wrap_pyfunction!(finalize_mpi, m)?)?;
+    m.add_function(wrap_pyfunction!(setting, m)?)?;
+    m.add_function(wrap_pyfunction!(check_env, m)?)?;
     m.add_function(wrap_pyfunction!(system_info, m)?)?;
     m.add_function(wrap_pyfunction!(provider_candidates, m)?)?;
     // A list of ints (a Vec<u8> would become bytes).

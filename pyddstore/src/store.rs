@@ -26,6 +26,31 @@ pub struct PyStore {
 }
 
 /// Row indices from an int64 array (fast path) or any sequence of ints.
+/// An integer argument (int or numpy integer; not a float) within int64,
+/// else a DDStoreTypeError / DDStoreIndexError quoting what was passed.
+fn int_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
+    let py = obj.py();
+    let shown = || obj.repr().map(|r| r.to_string()).unwrap_or_default();
+    if obj.is_instance_of::<pyo3::types::PyFloat>() {
+        return Err(type_error(
+            py,
+            format!("{what}={} must be an integer, not a float", shown()),
+        ));
+    }
+    let idx = obj
+        .call_method0("__index__")
+        .map_err(|_| type_error(py, format!("{what}={} must be an integer", shown())))?;
+    idx.extract::<i64>().map_err(|_| {
+        to_index(
+            py,
+            format!(
+                "{what}={} is out of range: expected an integer below 2**63",
+                shown()
+            ),
+        )
+    })
+}
+
 fn indices_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
     let py = obj.py();
     if let Ok(arr) = obj.extract::<PyReadonlyArray1<i64>>() {
@@ -54,15 +79,41 @@ fn indices_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
                 ),
             ));
         }
+        if kind == b'u' && numpy::PyArrayDescrMethods::itemsize(&arr.dtype()) >= 8 {
+            // Values of 2**63 and more would wrap to negatives: quote the value passed.
+            let big = obj.call_method1("__ge__", (1u64 << 63,))?;
+            if big.call_method0("any")?.is_truthy()? {
+                let first = big.call_method0("argmax")?;
+                let value = obj.get_item(first)?;
+                return Err(to_index(
+                    py,
+                    format!("index {value} is out of range: indices must be below 2**63"),
+                ));
+            }
+        }
         let as_i64 = obj.call_method1("astype", ("int64",))?;
         return indices_of(&as_i64);
     }
-    obj.extract::<Vec<i64>>().map_err(|_| {
-        type_error(
-            py,
-            "indices must be a sequence of integers (list, range or integer numpy array)".into(),
-        )
-    })
+    if let Ok(v) = obj.extract::<Vec<i64>>() {
+        return Ok(v);
+    }
+    // Say which element is wrong: a float, or an integer beyond int64.
+    if let Ok(items) = obj.try_iter() {
+        for (i, item) in items.enumerate() {
+            if let Err(e) = int_arg(&item?, &format!("indices[{i}]")) {
+                let msg = format!("{} (indices must be integers below 2**63)", e.value(py));
+                return Err(if e.is_instance_of::<pyo3::exceptions::PyIndexError>(py) {
+                    to_index(py, msg)
+                } else {
+                    type_error(py, msg)
+                });
+            }
+        }
+    }
+    Err(type_error(
+        py,
+        "indices must be a sequence of integers (list, range or integer numpy array)".into(),
+    ))
 }
 
 impl PyStore {
@@ -84,7 +135,17 @@ impl PyStore {
         py.detach(|| read(&store, &name, &rows, out)).py(py)
     }
 
+    /// A fixed-row variable's shape; for a ragged one, its rows with the
+    /// unit as the "row" width (what info/dtype/counts report).
     fn var_info(&self, py: Python<'_>, name: &str) -> PyResult<VarInfo> {
+        if self.store.is_ragged(name) {
+            let r = self.store.ragged_info(name).py(py)?;
+            return Ok(VarInfo {
+                dtype: r.dtype,
+                row_bytes: r.unit_bytes,
+                layout: r.rows,
+            });
+        }
         Ok(self.store.var(name).py(py)?.info.clone())
     }
 
@@ -183,6 +244,18 @@ impl PyStore {
         self.store.is_freed()
     }
 
+    /// Collective barrier over the store's group, bounded by
+    /// `DDSTORE_HANDSHAKE_TIMEOUT_S` (DDStoreTimeoutError naming absent ranks).
+    fn barrier(&self, py: Python<'_>) -> PyResult<()> {
+        let store = self.store.clone();
+        py.detach(move || {
+            store
+                .comm()
+                .barrier_timeout(store.config().handshake_timeout)
+        })
+        .py(py)
+    }
+
     fn comm(&self) -> PyComm {
         PyComm {
             inner: self.store.comm().clone(),
@@ -195,11 +268,13 @@ impl PyStore {
         &self,
         py: Python<'_>,
         name: String,
-        nrows: i64,
-        row_bytes: i64,
+        nrows: Bound<'_, PyAny>,
+        row_bytes: Bound<'_, PyAny>,
         itemsize: usize,
         dtype: Option<&str>,
     ) -> PyResult<()> {
+        let nrows = int_arg(&nrows, &format!("init('{name}'): nrows"))?;
+        let row_bytes = int_arg(&row_bytes, &format!("init('{name}'): row_bytes"))?;
         if nrows < 0 {
             return Err(value_error(
                 py,
@@ -243,22 +318,152 @@ impl PyStore {
             store.init(&n, nrows as u64, per_row, dtype)?;
             store.write_local(&n, 0, data)?;
             // Collective like upstream: every rank's rows are readable once add returns.
-            store.comm().barrier()
+            // Bounded: a rank that never arrives is named, not waited for forever.
+            store.comm().barrier_timeout(store.config().timeout)
         })
         .py(py)?;
         self.itemsizes.lock().unwrap().insert(name, a.itemsize());
         Ok(())
     }
 
+    /// Collective: creates the ragged variable `name` from this rank's rows:
+    /// row i is `lengths[i]` consecutive units (first-axis entries) of
+    /// `values`; lengths may be 0 and a rank may have no rows.
+    fn add_ragged(
+        &self,
+        py: Python<'_>,
+        name: String,
+        values: Bound<'_, PyAny>,
+        lengths: Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let a = Array::new(&values, &format!("add('{name}', values)"), false)?;
+        if a.arr.ndim() == 0 {
+            return Err(value_error(
+                py,
+                format!("add('{name}'): values must have at least one dimension (units)"),
+            ));
+        }
+        let lengths = indices_of(&lengths)?;
+        if let Some(i) = lengths.iter().position(|&l| l < 0) {
+            return Err(value_error(
+                py,
+                format!(
+                    "add('{name}'): lengths[{i}] = {} is negative: expected lengths >= 0",
+                    lengths[i]
+                ),
+            ));
+        }
+        let lengths: Vec<u64> = lengths.iter().map(|&l| l as u64).collect();
+        let unit_bytes: usize = a.arr.shape()[1..].iter().product::<usize>() * a.itemsize();
+        let dtype = a.dtype();
+        let store = self.store.clone();
+        let n = name.clone();
+        let data = a.bytes();
+        py.detach(|| store.add_ragged(&n, &lengths, unit_bytes, dtype, data))
+            .py(py)?;
+        self.itemsizes.lock().unwrap().insert(name, a.itemsize());
+        Ok(())
+    }
+
+    /// Reads ragged rows `indices` (any order, repeats): returns
+    /// `(values, offsets)`, row i being units `offsets[i]:offsets[i + 1]` of
+    /// `values` (a flat array of the variable's dtype, `unit_bytes` per unit).
+    /// With `out`, the values land at the start of `out` (a writable
+    /// contiguous array of the same dtype, large enough) and `values` is the
+    /// filled part of `out`.
+    #[pyo3(signature = (name, indices, out=None))]
+    fn get_ragged<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        indices: Bound<'py, PyAny>,
+        out: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, numpy::PyArray1<i64>>)> {
+        let rows = indices_of(&indices)?;
+        let store = self.store.clone();
+        let n = name.clone();
+        let batch = py.detach(|| store.plan_ragged(&n, &rows)).py(py)?;
+        let values = match out {
+            Some(o) => {
+                let a = Array::new(&o, &format!("get_batch('{name}', out)"), true)?;
+                if batch.dtype() != DType::Bytes && a.dtype() != batch.dtype() {
+                    return Err(type_error(
+                        py,
+                        format!(
+                            "get_batch('{name}'): out has dtype {}, the variable holds {}",
+                            a.dtype_name(),
+                            batch.dtype().name()
+                        ),
+                    ));
+                }
+                if a.nbytes() < batch.bytes() {
+                    return Err(value_error(
+                        py,
+                        format!(
+                            "get_batch('{name}'): out has {} bytes, the batch needs {} ({} units of {} bytes)",
+                            a.nbytes(),
+                            batch.bytes(),
+                            batch.units(),
+                            batch.unit_bytes()
+                        ),
+                    ));
+                }
+                let flat = o.call_method1("reshape", (-1,))?;
+                let end = (batch.bytes() / a.itemsize()) as isize;
+                flat.get_item(pyo3::types::PySlice::new(py, 0, end, 1))?
+            }
+            None => {
+                let itemsize = match batch.dtype() {
+                    DType::Bytes => 1,
+                    d => d.itemsize(),
+                };
+                crate::buffer::alloc_uninit(py, batch.dtype(), batch.bytes() / itemsize)
+            }
+        };
+        {
+            let mut a = Array::new(&values, &format!("get_batch('{name}', out)"), true)?;
+            let dst = a.bytes_mut();
+            let store = self.store.clone();
+            py.detach(|| store.read_ragged(&batch, &mut dst[..batch.bytes()]))
+                .py(py)?;
+        }
+        let offsets: Vec<i64> = batch.offsets().iter().map(|&o| o as i64).collect();
+        Ok((values, numpy::PyArray1::from_vec(py, offsets)))
+    }
+
+    /// Whether `name` is a ragged variable.
+    fn is_ragged(&self, name: &str) -> bool {
+        self.store.is_ragged(name)
+    }
+
+    /// Method 2 extra job: `name`'s values and ends were attached
+    /// (as `name#values`, `name#ends`); read them as one ragged variable.
+    fn link_ragged(&self, py: Python<'_>, name: String) -> PyResult<()> {
+        let itemsize = self
+            .itemsizes
+            .lock()
+            .unwrap()
+            .get(&ddstore_core::ragged::values_name(&name))
+            .copied()
+            .unwrap_or(1);
+        self.store.link_ragged(&name).py(py)?;
+        self.itemsizes.lock().unwrap().insert(name, itemsize);
+        Ok(())
+    }
+
     /// Writes this rank's rows `[offset, offset + len(arr))`.
-    #[pyo3(signature = (name, arr, offset=0))]
+    #[pyo3(signature = (name, arr, offset=None))]
     fn update(
         &self,
         py: Python<'_>,
         name: String,
         arr: Bound<'_, PyAny>,
-        offset: i64,
+        offset: Option<Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let offset = match &offset {
+            Some(o) => int_arg(o, &format!("update('{name}'): offset"))?,
+            None => 0,
+        };
         let a = Array::new(&arr, &format!("update('{name}', arr)"), false)?;
         self.check_dtype(py, "update", &name, &a)?;
         if offset < 0 {
@@ -274,15 +479,25 @@ impl PyStore {
     }
 
     /// Reads rows `start .. start + len(arr)` (one owner's share) into `arr`.
-    #[pyo3(signature = (name, arr, start=0))]
-    fn get(&self, py: Python<'_>, name: String, arr: Bound<'_, PyAny>, start: i64) -> PyResult<()> {
+    #[pyo3(signature = (name, arr, start=None))]
+    fn get(
+        &self,
+        py: Python<'_>,
+        name: String,
+        arr: Bound<'_, PyAny>,
+        start: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let start = match &start {
+            Some(s) => int_arg(s, &format!("get('{name}'): start"))?,
+            None => 0,
+        };
         let mut a = Array::new(&arr, &format!("get('{name}', arr)"), true)?;
-        let info = self.var_info(py, &name)?;
-        if a.nbytes() == 0 || !a.nbytes().is_multiple_of(info.row_bytes) {
+        let info = self.store.var(&name).py(py)?.info.clone();
+        if !a.nbytes().is_multiple_of(info.row_bytes) {
             return Err(value_error(
                 py,
                 format!(
-                    "get('{name}'): arr has shape {:?} ({} bytes), expected a positive multiple of the {}-byte row",
+                    "get('{name}'): arr has shape {:?} ({} bytes), expected a multiple of the {}-byte row",
                     a.arr.shape(),
                     a.nbytes(),
                     info.row_bytes

@@ -144,7 +144,7 @@ def tamper(core_dir, scratch):
     path = _handshake.record_path(core_dir, NAME)
     with open(path, "rb") as f:
         body = json.loads(f.read())
-    with open(_handshake.token_path(core_dir), encoding="utf-8") as f:
+    with open(_handshake.token_path(core_dir, NAME), encoding="utf-8") as f:
         token = f.read()
     results = {}
     for label, mutate, fragment, presented in tamper_cases(body, token):
@@ -170,7 +170,7 @@ def tamper(core_dir, scratch):
     d = os.path.join(scratch, "control")
     os.makedirs(d, mode=0o700)
     _handshake.write_private(_handshake.record_path(d, NAME), json.dumps(body).encode())
-    _handshake.write_private(_handshake.token_path(d), token.encode())
+    _handshake.write_private(_handshake.token_path(d, NAME), token.encode())
     extra = pyddstore.PyDDStore(None, method=2, n_core=2, handshake_dir=d)
     extra.join(NAME, timeout_s=5)
     out = np.empty((N,) + SHAPE, np.float32)

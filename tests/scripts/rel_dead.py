@@ -6,7 +6,8 @@
 Rank 1 SIGKILLs itself once every rank has read from it. Under mpirun
 (method 0) the launcher is expected to end the whole job. With the file
 communicator (methods 1, 2) every survivor must get DDStoreTimeoutError
-naming rank 1 within DDSTORE_TIMEOUT_S (+ slack), free its store and exit 0.
+naming rank 1 within DDSTORE_TIMEOUT_S (+ slack), then free() raises
+DDStoreTimeoutError naming rank 1 within the timeout too, and it exits 0.
 With REL_DEAD_EXTRA=1 the core group (method 2) waits until an extra job
 has joined and read before rank 1 dies; the extra job must then get
 DDStoreTimeoutError naming rank 1 too.
@@ -119,7 +120,14 @@ def main():
     # is gone too, and its rows would fail for its own reason.
     waited, reads, e = read_until_victim_fails(store, victim_reader(store, out), time.monotonic(), limit)
     print(f"rank {store.rank}: TimeoutError after {waited:.1f} s and {reads} reads: {e}", flush=True)
-    store.free()  # must not wait for the dead peer
+    # free() synchronises within DDSTORE_TIMEOUT_S: the dead rank is named, never waited for.
+    t0 = time.monotonic()
+    try:
+        store.free()
+        raise AssertionError("free() completed although rank 1 is dead")
+    except pyddstore.DDStoreTimeoutError as e:
+        assert f"[{VICTIM}]" in str(e), f"free() does not name rank {VICTIM}: {e}"
+        assert time.monotonic() - t0 < limit + SLACK_S, f"free() took {time.monotonic() - t0:.1f} s"
     print(f"rank {store.rank}: freed, exiting", flush=True)
 
 

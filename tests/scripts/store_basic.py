@@ -111,10 +111,18 @@ def main():
         (ValueError, "already exists", store.add, "v_float32", np.zeros((1, 3, 5), np.float32)),
         (TypeError, "numpy array", store.get_batch, "v_float32", [[0.0]], [0]),
     ]
-    if size > 1:
-        _, _, counts = share_bounds(n, size, rank)
-        boundary = counts[0] - 1
-        bad_calls.append((ValueError, "cross", store.get, "v_float32", good, boundary))
+    # A range spanning shards reads once per owner; an empty get reads nothing, even at the end.
+    _, _, counts = share_bounds(n, size, rank)
+    span = np.empty((min(3, n - counts[0] + 1),) + (3, 5), np.float32)
+    store.get("v_float32", span, counts[0] - 1)
+    assert np.array_equal(
+        span, rows_of(4, np.arange(counts[0] - 1, counts[0] - 1 + len(span)), (3, 5), "float32")
+    )
+    for start in (0, counts[0], n):
+        store.get("v_float32", np.empty((0, 3, 5), np.float32), start)
+    bad_calls.append(
+        (IndexError, "out of range", store.get, "v_float32", np.empty((0, 3, 5), np.float32), n + 1)
+    )
     for exc, frag, fn, *args in bad_calls:
         e = expect_error(exc, frag, fn, *args)
         assert isinstance(e, DDStoreError), f"{type(e)} is not a DDStoreError"

@@ -76,11 +76,12 @@ def check_structures():
         del os.environ["DDSTORE_LOAD_THREADS"]
     ds = make(tc.TupleSrc(5))
     assert ds.shapes == ((2, 3), (), (), (3,), (), ()), ds.shapes
-    assert ds.dtypes == (torch.float32, int, float, np.dtype("int32"), np.dtype("float32"), bool), ds.dtypes
+    assert ds.dtypes == ("float32", "int64", "float64", "int32", "float32", "bool"), ds.dtypes
+    assert ds.source_dtypes == (torch.float32, int, float, np.dtype("int32"), np.dtype("float32"), bool)
     ds.free()
     ds = make(tc.DictSrc(5))
     assert ds.shapes == {"x": (4,), "y": (), "m": (2, 2), "flag": (), "t": ()}
-    assert ds.dtypes["x"] == torch.float64 and ds.dtypes["flag"] == np.dtype(bool)
+    assert ds.dtypes["x"] == "float64" and ds.dtypes["flag"] == "bool", ds.dtypes
     ds.free()
     ds = make(tc.RecSrc(5))
     assert ds.shapes == ((), (2,)) and ds.dtypes == (tc.REC, tc.REC)
@@ -237,7 +238,7 @@ def check_windows():
     for i, s in zip(idx, w.__getitems__(idx)):
         tc.same(w[i], s, f"window batch {i}")
     w0 = WindowedDataset(ds, window=2, fields=[0])
-    tc.same((torch.stack([src[5][0], src[6][0]]),), w0[5], "window fields")
+    tc.same({0: torch.stack([src[5][0], src[6][0]])}, w0[5], "window fields: a dict keyed by field")
     tc.same(
         list(DataLoader(w, batch_size=3)), list(ThreadDataLoader(w, batch_size=3, num_workers=2)), "windows"
     )
@@ -248,7 +249,8 @@ def check_windows():
     frames = make(files)
     dt = 2
     starts = [row_of(files, k, t) for k in range(3) for t in range(len(files.datasets[k]) - 2 * dt)]
-    assert row_of(files, 1, 0) == 10 and row_of(files, 2, -1) == 26
+    assert row_of(files, 1, 0) == 10 and row_of(files, 2, 3) == 26
+    tc.raises(IndexError, lambda: row_of(files, 2, -1), "index -1")
     pairs = WindowedDataset(frames, window=3, dilation=dt, starts=starts)
     assert len(pairs) == 6 + 9 + 0
     for i in range(len(pairs)):

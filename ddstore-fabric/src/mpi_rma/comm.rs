@@ -3,7 +3,9 @@
 
 use std::any::Any;
 use std::os::raw::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ddstore_core::comm::Comm;
 use mpi::ffi;
@@ -18,6 +20,137 @@ pub struct MpiComm {
     size: usize,
     /// The process that created the handle; a forked child must not free it.
     pid: u32,
+    /// A bounded barrier gave up: messages may still be in flight, so later
+    /// collectives refuse instead of matching stale ones.
+    broken: AtomicBool,
+    /// Bound of `allgather` and `barrier` (`DDSTORE_HANDSHAKE_TIMEOUT_S`): each
+    /// first meets the others in a bounded barrier, so a rank that never comes
+    /// is named instead of waited for.
+    timeout: Duration,
+}
+
+/// Tag of the bounded barrier's messages (this communicator is our private dup).
+const BARRIER_TAG: c_int = 0x0dd5;
+/// How much longer than rank 0 the other ranks wait, so rank 0's verdict
+/// (which ranks did not arrive) reaches them before they give up.
+const RELEASE_GRACE: Duration = Duration::from_secs(2);
+
+/// One nonblocking request and the buffer it uses; a request still pending
+/// when its owner gives up is cancelled and the buffer leaked (MPI may still
+/// write it).
+struct Pending {
+    req: ffi::MPI_Request,
+    buf: Box<[u8]>,
+    done: bool,
+}
+
+impl Pending {
+    /// Posts a receive of `len` bytes from `peer`, or a send of `data` to it.
+    fn post(
+        comm: ffi::MPI_Comm,
+        peer: usize,
+        recv_len: Option<usize>,
+        data: &[u8],
+    ) -> FabricResult<Pending> {
+        let mut p = Pending {
+            // SAFETY: reading a link-time constant exported by the MPI shim.
+            req: unsafe { ffi::RSMPI_REQUEST_NULL },
+            buf: match recv_len {
+                Some(n) => vec![0u8; n.max(1)].into_boxed_slice(),
+                None => data.to_vec().into_boxed_slice(),
+            },
+            done: false,
+        };
+        let _g = serialize();
+        // SAFETY: `p.buf` lives in a Box that is kept (or leaked) until the
+        // request completes or is cancelled; the handle is valid.
+        let rc = unsafe {
+            match recv_len {
+                Some(n) => ffi::MPI_Irecv(
+                    p.buf.as_mut_ptr() as *mut c_void,
+                    n as c_int,
+                    ffi::RSMPI_UINT8_T,
+                    peer as c_int,
+                    BARRIER_TAG,
+                    comm,
+                    &mut p.req,
+                ),
+                None => ffi::MPI_Isend(
+                    p.buf.as_ptr() as *const c_void,
+                    p.buf.len() as c_int,
+                    ffi::RSMPI_UINT8_T,
+                    peer as c_int,
+                    BARRIER_TAG,
+                    comm,
+                    &mut p.req,
+                ),
+            }
+        };
+        check(
+            if recv_len.is_some() {
+                "MPI_Irecv"
+            } else {
+                "MPI_Isend"
+            },
+            rc,
+        )?;
+        Ok(p)
+    }
+
+    fn test(&mut self) -> FabricResult<bool> {
+        if !self.done {
+            let mut flag: c_int = 0;
+            let _g = serialize();
+            // SAFETY: `req` is a request we posted and have not completed.
+            let rc = unsafe { ffi::MPI_Test(&mut self.req, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+            check("MPI_Test", rc)?;
+            self.done = flag != 0;
+        }
+        Ok(self.done)
+    }
+
+    /// Gives up on a request: cancelled and freed, its buffer leaked.
+    fn abandon(self) {
+        if self.done {
+            return;
+        }
+        let mut req = self.req;
+        let _g = serialize();
+        // SAFETY: a pending request of ours; after MPI_Request_free MPI may
+        // still use the buffer, which is therefore leaked, never freed.
+        unsafe {
+            ffi::MPI_Cancel(&mut req);
+            ffi::MPI_Request_free(&mut req);
+        }
+        std::mem::forget(self.buf);
+    }
+}
+
+/// Polls `pending` until all complete or `deadline` passes; false on timeout.
+/// Spins (yielding) for the first moments, as a barrier usually completes in
+/// microseconds, then sleeps with backoff so a long wait costs no CPU.
+fn poll_all(pending: &mut [Pending], deadline: Instant) -> FabricResult<bool> {
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(50);
+    loop {
+        let mut all = true;
+        for p in pending.iter_mut() {
+            all &= p.test()?;
+        }
+        if all {
+            return Ok(true);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(false);
+        }
+        if now - start < Duration::from_millis(2) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(pause.min(deadline - now));
+            pause = (pause * 2).min(Duration::from_millis(2));
+        }
+    }
 }
 
 // SAFETY: an MPI_Comm is an opaque handle to MPI-internal state. Every call
@@ -88,6 +221,10 @@ impl MpiComm {
             rank: 0,
             size: 1,
             pid: std::process::id(),
+            broken: AtomicBool::new(false),
+            timeout: ddstore_core::Config::from_env()
+                .map(|c| c.handshake_timeout)
+                .unwrap_or(Duration::from_secs(300)),
         };
         let (mut rank, mut size): (c_int, c_int) = (0, 0);
         let _g = serialize();
@@ -211,10 +348,80 @@ impl MpiComm {
             .collect())
     }
 
-    fn barrier_raw(&self) -> FabricResult<()> {
-        let _g = serialize();
-        // SAFETY: our handle is valid.
-        check("MPI_Barrier", unsafe { ffi::MPI_Barrier(self.handle) })
+    fn check_usable(&self) -> FabricResult<()> {
+        if self.broken.load(Ordering::Acquire) {
+            return Err(FabricError::Invalid(
+                "this communicator gave up on a barrier (a rank did not arrive in time); \
+                 its collectives can no longer be used"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A barrier bounded by `timeout`: every rank reports to rank 0, which
+    /// releases them with the list of ranks that did not arrive; every rank
+    /// that waited raises `Error::Timeout` naming them.
+    pub fn barrier_within(&self, timeout: Duration) -> ddstore_core::Result<()> {
+        self.check_usable()?;
+        let start = Instant::now();
+        let absent = |missing: Vec<usize>, what: &str| ddstore_core::Error::Timeout {
+            peer: missing.first().copied().unwrap_or(0),
+            waited: timeout,
+            what: format!(
+                "MPI ranks {missing:?} {what} (stopped or dead; DDSTORE_TIMEOUT_S sets the wait)"
+            ),
+        };
+        if self.size == 1 {
+            return Ok(());
+        }
+        if self.rank == 0 {
+            let mut arrivals = (1..self.size)
+                .map(|peer| Pending::post(self.handle, peer, Some(1), &[]))
+                .collect::<FabricResult<Vec<_>>>()?;
+            let all = poll_all(&mut arrivals, start + timeout)?;
+            let missing: Vec<usize> = arrivals
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| !p.done)
+                .map(|(i, _)| i + 1)
+                .collect();
+            let mut verdict = vec![0u8; self.size];
+            for &m in &missing {
+                verdict[m] = 1;
+            }
+            let mut sends = (1..self.size)
+                .filter(|p| !missing.contains(p))
+                .map(|peer| Pending::post(self.handle, peer, None, &verdict))
+                .collect::<FabricResult<Vec<_>>>()?;
+            let sent = poll_all(&mut sends, Instant::now() + RELEASE_GRACE)?;
+            if all && sent {
+                return Ok(());
+            }
+            self.broken.store(true, Ordering::Release);
+            arrivals.into_iter().chain(sends).for_each(Pending::abandon);
+            return Err(absent(missing, "did not arrive at the barrier"));
+        }
+        let arrive = Pending::post(self.handle, 0, None, &[1])?;
+        let release = Pending::post(self.handle, 0, Some(self.size), &[])?;
+        let mut both = [arrive, release];
+        let ok = poll_all(&mut both, start + timeout + RELEASE_GRACE)?;
+        let [arrive, release] = both;
+        if !ok {
+            self.broken.store(true, Ordering::Release);
+            arrive.abandon();
+            release.abandon();
+            return Err(absent(vec![0], "did not release the barrier"));
+        }
+        let missing: Vec<usize> = (0..self.size).filter(|&r| release.buf[r] != 0).collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        self.broken.store(true, Ordering::Release);
+        Err(absent(
+            missing,
+            "did not arrive at the barrier (as rank 0 saw)",
+        ))
     }
 }
 
@@ -238,10 +445,16 @@ impl Comm for MpiComm {
         self.size
     }
     fn allgather(&self, mine: &[u8]) -> ddstore_core::Result<Vec<Vec<u8>>> {
+        // Everyone is known to be there once the bounded barrier passes, so
+        // the blocking MPI_Allgatherv that follows cannot wait for an absent rank.
+        self.barrier_within(self.timeout)?;
         Ok(self.allgather_bytes(mine)?)
     }
     fn barrier(&self) -> ddstore_core::Result<()> {
-        Ok(self.barrier_raw()?)
+        self.barrier_within(self.timeout)
+    }
+    fn barrier_timeout(&self, timeout: Duration) -> ddstore_core::Result<()> {
+        self.barrier_within(timeout)
     }
     /// Colors and keys may be any usize: one allgather turns them into the
     /// dense values MPI_Comm_split accepts, with the same grouping and order.
@@ -249,6 +462,7 @@ impl Comm for MpiComm {
         let mut record = [0u8; 16];
         record[..8].copy_from_slice(&(color as u64).to_le_bytes());
         record[8..].copy_from_slice(&(key as u64).to_le_bytes());
+        self.barrier_within(self.timeout)?;
         let all = self.allgather_bytes(&record)?;
         let mut pairs = Vec::with_capacity(all.len());
         for (rank, bytes) in all.iter().enumerate() {

@@ -18,7 +18,7 @@ use crate::error::{FabricError, FabricResult};
 /// `DDSTORE_OFI_HMEM=1` asks for FI_HMEM even for host memory given as an
 /// external share (tests run the device code path on a CPU with it).
 fn hmem_forced() -> bool {
-    std::env::var("DDSTORE_OFI_HMEM").is_ok_and(|v| v == "1")
+    ddstore_core::config::env_flag("DDSTORE_OFI_HMEM", false).unwrap_or(false)
 }
 
 fn iface_code(iface: HmemIface) -> sys::fi_hmem_iface {

@@ -233,6 +233,13 @@ impl InfoEntry<'_> {
             .map(|a| a.max_msg_size)
             .unwrap_or(0)
     }
+    /// Entries of the transmit queue (0 when the provider does not say).
+    pub fn tx_size(&self) -> usize {
+        // SAFETY: as above.
+        unsafe { self.info.tx_attr.as_ref() }
+            .map(|a| a.size)
+            .unwrap_or(0)
+    }
     pub fn caps(&self) -> u64 {
         self.info.caps
     }

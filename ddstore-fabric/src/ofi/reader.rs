@@ -156,6 +156,16 @@ impl OfiReader {
         settings: ReaderSettings,
     ) -> FabricResult<OfiReader> {
         let window = settings.window.max(1);
+        // Checked before any queue is sized from it: past the provider's
+        // transmit queue, fi_enable or a later post would fail obscurely.
+        let tx_size = domain.info().tx_size();
+        if tx_size > 0 && window > tx_size {
+            return Err(FabricError::Invalid(format!(
+                "DDSTORE_MAX_INFLIGHT={window} is more than the {} provider's transmit queue of \
+                 {tx_size} entries: set DDSTORE_MAX_INFLIGHT to at most {tx_size}",
+                domain.info().provider()
+            )));
+        }
         // A wait object lets an idle reader block in the provider's wait set
         // (sockets, eventfds), which also progresses the provider promptly.
         let cq = Arc::new(Cq::open_blocking_if_possible(domain, window * 2)?);

@@ -372,7 +372,7 @@ impl RemoteShares for OfiShares {
                 window: self.config.max_inflight,
                 timeout: self.config.timeout,
                 max_read_bytes: self.config.max_read_bytes,
-                force_local_mr: std::env::var("DDSTORE_OFI_LOCAL_MR").is_ok_and(|v| v == "1"),
+                force_local_mr: ddstore_core::config::env_flag("DDSTORE_OFI_LOCAL_MR", false)?,
             },
         )?;
         Ok(Box::new(reader))

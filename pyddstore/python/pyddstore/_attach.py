@@ -36,18 +36,22 @@ def store_handle(store: Any, names: list) -> dict:
         )
     variables = []
     for name in names:
-        _, _, itemsize = native.info(name)
-        variables.append(
-            {
-                "name": name,
-                "dtype": native.dtype(name),
-                "row_bytes": native.row_bytes(name),
-                "itemsize": itemsize,
-                "counts": [int(c) for c in native.counts(name)],
-                "records": [bytes(r) for r in native.records(name)],
-                "node": list(native.node_records(name)),
-            }
-        )
+        # A ragged variable is two store variables (values, row ends) read as one.
+        parts = [name + "#values", name + "#ends"] if native.is_ragged(name) else [name]
+        for part in parts:
+            _, _, itemsize = native.info(part)
+            variables.append(
+                {
+                    "name": part,
+                    "dtype": native.dtype(part),
+                    "row_bytes": native.row_bytes(part),
+                    "itemsize": itemsize,
+                    "counts": [int(c) for c in native.counts(part)],
+                    "records": [bytes(r) for r in native.records(part)],
+                    "node": list(native.node_records(part)),
+                }
+            )
+    ragged = {n: tuple(store._ragged_units.get(n, ())) for n in names if native.is_ragged(n)}
     transport = native.transport
     return {
         "version": HANDLE_VERSION,
@@ -58,6 +62,7 @@ def store_handle(store: Any, names: list) -> dict:
         "group_id": store.group_id,
         "owner_pid": os.getpid(),
         "variables": variables,
+        "ragged": ragged,
     }
 
 
@@ -82,12 +87,17 @@ def attach_store(handle: dict) -> Any:
     store.group_id = handle["group_id"]
     store.method = handle["method"]
     store._publisher = None
+    store._in_epoch = False
+    store._py_times = {"py_get": 0.0, "py_gets": 0.0, "py_sync": 0.0}
+    store._recv = set()
+    store._ragged_units = {}
     store._native = _native.Store(_native.Comm.single(), 2, None)
-    store.get_batch = store._native.get_batch
-    store.get = store._native.get
     for v in handle["variables"]:
         store._native.attach(
             v["name"], v["dtype"], v["row_bytes"], v["itemsize"], v["counts"], v["records"], v["node"]
         )
+    for name, unit in handle.get("ragged", {}).items():
+        store._native.link_ragged(name)
+        store._ragged_units[name] = tuple(unit)
     _live_stores.add(store)
     return store

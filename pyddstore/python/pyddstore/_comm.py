@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import atexit
 import os
-import pickle
 import sys
 
-from . import _launch, _native
-from ._env import env_choice, env_flag
-from ._errors import DDStoreValueError
+from . import _launch, _native, _wire
+from ._env import env_choice, env_flag, env_seconds
+from ._errors import DDStoreTimeoutError, DDStoreValueError
 
 _MPI_LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_SIZE")
 
@@ -60,7 +59,7 @@ class FileComm:
                 "or set DDSTORE_HANDSHAKE_DIR"
             )
         if timeout_s is None:
-            timeout_s = float(os.environ.get("DDSTORE_HANDSHAKE_TIMEOUT_S", "") or 300)
+            timeout_s = env_seconds("DDSTORE_HANDSHAKE_TIMEOUT_S", 300.0)
         self.handshake_dir = os.fspath(handshake_dir)
         self._native = _native.Comm.file(self.handshake_dir, rank, size, job_id, timeout_s)
 
@@ -81,8 +80,8 @@ class FileComm:
         return self._native.size
 
     def allgather(self, obj) -> list:
-        """Collective: every rank's picklable `obj`, by rank."""
-        return [pickle.loads(b) for b in self._native.allgather(pickle.dumps(obj))]
+        """Collective: every rank's `obj`: data only (see ``pyddstore._wire``), never pickles."""
+        return _wire.gather(self._native, obj)
 
     def barrier(self) -> None:
         """Collective: returns once every rank has called it (bounded by the handshake timeout)."""
@@ -97,9 +96,10 @@ class FileComm:
 
 
 class TorchComm:
-    """A `torch.distributed` group as a communicator (`all_gather_object`).
-    With NCCL/RCCL call `torch.cuda.set_device()` first. Passing a group (or None once
-    `init_process_group` ran) as `comm` makes one of these for you.
+    """A `torch.distributed` group as a communicator. Records travel as uint8 tensors
+    (`all_gather`), never as pickled objects; `barrier(timeout_s)` is bounded with
+    `monitored_barrier` on gloo. With NCCL/RCCL call `torch.cuda.set_device()` first.
+    Passing a group (or None once `init_process_group` ran) as `comm` makes one for you.
 
     Example:
         ```python
@@ -120,14 +120,49 @@ class TorchComm:
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
 
+    def _device(self):
+        import torch
+
+        if self._dist.get_backend(self.group) in ("nccl", "rccl"):
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _gather_ints(self, values: list) -> list:
+        import torch
+
+        mine = torch.tensor(values, dtype=torch.int64, device=self._device())
+        outs = [torch.empty_like(mine) for _ in range(self.size)]
+        self._dist.all_gather(outs, mine, group=self.group)
+        return [o.cpu().tolist() for o in outs]
+
     def allgather(self, data: bytes) -> list:
         """Collective: every rank's `data`, by rank."""
-        out = [None] * self.size
-        self._dist.all_gather_object(out, data, group=self.group)
-        return out
+        import torch
 
-    def barrier(self) -> None:
-        """Collective: `torch.distributed.barrier` on the group."""
+        data = bytes(data)
+        lens = [n for (n,) in self._gather_ints([len(data)])]
+        width = max(max(lens), 1)
+        mine = torch.zeros(width, dtype=torch.uint8)
+        if data:
+            mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        mine = mine.to(self._device())
+        outs = [torch.empty_like(mine) for _ in range(self.size)]
+        self._dist.all_gather(outs, mine, group=self.group)
+        return [o[:n].cpu().numpy().tobytes() for o, n in zip(outs, lens)]
+
+    def barrier(self, timeout_s: float | None = None) -> None:
+        """A barrier; with ``timeout_s`` on gloo, DDStoreTimeoutError naming the ranks
+        that did not arrive (other backends wait for the process group's own timeout)."""
+        if timeout_s is not None and self._dist.get_backend(self.group) == "gloo":
+            import datetime
+
+            try:
+                self._dist.monitored_barrier(
+                    group=self.group, timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True
+                )
+            except RuntimeError as e:
+                raise DDStoreTimeoutError(f"torch.distributed barrier did not complete: {e}") from None
+            return
         self._dist.barrier(group=self.group)
 
     def split(self, color: int, key: int) -> TorchComm:
@@ -135,8 +170,7 @@ class TorchComm:
         dist = self._dist
         if self.group not in (None, dist.group.WORLD) and self.size != dist.get_world_size():
             raise DDStoreValueError("ddstore_width with torch.distributed needs the default (WORLD) group")
-        pairs = [None] * self.size
-        dist.all_gather_object(pairs, (color, key, self.rank), group=self.group)
+        pairs = [tuple(p) for p in self._gather_ints([color, key, self.rank])]
         mine = None
         for c in sorted({p[0] for p in pairs}):  # every rank creates every group, in the same order
             ranks = [r for _, _, r in sorted(p for p in pairs if p[0] == c)]

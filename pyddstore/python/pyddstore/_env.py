@@ -1,5 +1,7 @@
 """Environment handling: libfabric settings applied at import, and parsing
-of the DDSTORE_* variables the Python layer reads."""
+of the DDSTORE_* variables the Python layer reads. Every variable is checked
+against one table, ``ddstore_core::config::SETTINGS`` (``_native.setting``);
+only the import-time flag below is parsed here, by the same rule."""
 
 from __future__ import annotations
 
@@ -46,40 +48,48 @@ def apply_fabric_defaults(environ=os.environ) -> None:
 
 
 def env_flag(key: str, default: bool, environ=os.environ) -> bool:
-    raw = environ.get(key, "").strip().lower()
-    if raw == "":
-        return default
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise DDStoreValueError(f"environment variable {key}={raw!r} is not valid: expected 0 or 1")
-
-
-def env_int(key: str, default: int | None, environ=os.environ, minimum: int = 0) -> int | None:
-    raw = environ.get(key, "").strip()
-    if raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
+    """A switch: exactly 0, 1, true or false (the rule of ddstore_core::config)."""
+    if environ is not os.environ:
+        raw = environ.get(key, "").strip().lower()
+        if raw in ("1", "true", "0", "false", ""):
+            return default if raw == "" else raw in ("1", "true")
         raise DDStoreValueError(
-            f"environment variable {key}={raw!r} is not valid: expected an integer"
-        ) from None
-    if value < minimum:
-        raise DDStoreValueError(f"environment variable {key}={raw!r} is not valid: expected >= {minimum}")
-    return value
-
-
-def env_choice(key: str, choices: tuple[str, ...], environ=os.environ) -> str | None:
-    raw = environ.get(key, "").strip().lower()
-    if raw == "":
-        return None
-    if raw not in choices:
-        raise DDStoreValueError(
-            f"environment variable {key}={raw!r} is not valid: expected one of {', '.join(choices)}"
+            f"environment variable {key}={raw!r} is not valid: expected 0, 1, true or false"
         )
-    return raw
+    if key == "DDSTORE_FORK_WORKERS":  # read on import, before the extension loads
+        return env_flag(key, default, dict(os.environ))
+    from . import _native
+
+    value = _native.setting(key)
+    return default if value is None else value == "1"
+
+
+def env_int(key: str, default: int | None) -> int | None:
+    """An integer setting, range-checked by the table."""
+    from . import _native
+
+    value = _native.setting(key)
+    return default if value is None else int(value)
+
+
+def env_seconds(key: str, default: float) -> float:
+    from . import _native
+
+    value = _native.setting(key)
+    return default if value is None else float(value)
+
+
+def env_choice(key: str, choices: tuple[str, ...] = (), environ=os.environ) -> str | None:
+    from . import _native
+
+    return _native.setting(key)
+
+
+def check_env() -> None:
+    """Every DDSTORE_* variable that is set, checked (raises DDStoreValueError naming it)."""
+    from . import _native
+
+    _native.check_env()
 
 
 def resolve_method(method) -> int | None:

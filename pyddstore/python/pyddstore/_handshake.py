@@ -1,14 +1,20 @@
 """Method 2: a core group publishes each variable as one record file in
 ``handshake_dir``; extra jobs wait for it, validate it and attach.
 
-Files are owner-only (directory 0700, files 0600) and written under a
-temporary name then renamed, so a reader never sees half a record. Each
-record carries the core job's host and pid, so a record left by a core job
-that is gone is recognised as stale instead of used.
+Every file operation goes through ``_native.HandshakeDir`` (Rust,
+``ddstore_core::private_dir``): the directory must be owned by this user and
+not writable by group or others; files are written owner-only under random
+temporary names then renamed, and read only if they are regular files of
+this user, of bounded size. Nothing read is unpickled or evaluated: records
+are JSON, checked field by field. A core job holds a lock (``flock``) on each
+name it publishes for its whole life, so a second live core job cannot
+publish the same name in the same directory; a dead job's lock is taken over
+and its records removed. Each record carries the core job's host and pid, so
+a record left by a core job that is gone is recognised as stale.
 
 Access: every core job has a job token, ``DDSTORE_JOB_TOKEN`` when set (give
 the extra job the same value), else a random one that core rank 0 writes to
-an owner-only token file beside the records. A record holds the token's
+an owner-only token file beside each record. A record holds the token's
 SHA-256 and an HMAC, keyed by the token, over everything a reader uses (the
 memory keys, addresses, counts, dtype). An extra job must present the token;
 a wrong token, or a record whose keys or addresses were altered, is refused
@@ -25,6 +31,8 @@ import socket
 import time
 import urllib.parse
 
+from . import _native
+from ._env import env_int, env_seconds
 from ._errors import DDStoreAccessError, DDStoreError, DDStoreTimeoutError, DDStoreValueError
 
 FORMAT_VERSION = 2
@@ -35,16 +43,42 @@ SIGNED_FIELDS = ("name", "n_core", "group", "transport", "dtype", "row_bytes", "
 SIGNED_FIELDS += ("records", "node")
 
 
+# Largest record, meta or token file read back (a record grows with the number of core ranks).
+RECORD_CAP = 64 << 20
+TOKEN_CAP = 4096
+# Longest file stem a name may give: the stem plus ".token" and a temporary suffix fit NAME_MAX.
+MAX_STEM = 200
+
+
+def record_stem(name: str, group_id: int = 0) -> str:
+    """``{quoted name}{.gN}.ddstore``: the record is stem + ".json", its lock stem + ".lock" and
+    the job token beside it "." + stem + ".token"."""
+    group = "" if group_id == 0 else f".g{group_id}"
+    return f"{urllib.parse.quote(name, safe='')}{group}.ddstore"
+
+
+def check_name_length(name: str, group_id: int = 0) -> None:
+    """Names whose files would not fit the file system's name limit are refused up front."""
+    stem = record_stem(name, group_id)
+    if len(stem.encode()) > MAX_STEM:
+        raise DDStoreValueError(
+            f"variable name {name[:40]!r}... is too long for method 2: its record file name would be "
+            f"{len(stem.encode())} bytes after quoting, at most {MAX_STEM} fit"
+        )
+
+
 def record_path(directory: str, name: str, group_id: int = 0) -> str:
-    stem = urllib.parse.quote(name, safe="")
-    group = "" if group_id == 0 else f".g{group_id}"
-    return os.path.join(directory, f"{stem}{group}{SUFFIX}")
+    return os.path.join(directory, record_stem(name, group_id) + ".json")
 
 
-def token_path(directory: str, group_id: int = 0) -> str:
-    """The owner-only file holding a core job's random token (no variable's record can be named so)."""
-    group = "" if group_id == 0 else f".g{group_id}"
-    return os.path.join(directory, f".ddstore-token{group}")
+def token_path(directory: str, name: str, group_id: int = 0) -> str:
+    """The owner-only file holding the core job's token beside `name`'s record."""
+    return os.path.join(directory, "." + record_stem(name, group_id) + ".token")
+
+
+def open_dir(directory: str) -> _native.HandshakeDir:
+    """The verified handshake directory (created 0700 if missing); DDStoreAccessError otherwise."""
+    return _native.HandshakeDir(os.fspath(directory), True)
 
 
 def token_digest(token: str) -> str:
@@ -59,23 +93,33 @@ def record_mac(token: str, body: dict) -> str:
 
 
 def ensure_private_dir(directory: str) -> None:
-    if os.path.exists(directory) and not os.path.isdir(directory):
-        raise DDStoreValueError(f"handshake_dir {directory!r} exists and is not a directory")
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise DDStoreValueError(f"handshake_dir {directory!r} is not writable by this user")
+    open_dir(directory)
 
 
 def write_private(path: str, data: bytes) -> None:
-    """Writes an owner-only file atomically (temporary name, then rename)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    """Writes an owner-only file atomically in a verified directory."""
+    directory, name = os.path.split(os.fspath(path))
+    open_dir(directory or ".").write(name, bytes(data))
+
+
+def holder_text() -> str:
+    return f"host {socket.gethostname()}, pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}"
+
+
+def clean_dead(hdir) -> None:
+    """Takes every name lock whose holder is dead and removes what that job left."""
+    names = hdir.list()
+    for lock in [n for n in names if n.endswith(".ddstore.lock")]:
+        got = hdir.try_lock(lock, "cleaning")
+        if isinstance(got, str):
+            continue  # a live job holds it
+        stem = lock[: -len(".lock")]
+        for n in names:
+            if n in (stem + ".json", "." + stem + ".token") or n.startswith(
+                ("." + stem + ".json.tmp-", "." + stem + ".token.tmp-")
+            ):
+                hdir.remove(n)
+        got.release()
 
 
 # The random token of each (handshake_dir, group) this process publishes in, with the
@@ -85,30 +129,62 @@ _JOB_TOKENS: dict[tuple[str, int], list] = {}
 
 
 class Publisher:
-    """Core side: rank 0 of each group writes one record per variable."""
+    """Core side: rank 0 of each group holds each name's lock and writes its record."""
 
     def __init__(self, store, directory: str):
         self.store = store
         self.directory = directory
-        self.paths: list[str] = []
+        self.published: list[str] = []
+        self.locks: dict = {}
         self.token_key: tuple[str, int] | None = None
-        given = os.environ.get(TOKEN_ENV, "")
+        self.hdir = None
+        problem = None
         if store.rank == 0:
-            ensure_private_dir(directory)
-        if given:
-            self.token = given
-            return
-        # One token per core job, known to every core rank.
+            try:
+                self.hdir = open_dir(directory)
+                clean_dead(self.hdir)
+            except DDStoreError as e:
+                problem = str(e)
+        given = os.environ.get(TOKEN_ENV, "")
+        # One token per core job, known to every core rank; the same exchange tells every
+        # rank whether rank 0 could use the directory.
         key = (os.path.realpath(directory), store.group_id)
         known = _JOB_TOKENS.get(key)
-        mine = known[0] if known else secrets.token_hex(16)
-        self.token = store.allgather(mine if store.rank == 0 else None)[0]
+        mine = None
+        if store.rank == 0:
+            mine = {"problem": problem, "token": given or (known[0] if known else secrets.token_hex(16))}
+        agreed = store.allgather(mine)[0]
+        if agreed["problem"] is not None:
+            raise DDStoreAccessError(agreed["problem"])
+        self.token = agreed["token"]
+        if given:
+            return
         entry = _JOB_TOKENS.setdefault(key, [self.token, 0])
         entry[0] = self.token
         entry[1] += 1
         self.token_key = key
-        if store.rank == 0:
-            write_private(token_path(directory, store.group_id), self.token.encode())
+
+    def reserve(self, name: str) -> None:
+        """Collective, before `name` is created: every rank checks the name's length, rank 0
+        takes its lock; a live job holding it is refused on every rank."""
+        check_name_length(name, self.store.group_id)
+        problem = None
+        if self.store.rank == 0 and name not in self.locks:
+            stem = record_stem(name, self.store.group_id)
+            try:
+                got = self.hdir.try_lock(stem + ".lock", holder_text())
+                if isinstance(got, str):
+                    problem = (
+                        f"'{name}' is already published in {self.directory} by a live core job ({got}): "
+                        "use another name or handshake_dir, or stop that job"
+                    )
+                else:
+                    self.locks[name] = got
+            except DDStoreError as e:
+                problem = str(e)
+        agreed = self.store.allgather(problem)[0]
+        if agreed is not None:
+            raise DDStoreAccessError(agreed)
 
     def publish(self, name: str) -> None:
         native = self.store._native
@@ -135,43 +211,41 @@ class Publisher:
             "node": list(native.node_records(name)),
         }
         body["mac"] = record_mac(self.token, body)
-        path = record_path(self.directory, name, self.store.group_id)
-        write_private(path, json.dumps(body).encode())
-        self.paths.append(path)
+        stem = record_stem(name, self.store.group_id)
+        if not os.environ.get(TOKEN_ENV):
+            self.hdir.write("." + stem + ".token", self.token.encode())
+        self.hdir.write(stem + ".json", json.dumps(body).encode())
+        self.published.append(name)
 
     def withdraw(self) -> None:
-        """Removes this store's records, and the token file with the job's last store."""
-        paths, self.paths = self.paths, []
+        """Removes this store's records and token files, then releases its locks."""
+        published, self.published = self.published, []
         if self.token_key is not None:
             entry = _JOB_TOKENS[self.token_key]
             entry[1] -= 1
             if entry[1] == 0:
                 del _JOB_TOKENS[self.token_key]
-                if self.store.rank == 0:
-                    paths.append(token_path(self.directory, self.store.group_id))
             self.token_key = None
-        for p in paths:
-            try:
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
+        if self.hdir is None:
+            return
+        for name in published:
+            stem = record_stem(name, self.store.group_id)
+            self.hdir.remove(stem + ".json")
+            self.hdir.remove("." + stem + ".token")
+        locks, self.locks = self.locks, {}
+        for lock in locks.values():
+            lock.release()
 
 
-def wait_and_read(path: str, timeout_s: float, missing: str) -> bytes:
-    """The bytes of `path` once it exists; DDStoreTimeoutError(missing) after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    pause = 0.01
-    while True:
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            if time.monotonic() >= deadline:
-                raise DDStoreTimeoutError(missing) from None
-            time.sleep(pause)
-            pause = min(pause * 2, 0.5)
-        except PermissionError:
-            raise DDStoreError(f"no permission to read {path}") from None
+def wait_and_read(path: str, timeout_s: float, missing: str, cap: int = RECORD_CAP) -> bytes:
+    """The bytes of `path` once it exists; DDStoreTimeoutError(missing) after timeout_s.
+    Whatever sits at the path (a symlink, FIFO, device, directory, another user's or an
+    oversized file) is refused with a DDStoreError, never followed or waited on."""
+    directory, name = os.path.split(os.fspath(path))
+    raw = open_dir(directory or ".").wait_for(name, float(timeout_s), cap)
+    if raw is None:
+        raise DDStoreTimeoutError(missing)
+    return raw
 
 
 def _pid_alive(pid: int) -> bool:
@@ -244,24 +318,21 @@ def parse_record(raw: bytes, path: str, n_core: int) -> dict:
     return body
 
 
-def presented_token(directory: str, group_id: int, token: str | None) -> tuple[str, str]:
+def presented_token(directory: str, name: str, group_id: int, token: str | None) -> tuple[str, str]:
     """The token this extra job presents and where it came from: the argument,
-    DDSTORE_JOB_TOKEN, else the core job's token file."""
+    DDSTORE_JOB_TOKEN, else the token file beside the core job's record."""
     if token is not None:
         return str(token), "the token= argument"
     if os.environ.get(TOKEN_ENV):
         return os.environ[TOKEN_ENV], TOKEN_ENV
-    path = token_path(directory, group_id)
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read().strip(), path
-    except FileNotFoundError:
+    path = token_path(directory, name, group_id)
+    raw = open_dir(directory).read(os.path.basename(path), TOKEN_CAP)
+    if raw is None:
         raise DDStoreAccessError(
             f"no job token to present: {TOKEN_ENV} is unset and {path} does not exist; set "
             f"{TOKEN_ENV} to the core job's {TOKEN_ENV}"
-        ) from None
-    except PermissionError:
-        raise DDStoreAccessError(f"no permission to read the job token file {path}") from None
+        )
+    return raw.decode("utf-8", errors="replace").strip(), path
 
 
 def check_access(body: dict, path: str, name: str, token: str, source: str) -> None:
@@ -281,8 +352,9 @@ def check_access(body: dict, path: str, name: str, token: str, source: str) -> N
 def join(store, name: str, timeout_s: float | None = None, token: str | None = None) -> dict:
     """Extra side: waits for ``name``'s record, checks it and the job token, attaches."""
     if timeout_s is None:
-        timeout_s = float(os.environ.get("DDSTORE_HANDSHAKE_TIMEOUT_S", "") or 300)
-    group = int(os.environ.get("DDSTORE_CORE_GROUP", "0") or 0)
+        timeout_s = env_seconds("DDSTORE_HANDSHAKE_TIMEOUT_S", 300.0)
+    group = env_int("DDSTORE_CORE_GROUP", 0)
+    check_name_length(name, group)
     path = record_path(store.handshake_dir, name, group)
     raw = wait_and_read(
         path,
@@ -292,7 +364,7 @@ def join(store, name: str, timeout_s: float | None = None, token: str | None = N
     )
     body = parse_record(raw, path, store.n_core)
     signed = dict(body, records=[r.hex() for r in body["records"]])
-    presented, source = presented_token(store.handshake_dir, group, token)
+    presented, source = presented_token(store.handshake_dir, name, group, token)
     check_access(signed, path, name, presented, source)
     if body["name"] != name:
         raise DDStoreValueError(f"handshake record {path} is for {body['name']!r}, not {name!r}")

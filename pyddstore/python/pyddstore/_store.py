@@ -4,16 +4,17 @@ the methods pyddstore.torch builds on."""
 from __future__ import annotations
 
 import atexit
+import operator
 import os
-import pickle
+import time
 import weakref
 
 import numpy as np
 
-from . import _handshake, _log, _native
+from . import _handshake, _log, _native, _wire
 from ._comm import resolve_comm
-from ._env import check_fabric, env_choice, env_flag, resolve_method
-from ._errors import DDStoreTypeError, DDStoreUnsupportedError, DDStoreValueError
+from ._env import check_env, check_fabric, env_flag, resolve_method
+from ._errors import DDStoreTimeoutError, DDStoreTypeError, DDStoreUnsupportedError, DDStoreValueError
 
 _live_stores: weakref.WeakSet = weakref.WeakSet()
 
@@ -46,17 +47,17 @@ class PyDDStore:
     every variable's rows and reads any row with one-sided reads.
 
     Args:
-        comm_or_none: an mpi4py communicator, a torch.distributed group, a
-            `pyddstore.FileComm`, or None: `MPI.COMM_WORLD` when MPI is in use, else the
-            default torch.distributed group when initialised, else a `FileComm` in
-            `handshake_dir`. Under a launcher that says the job has several ranks (torchrun,
-            mpirun, srun) and no communicator found, None raises `DDStoreValueError`
-            instead of making a one-rank store.
+        comm: an mpi4py communicator, a torch.distributed group, a `pyddstore.FileComm`,
+            or None (upstream's name; `comm_or_none=` is accepted too). None is
+            `MPI.COMM_WORLD` when MPI is in use, else the default torch.distributed group
+            when initialised, else a `FileComm` in `handshake_dir`. Under a launcher that
+            says the job has several ranks (torchrun, mpirun, srun) and no communicator
+            found, None raises `DDStoreValueError` instead of making a one-rank store.
         method: 0 reads with MPI RMA, 1 with libfabric, 2 with libfabric across jobs.
             Default: `DDSTORE_METHOD`, else 0 with an MPI communicator, else 1.
         handshake_dir: directory for the file communicator and method-2 records
             (default `DDSTORE_HANDSHAKE_DIR`).
-        n_core: method 2 only: with `comm_or_none=None` and `n_core > 0` this process is
+        n_core: method 2 only: with `comm=None` and `n_core > 0` this process is
             an extra member that `join()`s a core group of `n_core` ranks.
         nic_map: per-local-rank NIC map, `"0:cxi0,1:cxi1"` or a dict (default
             `DDSTORE_NIC_MAP`).
@@ -83,11 +84,22 @@ class PyDDStore:
     """
 
     def __init__(
-        self, comm_or_none=None, method=None, handshake_dir="", n_core=0, nic_map=None, ddstore_width=None
+        self,
+        comm=None,
+        method=None,
+        handshake_dir="",
+        n_core=0,
+        nic_map=None,
+        ddstore_width=None,
+        *,
+        comm_or_none=None,
     ):
+        if comm is not None and comm_or_none is not None:
+            raise DDStoreTypeError("pass the communicator once: comm= (or its older name comm_or_none=)")
+        comm_or_none = comm if comm is not None else comm_or_none
         method = resolve_method(method)
         # Settings are checked even where this store does not use them: a typo must not pass silently.
-        env_choice("DDSTORE_COMM", ("mpi", "torch", "file"))
+        check_env()
         check_fabric()
         self.handshake_dir = os.fspath(handshake_dir or os.environ.get("DDSTORE_HANDSHAKE_DIR", ""))
         if not isinstance(n_core, int) or n_core < 0:
@@ -133,9 +145,11 @@ class PyDDStore:
             if isinstance(nic_map, (str, type(None)))
             else ",".join(f"{k}:{v}" for k, v in dict(nic_map).items()),
         )
-        # Hot paths go straight to the native methods (no Python frame per read).
-        self.get_batch = self._native.get_batch
-        self.get = self._native.get
+        self._in_epoch = False
+        # Upstream get_profile() keys: seconds in get/get_batch/epoch syncs, live registrations.
+        self._py_times = {"py_get": 0.0, "py_gets": 0.0, "py_sync": 0.0}
+        self._recv: set = set()
+        self._ragged_units: dict = {}  # ragged variables here -> their unit shape
         self._publisher = None
         if method == 2 and not self.is_extra:
             self._publisher = _handshake.Publisher(self, self.handshake_dir)
@@ -164,36 +178,6 @@ class PyDDStore:
         """How remote rows are read, e.g. `mpi-rma` or `ofi:tcp;ofi_rxm`."""
         return self._native.transport
 
-    # -- reads (instances bind these straight to the native methods: no Python frame) --------
-    def get(self, name: str, arr, start: int = 0) -> None:
-        """Reads `len(arr)` consecutive global rows of `name` from row `start` into `arr`.
-
-        `arr` is a C-contiguous numpy array (or CPU tensor) whose rows match the variable's
-        row shape and dtype. Raises `DDStoreIndexError` for rows out of range.
-
-        Example:
-            ```python
-            out = np.empty((10, 8), np.float32)
-            store.get("x", out, start=120)  # global rows 120..129
-            ```
-        """
-        self._native.get(name, arr, start)
-
-    def get_batch(self, name: str, arr, indices, own_rows=None) -> None:
-        """Reads the global rows `indices` (any order, repeats allowed) of `name` into `arr`.
-
-        Reads to every owner are posted together and waited for once; same-node rows are
-        memory copies. Every index is checked before a byte moves; a failed call leaves the
-        store usable. `own_rows` is for pyddstore.torch's device shares.
-
-        Example:
-            ```python
-            out = np.empty((128, 8), np.float32)
-            store.get_batch("x", out, np.random.randint(0, 400, 128))
-            ```
-        """
-        self._native.get_batch(name, arr, indices, own_rows=own_rows)
-
     # -- variables --------------------------------------------------------
     def init(self, name: str, nrows: int, disp: int, itemsize: int = 1, dtype=None) -> None:
         """Collective: creates `name` with `nrows` rows on this rank, each of `disp` elements
@@ -208,22 +192,107 @@ class PyDDStore:
         """
         self._check_name(name)
         if dtype is not None:
+            if np.dtype(dtype).hasobject:
+                raise DDStoreTypeError(
+                    f"init('{name}'): dtype {np.dtype(dtype)} holds Python object references; "
+                    "pyddstore stores plain data only"
+                )
             itemsize = np.dtype(dtype).itemsize
-        self._native.init(name, int(nrows), int(disp) * int(itemsize), int(itemsize), _dtype_name(dtype))
+        disp, itemsize = _int(disp, f"init('{name}'): disp"), _int(itemsize, f"init('{name}'): itemsize")
+        if not 0 <= disp * itemsize < 2**63 or itemsize < 1:
+            raise DDStoreValueError(
+                f"init('{name}'): disp={disp} elements of itemsize={itemsize} bytes is out of range"
+            )
+        self._reserve(name)
+        self._native.init(name, nrows, disp * itemsize, itemsize, _dtype_name(dtype))
         self._published(name)
 
-    def add(self, name: str, arr) -> None:
+    def add(self, name: str, arr, lengths=None) -> None:
         """Collective: creates `name` from this rank's rows (first axis of `arr`); returns once
         every rank's rows are readable.
+
+        With `lengths` (one non-negative int per row), `name` is ragged:
+        row i is the next `lengths[i]` entries of `arr`'s first axis (0
+        allowed), and `get_batch(name, indices)` returns values and offsets.
+        Every rank must pass `lengths` or none must; a rank may have no rows.
 
         Example:
             ```python
             store.add("x", np.random.rand(1000, 32).astype(np.float32))
+            store.add("seq", np.arange(10), lengths=[3, 0, 7])  # ragged: 3 rows
             ```
         """
         self._check_name(name)
-        self._native.add(name, _as_array(arr, f"add('{name}', arr)"))
-        self._published(name)
+        arr = _as_array(arr, f"add('{name}', arr)")
+        if lengths is None:
+            self._reserve(name)
+            self._native.add(name, arr)
+            self._published(name)
+            return
+        lengths = np.asarray(lengths)
+        if lengths.ndim != 1 or (lengths.size and lengths.dtype.kind not in "iu"):
+            raise DDStoreTypeError(
+                f"add('{name}'): lengths must be a 1-D sequence of non-negative ints, got "
+                f"shape {lengths.shape} of {lengths.dtype}"
+            )
+        self._reserve(name + "#values")
+        self._reserve(name + "#ends")
+        self._native.add_ragged(name, arr, lengths.astype(np.int64))
+        self._ragged_units[name] = tuple(arr.shape[1:])
+        self._published(name + "#values")
+        self._published(name + "#ends")
+
+    def is_ragged(self, name: str) -> bool:
+        """Whether ``name`` was added with ``lengths`` (rows of different lengths)."""
+        return self._native.is_ragged(name)
+
+    def get(self, name: str, arr, start: int = 0) -> None:
+        """Reads rows ``start .. start + len(arr)`` of ``name`` into ``arr``
+        (upstream's ``get``): one read per owner the range spans; an empty
+        ``arr`` reads nothing and succeeds for any ``0 <= start <= rows``."""
+        t = time.perf_counter()
+        try:
+            self._native.get(name, arr, start)
+        finally:
+            self._py_times["py_get"] += time.perf_counter() - t
+
+    def get_batch(self, name: str, arr=None, indices=None, own_rows=None, *, out=None):
+        """Reads rows ``indices`` (any ranks, any order, repeats) of ``name``.
+
+        Fixed rows: ``get_batch(name, arr, indices)`` fills ``arr`` (row i =
+        global row ``indices[i]``) and returns None. ``own_rows`` ("copy",
+        "skip", "transport") says what happens to this rank's own rows.
+
+        Ragged variables: ``get_batch(name, indices)`` (or ``indices=``)
+        returns ``(values, offsets)``: row i is ``values[offsets[i]:offsets[i + 1]]``
+        (``offsets`` int64, one more than the rows). With ``out=`` (a
+        contiguous array of the variable's dtype, large enough) the values
+        land at its start and ``values`` is a view of ``out``.
+        """
+        t = time.perf_counter()
+        try:
+            if indices is None or name in self._ragged_units:
+                if indices is None:
+                    if name not in self._ragged_units and name in self._native.names():
+                        raise DDStoreTypeError(
+                            f"get_batch('{name}', arr, indices): indices are missing "
+                            f"('{name}' has fixed rows)"
+                        )
+                    indices = arr
+                elif arr is not None:
+                    raise DDStoreTypeError(
+                        f"get_batch('{name}'): '{name}' is ragged: call get_batch(name, indices) or "
+                        "get_batch(name, indices=..., out=buffer)"
+                    )
+                values, offsets = self._native.get_ragged(name, indices, out)
+                unit = self._ragged_units.get(name)
+                if unit:
+                    values = values.reshape((-1,) + unit)
+                return values, offsets
+            self._native.get_batch(name, arr, indices, own_rows)
+            return None
+        finally:
+            self._py_times["py_gets"] += time.perf_counter() - t
 
     def update(self, name: str, arr, offset: int = 0) -> None:
         """Writes this rank's local rows `offset .. offset + len(arr)` (local, not collective:
@@ -235,7 +304,7 @@ class PyDDStore:
             store.barrier()
             ```
         """
-        self._native.update(name, _as_array(arr, f"update('{name}', arr)"), int(offset))
+        self._native.update(name, _as_array(arr, f"update('{name}', arr)"), offset)
 
     def info(self, name: str):
         """`(total_rows, disp, itemsize)` of `name`: rows over all ranks, elements per row,
@@ -261,8 +330,9 @@ class PyDDStore:
         return self._native.names()
 
     def register_recv(self, name: str, arr) -> None:
-        """Registers `arr` as a destination of reads of `name` once (providers that need
-        registered destinations, cxi and verbs, then skip a registration per read).
+        """Registers `arr` once as a destination of reads of `name` (reads into it then skip
+        registration, which cxi and verbs need per read otherwise). Registering the same
+        buffer again is a no-op, as upstream.
 
         Example:
             ```python
@@ -272,50 +342,99 @@ class PyDDStore:
             store.unregister_recv("x", buf)
             ```
         """
-        self._native.register_recv(name, arr)
+        key = _recv_key(name, arr)
+        if key in self._recv:
+            return
+        self._native.register_recv(self._values_var(name), arr)
+        self._recv.add(key)
 
     def unregister_recv(self, name: str, arr) -> None:
-        """Undoes `register_recv(name, arr)`."""
-        self._native.unregister_recv(name, arr)
+        """Undoes :meth:`register_recv`; a buffer that is not registered raises DDStoreValueError."""
+        key = _recv_key(name, arr)
+        if key not in self._recv:
+            raise DDStoreValueError(
+                f"unregister_recv('{name}'): this buffer is not registered (never, or already unregistered)"
+            )
+        self._native.unregister_recv(self._values_var(name), arr)
+        self._recv.discard(key)
 
     def get_profile(self, name: str | None = None) -> dict:
         """Read counters of one variable, or summed over all of them.
+
+        Besides ours (``calls``, ``rows``, ``bytes``, ``local_rows``,
+        ``node_rows``, ``remote_rows``, ``remote_reads``, ``remote_ns``,
+        ``copy_ns``) it has upstream pyddstore's keys, times in seconds:
+        ``py_get``/``py_gets``/``py_sync`` (in get, get_batch, epoch_begin/end;
+        store-wide), ``read`` (in transport reads and memory copies), ``cq``
+        (waiting for transport completions), ``mr`` (live receive-buffer
+        registrations), ``mr_miss`` (reads whose destination was not
+        registered ahead: always 0, reads register per batch) and ``lock_wait``
+        (0: reads take no lock or epoch).
 
         Example:
             ```python
             print(store.get_profile("x"))  # reads, bytes, remote/local split, ...
             ```
         """
-        if name is not None:
-            return self._native.get_profile(name)
+        names = [name] if name is not None else self._native.names()
         total: dict = {}
-        for n in self._native.names():
+        for n in names:
             for k, v in self._native.get_profile(n).items():
                 total[k] = total.get(k, 0) + v
+        total.update(self._py_times)
+        total["read"] = (total.get("remote_ns", 0) + total.get("copy_ns", 0)) / 1e9
+        total["cq"] = total.get("remote_ns", 0) / 1e9
+        total["mr"] = len(self._recv)
+        total["mr_miss"] = 0
+        total["lock_wait"] = 0.0
         return total
 
     # -- collectives over the store's group ---------------------------------
     def allgather(self, obj) -> list:
-        """Collective: every rank's picklable `obj`, by rank, over the store's group."""
-        return [pickle.loads(b) for b in self._native.comm().allgather(pickle.dumps(obj))]
+        """Every rank's `obj`, in rank order. Data only (None, bool, int, float, str, bytes,
+        lists, dicts with str keys; see ``pyddstore._wire``): nothing received can run code."""
+        return _wire.gather(self._native.comm(), obj)
 
     def barrier(self) -> None:
-        """Collective: returns once every rank of the group has called it (e.g. after
-        `update()`, before others read the updated rows)."""
-        self._native.comm().barrier()
+        """Collective; bounded by DDSTORE_HANDSHAKE_TIMEOUT_S (DDStoreTimeoutError naming the
+        ranks that did not arrive)."""
+        self._native.barrier()
 
     def epoch_begin(self) -> None:
-        """Kept for existing (upstream DDStore) callers: reads need no epoch, so this costs
-        nothing.
+        """Opens a read epoch, as upstream's ``epoch_begin``: for method 0 collective (a barrier of
+        the store's group, where upstream fences every window) and refusing nesting
+        (``epoch_begin`` twice without ``epoch_end`` raises DDStoreValueError); for methods 1
+        and 2 nothing, as upstream. Reads themselves need no epoch.
 
         Example:
             ```python
-            store.epoch_begin(); store.get_batch("x", out, idx); store.epoch_end()
+            store.epoch_begin()
+            store.get_batch("x", out, idx)
+            store.epoch_end()
             ```
         """
+        if self.method != 0:
+            return
+        if self._in_epoch:
+            raise DDStoreValueError("epoch_begin(): an epoch is already open: call epoch_end() first")
+        self._epoch_sync()
+        self._in_epoch = True
 
     def epoch_end(self) -> None:
-        """Kept for existing callers: reads need no epoch, so this is free."""
+        """Closes the epoch :meth:`epoch_begin` opened (method 0: collective; without an open
+        epoch it raises DDStoreValueError); nothing for methods 1 and 2, as upstream."""
+        if self.method != 0:
+            return
+        if not self._in_epoch:
+            raise DDStoreValueError("epoch_end(): no epoch is open: call epoch_begin() first")
+        self._epoch_sync()
+        self._in_epoch = False
+
+    def _epoch_sync(self) -> None:
+        if self.size > 1:
+            t = time.perf_counter()
+            self._native.barrier()
+            self._py_times["py_sync"] += time.perf_counter() - t
 
     # -- processes and jobs ---------------------------------------------------
     def fork_reader(self) -> None:
@@ -349,7 +468,29 @@ class PyDDStore:
             raise DDStoreUnsupportedError(
                 "join() is for method=2 extra members: PyDDStore(None, method=2, n_core=N)"
             )
-        _handshake.join(self, name, timeout_s, token)
+        group = int(os.environ.get("DDSTORE_CORE_GROUP", "0") or 0)
+        plain = _handshake.record_path(self.handshake_dir, name, group)
+        ends = _handshake.record_path(self.handshake_dir, name + "#ends", group)
+        # Whichever record appears first tells a fixed-row variable from a ragged one.
+        if timeout_s is None:
+            timeout_s = float(os.environ.get("DDSTORE_HANDSHAKE_TIMEOUT_S", "") or 300)
+        deadline = time.monotonic() + timeout_s
+        while not (os.path.exists(plain) or os.path.exists(ends)):
+            if time.monotonic() >= deadline:
+                raise DDStoreTimeoutError(
+                    f"join('{name}'): no record {plain} (nor {ends} of a ragged variable) after "
+                    f"{timeout_s:g} s: is the core job running with handshake_dir={self.handshake_dir!r}? "
+                    "(DDSTORE_HANDSHAKE_TIMEOUT_S sets the wait)"
+                )
+            time.sleep(0.05)
+        if not os.path.exists(ends):
+            _handshake.join(self, name, timeout_s, token)
+            return
+        # A ragged variable: its values and row ends are published as two variables.
+        _handshake.join(self, name + "#values", timeout_s, token)
+        _handshake.join(self, name + "#ends", timeout_s, token)
+        self._native.link_ragged(name)
+        self._ragged_units[name] = ()  # values come back flat: the unit shape is not published
 
     def free(self) -> None:
         """Collective: releases every variable once every rank has stopped reading. Idempotent.
@@ -382,9 +523,18 @@ class PyDDStore:
             )
 
     # -- helpers ------------------------------------------------------------
+    def _values_var(self, name: str) -> str:
+        """The variable reads of ``name`` land from: a ragged variable's values part."""
+        return name + "#values" if self._native.is_ragged(name) else name
+
     def _check_name(self, name) -> None:
         if not isinstance(name, str) or not name:
             raise DDStoreTypeError(f"name must be a non-empty str, got {name!r}")
+
+    def _reserve(self, name: str) -> None:
+        """Method 2 core: the name fits the file system and no other live job publishes it."""
+        if self._publisher is not None:
+            self._publisher.reserve(name)
 
     def _published(self, name: str) -> None:
         if self._publisher is not None:
@@ -395,7 +545,10 @@ class PyDDStore:
         (methods 1 and 2; method 0 raises DDStoreUnsupportedError). See pyddstore._attach."""
         from ._attach import attach_store, store_handle
 
-        return (attach_store, (store_handle(self, self.names()),))
+        names = self.names()
+        # The parts of a ragged variable travel with it, not as variables of their own.
+        parts = {n + suffix for n in names if self._native.is_ragged(n) for suffix in ("#values", "#ends")}
+        return (attach_store, (store_handle(self, [n for n in names if n not in parts]),))
 
     def __repr__(self) -> str:
         return (
@@ -404,8 +557,29 @@ class PyDDStore:
         )
 
 
+def _recv_key(name: str, arr) -> tuple:
+    """Identifies a receive buffer by its memory (address and size), as the registration does."""
+    a = arr if isinstance(arr, np.ndarray) else _as_array(arr, f"register_recv('{name}', arr)")
+    return (name, a.__array_interface__["data"][0], a.nbytes)
+
+
+def _int(value, what: str) -> int:
+    """An integer argument (int or numpy integer, not a float or bool)."""
+    if isinstance(value, (bool, float, np.floating)):
+        raise DDStoreTypeError(f"{what}={value!r} must be an integer")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise DDStoreTypeError(f"{what}={value!r} must be an integer") from None
+
+
 def _as_array(arr, what: str):
     if isinstance(arr, np.ndarray):
+        if arr.dtype.hasobject:
+            raise DDStoreTypeError(
+                f"{what} has dtype {arr.dtype}, which holds Python object references: pyddstore "
+                "stores plain data only (numeric, bool or fixed-size bytes dtypes)"
+            )
         return arr
     if hasattr(arr, "numpy") and hasattr(arr, "is_cuda"):  # torch tensor
         if arr.is_cuda:

@@ -23,7 +23,7 @@ from pyddstore import FileComm
 from ._dataset import Buffers, DistDataset, DistDatasetReader, ForkedWorkerError
 from ._loader import ThreadDataLoader
 from ._sampler import DistributedSampler
-from ._schema import SchemaError, SchemaTypeError, share_of
+from ._schema import RaggedRows, SchemaError, SchemaTypeError, share_of
 from ._windowed import WindowedDataset, row_of
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "DistributedSampler",
     "FileComm",
     "ForkedWorkerError",
+    "RaggedRows",
     "SchemaError",
     "SchemaTypeError",
     "ThreadDataLoader",

@@ -3,11 +3,12 @@ extra job reading what a core group published)."""
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import json
 import mmap
 import os
-import pickle
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -26,14 +27,17 @@ from pyddstore import (
     DDStoreValueError,
     PyDDStore,
 )
+from pyddstore._env import env_flag, env_int, env_seconds
 from pyddstore._handshake import load_json_object, wait_and_read, write_private
 from pyddstore._log import get_logger
 from pyddstore._store import _dtype_name
 
 from ._schema import (
     META_VERSION,
+    NDARRAY,
     TENSOR,
     Field,
+    RaggedRows,
     Schema,
     SchemaError,
     SchemaTypeError,
@@ -58,7 +62,7 @@ class ForkedWorkerError(DDStoreUnsupportedError):
 
 
 def _env_flag(name: str, default: str) -> bool:
-    return os.environ.get(name, default).strip().lower() not in ("", "0", "false", "no", "off")
+    return env_flag(name, default == "1")
 
 
 def _quiet() -> bool:
@@ -213,6 +217,15 @@ class _StoredDataset(Dataset):
 
     @property
     def dtypes(self) -> Any:
+        """Each field's dtype name as upstream gives it ('float32', 'int64'; Python ints, floats
+        and bools are 'int64', 'float64', 'bool'); a record field gives its numpy record dtype.
+        The source's own types: ``source_dtypes``."""
+        return self._schema.mirror(
+            {f.key: (f.dtype if f.is_record else f.dtype.name) for f in self._schema.fields}
+        )
+
+    @property
+    def source_dtypes(self) -> Any:
         """Each field's dtype as the source had it (torch dtype, numpy dtype, or int/float/bool)."""
         return self._schema.mirror({f.key: f.source_dtype() for f in self._schema.fields})
 
@@ -295,6 +308,13 @@ class _StoredDataset(Dataset):
                 f"no stored field {e.args[0]!r}; stored fields: {self._schema.keys!r}"
             ) from None
 
+    def _read_ragged(self, f: Field, rows: np.ndarray, out: Any = None) -> RaggedRows:
+        """One ragged read of f's rows: their lengths, then their values (into out if given)."""
+        if out is not None:
+            out = f.check_ragged_out(out)
+        flat, offsets = self._store._native.get_ragged(f.var, rows, out)
+        return f.ragged_values(flat, offsets)
+
     def _read_into(self, f: Field, buf: np.ndarray, rows: np.ndarray) -> None:
         share = self._device_shares.get(f.var)
         if share is not None:
@@ -338,12 +358,19 @@ class _StoredDataset(Dataset):
         n = len(rows)
         raw = {}
         for f in fields:
+            if f.is_ragged:
+                raw[f.key] = self._read_ragged(f, rows, out.get(f.key) if out is not None else None)
+                continue
             buf = f.check_out(out[f.key], n) if out is not None and f.key in out else f.alloc(n)
             self._read_into(f, buf, rows)
             raw[f.key] = buf
         return raw
 
-    def _values(self, f: Field, buf: np.ndarray, device: torch.device | None) -> Any:
+    def _values(self, f: Field, buf: Any, device: torch.device | None) -> Any:
+        if isinstance(buf, RaggedRows):
+            if device is not None and f.kind == TENSOR:
+                return buf._replace(values=buf.values.to(device))
+            return buf
         v = f.values(buf)
         if device is not None and f.kind == TENSOR:
             v = v.to(device)
@@ -353,8 +380,9 @@ class _StoredDataset(Dataset):
         """Stored rows (any order, repeats allowed) as {key: (len(rows), *shape) values}.
 
         Tensors for tensor fields (on device= if set), numpy arrays otherwise, record arrays for
-        records. With out= (e.g. from alloc()) the results are views into those buffers.
-        decode= is not applied. Collective for method=0.
+        records; a ragged field gives RaggedRows (flat values, per-row element offsets and
+        shapes; ``.row(i)`` is row i). With out= (e.g. from alloc()) the results are views into
+        those buffers. decode= is not applied. Collective for method=0.
 
         Example:
             ```python
@@ -374,6 +402,9 @@ class _StoredDataset(Dataset):
         dev = self._device_now()
         columns = {}
         for f in self._select(None):
+            if f.is_ragged:
+                columns[f.key] = f.column(self._values(f, self._read_ragged(f, np.array([i])), dev))
+                continue
             buf = f.alloc(1)
             if f.var in self._device_shares:
                 self._read_into(f, buf, np.array([i], dtype=np.int64))
@@ -403,7 +434,7 @@ class _StoredDataset(Dataset):
     @property
     def _direct_collate_ok(self) -> bool:
         """Whether batches can be read straight into collated tensors (same as default_collate)."""
-        return self._decode is None and not any(f.is_record for f in self._schema.fields)
+        return self._decode is None and not any(f.is_record or f.is_ragged for f in self._schema.fields)
 
     def _read_collated(self, indices: Any, out: Any = None, pin: bool = False) -> Any:
         """A batch exactly as default_collate(self.__getitems__(indices)) would make it, read
@@ -455,7 +486,7 @@ class _StoredDataset(Dataset):
         arrays, registered = {}, []
         try:
             for f in self._select(fields):
-                arr = f.alloc(n)
+                arr = f.alloc_ragged(n) if f.is_ragged else f.alloc(n)
                 self._store.register_recv(f.var, arr)
                 registered.append((f.var, arr))
                 arrays[f.key] = arr
@@ -535,12 +566,25 @@ def _rebuild_error(payload: tuple[str, str]) -> Exception:
     return DDStoreError(f"loading failed on another rank: {msg}")
 
 
-def _picklable(obj: Any) -> Any:
-    try:
-        pickle.dumps(obj)
-    except (pickle.PicklingError, TypeError, AttributeError):
+def _type_name(t: Any) -> str | None:
+    """A sample container type as data ("module:qualname") for the schema exchange."""
+    if not isinstance(t, type):
         return None
-    return obj
+    return f"{t.__module__}:{t.__qualname__}"
+
+
+def _type_from_name(name: Any) -> Any:
+    """The container type a peer named, only if this process already has it loaded
+    (nothing is imported or run) and it is a tuple, list or mapping type; else None."""
+    if not isinstance(name, str) or ":" not in name:
+        return None
+    module, qualname = name.split(":", 1)
+    obj = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None) if obj is not None and part.isidentifier() else None
+    if isinstance(obj, type) and issubclass(obj, (tuple, list, dict, collections.abc.Mapping)):
+        return obj
+    return None
 
 
 def _bulk_arrays(source: Any) -> dict | None:
@@ -617,6 +661,14 @@ class DistDataset(_StoredDataset):
     rows arrive in host memory (device= moves batches to the GPU). Forked DataLoader workers
     read every row, their own too, through the fabric. chunk_size= cannot be combined with it.
 
+    ragged= (fields whose size varies from sample to sample along one axis): {key: axis} for
+    those fields, or "auto" (every rank scans the shapes of its share once; the axes that differ
+    anywhere are agreed by all ranks). torch_geometric Data samples need none: each tensor field
+    is ragged along the axis Data batches it on, and samples come back as Data. Each ragged field
+    is one ragged store variable (values plus per-row offsets kept by their owner); a batch is
+    one ragged read per field. A rank holds its ragged fields' share in memory once more while
+    loading. Not with add_device=.
+
     comm=None resolves as for PyDDStore (MPI, else the default torch.distributed group,
     else a FileComm); under torchrun, mpirun or srun without any of them it raises instead
     of making a one-rank store. A DistDataset pickles to a handle that spawn and forkserver
@@ -650,6 +702,7 @@ class DistDataset(_StoredDataset):
         encode: Any = None,
         decode: Any = None,
         fields: Any = None,
+        ragged: Any = None,
     ):
         super().__init__()
         if not isinstance(name, str) or not name:
@@ -678,7 +731,13 @@ class DistDataset(_StoredDataset):
             if store.method == 2 and store.size != world:
                 raise DDStoreValueError("method=2 needs one group: ddstore_width cannot split the core group")
             n = len(source)
-            schema = self._agree_schema(store, source, name, encode, fields, n)
+            schema = self._agree_schema(store, source, name, encode, fields, n, ragged)
+            if ragged == "auto":
+                self._agree_ragged_axes(store, source, schema, encode, n)
+            if schema.ragged_fields and self._share_device is not None:
+                raise DDStoreUnsupportedError(
+                    "add_device= does not hold ragged fields yet: leave add_device unset"
+                )
             self._load(store, source, schema, encode, n, chunk_size)
         except BaseException:
             self._free_quietly(store)
@@ -700,22 +759,73 @@ class DistDataset(_StoredDataset):
         s = source[i]
         return encode(s) if encode is not None else s
 
-    def _agree_schema(self, store: Any, source: Any, name: str, encode: Any, fields: Any, n: int) -> Schema:
+    def _agree_schema(
+        self, store: Any, source: Any, name: str, encode: Any, fields: Any, n: int, ragged: Any = None
+    ) -> Schema:
         """Rank 0 infers the schema from sample 0; every rank gets it (or the same error)."""
         payload, local_err = None, None
         if store.rank == 0:
             try:
                 if n == 0:
                     raise SchemaError("the source is empty")
-                schema = Schema.infer(self._sample(source, 0, encode), name, fields)
-                payload = ("ok", schema.to_json(), _picklable(schema.seq_type))
+                if ragged is not None and ragged != "auto" and not isinstance(ragged, dict):
+                    raise SchemaError(f"ragged={ragged!r} must be a dict {{key: axis}}, 'auto' or None")
+                sample = self._sample(source, 0, encode)
+                if ragged == "auto":
+                    schema = Schema.infer(sample, name, fields, allow_empty=True)
+                else:
+                    schema = Schema.infer(sample, name, fields, ragged)
+                payload = ("ok", schema.to_json(), _type_name(schema.seq_type))
             except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
                 local_err = e
                 payload = ("err", _error_payload(e, 0))
         agreed = store.allgather(payload)[0]
         if agreed[0] == "err":
             raise local_err if local_err is not None else _rebuild_error(agreed[1])
-        return Schema.from_json(agreed[1], agreed[2])
+        seq_type = schema.seq_type if store.rank == 0 else _type_from_name(agreed[2])
+        return Schema.from_json(agreed[1], seq_type)
+
+    def _agree_ragged_axes(self, store: Any, source: Any, schema: Schema, encode: Any, n: int) -> None:
+        """ragged='auto': every rank scans the shapes of its share (one extra pass over the
+        source); the axes along which a field differs from sample 0 anywhere are agreed by
+        every rank (JSON-able lists) and become ragged. A field may vary along one axis."""
+        start, count = share_of(n, store.size, store.rank)
+        varying: dict = {}
+        payload = None
+        try:
+            for i in range(start, start + count):
+                values = schema.field_values(self._sample(source, i, encode), i)
+                for f, v in zip(schema.fields, values):
+                    if f.kind not in (TENSOR, NDARRAY):
+                        f.validate(v, i)
+                        continue
+                    shape = tuple(v.shape) if isinstance(v, (torch.Tensor, np.ndarray)) else None
+                    if shape is None or len(shape) != len(f.shape):
+                        f.validate(v, i)  # raises with the sample and field named
+                    for axis, (a, b) in enumerate(zip(shape, f.shape)):
+                        if a != b:
+                            varying.setdefault(f.key, set()).add(axis)
+        except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
+            payload = _error_payload(e, store.rank)
+        mine = {"error": payload, "varying": [[k, sorted(a)] for k, a in varying.items()]}
+        results = store.allgather(mine)
+        failed = [r["error"] for r in results if r["error"] is not None]
+        if failed:
+            raise _rebuild_error(tuple(failed[0]))
+        merged: dict = {}
+        for r in results:
+            for k, axes in r["varying"]:
+                merged.setdefault(k, set()).update(axes)
+        for f in schema.fields:
+            axes = sorted(merged.get(f.key, ()))
+            if len(axes) > 1:
+                raise SchemaError(
+                    f"field {f.key!r} varies along axes {axes}; a ragged field may vary along one axis only"
+                )
+            if axes:
+                f.make_ragged(axes[0], f"field {f.key!r}")
+            elif f.count == 0:
+                raise SchemaError(f"field {f.key!r}: shape {f.shape} has no elements in any sample")
 
     def _load(
         self, store: Any, source: Any, schema: Schema, encode: Any, n: int, chunk_size: int | None
@@ -724,7 +834,7 @@ class DistDataset(_StoredDataset):
         whether all ranks succeeded before the dataset exists."""
         rank, size = store.rank, store.size
         start, count = share_of(n, size, rank)
-        for f in schema.fields:
+        for f in schema.fixed_fields:
             disp, itemsize, dtype = f.init_args()
             if self._share_device is None:
                 store.init(f.var, count, disp, itemsize=itemsize, dtype=dtype)
@@ -734,14 +844,15 @@ class DistDataset(_StoredDataset):
         bar = _progress(count, rank == 0 and not quiet, f"loading {self.name}")
         t0 = time.perf_counter()
         err, payload = None, None
+        ragged: dict = {}
         try:
-            arrays = _bulk_arrays(source) if encode is None else None
+            arrays = _bulk_arrays(source) if encode is None and not schema.ragged_fields else None
             if arrays is not None and all(
                 f.key in arrays and _bulk_fits(arrays[f.key], f) for f in schema.fields
             ):
                 self._load_bulk(store, arrays, schema, start, count, chunk_size, bar)
             else:
-                self._load_samples(store, source, schema, encode, start, count, chunk_size, bar)
+                ragged = self._load_samples(store, source, schema, encode, start, count, chunk_size, bar)
         except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
             err, payload = e, _error_payload(e, rank)
         finally:
@@ -750,14 +861,21 @@ class DistDataset(_StoredDataset):
         if err is None and self._share_device is not None:
             _sync_device(self._share_device[0])
         secs = time.perf_counter() - t0
-        nbytes = count * sum(f.row_bytes for f in schema.fields)
+        nbytes = count * sum(f.row_bytes for f in schema.fixed_fields)
+        nbytes += sum(int(v.nbytes) for v, _ in ragged.values())
+        max_lens = [int(lengths.max()) if len(lengths) else 0 for _, lengths in ragged.values()]
         _LOG.debug(
             f"rank {rank}: {self.name}: loaded rows {start}..{start + count} ({nbytes} bytes) in {secs:.3f} s"
         )
-        results = store.allgather((payload, nbytes, secs))
+        results = store.allgather((payload, nbytes, secs, max_lens))
         failed = [r[0] for r in results if r[0] is not None]
         if failed:
-            raise err if err is not None else _rebuild_error(failed[0])
+            raise err if err is not None else _rebuild_error(tuple(failed[0]))
+        # Collective, in schema order on every rank: each ragged field from this rank's share.
+        for j, f in enumerate(schema.ragged_fields):
+            values, lengths = ragged[f.key]
+            store.add(f.var, values, lengths=lengths)
+            f.max_len = max(r[3][j] for r in results)
         if rank == 0 and not quiet:
             total = sum(r[1] for r in results)
             slowest = max(r[2] for r in results) or 1e-9
@@ -773,6 +891,7 @@ class DistDataset(_StoredDataset):
         disp, itemsize, dtype = f.init_args()
         if dtype is not None:
             itemsize = np.dtype(dtype).itemsize
+        store._reserve(f.var)
         store._native.init_external(
             f.var, count, f.row_bytes, tensor, iface, index, itemsize=itemsize, dtype=_dtype_name(dtype)
         )
@@ -815,9 +934,10 @@ class DistDataset(_StoredDataset):
 
         step = self._chunk_rows(count, chunk_size, _DEFAULT_CHUNK_SAMPLES)
         filler = ChunkFiller(schema, max(1, min(step, count)))
+        fixed = schema.fixed_fields
         # Sources that read files gain from several reads in flight; opt-in, as not every
         # source's __getitem__ is thread-safe.
-        threads = int(os.environ.get("DDSTORE_LOAD_THREADS", "1") or 1)
+        threads = env_int("DDSTORE_LOAD_THREADS", 1)
         pool = ThreadPoolExecutor(threads, thread_name_prefix="ddstore-load") if threads > 1 else None
         try:
             for a in range(0, count, step):
@@ -829,13 +949,14 @@ class DistDataset(_StoredDataset):
                     samples = (self._sample(source, i, encode) for i in indices)
                 for j, (idx, sample) in enumerate(zip(indices, samples)):
                     filler.put(j, sample, idx)
-                for f, view in zip(schema.fields, filler.store_views(c)):
+                for f, view in zip(fixed, filler.store_views(c)):
                     self._put(store, f, view, a)
                 if bar is not None:
                     bar.update(c)
         finally:
             if pool is not None:
                 pool.shutdown(cancel_futures=True)
+        return {f.key: filler.ragged_share(f) for f in schema.ragged_fields}
 
     @staticmethod
     def _write_meta(hs: str, name: str, n_core: int, n: int, schema: Schema) -> None:
@@ -896,11 +1017,11 @@ class DistDatasetReader(_StoredDataset):
         hs = handshake_dir if handshake_dir is not None else os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
         if not hs:
             raise DDStoreValueError("DistDatasetReader needs handshake_dir= (or DDSTORE_HANDSHAKE_DIR)")
-        timeout = float(os.environ.get("DDSTORE_HANDSHAKE_TIMEOUT_S", "") or 300)
+        timeout = env_seconds("DDSTORE_HANDSHAKE_TIMEOUT_S", 300.0)
         meta = read_meta(os.path.join(hs, f"{name}.meta.json"), timeout)
         if n_core is None:
-            env = os.environ.get("DDSTORE_N_CORE")
-            n_core = int(env) if env else int(meta["n_core"])
+            env = env_int("DDSTORE_N_CORE", None)
+            n_core = env if env is not None else int(meta["n_core"])
         self.name = name
         self.meta = meta
         schema = Schema.from_json(meta)

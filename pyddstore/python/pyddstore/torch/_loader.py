@@ -29,7 +29,8 @@ from torch.utils.data._utils import pin_memory as _pin
 from torch.utils.data._utils import worker as _worker
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
-from pyddstore import DDStoreValueError
+from pyddstore import DDStoreTypeError, DDStoreValueError
+from pyddstore._env import env_int
 
 from ._dataset import _env_flag, _StoredDataset
 
@@ -94,10 +95,10 @@ def _stack_tensors(batch: Any, *, collate_fn_map: Any = None) -> torch.Tensor:
 def _affinity_sets(num_workers: int) -> list[set[int] | None]:
     """DDSTORE_AFFINITY_WIDTH CPUs per worker from the process's affinity, from
     DDSTORE_AFFINITY_OFFSET on (wrapping around)."""
-    width = int(os.environ.get("DDSTORE_AFFINITY_WIDTH", "0") or 0)
+    width = env_int("DDSTORE_AFFINITY_WIDTH", 0)
     if width <= 0 or not hasattr(os, "sched_getaffinity"):
         return [None] * num_workers
-    offset = int(os.environ.get("DDSTORE_AFFINITY_OFFSET", "0") or 0)
+    offset = env_int("DDSTORE_AFFINITY_OFFSET", 0)
     cpus = sorted(os.sched_getaffinity(0))
     return [{cpus[(offset + w * width + k) % len(cpus)] for k in range(width)} for w in range(num_workers)]
 
@@ -494,7 +495,7 @@ class ThreadDataLoader(DataLoader):
         super().__init__(dataset, **kwargs)
         if self.reuse_buffers:
             if not hasattr(dataset, "alloc") or not hasattr(dataset, "release"):
-                raise DDStoreValueError(
+                raise DDStoreTypeError(
                     "reuse_buffers=True needs a DistDataset or DistDatasetReader (dataset.alloc)"
                 )
             if isinstance(dataset, IterableDataset):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -52,6 +52,51 @@ VALUE = "value"
 TUPLE = "tuple"
 LIST = "list"
 DICT = "dict"
+PYG = "pyg"  # torch_geometric.data.Data
+
+
+def _is_pyg_data(sample: Any) -> bool:
+    """Whether sample is a torch_geometric Data (checked without importing torch_geometric)."""
+    for cls in type(sample).__mro__:
+        if cls.__name__ == "Data" and cls.__module__.startswith("torch_geometric."):
+            return True
+    return False
+
+
+def _pyg_data_class() -> Any:
+    try:
+        from torch_geometric.data import Data
+    except ImportError:
+        raise SchemaTypeError(
+            "this dataset holds torch_geometric Data samples: install torch_geometric "
+            "(pip install 'pyddstore[graph]') to read them"
+        ) from None
+    return Data
+
+
+class RaggedRows(NamedTuple):
+    """Rows of a ragged field read in one batch: ``values`` holds every row's elements, row
+    after row (a flat tensor for tensor fields, else a flat array); row i is
+    ``values[offsets[i]:offsets[i + 1]].reshape(shapes[i])``.
+
+    Example:
+        ```python
+        cols = ds.read_rows([4, 9], fields=["atoms"])  # a ragged field
+        rr = cols["atoms"]
+        first = rr.row(0)  # sample 4's atoms, in its own shape
+        ```
+    """
+
+    values: Any
+    offsets: np.ndarray
+    shapes: list
+
+    def row(self, i: int) -> Any:
+        """Row i, in its own shape."""
+        return self.values[int(self.offsets[i]) : int(self.offsets[i + 1])].reshape(self.shapes[i])
+
+    def __len__(self) -> int:  # rows, not tuple fields
+        return len(self.shapes)
 
 
 class SchemaError(DDStoreValueError):
@@ -128,6 +173,37 @@ class Field:
     dtype: np.dtype  # numeric dtype, or the record dtype for records
     record: str | None = None  # record flavour
     var: str = ""  # store variable name
+    ragged: int | None = None  # the axis along which samples differ (shape has -1 there)
+    max_len: int = 0  # ragged: the longest row along that axis, over every rank
+
+    @property
+    def is_ragged(self) -> bool:
+        return self.ragged is not None
+
+    @property
+    def unit_count(self) -> int:
+        """Ragged: elements per step along the ragged axis."""
+        return math.prod(d for i, d in enumerate(self.shape) if i != self.ragged)
+
+    def row_shape(self, length: int) -> tuple[int, ...]:
+        """Ragged: the shape of a row of `length` steps along the ragged axis."""
+        return tuple(length if i == self.ragged else d for i, d in enumerate(self.shape))
+
+    def make_ragged(self, axis: int, where: str) -> None:
+        """Lets this field vary along axis (negative counts from the end)."""
+        if self.kind not in (TENSOR, NDARRAY) or not self.shape:
+            raise SchemaError(
+                f"{where}: ragged= needs a tensor or array field of at least one dimension, "
+                f"got {self.describe()}"
+            )
+        nd = len(self.shape)
+        if not isinstance(axis, int) or isinstance(axis, bool) or not -nd <= axis < nd:
+            raise SchemaError(f"{where}: ragged axis {axis!r} is not an axis of shape {self.shape}")
+        axis %= nd
+        self.ragged = axis
+        self.shape = self.row_shape(-1)
+        if self.unit_count == 0:
+            raise SchemaError(f"{where}: shape {self.shape} has no elements besides the ragged axis")
 
     @property
     def is_record(self) -> bool:
@@ -163,6 +239,23 @@ class Field:
     def alloc(self, n: int) -> np.ndarray:
         """A buffer for n rows in store layout."""
         return np.empty((n, *self.store_shape), dtype=self.store_dtype)
+
+    def alloc_ragged(self, n: int) -> np.ndarray:
+        """Ragged: a flat buffer that holds any n rows (n x the longest row)."""
+        return np.empty(max(1, n * self.max_len * self.unit_count), dtype=self.dtype)
+
+    def check_ragged_out(self, arr: Any) -> np.ndarray:
+        """Ragged: a caller's flat buffer (numpy array or CPU tensor) for read values."""
+        if isinstance(arr, torch.Tensor):
+            if arr.device.type != "cpu":
+                raise DDStoreValueError(f"out buffer for field {self.key!r} must be in host memory")
+            arr = arr.numpy()
+        if not isinstance(arr, np.ndarray) or arr.dtype != self.dtype:
+            raise DDStoreTypeError(
+                f"out buffer for ragged field {self.key!r} must be a numpy array or CPU tensor "
+                f"of {self.dtype}"
+            )
+        return arr
 
     def fill_buffer(self, n: int) -> np.ndarray:
         """A buffer for n rows in value layout (records typed), filled sample by sample."""
@@ -202,8 +295,16 @@ class Field:
             return torch.from_numpy(buf)
         return buf
 
+    def ragged_values(self, flat: np.ndarray, unit_offsets: np.ndarray) -> RaggedRows:
+        """A ragged batch as read (flat elements, offsets in steps) as RaggedRows."""
+        lengths = np.diff(unit_offsets).tolist()
+        values = torch.from_numpy(flat) if self.kind == TENSOR else flat
+        return RaggedRows(values, unit_offsets * self.unit_count, [self.row_shape(n) for n in lengths])
+
     def column(self, batch: Any) -> list:
         """Per-sample values of a batch returned by values() (tensors possibly on a device)."""
+        if isinstance(batch, RaggedRows):
+            return [batch.row(i) for i in range(len(batch.shapes))]
         if self.kind == TENSOR:
             return list(batch.unbind(0))
         if self.kind in NUMBER_KINDS:
@@ -212,20 +313,27 @@ class Field:
             return [batch[j, ...] for j in range(len(batch))]
         return list(batch)
 
+    def _shape_fits(self, shape: tuple) -> bool:
+        if self.ragged is None:
+            return tuple(shape) == self.shape
+        return len(shape) == len(self.shape) and all(
+            i == self.ragged or a == b for i, (a, b) in enumerate(zip(shape, self.shape))
+        )
+
     def matches(self, value: Any) -> bool:
-        """Whether value fits this field (same kind, shape and dtype)."""
+        """Whether value fits this field (same kind, shape and dtype; any length along a ragged axis)."""
         kind = self.kind
         if kind == TENSOR:
             return (
                 isinstance(value, torch.Tensor)
-                and tuple(value.shape) == self.shape
+                and self._shape_fits(value.shape)
                 and _TORCH_TO_NP.get(value.dtype) == self.dtype
             )
         if kind == NDARRAY:
             return (
                 isinstance(value, np.ndarray)
                 and value.dtype.names is None
-                and value.shape == self.shape
+                and self._shape_fits(value.shape)
                 and (value.dtype == self.dtype or np.dtype(value.dtype.name) == self.dtype)
             )
         if kind == NPSCALAR:
@@ -245,9 +353,15 @@ class Field:
     def validate(self, value: Any, index: int) -> None:
         """Raises if value does not match this field (sample index for the message)."""
         if not self.matches(value):
+            hint = (
+                "only the ragged axis may differ"
+                if self.is_ragged
+                else "every sample must have the same shapes and dtypes, or pass ragged={key: axis} "
+                "(or ragged='auto') for fields whose size varies along one axis"
+            )
             raise SchemaError(
-                f"{_where(index, self.key)}: {describe(value)} differs from sample 0's {self.describe()}; "
-                "every sample must have the same shapes and dtypes"
+                f"{_where(index, self.key)}: {describe(value)} differs from sample 0's "
+                f"{self.describe()}; {hint}"
             )
 
     def describe(self) -> str:
@@ -255,7 +369,8 @@ class Field:
             return f"Python {self.kind}"
         if self.kind == RECORD:
             return f"record {self.record} shape {self.shape} dtype {self.dtype}"
-        return f"{self.kind} shape {self.shape} dtype {self.dtype}"
+        ragged = f" (ragged along axis {self.ragged})" if self.is_ragged else ""
+        return f"{self.kind} shape {self.shape}{ragged} dtype {self.dtype}"
 
     def source_dtype(self) -> Any:
         """The dtype as the source had it: torch dtype, numpy dtype, or Python type."""
@@ -273,6 +388,9 @@ class Field:
             d["descr"] = np.lib.format.dtype_to_descr(self.dtype)
         else:
             d["dtype"] = self.dtype.str
+        if self.is_ragged:
+            d["ragged"] = self.ragged
+            d["max_len"] = self.max_len
         return d
 
     @classmethod
@@ -281,7 +399,17 @@ class Field:
             dtype = np.lib.format.descr_to_dtype(_descr_from_json(d["descr"]))
         else:
             dtype = np.dtype(d["dtype"])
-        return cls(d["key"], d["kind"], tuple(d["shape"]), dtype, d.get("record"), d.get("var", ""))
+        f = cls(d["key"], d["kind"], tuple(d["shape"]), dtype, d.get("record"), d.get("var", ""))
+        if d.get("ragged") is not None:
+            ragged, max_len = d["ragged"], d.get("max_len", 0)
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (ragged, max_len)) or not (
+                0 <= ragged < len(f.shape) and f.shape[ragged] == -1 and max_len >= 0
+            ):
+                raise DDStoreValueError(
+                    f"field {f.key!r}: ragged axis {ragged!r} / max_len {max_len!r} malformed"
+                )
+            f.ragged, f.max_len = ragged, max_len
+        return f
 
 
 def _descr_from_json(descr: Any) -> Any:
@@ -312,9 +440,16 @@ def describe(value: Any) -> str:
     return f"{type(value).__name__}"
 
 
-def classify(value: Any, index: int, key: Any) -> Field:
-    """The field a value of sample index would make; raises SchemaTypeError/SchemaError."""
+def classify(value: Any, index: int, key: Any, allow_empty: bool = False) -> Field:
+    """The field a value of sample index would make; raises SchemaTypeError/SchemaError.
+    allow_empty: a field that will be ragged may have no elements in this sample."""
     where = _where(index, key)
+    if allow_empty:
+        return _classify(value, where, key, lambda f, _w: f)
+    return _classify(value, where, key, _nonempty)
+
+
+def _classify(value: Any, where: str, key: Any, _nonempty: Any) -> Field:
     if isinstance(value, torch.Tensor):
         dtype = _TORCH_TO_NP.get(value.dtype)
         if dtype is None:
@@ -369,6 +504,8 @@ def _nonempty(field: Field, where: str) -> Field:
 
 
 def _container(sample: Any) -> str:
+    if _is_pyg_data(sample):
+        return PYG
     if isinstance(sample, dict):
         return DICT
     if isinstance(sample, tuple):
@@ -400,11 +537,33 @@ class Schema:
         self.keys = list(keys) if keys is not None else [f.key for f in fields]
         self.seq_type = seq_type
 
+    @property
+    def ragged_fields(self) -> list[Field]:
+        return [f for f in self.fields if f.is_ragged]
+
+    @property
+    def fixed_fields(self) -> list[Field]:
+        return [f for f in self.fields if not f.is_ragged]
+
     @classmethod
-    def infer(cls, sample: Any, name: str, fields: list | None = None) -> Schema:
-        """The schema of sample 0; fields= keeps only those keys/positions."""
+    def infer(
+        cls, sample: Any, name: str, fields: list | None = None, ragged: Any = None, allow_empty: bool = False
+    ) -> Schema:
+        """The schema of sample 0; fields= keeps only those keys/positions; ragged= ({key: axis})
+        lets those fields vary along that axis. torch_geometric Data samples: every tensor field
+        of at least one dimension is ragged along the axis Data batches it on (__cat_dim__)."""
         structure = _container(sample)
-        if structure == DICT:
+        if ragged is not None and not isinstance(ragged, dict):
+            raise SchemaError(f"ragged={ragged!r} must be a dict {{key: axis}} or 'auto'")
+        ragged = dict(ragged or {})
+        if structure == PYG:
+            items = [(k, sample[k]) for k in sample.keys()]  # noqa: SIM118 - Data.keys() is a method
+            for k, v in items:
+                if not isinstance(k, str):
+                    raise SchemaTypeError(f"sample 0: Data attribute {k!r} must be a str")
+                if k not in ragged and isinstance(v, torch.Tensor) and v.dim() >= 1:
+                    ragged[k] = int(sample.__cat_dim__(k, v))
+        elif structure == DICT:
             items = list(sample.items())
             for k, _ in items:
                 if not isinstance(k, (str, int)) or isinstance(k, bool):
@@ -426,11 +585,18 @@ class Schema:
                 )
             if len(set(keys)) != len(keys):
                 raise SchemaError(f"fields={fields!r} names a field twice")
+        unknown = [k for k in ragged if k not in keys]
+        if unknown:
+            raise SchemaError(
+                f"ragged={ragged!r}: sample 0 has no stored field {unknown[0]!r} (it has {keys!r})"
+            )
         wanted = set(keys)
         out = []
         for k, v in items:
             if k in wanted:
-                f = classify(v, 0, k)
+                f = classify(v, 0, k, allow_empty=allow_empty or k in ragged)
+                if k in ragged:
+                    f.make_ragged(ragged[k], _where(0, k))
                 f.var = f"{name}/{k}"
                 out.append(f)
         seq_type = type(sample) if structure in (TUPLE, LIST, DICT) else None
@@ -447,6 +613,13 @@ class Schema:
             )
         if structure == VALUE:
             return [sample]
+        if structure == PYG:
+            have = set(sample.keys())  # noqa: SIM118 - Data.keys() is a method
+            if have != set(self.keys):
+                raise SchemaError(
+                    f"sample {index} has attributes {sorted(have)} but sample 0 had {sorted(self.keys)}; "
+                    "every graph must have the same attributes"
+                )
         try:
             return [sample[f.key] for f in self.fields]
         except (KeyError, IndexError):
@@ -470,6 +643,9 @@ class Schema:
         if self.structure == VALUE:
             return list(columns[keys[0]])
         cols = [columns[k] for k in keys]
+        if self.structure == PYG:
+            data = _pyg_data_class()
+            return [data(**dict(zip(keys, vals))) for vals in zip(*cols)]
         if self.structure == DICT:
             if self.seq_type is None or self.seq_type is dict:
                 return [dict(zip(keys, vals)) for vals in zip(*cols)]
@@ -504,7 +680,7 @@ class Schema:
         """Something per field, arranged like a sample (ds.shapes, ds.dtypes)."""
         if self.structure == VALUE:
             return per_field[self.keys[0]]
-        if self.structure == DICT:
+        if self.structure in (DICT, PYG):
             return {k: per_field[k] for k in self.keys}
         vals = [per_field[k] for k in self.keys]
         return vals if self.structure == LIST else tuple(vals)
@@ -535,11 +711,14 @@ def _make_mapping(t: type, items: Any) -> Any:
 
 
 class ChunkFiller:
-    """Fills per-field chunk buffers sample by sample, validating each sample."""
+    """Fills per-field chunk buffers sample by sample, validating each sample. Ragged fields
+    are collected whole (their variable is created once the share is known): `ragged[key]` is
+    (list of flat arrays, list of lengths along the ragged axis)."""
 
     def __init__(self, schema: Schema, rows: int):
         self.schema = schema
-        self.bufs = [f.fill_buffer(rows) for f in schema.fields]
+        self.bufs = [f.fill_buffer(rows) for f in schema.fixed_fields]
+        self.ragged: dict = {f.key: ([], []) for f in schema.ragged_fields}
 
     def put(self, j: int, sample: Any, index: int) -> None:
         schema = self.schema
@@ -550,7 +729,17 @@ class ChunkFiller:
         ):
             schema.check_extra(sample, index, schema.n_items)
         values = schema.field_values(sample, index)
-        for f, buf, v in zip(schema.fields, self.bufs, values):
+        fixed = []
+        for f, v in zip(schema.fields, values):
+            if not f.is_ragged:
+                fixed.append(v)
+                continue
+            f.validate(v, index)
+            arr = v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v, dtype=f.dtype)
+            chunks, lengths = self.ragged[f.key]
+            chunks.append(np.ascontiguousarray(arr).reshape(-1))
+            lengths.append(arr.shape[f.ragged])
+        for f, buf, v in zip(schema.fixed_fields, self.bufs, fixed):
             f.validate(v, index)
             try:
                 if f.kind == TENSOR:
@@ -561,4 +750,11 @@ class ChunkFiller:
                 raise SchemaError(f"{_where(index, f.key)}: {e}") from None
 
     def store_views(self, n: int) -> list[np.ndarray]:
-        return [f.to_store(b[:n]) for f, b in zip(self.schema.fields, self.bufs)]
+        """Views of the fixed fields' first n rows, in `schema.fixed_fields` order."""
+        return [f.to_store(b[:n]) for f, b in zip(self.schema.fixed_fields, self.bufs)]
+
+    def ragged_share(self, f: Field) -> tuple[np.ndarray, np.ndarray]:
+        """(values as (steps, unit_count), lengths) of every sample collected for ragged f."""
+        chunks, lengths = self.ragged[f.key]
+        flat = np.concatenate(chunks) if chunks else np.empty(0, f.dtype)
+        return flat.reshape(-1, f.unit_count), np.asarray(lengths, dtype=np.int64)

@@ -10,6 +10,8 @@ from torch.utils.data import ConcatDataset, Dataset
 
 from pyddstore import DDStoreIndexError, DDStoreKeyError, DDStoreTypeError, DDStoreValueError
 
+from ._schema import RaggedRows
+
 
 def window_starts(
     n_rows: int, window: int, stride: int = 1, dilation: int = 1, starts: Any = None
@@ -46,8 +48,10 @@ class WindowedDataset(Dataset):
     """Samples of several stored rows of a DistDataset / DistDatasetReader, each row stored once.
 
     Sample i holds rows s, s+dilation, ..., s+(window-1)*dilation with s = i*stride or
-    starts[i]. Fields are stacked to (window, *field_shape) and arranged like the stored samples
-    (decode= is not applied). A batch (__getitems__) is one read_rows().
+    starts[i]. Fields are stacked to (window, *field_shape) (a ragged field: a list of the
+    window's rows) and arranged like the stored samples,
+    or, with fields=[...], as a dict keyed by field (as upstream). decode= is not applied. A
+    batch (__getitems__) is one read_rows().
 
     Example:
         ```python
@@ -74,7 +78,9 @@ class WindowedDataset(Dataset):
             if k not in schema.by_key:
                 raise DDStoreKeyError(f"no stored field {k!r}; stored fields: {schema.keys!r}")
         self.fields = keys
-        self._schema = type(schema)(schema.structure, [schema.by_key[k] for k in keys], keys, schema.seq_type)
+        structure = schema.structure if fields is None else "dict"
+        seq_type = schema.seq_type if fields is None else dict
+        self._schema = type(schema)(structure, [schema.by_key[k] for k in keys], keys, seq_type)
         self._offsets = np.arange(self.window, dtype=np.int64) * self.dilation
 
     def __len__(self) -> int:
@@ -91,7 +97,7 @@ class WindowedDataset(Dataset):
 
     def __getitem__(self, index: Any) -> Any:
         values = self.ds.read_rows(self.rows(index), fields=self.fields)
-        return self._schema.arrange(values)
+        return self._schema.arrange({k: _rows_list(v) for k, v in values.items()})
 
     def __getitems__(self, indices: Any) -> list:
         idx = np.asarray([int(i) for i in indices], dtype=np.int64)
@@ -104,9 +110,20 @@ class WindowedDataset(Dataset):
         b = len(idx)
         columns = {}
         for k, v in values.items():
+            if isinstance(v, RaggedRows):  # rows of different sizes: a list of rows per window
+                rows_ = _rows_list(v)
+                columns[k] = [rows_[j * self.window : (j + 1) * self.window] for j in range(b)]
+                continue
             shaped = v.reshape(b, self.window, *v.shape[1:])
             columns[k] = list(shaped.unbind(0)) if isinstance(shaped, torch.Tensor) else list(shaped)
         return self._schema.build(columns, b)
+
+
+def _rows_list(v: Any) -> Any:
+    """A ragged field's rows as a list (they cannot be stacked); other fields unchanged."""
+    if isinstance(v, RaggedRows):
+        return [v.row(i) for i in range(len(v))]
+    return v
 
 
 def row_of(concat: ConcatDataset, source: int, index: int) -> int:
@@ -125,8 +142,8 @@ def row_of(concat: ConcatDataset, source: int, index: int) -> int:
     if not 0 <= source < n_sources:
         raise DDStoreIndexError(f"source {source} is out of range for {n_sources} datasets")
     size = len(concat.datasets[source])
-    if index < 0:
-        index += size
+    # Unlike Python indexing, -1 is not the last sample: a window start computed
+    # as a negative number must fail, not land silently at the end of another file.
     if not 0 <= index < size:
         raise DDStoreIndexError(f"index {index} is out of range for dataset {source} of {size} samples")
     return (concat.cumulative_sizes[source - 1] if source > 0 else 0) + index

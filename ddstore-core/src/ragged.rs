@@ -1,0 +1,381 @@
+//! Ragged variables: rows of different lengths (0 allowed), e.g. the atoms
+//! or edges of graphs of different sizes.
+//!
+//! A ragged variable is two ordinary variables of the same group, so every
+//! transport, the shared-memory shortcut, method 2 publishing and the
+//! in-flight window serve it unchanged:
+//! - `values` (`{name}#values`): each rank's rows concatenated, one "unit"
+//!   (an element, or a slice of elements along the ragged axis) per row of
+//!   that variable;
+//! - `ends` (`{name}#ends`): one little-endian u64 per ragged row, the end
+//!   of the row in units within its owner's `values` share (the start is the
+//!   previous row's end, 0 for the owner's first row).
+//!
+//! Where the offsets of other ranks' rows live: with the owner only, read on
+//! demand. Replicating them would cost 8 B x every row on every rank: 8 GB
+//! per rank at 10^9 rows (80 TB over 10^4 ranks). On demand it costs 8 B per
+//! own row (800 KB per rank at 10^9 rows on 10^4 ranks) plus the row and
+//! unit counts per rank every layout keeps (2 x 8 B x 10^4 = 160 KB).
+//! A batch then costs one extra round trip per owner: all the `ends` reads
+//! of a batch are posted together, then all the `values` reads.
+
+use std::collections::HashMap;
+
+use crate::dtype::DType;
+use crate::layout::Layout;
+use crate::plan::{validate_rows, Plan, RepeatCopy, Segment};
+use crate::store::{OwnRows, Store, Variable};
+use crate::{Error, Result};
+use std::sync::Arc;
+
+/// Bytes of one stored row offset.
+pub const END_BYTES: usize = 8;
+
+/// Needed row ends of one owner at most this many rows apart are read as one
+/// span (4 KiB of ends: about the cost of an 8-byte read on any fabric).
+pub const END_GAP_ROWS: u64 = 512;
+
+/// Name of the variable holding a ragged variable's values.
+pub fn values_name(name: &str) -> String {
+    format!("{name}#values")
+}
+
+/// Name of the variable holding a ragged variable's row ends.
+pub fn ends_name(name: &str) -> String {
+    format!("{name}#ends")
+}
+
+/// Shape of a ragged variable, the same on every rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RaggedInfo {
+    /// Element type of the values.
+    pub dtype: DType,
+    /// Bytes of one unit (one element, or one slice along the ragged axis).
+    pub unit_bytes: usize,
+    /// Where each ragged row lives.
+    pub rows: Layout,
+    /// Units each rank holds.
+    pub units: Layout,
+}
+
+/// A ragged variable as the store keeps it: its shape and its two parts.
+pub(crate) struct RaggedVar {
+    pub(crate) info: RaggedInfo,
+    values: Arc<Variable>,
+    ends: Arc<Variable>,
+}
+
+/// A batch whose row lengths are known (the `ends` were read) and whose
+/// values are planned but not read yet: the caller sizes the destination
+/// from [`RaggedBatch::offsets`], then calls [`Store::read_ragged`].
+pub struct RaggedBatch {
+    pub(crate) values: Arc<Variable>,
+    pub(crate) plan: Plan,
+    offsets: Vec<u64>,
+    unit_bytes: usize,
+    dtype: DType,
+}
+
+impl RaggedBatch {
+    /// Per-row start in units within the result, plus the total at the end
+    /// (`rows + 1` entries; row i is `offsets[i] .. offsets[i + 1]`).
+    pub fn offsets(&self) -> &[u64] {
+        &self.offsets
+    }
+    /// Units of the whole batch.
+    pub fn units(&self) -> u64 {
+        *self.offsets.last().unwrap_or(&0)
+    }
+    /// Bytes of the destination `read_ragged` fills.
+    pub fn bytes(&self) -> usize {
+        self.units() as usize * self.unit_bytes
+    }
+    /// Bytes of one unit (one step along the ragged axis).
+    pub fn unit_bytes(&self) -> usize {
+        self.unit_bytes
+    }
+    /// The variable's element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    /// Reads and memory copies the values need (after coalescing): one per
+    /// owner for consecutive rows of one share.
+    pub fn reads(&self) -> usize {
+        self.plan.segments.len()
+    }
+}
+
+impl Store {
+    /// Collective: creates the ragged variable `name` from this rank's rows:
+    /// `lengths[i]` units of `unit_bytes` bytes each for row i, the rows'
+    /// values concatenated in `data`. Returns once every rank's rows are
+    /// readable. A bad argument on any rank fails every rank with its message.
+    pub fn add_ragged(
+        &self,
+        name: &str,
+        lengths: &[u64],
+        unit_bytes: usize,
+        dtype: DType,
+        data: &[u8],
+    ) -> Result<()> {
+        let units: u64 = lengths.iter().sum();
+        let mut problem = None;
+        if unit_bytes == 0 {
+            problem = Some("units must be at least one byte wide".to_string());
+        } else if (units as u128) * (unit_bytes as u128) != data.len() as u128 {
+            problem = Some(format!(
+                "the lengths sum to {units} units of {unit_bytes} bytes = {} bytes, but the values have {} bytes",
+                units as u128 * unit_bytes as u128,
+                data.len()
+            ));
+        } else if self.has_var(name) {
+            problem = Some(format!("variable '{name}' already exists"));
+        }
+        // Agreed first so that a bad rank fails every rank, not only itself.
+        self.init_with(
+            &values_name(name),
+            units,
+            unit_bytes.max(1),
+            dtype,
+            problem,
+            |t, len, opts| t.expose(self.comm(), len, opts),
+        )?;
+        self.init(
+            &ends_name(name),
+            lengths.len() as u64,
+            END_BYTES,
+            DType::Int64,
+        )?;
+        let mut ends = Vec::with_capacity(lengths.len() * END_BYTES);
+        let mut end = 0u64;
+        for &l in lengths {
+            end += l;
+            ends.extend_from_slice(&end.to_le_bytes());
+        }
+        self.write_local(&ends_name(name), 0, &ends)?;
+        self.write_local(&values_name(name), 0, data)?;
+        self.link_ragged(name)?;
+        self.comm().barrier()
+    }
+
+    /// Registers `name` as ragged once its two variables exist here (after
+    /// `add_ragged`, or after a method-2 extra job attached both).
+    pub fn link_ragged(&self, name: &str) -> Result<()> {
+        let values = self.var(&values_name(name))?;
+        let ends = self.var(&ends_name(name))?;
+        if ends.info.row_bytes != END_BYTES
+            || ends.info.layout.nranks() != values.info.layout.nranks()
+        {
+            return Err(Error::invalid(format!(
+                "'{name}': its ends and values variables do not describe one ragged variable"
+            )));
+        }
+        let info = RaggedInfo {
+            dtype: values.info.dtype,
+            unit_bytes: values.info.row_bytes,
+            rows: ends.info.layout.clone(),
+            units: values.info.layout.clone(),
+        };
+        let var = RaggedVar { info, values, ends };
+        self.ragged
+            .write()
+            .unwrap()
+            .insert(name.to_string(), Arc::new(var));
+        Ok(())
+    }
+
+    /// The shape of ragged variable `name`.
+    pub fn ragged_info(&self, name: &str) -> Result<RaggedInfo> {
+        Ok(self.ragged_var(name)?.info.clone())
+    }
+
+    fn ragged_var(&self, name: &str) -> Result<Arc<RaggedVar>> {
+        self.check_live()?;
+        self.ragged
+            .read()
+            .unwrap()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::UnknownVariable(name.to_string()))
+    }
+
+    /// Whether `name` is a ragged variable.
+    pub fn is_ragged(&self, name: &str) -> bool {
+        self.ragged.read().unwrap().contains_key(name)
+    }
+
+    /// Reads the lengths of `rows` (any order, repeats; every index checked
+    /// first) and plans reading their values. One round trip per remote owner.
+    pub fn plan_ragged(&self, name: &str, rows: &[i64]) -> Result<RaggedBatch> {
+        let var = self.ragged_var(name)?;
+        let info = &var.info;
+        let rows = validate_rows(rows, info.rows.total())?;
+        let (ends_var, values) = (&var.ends, var.values.clone());
+        let located: Vec<(usize, u64)> = rows
+            .iter()
+            .map(|&r| info.rows.locate(r))
+            .collect::<Result<_>>()?;
+        // Each row needs its own end and, unless first in its share, the previous one.
+        let mut need: Vec<u64> = Vec::with_capacity(rows.len() * 2);
+        for (&row, &(_, local)) in rows.iter().zip(&located) {
+            need.push(row);
+            if local > 0 {
+                need.push(row - 1);
+            }
+        }
+        need.sort_unstable();
+        need.dedup();
+        // Needed ends of a remote owner closer than END_GAP_ROWS are read as one span (gaps
+        // included): a read costs about the same for 8 bytes as for a few KiB, so a batch
+        // reads each owner's ends with one read, not one per row.
+        let mut spans: Vec<(u64, u64, usize)> = Vec::new(); // (first row, last row, buffer offset)
+        let mut plan = Plan::default();
+        let max_read = self.config().max_read_bytes.max(END_BYTES);
+        let mut buf_len = 0usize;
+        let mut i = 0;
+        while i < need.len() {
+            let (owner, _) = info.rows.locate(need[i])?;
+            let owner_end = info.rows.start(owner) + info.rows.count(owner);
+            // Memory copies (own share, same-node peers) gain nothing from reading gaps.
+            let gap = if ends_var.is_remote(owner) {
+                END_GAP_ROWS
+            } else {
+                1
+            };
+            let (lo, mut hi) = (need[i], need[i]);
+            i += 1;
+            while i < need.len() && need[i] < owner_end && need[i] - hi <= gap {
+                hi = need[i];
+                i += 1;
+            }
+            let len = (hi - lo + 1) as usize * END_BYTES;
+            plan.push_split(
+                Segment {
+                    owner,
+                    src_offset: (lo - info.rows.start(owner)) * END_BYTES as u64,
+                    len,
+                    dst_offset: buf_len,
+                },
+                max_read,
+            );
+            spans.push((lo, hi, buf_len));
+            buf_len += len;
+        }
+        let mut ends = vec![0u8; buf_len];
+        self.watch(ends_var.execute(&plan, &mut ends, buf_len / END_BYTES, OwnRows::Copy))?;
+        let end_of = |row: u64| -> u64 {
+            let k = spans.partition_point(|s| s.0 <= row) - 1;
+            let at = spans[k].2 + (row - spans[k].0) as usize * END_BYTES;
+            u64::from_le_bytes(ends[at..at + END_BYTES].try_into().unwrap())
+        };
+
+        let ub = info.unit_bytes;
+        let max_read = self.config().max_read_bytes.max(ub);
+        let mut plan = Plan::default();
+        let mut offsets = Vec::with_capacity(rows.len() + 1);
+        let mut first_seen: HashMap<u64, u64> = HashMap::new();
+        let mut open: Option<Segment> = None;
+        let mut dst = 0u64;
+        for (&row, &(owner, local)) in rows.iter().zip(&located) {
+            offsets.push(dst);
+            let end = end_of(row);
+            let start = if local == 0 { 0 } else { end_of(row - 1) };
+            let share_units = info.units.count(owner);
+            if start > end || end > share_units {
+                return Err(Error::Transport(format!(
+                    "'{name}': rank {owner} reports row {row} at units {start}..{end} of its {share_units}: \
+                     its share is corrupt or was replaced"
+                )));
+            }
+            let len = end - start;
+            if len == 0 {
+                continue;
+            }
+            let bytes = (len as usize) * ub;
+            if values.is_remote(owner) {
+                if let Some(&from) = first_seen.get(&row) {
+                    plan.repeats.push(RepeatCopy {
+                        from: from as usize * ub,
+                        to: dst as usize * ub,
+                        len: bytes,
+                    });
+                    dst += len;
+                    continue;
+                }
+                first_seen.insert(row, dst);
+            }
+            let src = start * ub as u64;
+            let dst_b = dst as usize * ub;
+            match open.as_mut() {
+                Some(seg)
+                    if seg.owner == owner
+                        && seg.src_offset + seg.len as u64 == src
+                        && seg.dst_offset + seg.len == dst_b =>
+                {
+                    seg.len += bytes;
+                }
+                _ => {
+                    if let Some(seg) = open.take() {
+                        plan.push_split(seg, max_read);
+                    }
+                    open = Some(Segment {
+                        owner,
+                        src_offset: src,
+                        len: bytes,
+                        dst_offset: dst_b,
+                    });
+                }
+            }
+            dst += len;
+        }
+        if let Some(seg) = open {
+            plan.push_split(seg, max_read);
+        }
+        offsets.push(dst);
+        Ok(RaggedBatch {
+            values,
+            plan,
+            offsets,
+            unit_bytes: ub,
+            dtype: info.dtype,
+        })
+    }
+
+    /// Reads a planned batch's values into `out` (exactly `batch.bytes()`
+    /// bytes): row i at units `offsets[i] .. offsets[i + 1]`.
+    pub fn read_ragged(&self, batch: &RaggedBatch, out: &mut [u8]) -> Result<()> {
+        self.check_live()?;
+        if out.len() != batch.bytes() {
+            return Err(Error::invalid(format!(
+                "output for '{}' has {} bytes, expected {} units x {} bytes = {}",
+                batch.values.name.trim_end_matches("#values"),
+                out.len(),
+                batch.units(),
+                batch.unit_bytes,
+                batch.bytes()
+            )));
+        }
+        let units = batch.units() as usize;
+        self.watch(batch.values.execute(&batch.plan, out, units, OwnRows::Copy))
+    }
+
+    /// Lengths, then values, of `rows`: `(values, offsets)` as
+    /// [`Store::plan_ragged`] and [`Store::read_ragged`] give them.
+    pub fn get_ragged(&self, name: &str, rows: &[i64]) -> Result<(Vec<u8>, Vec<u64>)> {
+        let batch = self.plan_ragged(name, rows)?;
+        let mut out = vec![0u8; batch.bytes()];
+        self.read_ragged(&batch, &mut out)?;
+        Ok((out, batch.offsets))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_do_not_collide() {
+        assert_ne!(values_name("x"), ends_name("x"));
+        assert_ne!(values_name("x"), "x");
+    }
+}

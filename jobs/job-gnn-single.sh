@@ -1,0 +1,50 @@
+#!/bin/bash
+# Frontier: the DDP GNN (generated molecules, torch_geometric) as one job, store and training in the same ranks (method 1 over CXI).
+#   sbatch jobs/job-gnn-single.sh                  # 2 nodes x 8 ranks, 1 GCD each
+#   LOADER=torch WORKERS=4 sbatch jobs/job-gnn-single.sh   # forked DataLoader workers
+#SBATCH -A CHANGEME
+#SBATCH -J gnn-single
+#SBATCH -o gnn-single-%j.out
+#SBATCH -t 00:20:00
+#SBATCH -p batch
+#SBATCH -N 2
+#SBATCH --gpus-per-node=8
+#SBATCH --network=single_node_vni,job_vni
+
+set -euo pipefail
+module load PrgEnv-gnu
+module load rocm
+module load cray-python
+# module load craype-accel-amd-gfx90a    # GPU-aware MPI, if the build uses it
+# source /path/to/venv/bin/activate      # with torch (ROCm), mpi4py and pyddstore
+
+cd "${SLURM_SUBMIT_DIR:-.}"
+export DDSTORE_METHOD=${DDSTORE_METHOD:-1}
+export DDSTORE_FABRIC=cxi
+export DDSTORE_QUIET=1
+LOADER=${LOADER:-thread}     # thread: ThreadDataLoader; torch: forked DataLoader workers
+WORKERS=${WORKERS:-1}
+EPOCHS=${EPOCHS:-10}
+MOLECULES=${MOLECULES:-200000}   # generated molecules (1 to 24 atoms each)
+if [ "$LOADER" = torch ]; then
+    # Forked workers: memhooks instead of Frontier's default kdreg2 (pyddstore sets it from this).
+    export DDSTORE_FORK_WORKERS=1
+fi
+# MIOpen's cache in node-local storage: many ranks on a shared home directory collide.
+export MIOPEN_USER_DB_PATH=/tmp/miopen-$USER-$SLURM_JOB_ID
+export MIOPEN_CUSTOM_CACHE_DIR=$MIOPEN_USER_DB_PATH
+
+NRANKS=$((SLURM_JOB_NUM_NODES * 8))
+srun -N "$SLURM_JOB_NUM_NODES" -n "$NRANKS" --ntasks-per-node=8 --gpus-per-task=1 --gpu-bind=closest \
+    -c 7 --cpu-bind=threads \
+    python examples/gnn/gnn-ddp.py --molecules "$MOLECULES" \
+    --epochs "$EPOCHS" --num-workers "$WORKERS" --loader "$LOADER" \
+    --gpu-dest
+
+# Without MPI: the DDP group is the store's communicator (method 1).
+export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
+DDSTORE_MPI=0 srun -N "$SLURM_JOB_NUM_NODES" -n "$NRANKS" --ntasks-per-node=8 --gpus-per-task=1 \
+    --gpu-bind=closest -c 7 --cpu-bind=threads \
+    python examples/gnn/gnn-ddp.py --molecules "$MOLECULES" \
+    --epochs "$EPOCHS" --num-workers "$WORKERS" --loader "$LOADER" --comm torch

@@ -1,0 +1,48 @@
+#!/bin/bash
+# Perlmutter: the DDP GNN (generated molecules, torch_geometric) as one job (method 1 over
+# CXI), 4 GPUs per node, one per rank.
+#   sbatch jobs/perlmutter-gnn-single.sh
+#   LOADER=torch WORKERS=4 sbatch jobs/perlmutter-gnn-single.sh    # forked DataLoader workers
+#SBATCH -A CHANGEME
+#SBATCH -J gnn-single
+#SBATCH -o gnn-single-%j.out
+#SBATCH -C gpu
+#SBATCH -q regular
+#SBATCH -t 00:20:00
+#SBATCH -N 2
+#SBATCH --ntasks-per-node=4
+#SBATCH --gpus-per-node=4
+#SBATCH -c 32
+
+set -euo pipefail
+module load PrgEnv-gnu
+module load cudatoolkit
+module load cray-python       # or: module load pytorch
+# source /path/to/venv/bin/activate
+
+cd "${SLURM_SUBMIT_DIR:-.}"
+export DDSTORE_METHOD=${DDSTORE_METHOD:-1}
+export DDSTORE_FABRIC=cxi
+export DDSTORE_QUIET=1
+export MPICH_GPU_SUPPORT_ENABLED=0
+LOADER=${LOADER:-thread}
+WORKERS=${WORKERS:-1}
+EPOCHS=${EPOCHS:-10}
+MOLECULES=${MOLECULES:-200000}   # generated molecules (1 to 24 atoms each)
+if [ "$LOADER" = torch ]; then
+    export DDSTORE_FORK_WORKERS=1     # Perlmutter's default monitor works too; this is harmless
+fi
+
+NRANKS=$((SLURM_JOB_NUM_NODES * 4))
+srun -n "$NRANKS" --ntasks-per-node=4 --gpus-per-task=1 --gpu-bind=none -c 32 --cpu-bind=cores \
+    python examples/gnn/gnn-ddp.py --molecules "$MOLECULES" \
+    --epochs "$EPOCHS" --num-workers "$WORKERS" --loader "$LOADER" \
+    --gpu-dest
+
+# Without MPI: method 1 over the DDP (NCCL) group.
+export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
+DDSTORE_MPI=0 srun -n "$NRANKS" --ntasks-per-node=4 --gpus-per-task=1 --gpu-bind=none -c 32 \
+    --cpu-bind=cores \
+    python examples/gnn/gnn-ddp.py --molecules "$MOLECULES" \
+    --epochs "$EPOCHS" --num-workers "$WORKERS" --loader "$LOADER" --comm torch

@@ -1,0 +1,68 @@
+#!/bin/bash
+# Perlmutter: the method-2 split. Core step (gnn_core_server.py) on the first node, extra
+# training step (gnn_extra_train.py) on the second; they meet in a handshake directory on $SCRATCH.
+#   sbatch jobs/perlmutter-gnn-split.sh
+#SBATCH -A CHANGEME
+#SBATCH -J gnn-split
+#SBATCH -o gnn-split-%j.out
+#SBATCH -C gpu
+#SBATCH -q regular
+#SBATCH -t 00:20:00
+#SBATCH -N 2
+#SBATCH --ntasks-per-node=4
+#SBATCH --gpus-per-node=4
+#SBATCH -c 32
+#SBATCH --network=job_vni
+
+set -euo pipefail
+module load PrgEnv-gnu
+module load cudatoolkit
+module load cray-python
+# source /path/to/venv/bin/activate
+
+cd "${SLURM_SUBMIT_DIR:-.}"
+export DDSTORE_FABRIC=cxi
+export DDSTORE_QUIET=1
+export DDSTORE_HANDSHAKE_TIMEOUT_S=600
+LOADER=${LOADER:-thread}
+WORKERS=${WORKERS:-1}
+EPOCHS=${EPOCHS:-10}
+MOLECULES=${MOLECULES:-200000}   # generated molecules (1 to 24 atoms each)
+N_CORE=4
+N_EXTRA=4
+if [ "$LOADER" = torch ]; then
+    export DDSTORE_FORK_WORKERS=1
+fi
+
+HS=${HS:-$SCRATCH/ddstore-hs-$SLURM_JOB_ID}
+mkdir -p -m 700 "$HS"
+rm -f "$HS/STOP"
+
+# libfabric's cxi provider uses the first VNI in SLINGSHOT_VNIS. With job_vni each step gets
+# SLINGSHOT_VNIS=<step VNI>,<job VNI>; only the job VNI is shared between steps, so every task
+# keeps just the last one. Slurm sets the variable per task, hence the trim inside the task.
+# The network option stays at the job level (#SBATCH): --network on srun can drop the job VNI.
+JOB_VNI_ONLY='export SLINGSHOT_VNIS=${SLINGSHOT_VNIS##*,}; exec "$@"'
+
+NODES=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))
+CORE_NODE=${NODES[0]}
+EXTRA_NODE=${NODES[1]:-${NODES[0]}}
+
+srun --overlap -N 1 -n "$N_CORE" -w "$CORE_NODE" --gpus-per-task=1 --gpu-bind=none -c 32 \
+    bash -c "$JOB_VNI_ONLY" task \
+    python examples/gnn/gnn_core_server.py --molecules "$MOLECULES" --handshake-dir "$HS" &
+CORE=$!
+
+stop_core() {
+    touch "$HS/STOP"
+    for _ in $(seq 60); do kill -0 "$CORE" 2>/dev/null || break; sleep 1; done
+    kill "$CORE" 2>/dev/null || true
+    wait "$CORE" || true
+}
+trap stop_core EXIT
+
+export DDSTORE_N_CORE=$N_CORE
+srun --overlap -N 1 -n "$N_EXTRA" -w "$EXTRA_NODE" --gpus-per-task=1 --gpu-bind=none -c 32 \
+    bash -c "$JOB_VNI_ONLY" task \
+    python examples/gnn/gnn_extra_train.py --handshake-dir "$HS" --epochs "$EPOCHS" \
+    --num-workers "$WORKERS" --loader "$LOADER" --gpu-dest

@@ -1,0 +1,114 @@
+//! `HandshakeDir`: Python's view of a verified private directory
+//! (`ddstore_core::private_dir`), used by method 2's records, token files,
+//! name locks and `meta.json`. Python never opens these files itself.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ddstore_core::private_dir::{NameLock, PrivateDir};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::errors::{value_error, IntoPyResult};
+
+/// A handshake directory opened and checked once (`_native.HandshakeDir`).
+#[pyclass(name = "HandshakeDir", module = "pyddstore._native", frozen)]
+pub struct PyHandshakeDir {
+    dir: Arc<PrivateDir>,
+}
+
+/// A held name lock; `release()` (or garbage collection) removes the lock file.
+#[pyclass(name = "NameLock", module = "pyddstore._native", frozen)]
+pub struct PyNameLock {
+    lock: Mutex<Option<NameLock>>,
+}
+
+#[pymethods]
+impl PyNameLock {
+    fn release(&self) {
+        self.lock.lock().unwrap().take();
+    }
+}
+
+fn deadline(py: Python<'_>, timeout_s: f64) -> PyResult<Instant> {
+    if !timeout_s.is_finite() || !(0.0..=365.0 * 86400.0).contains(&timeout_s) {
+        return Err(value_error(
+            py,
+            format!("timeout_s={timeout_s} is not valid: expected 0 to 31536000 seconds"),
+        ));
+    }
+    Ok(Instant::now() + Duration::from_secs_f64(timeout_s))
+}
+
+#[pymethods]
+impl PyHandshakeDir {
+    /// Opens `path` (created 0700 when `create`) and checks it is private.
+    #[new]
+    #[pyo3(signature = (path, create=true))]
+    fn new(py: Python<'_>, path: PathBuf, create: bool) -> PyResult<Self> {
+        let dir = py.detach(|| PrivateDir::open(&path, create)).py(py)?;
+        Ok(PyHandshakeDir { dir: Arc::new(dir) })
+    }
+
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+
+    /// Writes `name` atomically, owner-only.
+    fn write(&self, py: Python<'_>, name: &str, data: Vec<u8>) -> PyResult<()> {
+        let dir = self.dir.clone();
+        py.detach(move || dir.write(name, &data)).py(py)
+    }
+
+    /// The bytes of `name` (at most `cap`), or None when it does not exist.
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+        cap: usize,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let dir = self.dir.clone();
+        let data = py.detach(move || dir.read(name, cap)).py(py)?;
+        Ok(data.map(|d| PyBytes::new(py, &d)))
+    }
+
+    /// Waits up to `timeout_s` for `name`; None if it did not appear.
+    fn wait_for<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+        timeout_s: f64,
+        cap: usize,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let until = deadline(py, timeout_s)?;
+        let dir = self.dir.clone();
+        let data = py.detach(move || dir.wait_for(name, until, cap)).py(py)?;
+        Ok(data.map(|d| PyBytes::new(py, &d)))
+    }
+
+    /// Removes `name` if present.
+    fn remove(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        self.dir.remove(name).py(py)
+    }
+
+    /// Entry names.
+    fn list(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        self.dir.list().py(py)
+    }
+
+    /// Takes lock `name`: a `NameLock`, or the text its live holder wrote.
+    fn try_lock(&self, py: Python<'_>, name: &str, holder: &str) -> PyResult<Py<PyAny>> {
+        match self.dir.try_lock(name, holder).py(py)? {
+            Ok(lock) => Ok(Py::new(
+                py,
+                PyNameLock {
+                    lock: Mutex::new(Some(lock)),
+                },
+            )?
+            .into_any()),
+            Err(text) => Ok(text.into_pyobject(py)?.into_any().unbind()),
+        }
+    }
+}

@@ -1,0 +1,144 @@
+"""Ragged variables through PyDDStore on every rank, checked row by row
+against what the owning rank stored: rows of 0 units, a rank without rows,
+random batches with repeats, the out= form, threads; plus the upstream
+behaviours (comm=, epoch nesting, register_recv, get_profile keys).
+
+    python ragged_store.py <method> <comm: world|none>
+"""
+
+import os
+import sys
+
+import numpy as np
+from _common import expect_error, main_guard, run_threads
+
+import pyddstore
+from pyddstore import DDStoreError
+
+N = 41
+
+
+def length(row: int) -> int:
+    """Units of global row `row`: 0 for every sixth row."""
+    return 0 if row % 6 == 0 else (row * 5) % 9 + 1
+
+
+def row_values(row: int, unit, dtype) -> np.ndarray:
+    n = length(row)
+    k = int(np.prod(unit)) if unit else 1
+    vals = (row * 1009 + np.arange(n * k) * 13) % 997
+    return vals.astype(dtype).reshape((n,) + tuple(unit))
+
+
+def my_rows(rank: int, size: int) -> range:
+    """Uneven shares; with several ranks, the last rank holds none."""
+    holders = max(1, size - 1)
+    if rank >= holders:
+        return range(N, N)
+    per = N // holders + 1
+    return range(min(N, rank * per), min(N, (rank + 1) * per))
+
+
+def check(values, offsets, rows, unit, dtype, what):
+    assert offsets.dtype == np.int64 and len(offsets) == len(rows) + 1, what
+    for i, r in enumerate(rows):
+        got = values[offsets[i] : offsets[i + 1]]
+        want = row_values(int(r), unit, dtype)
+        assert got.shape == want.shape and np.array_equal(got, want), f"{what}: row {r} differs"
+
+
+def main():
+    method = int(sys.argv[1])
+    if sys.argv[2] == "world":
+        from mpi4py import MPI
+
+        store = pyddstore.PyDDStore(comm=MPI.COMM_WORLD, method=method)
+    else:
+        store = pyddstore.PyDDStore(comm=None, method=method)
+    rank, size = store.rank, store.size
+    rng = np.random.default_rng(7 + rank)
+    for name, unit, dtype in (("pos", (3,), np.float32), ("edges", (2,), np.int64), ("rec", (), np.uint8)):
+        rows = my_rows(rank, size)
+        vals = [row_values(r, unit, dtype) for r in rows]
+        values = np.concatenate(vals) if vals else np.empty((0,) + unit, dtype)
+        store.add(name, values, lengths=[length(r) for r in rows])
+        assert store.is_ragged(name) and store.info(name)[0] == N, store.info(name)
+        batches = [
+            np.arange(N),
+            rng.permutation(N),
+            np.array([0, 0, 6, 1, 1, 6, N - 1]),  # empty rows and repeats
+            np.array([], np.int64),
+        ] + [rng.integers(0, N, rng.integers(1, 30)) for _ in range(20)]
+        for b in batches:
+            v, off = store.get_batch(name, b)
+            check(v, off, b, unit, dtype, name)
+        # out=: values land at the start of a preallocated buffer.
+        buf = np.full((4096,) + unit, 77, dtype)
+        b = rng.integers(0, N, 16)
+        v, off = store.get_batch(name, indices=b, out=buf)
+        assert np.shares_memory(v, buf)
+        check(v, off, b, unit, dtype, name + " out=")
+        expect_error(ValueError, "needs", lambda: store.get_batch(name, b, out=np.empty(1, dtype)))
+        wrong = np.empty(4096, np.float64 if dtype != np.float64 else np.int32)
+        expect_error(TypeError, "dtype", lambda: store.get_batch(name, b, out=wrong))
+        expect_error(IndexError, f"index {N}", store.get_batch, name, [0, N])
+        expect_error(TypeError, "ragged", store.get_batch, name, np.empty(3), [0, 1, 2])
+
+        def reader(t):
+            r = np.random.default_rng(100 * rank + t)
+            for _ in range(20):
+                b = r.integers(0, N, 12)
+                v, off = store.get_batch(name, b)
+                check(v, off, b, unit, dtype, f"{name} thread {t}")
+
+        run_threads(3, reader)
+    # Through the fabric: a batch costs one read of row ends per owner plus the values' reads.
+    if rank > 0 and os.environ.get("DDSTORE_SHM") == "0" and store.transport.startswith("ofi"):
+        b = rng.choice(np.array(my_rows(0, size)), 12)  # rows of rank 0 only
+        before = store.get_profile("pos")["remote_reads"]
+        store.get_batch("pos", b)
+        reads = store.get_profile("pos")["remote_reads"] - before
+        nonempty = len({int(r) for r in b if length(int(r))})
+        assert reads <= nonempty + 1, f"{reads} reads for {nonempty} rows of one owner"
+    # A mismatch (ragged on one rank, fixed on another) fails every rank, no hang.
+    if size > 1:
+        arr = np.zeros((2, 4), np.float32)
+        e = expect_error(
+            DDStoreError,
+            "",
+            lambda: store.add("mixed", arr, lengths=[1, 1]) if rank == 0 else store.add("mixed", arr),
+        )
+        assert isinstance(e, DDStoreError)
+
+    # Upstream behaviours.
+    for m in ("get", "get_batch", "epoch_begin", "epoch_end", "add"):
+        assert getattr(pyddstore.PyDDStore, m).__doc__, m
+    store.epoch_begin()
+    if method == 0:  # as upstream: method 0 fences (collective) and refuses nesting; others do nothing
+        expect_error(ValueError, "already open", store.epoch_begin)
+    store.epoch_end()
+    if method == 0:
+        expect_error(ValueError, "no epoch", store.epoch_end)
+    else:
+        store.epoch_end()
+    store.add("fixed", np.arange(6 * 4, dtype=np.float32).reshape(6, 4) + 100 * rank)
+    recv = np.empty((2, 4), np.float32)
+    store.register_recv("fixed", recv)
+    store.register_recv("fixed", recv)  # the same buffer: one registration
+    store.get_batch("fixed", recv, [0, 6 * size - 1])
+    assert recv[0, 0] == 0 and recv[1, 0] == 100 * (size - 1) + 20
+    store.unregister_recv("fixed", recv)
+    expect_error(ValueError, "not registered", store.unregister_recv, "fixed", recv)
+    store.get("fixed", np.empty((0, 4), np.float32), 6 * size)
+    expect_error(TypeError, "indices are missing", store.get_batch, "fixed", [0, 1])
+    prof = store.get_profile()
+    for k in ("calls", "rows", "py_get", "py_gets", "py_sync", "lock_wait", "mr", "mr_miss", "read", "cq"):
+        assert k in prof, k
+    assert prof["py_gets"] > 0 and prof["calls"] > 0
+    assert sorted(store.names()) == ["edges", "fixed", "pos", "rec"], store.names()
+    store.free()
+    print(f"rank {rank}/{size}: ragged_store ok (method {method}, {store.transport})")
+
+
+if __name__ == "__main__":
+    main_guard(main)

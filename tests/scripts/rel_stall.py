@@ -1,0 +1,88 @@
+"""A peer stopped with SIGSTOP past DDSTORE_TIMEOUT_S while rank 0 reads it.
+
+    mpirun -n 2 python rel_stall.py <method> resume|stay
+
+Rank 0 stops rank 1, reads rank 1's rows (DDStoreTimeoutError naming rank 1,
+or the rows when the provider reads a stopped process's memory itself, as shm
+does). `resume`: rank 0 resumes rank 1, reads again (checked against rank 1's
+data), and both ranks free: free() must complete. `stay`: rank 1 is stopped before
+it reaches free(), and rank 0 frees while it is still stopped: free() must
+raise DDStoreTimeoutError naming rank 1 within DDSTORE_TIMEOUT_S + slack
+(leaving its share mapped); then rank 1 is resumed and its free() completes
+or raises within the timeout too. Every rank prints
+`stall {json}`."""
+
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+from _common import main_guard, rows_of, share_bounds
+from mpi4py import MPI
+
+import pyddstore
+
+N, SHAPE, SLACK_S = 40, (64,), 10.0
+
+
+def timed_free(store, limit):
+    t0 = time.monotonic()
+    try:
+        store.free()
+        outcome = "freed"
+    except pyddstore.DDStoreTimeoutError as e:
+        assert "[1]" in str(e) or "[0]" in str(e), f"free() names no rank: {e}"
+        outcome = "timeout"
+    took = time.monotonic() - t0
+    assert took < limit + SLACK_S, f"free() took {took:.1f} s with DDSTORE_TIMEOUT_S={limit}"
+    return outcome, took
+
+
+def main():
+    method, mode = int(sys.argv[1]), sys.argv[2]
+    limit = float(os.environ["DDSTORE_TIMEOUT_S"])
+    store = pyddstore.PyDDStore(MPI.COMM_WORLD, method=method)
+    first, count, _ = share_bounds(N, store.size, store.rank)
+    store.add("v", rows_of(5, np.arange(first, first + count), SHAPE, "float32"))
+    pids = store.allgather(os.getpid())
+    report = {"rank": store.rank, "method": method, "mode": mode}
+    if store.rank == 0:
+        f1, c1, _ = share_bounds(N, store.size, 1)
+        rows = np.arange(f1, f1 + c1)
+        out = np.empty((len(rows),) + SHAPE, np.float32)
+        os.kill(pids[1], signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            try:
+                store.get_batch("v", out, rows)
+                report["stopped_read"] = "read"
+                assert np.array_equal(out, rows_of(5, rows, SHAPE, "float32"))
+            except pyddstore.DDStoreTimeoutError as e:
+                assert "rank 1" in str(e), e
+                report["stopped_read"] = "timeout"
+            report["stopped_read_s"] = round(time.monotonic() - t0, 2)
+            if mode == "resume":
+                os.kill(pids[1], signal.SIGCONT)
+                out[:] = 0
+                store.get_batch("v", out, rows)
+                assert np.array_equal(out, rows_of(5, rows, SHAPE, "float32")), "rows after resume differ"
+                report["free"], report["free_s"] = timed_free(store, limit)
+            else:
+                report["free"], report["free_s"] = timed_free(store, limit)
+        finally:
+            os.kill(pids[1], signal.SIGCONT)
+    else:
+        if mode == "stay":
+            time.sleep(1.0)  # rank 0 stops this rank here, before it reaches free()
+        report["free"], report["free_s"] = timed_free(store, limit)
+    if mode == "stay" and store.rank == 0:
+        assert report["free"] == "timeout", f"free() completed although rank 1 was stopped: {report}"
+    if mode == "resume":
+        assert report["free"] == "freed", report
+    print("stall " + json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main_guard(main)

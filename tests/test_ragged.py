@@ -1,0 +1,35 @@
+"""Ragged variables (rows of different lengths, 0 allowed) end to end:
+mpirun -n 2/4 with methods 0 and 1 (tcp through the transport), and plain
+processes with the file communicator. DDSTORE_TEST_LONG=1 (make test-long)
+adds MPI_Get and the shm provider. Method 2: tests/test_torch_graphs.py."""
+
+import os
+
+import pytest
+from conftest import run_mpi, run_procs
+
+long_test = pytest.mark.skipif(
+    os.environ.get("DDSTORE_TEST_LONG") != "1", reason="longer variant: DDSTORE_TEST_LONG=1 (make test-long)"
+)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_method0(n):
+    assert "ragged_store ok (method 0" in run_mpi(n, "ragged_store.py", "0", "world").stdout
+
+
+@long_test
+def test_method0_through_mpi_get():
+    assert "ragged_store ok" in run_mpi(2, "ragged_store.py", "0", "world", env={"DDSTORE_SHM": "0"}).stdout
+
+
+@pytest.mark.parametrize("fabric,n", [("tcp", 4), pytest.param("shm", 2, marks=long_test)])
+def test_method1_through_the_fabric(fabric, n):
+    env = {"DDSTORE_FABRIC": fabric, "DDSTORE_SHM": "0"}
+    assert "ragged_store ok (method 1" in run_mpi(n, "ragged_store.py", "1", "world", env=env).stdout
+
+
+def test_file_comm_without_mpi(handshake_dir):
+    env = {"DDSTORE_HANDSHAKE_DIR": handshake_dir, "DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0"}
+    procs = run_procs(3, "ragged_store.py", "1", "none", env=env)
+    assert all("ragged_store ok (method 1" in p.stdout for p in procs)
