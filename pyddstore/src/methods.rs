@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+#[cfg(feature = "mpi")]
 use ddstore_core::node_only::NodeOnlyTransport;
 use ddstore_core::transport::Transport;
 use ddstore_core::{Comm, Config, Error, Result};
@@ -64,6 +65,7 @@ pub fn transport_for(
         #[cfg(not(feature = "mpi"))]
         (0, _) => Err(Error::Unsupported(NO_MPI.to_string())),
         // One process has no peer to reach: its reads are memory copies.
+        #[cfg(feature = "mpi")]
         (0, "single") => Ok(Arc::new(NodeOnlyTransport)),
         #[cfg(feature = "mpi")]
         (0, _) => Ok(Arc::new(MpiRma::new())),
