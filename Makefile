@@ -52,6 +52,7 @@ docs:  ## build the documentation (mkdocs --strict) into site/
 lint:  ## cargo fmt --check, clippy -D warnings, ruff
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy -p pyddstore -p ddstore-fabric --no-default-features --all-targets -- -D warnings
 	. .venv/bin/activate && ruff check . && ruff format --check .
 
 fmt:  ## format Rust and Python sources
