@@ -55,6 +55,15 @@ def main():
     again = pickle.loads(pickle.dumps(ds))
     assert torch.equal(again[N - 1][0], src.tensors[0][N - 1])
     again.free()
+    # A ragged field (a variable-length tensor per sample) travels in the handle too.
+    seqs = [(torch.arange(i % 7 + 1, dtype=torch.int64) * i, i) for i in range(N)]
+    rag = DistDataset(seqs, f"rag{method}", method=method, ragged={0: 0})
+    back = pickle.loads(pickle.dumps(rag))
+    for i in range(0, N, 7):  # rows of both ranks
+        seq, label = back[i]
+        assert torch.equal(seq, seqs[i][0]) and int(label) == i, (i, seq)
+    back.free()
+    rag.free()
     ds.ddstore.barrier()
     if rank == 0:
         lone = DistDataset(src, "m0", comm=pyddstore._native.Comm.single(), method=0)
