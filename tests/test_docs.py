@@ -69,6 +69,19 @@ def test_pyddstore_help_lists_get_and_get_batch():
     assert "Default: `DDSTORE_METHOD`, else 0 with an MPI communicator, else 1" in pyddstore.PyDDStore.__doc__
 
 
+def test_tuning_guide_lists_every_environment_variable():
+    import re
+
+    sources = [*ROOT.glob("ddstore-*/src/**/*.rs"), *ROOT.glob("pyddstore/src/*.rs")]
+    sources += [*ROOT.glob("pyddstore/python/pyddstore/**/*.py")]
+    used = set()
+    for path in sources:
+        used |= set(re.findall(r"DDSTORE_[A-Z0-9_]*[A-Z0-9]", path.read_text()))
+    guide = (ROOT / "docs" / "guides" / "tuning.md").read_text()
+    missing = sorted(v for v in used if v not in guide)
+    assert not missing, f"docs/guides/tuning.md does not document {missing}"
+
+
 def test_nothing_points_outside_the_repository():
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         text = path.read_text()
