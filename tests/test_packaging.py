@@ -98,7 +98,8 @@ def _check_wheel(wheel: Path) -> None:
 
 def test_pip_install_root_and_wheel_has_no_bundled_libraries(tmp_path):
     py = _clean_venv(tmp_path / "venv")
-    env = _build_env()
+    # MPI located by MPI_HOME alone (the build backend maps it to MPICC for the mpi crate).
+    env = _build_env({"MPI_HOME": "/usr", "MPICC": ""}) if os.path.exists("/usr/bin/mpicc") else _build_env()
     wheels = tmp_path / "wheels"
     _run([py, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)], env=env)
     (wheel,) = wheels.glob("pyddstore-*.whl")
@@ -108,6 +109,25 @@ def test_pip_install_root_and_wheel_has_no_bundled_libraries(tmp_path):
     assert "methods [0, 1, 2] mpi True" in out.stdout, out.stdout
     out = _run([py, "-m", "pyddstore", "info"], env=env, cwd=tmp_path)
     assert "pyddstore" in out.stdout and "method" in out.stdout
+
+
+def test_build_backend_maps_mpi_home_to_mpicc(tmp_path):
+    sys.path.insert(0, str(ROOT / "build_backend"))
+    try:
+        from pyddstore_build import _site_environment
+    finally:
+        sys.path.pop(0)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "mpicc").write_text("#!/bin/sh\n")
+    environ = {"MPI_HOME": str(tmp_path)}
+    _site_environment(environ)
+    assert environ["MPICC"] == str(tmp_path / "bin" / "mpicc")
+    given = {"MPI_HOME": str(tmp_path), "MPICC": "cc"}  # an explicit MPICC wins
+    _site_environment(given)
+    assert given["MPICC"] == "cc"
+    empty = {"MPI_HOME": str(tmp_path / "nowhere")}  # no wrapper there: nothing set
+    _site_environment(empty)
+    assert "MPICC" not in empty
 
 
 @pytest.mark.skipif(os.environ.get("DDSTORE_TEST_NO_MPI") != "1", reason="opt-in: make check-no-mpi")
