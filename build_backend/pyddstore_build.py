@@ -1,8 +1,8 @@
 """The PEP 517 backend of `pip install .`: maturin's, after mapping the site's MPI_HOME to the
 variable the Rust build reads.
 
-The MPI probe of the `mpi` crate reads MPICC (else the `mpicc` on PATH, CRAY_MPICH_DIR,
-MPI_PKG_CONFIG); with only MPI_HOME set, MPICC becomes $MPI_HOME/bin/mpicc. libfabric's
+The MPI probe of the `mpi` crate tries MPI_PKG_CONFIG, CRAY_MPICH_DIR, then MPICC (else the
+`mpicc` on PATH); with MPI_HOME set and MPICC unset, MPICC becomes $MPI_HOME/bin/mpicc. libfabric's
 LIBFABRIC_HOME and PKG_CONFIG_PATH are read by libfabric-sys's build script itself."""
 
 from __future__ import annotations
