@@ -1,5 +1,5 @@
 # pyddstore: `make help` lists the targets.
-.PHONY: help setup demo test test-long bench bench-graph bench-vcluster lint fmt soak check-memory check-no-mpi test-torch-min docs clean
+.PHONY: help setup demo test test-long bench bench-vcluster bench-graph bench-load lint fmt soak check-memory check-no-mpi test-torch-min docs clean
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -28,10 +28,18 @@ bench-vcluster:  ## remote rows across two virtual nodes beside one node (root; 
 	bash scripts/setup.sh && . .venv/bin/activate && \
 	python -m pyddstore.bench --vcluster --row-sizes 3072,1048576 --batch-sizes 1,128 --threads 1 \
 	--json bench-results/bench-vcluster.json
+
 bench-graph:  ## graphs: ragged vs padded vs per-sample records vs a local list (python -m pyddstore.bench_graph)
+	bash scripts/setup.sh && . .venv/bin/activate && \
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
 	FI_TCP_IFACE=lo mpirun -n 2 --bind-to none python -m pyddstore.bench_graph --batch 128 \
 	--json bench-results/bench_graph.json
+
+bench-load:  ## load paths (npz, memmap, h5py, snapshot) beside the 64-thread read limit, cold cache as root
+	bash scripts/setup.sh && . .venv/bin/activate && \
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+	FI_TCP_IFACE=lo DDSTORE_QUIET=1 mpirun -n 2 --bind-to none python -m pyddstore.bench_torch --parts load \
+	--json bench-results/bench-load.json
 
 soak:  ## long soak: 1,000,000 verified random reads per rank per config, RSS flat (scripts/soak.sh)
 	bash scripts/setup.sh && bash scripts/soak.sh 1000000 4

@@ -32,7 +32,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 
-want="numpy mpi4py maturin pytest ruff matplotlib tqdm mkdocs material mkdocstrings mkdocstrings_handlers.python"
+want="numpy mpi4py maturin pytest ruff matplotlib h5py zarr tqdm mkdocs material mkdocstrings mkdocstrings_handlers.python"
 # torch_geometric: the graph tests and examples/gnn (pure Python; the `graph` extra)
 [ "${WITH_TORCH:-1}" = "1" ] && want="$want torch torch_geometric"
 need=""

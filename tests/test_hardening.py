@@ -329,6 +329,23 @@ def test_squatted_dir_under_mpirun_is_refused_on_every_rank(shared_dir, other_us
     assert os.listdir(hs) == [], "nothing may be written into a squatted directory"
 
 
+def _wait_until_unlocked(directory: Path, timeout: float) -> None:
+    """Waits until no process holds a name lock in `directory` (the holders have exited)."""
+    import fcntl
+
+    deadline = time.monotonic() + timeout
+    for lock in directory.glob("*.ddstore.lock"):
+        with open(lock, "rb") as f:
+            while True:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(f, fcntl.LOCK_UN)
+                    break
+                except BlockingIOError:
+                    assert time.monotonic() < deadline, f"{lock.name} still locked after {timeout} s"
+                    time.sleep(0.1)
+
+
 def test_two_live_core_jobs_on_one_name_then_a_killed_one_is_taken_over(handshake_dir):
     from test_method2 import RECORDS, Core
 
@@ -347,6 +364,9 @@ def test_two_live_core_jobs_on_one_name_then_a_killed_one_is_taken_over(handshak
         assert "already published" in out and "by a live core job (host" in out and ", pid " in out, out
         assert (handshake_dir / RECORDS[0]).read_bytes() == record, "the live job's record was replaced"
         first.kill(signal.SIGKILL)  # dies holding its locks: the kernel releases them
+        # mpirun's ranks run in process groups of their own and outlive it briefly: the lock
+        # (rightly) stays taken until rank 0 itself has exited.
+        _wait_until_unlocked(handshake_dir, timeout=60)
         third = Core(handshake_dir, env)
         try:
             deadline = time.monotonic() + 120

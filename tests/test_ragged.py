@@ -29,6 +29,14 @@ def test_method1_through_the_fabric(fabric, n):
     assert "ragged_store ok (method 1" in run_mpi(n, "ragged_store.py", "1", "world", env=env).stdout
 
 
+@pytest.mark.parametrize("gather,path", [("1", "gather"), ("0", "one-sided")])
+def test_method1_tcp_gather_and_one_sided(gather, path):
+    """Ragged batches through the owner-side gather path (tcp's default) and through one-sided reads."""
+    env = {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0", "DDSTORE_REMOTE_GATHER": gather}
+    out = run_mpi(2, "ragged_store.py", "1", "world", env=env).stdout
+    assert "ragged_store ok (method 1" in out and f"{path} remote reads)" in out, out
+
+
 def test_file_comm_without_mpi(handshake_dir):
     env = {"DDSTORE_HANDSHAKE_DIR": handshake_dir, "DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0"}
     procs = run_procs(3, "ragged_store.py", "1", "none", env=env)

@@ -110,9 +110,9 @@ def test_method2_core_on_two_nodes_extra_job_on_a_third(vcluster, handshake_dir)
 def test_node_killed_mid_read(vcluster, handshake_dir):
     """Both ranks of node 1 are killed after everyone has read from them. Rank 0's reads from
     each raise DDStoreTimeoutError naming the dead rank within DDSTORE_TIMEOUT_S (+ slack), its
-    own node still reads exactly, and free() returns at once. Rank 1 never reads from the dead
-    node: its free() (whose barrier cannot complete) must still return, within the handshake
-    deadline, cleanly or with DDStoreTimeoutError."""
+    own node still reads exactly. free() on both survivors (rank 1 never read from the dead
+    node) cannot complete its barrier: it raises DDStoreTimeoutError within DDSTORE_TIMEOUT_S
+    (+ slack) instead of hanging; rank 0's names the dead ranks."""
     timeout_s, handshake_s, slack = 5, 15, 15
     env = {
         "DDSTORE_FABRIC": "tcp",
@@ -148,8 +148,9 @@ def test_node_killed_mid_read(vcluster, handshake_dir):
         t = reader["timeouts"][victim]
         assert f"rank {victim}" in t["msg"], t
         assert t["s"] <= timeout_s + slack, t
-    assert reader["free_s"] < slack and reader["free_error"] is None, reader
-    assert freer["free_s"] <= handshake_s + slack, freer
+    assert reader["free_s"] <= timeout_s + slack and reader["free_error"], reader
+    assert "2" in reader["free_error"] and "3" in reader["free_error"], reader
+    assert freer["free_s"] <= timeout_s + slack and freer["free_error"], freer
     assert took < handshake_s + 2 * slack, took
     print(json.dumps(found))
 

@@ -18,6 +18,42 @@ pub struct Config {
     pub node_sharing: bool,
     /// Every reading thread gets its own reader (`DDSTORE_THREAD_READERS`).
     pub thread_readers: bool,
+    /// Remote batches through the owner-side gather path (`DDSTORE_REMOTE_GATHER`).
+    pub remote_gather: RemoteGather,
+}
+
+/// `DDSTORE_REMOTE_GATHER`: how remote rows are read over libfabric.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RemoteGather {
+    /// The gather path where it is faster (tcp;ofi_rxm), one-sided reads
+    /// elsewhere (cxi, verbs, efa, shm: the NIC or the kernel does them;
+    /// sockets: measured no faster gathered).
+    #[default]
+    Auto,
+    /// Always one-sided reads.
+    Off,
+    /// The gather path on any provider offering tagged messages.
+    On,
+}
+
+impl RemoteGather {
+    /// Parses `DDSTORE_REMOTE_GATHER` (auto, 0, 1); a bad value names the variable.
+    pub fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<RemoteGather> {
+        const KEY: &str = "DDSTORE_REMOTE_GATHER";
+        match get(KEY).map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+            None | Some("" | "auto") => Ok(RemoteGather::Auto),
+            Some(_) => Ok(match parse_flag(get, KEY) {
+                Ok(Some(true)) => RemoteGather::On,
+                Ok(_) => RemoteGather::Off,
+                Err(_) => {
+                    let raw = get(KEY).unwrap_or_default();
+                    return Err(Error::invalid(format!(
+                        "environment variable {KEY}={raw:?} is not valid: expected auto, 0 or 1"
+                    )));
+                }
+            }),
+        }
+    }
 }
 
 impl Default for Config {
@@ -29,6 +65,7 @@ impl Default for Config {
             handshake_timeout: Duration::from_secs(300),
             node_sharing: true,
             thread_readers: true,
+            remote_gather: RemoteGather::Auto,
         }
     }
 }
@@ -54,6 +91,7 @@ impl Config {
                 .unwrap_or(d.handshake_timeout),
             node_sharing: parse_flag(&get, "DDSTORE_SHM")?.unwrap_or(d.node_sharing),
             thread_readers: parse_flag(&get, "DDSTORE_THREAD_READERS")?.unwrap_or(d.thread_readers),
+            remote_gather: RemoteGather::from_lookup(&get)?,
         })
         .and_then(|c| {
             check_env(&get)?;
@@ -135,6 +173,8 @@ pub const SETTINGS: &[(&str, Kind)] = &[
     // debug, info, warning, error or a number: checked by pyddstore's logging set-up.
     ("DDSTORE_LOG_LEVEL", Kind::Text),
     ("DDSTORE_LOAD_THREADS", Kind::Int { min: 1, max: 1024 }),
+    ("DDSTORE_LOAD_DEPTH", Kind::Int { min: 1, max: 1024 }),
+    ("DDSTORE_LOAD_DIRECT", Kind::Flag),
     (
         "DDSTORE_CORE_GROUP",
         Kind::Int {
@@ -151,6 +191,9 @@ pub const SETTINGS: &[(&str, Kind)] = &[
     ),
     ("DDSTORE_JOB_ID", Kind::Text),
     ("DDSTORE_JOB_TOKEN", Kind::Text),
+    ("DDSTORE_REMOTE_GATHER", Kind::Choice(&["auto", "0", "1"])),
+    ("DDSTORE_TEST_LONG", Kind::Flag),
+    ("DDSTORE_VCLUSTER_HARNESS", Kind::Text),
     ("DDSTORE_HOST_ID", Kind::Text),
     (
         "DDSTORE_MPI_FAKE_NODE_SIZE",
@@ -290,5 +333,22 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("DDSTORE_MAX_INFLIGHT"));
+    }
+
+    #[test]
+    fn remote_gather_values() {
+        let with = |v: &'static str| {
+            Config::from_lookup(move |k| (k == "DDSTORE_REMOTE_GATHER").then(|| v.to_string()))
+        };
+        assert_eq!(with("auto").unwrap().remote_gather, RemoteGather::Auto);
+        assert_eq!(with(" AUTO ").unwrap().remote_gather, RemoteGather::Auto);
+        assert_eq!(with("1").unwrap().remote_gather, RemoteGather::On);
+        assert_eq!(with("0").unwrap().remote_gather, RemoteGather::Off);
+        assert_eq!(with("").unwrap().remote_gather, RemoteGather::Auto);
+        let err = with("fast").unwrap_err().to_string();
+        assert!(
+            err.contains("DDSTORE_REMOTE_GATHER") && err.contains("auto, 0 or 1"),
+            "{err}"
+        );
     }
 }

@@ -54,6 +54,8 @@ pub struct Store {
     /// Released by `free()`: fabric objects and progress threads go with it.
     transport: RwLock<Option<Arc<dyn Transport>>>,
     transport_name: String,
+    /// The transport's [`Transport::remote_path`].
+    remote_path: &'static str,
     /// A peer stopped answering: `free()` then skips its barrier (it would wait for the dead).
     peer_lost: AtomicBool,
     config: Config,
@@ -95,6 +97,7 @@ impl Store {
         Store {
             comm,
             transport_name: transport.name(),
+            remote_path: transport.remote_path(),
             transport: RwLock::new(Some(transport)),
             peer_lost: AtomicBool::new(false),
             config,
@@ -112,6 +115,10 @@ impl Store {
     }
     pub fn transport_name(&self) -> String {
         self.transport_name.clone()
+    }
+    /// "one-sided" or "gather": how remote rows are read.
+    pub fn remote_path(&self) -> &'static str {
+        self.remote_path
     }
 
     fn transport(&self) -> Result<Arc<dyn Transport>> {

@@ -62,6 +62,11 @@ pub trait Transport: Send + Sync {
     }
     /// Method 2: reach shares another job published (`Exposed::records`).
     fn attach(&self, records: &[Vec<u8>]) -> Result<Arc<dyn RemoteShares>>;
+    /// How remote rows are read: "one-sided" reads, or "gather" (one request
+    /// per owner per batch, answered by the owner; see `DDSTORE_REMOTE_GATHER`).
+    fn remote_path(&self) -> &'static str {
+        "one-sided"
+    }
 }
 
 /// Remote access to the shares of one variable.

@@ -26,6 +26,9 @@ pub enum FabricError {
         waited: Duration,
         detail: String,
     },
+    /// A peer refused a request of the gather path (unknown key, bad range).
+    #[error("{detail}")]
+    Refused { peer: usize, detail: String },
     /// No provider or configuration matches what was asked for.
     #[error("{0}")]
     Unavailable(String),

@@ -32,6 +32,7 @@ fn system_info(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     let providers = pyo3::types::PyList::empty(py);
     for p in ddstore_fabric::ofi::usable_providers() {
         let e = PyDict::new(py);
+        let gather = ddstore_fabric::ofi::gather_by_default(&p.provider);
         e.set_item("provider", p.provider)?;
         e.set_item("fabric", p.fabric)?;
         e.set_item("domain", p.domain)?;
@@ -41,6 +42,7 @@ fn system_info(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
             if p.manual_progress { "manual" } else { "auto" },
         )?;
         e.set_item("max_msg_size", p.max_msg_size)?;
+        e.set_item("gather_by_default", gather)?;
         providers.append(e)?;
     }
     d.set_item("providers", providers)?;

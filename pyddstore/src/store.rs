@@ -239,6 +239,11 @@ impl PyStore {
     fn transport(&self) -> String {
         self.store.transport_name()
     }
+    /// "one-sided" or "gather" (`DDSTORE_REMOTE_GATHER`).
+    #[getter]
+    fn remote_path(&self) -> &'static str {
+        self.store.remote_path()
+    }
     #[getter]
     fn freed(&self) -> bool {
         self.store.is_freed()

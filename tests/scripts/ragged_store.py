@@ -137,7 +137,8 @@ def main():
     assert prof["py_gets"] > 0 and prof["calls"] > 0
     assert sorted(store.names()) == ["edges", "fixed", "pos", "rec"], store.names()
     store.free()
-    print(f"rank {rank}/{size}: ragged_store ok (method {method}, {store.transport})")
+    path = store.remote_path
+    print(f"rank {rank}/{size}: ragged_store ok (method {method}, {store.transport}, {path} remote reads)")
 
 
 if __name__ == "__main__":

@@ -91,6 +91,26 @@ ssize_t ddfi_readmsg(struct fid_ep *ep, const struct fi_msg_rma *msg,
 	return fi_readmsg(ep, msg, flags);
 }
 
+ssize_t ddfi_trecv(struct fid_ep *ep, void *buf, size_t len, void *desc,
+		   fi_addr_t src_addr, uint64_t tag, uint64_t ignore,
+		   void *context)
+{
+	return fi_trecv(ep, buf, len, desc, src_addr, tag, ignore, context);
+}
+
+ssize_t ddfi_tsend(struct fid_ep *ep, const void *buf, size_t len, void *desc,
+		   fi_addr_t dest_addr, uint64_t tag, void *context)
+{
+	return fi_tsend(ep, buf, len, desc, dest_addr, tag, context);
+}
+
+ssize_t ddfi_tsendv(struct fid_ep *ep, const struct iovec *iov, void **desc,
+		    size_t count, fi_addr_t dest_addr, uint64_t tag,
+		    void *context)
+{
+	return fi_tsendv(ep, iov, desc, count, dest_addr, tag, context);
+}
+
 ssize_t ddfi_cq_read(struct fid_cq *cq, void *buf, size_t count)
 {
 	return fi_cq_read(cq, buf, count);

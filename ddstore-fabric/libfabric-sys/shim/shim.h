@@ -14,6 +14,7 @@
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
 
 struct fi_info *ddfi_allocinfo(void);
 int ddfi_close(struct fid *fid);
@@ -49,6 +50,15 @@ ssize_t ddfi_read(struct fid_ep *ep, void *buf, size_t len, void *desc,
 		  fi_addr_t src_addr, uint64_t addr, uint64_t key, void *context);
 ssize_t ddfi_readmsg(struct fid_ep *ep, const struct fi_msg_rma *msg,
 		     uint64_t flags);
+
+ssize_t ddfi_trecv(struct fid_ep *ep, void *buf, size_t len, void *desc,
+		   fi_addr_t src_addr, uint64_t tag, uint64_t ignore,
+		   void *context);
+ssize_t ddfi_tsend(struct fid_ep *ep, const void *buf, size_t len, void *desc,
+		   fi_addr_t dest_addr, uint64_t tag, void *context);
+ssize_t ddfi_tsendv(struct fid_ep *ep, const struct iovec *iov, void **desc,
+		    size_t count, fi_addr_t dest_addr, uint64_t tag,
+		    void *context);
 
 ssize_t ddfi_cq_read(struct fid_cq *cq, void *buf, size_t count);
 ssize_t ddfi_cq_readerr(struct fid_cq *cq, struct fi_cq_err_entry *buf,

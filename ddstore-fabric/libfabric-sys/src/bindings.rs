@@ -2559,6 +2559,40 @@ unsafe extern "C" {
     ) -> isize;
 }
 unsafe extern "C" {
+    pub fn ddfi_trecv(
+        ep: *mut fid_ep,
+        buf: *mut ::std::os::raw::c_void,
+        len: usize,
+        desc: *mut ::std::os::raw::c_void,
+        src_addr: fi_addr_t,
+        tag: u64,
+        ignore: u64,
+        context: *mut ::std::os::raw::c_void,
+    ) -> isize;
+}
+unsafe extern "C" {
+    pub fn ddfi_tsend(
+        ep: *mut fid_ep,
+        buf: *const ::std::os::raw::c_void,
+        len: usize,
+        desc: *mut ::std::os::raw::c_void,
+        dest_addr: fi_addr_t,
+        tag: u64,
+        context: *mut ::std::os::raw::c_void,
+    ) -> isize;
+}
+unsafe extern "C" {
+    pub fn ddfi_tsendv(
+        ep: *mut fid_ep,
+        iov: *const iovec,
+        desc: *mut *mut ::std::os::raw::c_void,
+        count: usize,
+        dest_addr: fi_addr_t,
+        tag: u64,
+        context: *mut ::std::os::raw::c_void,
+    ) -> isize;
+}
+unsafe extern "C" {
     pub fn ddfi_readmsg(ep: *mut fid_ep, msg: *const fi_msg_rma, flags: u64) -> isize;
 }
 unsafe extern "C" {

@@ -14,6 +14,7 @@ use crate::error::FabricResult;
 pub struct Cq {
     ptr: *mut sys::fid_cq,
     has_wait: bool,
+    format: sys::fi_cq_format,
     opened_by: OpenedBy,
     domain: Arc<Domain>,
 }
@@ -26,8 +27,31 @@ unsafe impl Sync for Cq {}
 #[derive(Debug)]
 pub struct CqError {
     pub context: *mut c_void,
+    /// The tag of a failed tagged operation (0 otherwise).
+    pub tag: u64,
     pub code: i64,
     pub message: String,
+}
+
+/// An entry format a CQ can be opened with: context only (one-sided reads)
+/// or tagged (the gather path, which needs the length and tag of a receive).
+pub trait CqEntry: Copy + Default {
+    const FORMAT: sys::fi_cq_format;
+    fn context(&self) -> *mut c_void;
+}
+
+impl CqEntry for sys::fi_cq_entry {
+    const FORMAT: sys::fi_cq_format = sys::FI_CQ_FORMAT_CONTEXT;
+    fn context(&self) -> *mut c_void {
+        self.op_context
+    }
+}
+
+impl CqEntry for sys::fi_cq_tagged_entry {
+    const FORMAT: sys::fi_cq_format = sys::FI_CQ_FORMAT_TAGGED;
+    fn context(&self) -> *mut c_void {
+        self.op_context
+    }
 }
 
 /// The result of one poll of the queue.
@@ -41,9 +65,19 @@ pub enum Poll {
 impl Cq {
     /// `wait`: also give it a wait object so [`Cq::wait_read`] can block.
     pub fn open(domain: &Arc<Domain>, size: usize, wait: bool) -> FabricResult<Cq> {
+        Self::open_format(domain, size, wait, sys::FI_CQ_FORMAT_CONTEXT)
+    }
+
+    /// As [`Cq::open`], with entries of `format` (see [`CqEntry`]).
+    pub fn open_format(
+        domain: &Arc<Domain>,
+        size: usize,
+        wait: bool,
+        format: sys::fi_cq_format,
+    ) -> FabricResult<Cq> {
         let mut attr = sys::fi_cq_attr {
             size,
-            format: sys::FI_CQ_FORMAT_CONTEXT,
+            format,
             wait_obj: if wait {
                 sys::FI_WAIT_UNSPEC
             } else {
@@ -59,6 +93,7 @@ impl Cq {
         Ok(Cq {
             ptr,
             has_wait: wait,
+            format,
             opened_by: OpenedBy::this_process(),
             domain: domain.clone(),
         })
@@ -68,12 +103,38 @@ impl Cq {
     /// (tcp: sockets); otherwise (shm waits by spinning) one without a wait
     /// object, which callers poll.
     pub fn open_blocking_if_possible(domain: &Arc<Domain>, size: usize) -> FabricResult<Cq> {
-        if let Ok(cq) = Cq::open(domain, size, true) {
+        Self::open_blocking_if_possible_format(domain, size, sys::FI_CQ_FORMAT_CONTEXT)
+    }
+
+    /// As [`Cq::open_blocking_if_possible`], with entries of `format`.
+    pub fn open_blocking_if_possible_format(
+        domain: &Arc<Domain>,
+        size: usize,
+        format: sys::fi_cq_format,
+    ) -> FabricResult<Cq> {
+        if let Ok(cq) = Cq::open_format(domain, size, true, format) {
             if cq.wait_fd().is_some() {
                 return Ok(cq);
             }
         }
-        Cq::open(domain, size, false)
+        Cq::open_format(domain, size, false, format)
+    }
+
+    /// Whether entries are [`sys::fi_cq_tagged_entry`].
+    pub fn is_tagged(&self) -> bool {
+        self.format == sys::FI_CQ_FORMAT_TAGGED
+    }
+
+    fn check_format<E: CqEntry>(&self) -> FabricResult<()> {
+        if E::FORMAT == self.format {
+            Ok(())
+        } else {
+            Err(crate::error::FabricError::Invalid(format!(
+                "completion queue of format {} polled with entries of format {}",
+                self.format,
+                E::FORMAT
+            )))
+        }
     }
 
     pub fn has_wait(&self) -> bool {
@@ -104,14 +165,16 @@ impl Cq {
     }
 
     /// Polls once (this also progresses the endpoints bound to it).
-    pub fn poll(&self, buf: &mut [sys::fi_cq_entry]) -> FabricResult<Poll> {
-        // SAFETY: buf holds buf.len() context-format entries.
+    pub fn poll<E: CqEntry>(&self, buf: &mut [E]) -> FabricResult<Poll> {
+        self.check_format::<E>()?;
+        // SAFETY: buf holds buf.len() entries of this CQ's format (checked above).
         let rc = unsafe { sys::ddfi_cq_read(self.ptr, buf.as_mut_ptr() as *mut c_void, buf.len()) };
         self.interpret("fi_cq_read", rc as i64)
     }
 
     /// Blocks up to `timeout_ms` for a completion, progressing meanwhile.
-    pub fn wait_read(&self, buf: &mut [sys::fi_cq_entry], timeout_ms: i32) -> FabricResult<Poll> {
+    pub fn wait_read<E: CqEntry>(&self, buf: &mut [E], timeout_ms: i32) -> FabricResult<Poll> {
+        self.check_format::<E>()?;
         // SAFETY: as in poll; no wait condition is passed.
         let rc = unsafe {
             sys::ddfi_cq_sread(
@@ -175,6 +238,7 @@ impl Cq {
         let code = -(entry.err as i64);
         Ok(CqError {
             context: entry.op_context,
+            tag: entry.tag,
             code,
             message: format!("{} (provider: {detail})", strerror(code)),
         })

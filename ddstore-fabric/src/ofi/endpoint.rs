@@ -138,6 +138,79 @@ impl Endpoint {
         Ok(Ok(()))
     }
 
+    /// Posts a tagged receive of up to `len` bytes into `buf`, matching
+    /// `tag` except for the bits set in `ignore`, from any peer.
+    ///
+    /// # Safety
+    /// `buf..buf+len` and `context` must stay valid until the receive
+    /// completes on this endpoint's CQ or the endpoint is closed.
+    pub unsafe fn post_trecv(
+        &self,
+        buf: *mut u8,
+        len: usize,
+        tag: u64,
+        ignore: u64,
+        context: *mut c_void,
+    ) -> FabricResult<Result<(), TryAgain>> {
+        let rc = sys::ddfi_trecv(
+            self.ptr,
+            buf as *mut c_void,
+            len,
+            ptr::null_mut(),
+            sys::FI_ADDR_UNSPEC,
+            tag,
+            ignore,
+            context,
+        );
+        if rc == -(sys::FI_EAGAIN as isize) {
+            return Ok(Err(TryAgain));
+        }
+        check("fi_trecv", rc as i64)?;
+        Ok(Ok(()))
+    }
+
+    /// Sends the bytes of `iov` (at most the provider's iov limit, at least
+    /// one entry) as one tagged message to `peer`.
+    ///
+    /// # Safety
+    /// Every iov entry's memory and `context` must stay valid and unchanged
+    /// until the send completes on this endpoint's CQ or the endpoint is closed.
+    pub unsafe fn post_tsendv(
+        &self,
+        iov: &[sys::iovec],
+        peer: sys::fi_addr_t,
+        tag: u64,
+        context: *mut c_void,
+    ) -> FabricResult<Result<(), TryAgain>> {
+        let rc = if iov.len() == 1 {
+            sys::ddfi_tsend(
+                self.ptr,
+                iov[0].iov_base,
+                iov[0].iov_len,
+                ptr::null_mut(),
+                peer,
+                tag,
+                context,
+            )
+        } else {
+            let mut desc = [ptr::null_mut::<c_void>(); 16];
+            sys::ddfi_tsendv(
+                self.ptr,
+                iov.as_ptr(),
+                desc.as_mut_ptr(),
+                iov.len().min(desc.len()),
+                peer,
+                tag,
+                context,
+            )
+        };
+        if rc == -(sys::FI_EAGAIN as isize) {
+            return Ok(Err(TryAgain));
+        }
+        check("fi_tsend", rc as i64)?;
+        Ok(Ok(()))
+    }
+
     /// Asks the provider to cancel a posted operation (best effort).
     ///
     /// # Safety

@@ -47,8 +47,10 @@ struct Registered {
 impl OfiTransport {
     /// The node whose domain has FI_HMEM (opened once).
     fn hmem_node(&self) -> FabricResult<Arc<Node>> {
+        // Device shares are read one-sided: the gather path serves host shares.
         let request = InfoRequest {
             hmem: true,
+            tagged: false,
             ..self.request.clone()
         };
         let mut slot = self.hmem_node.lock().unwrap_or_else(|p| p.into_inner());
@@ -68,7 +70,7 @@ impl OfiTransport {
                 self.provider
             ))
         })?;
-        let node = Arc::new(Node::open(&info)?);
+        let node = Arc::new(Node::open(&info, false, self.config.timeout)?);
         *slot = Some(node.clone());
         Ok(node)
     }

@@ -27,6 +27,10 @@ pub struct InfoRequest {
     pub node: Option<String>,
     /// Ask for `FI_HMEM` and declare `FI_MR_HMEM` (shares in device memory).
     pub hmem: bool,
+    /// Also ask for tagged messages (`FI_TAGGED`, send and receive): the
+    /// owner-side gather path. Only set where that path is used, so the
+    /// choice among NIC providers (cxi, verbs) is never narrowed by it.
+    pub tagged: bool,
 }
 
 /// A list of `fi_info` entries this process owns (freed with `fi_freeinfo`).
@@ -67,6 +71,9 @@ impl Info {
             (*h.ep_attr).type_ = sys::FI_EP_RDM;
             h.caps = (sys::FI_RMA | sys::FI_READ | sys::FI_REMOTE_READ) as u64;
             h.mode = sys::FI_CONTEXT | sys::FI_CONTEXT2;
+            if req.tagged {
+                h.caps |= (sys::FI_TAGGED | sys::FI_SEND | sys::FI_RECV) as u64;
+            }
             let mut mr_mode = MR_MODES;
             if req.hmem {
                 // Device memory: ask for the capability and declare we
@@ -173,8 +180,8 @@ fn describe(req: &InfoRequest) -> String {
             ", device memory (FI_HMEM)"
         } else {
             ""
-        }
-    )
+        },
+    ) + if req.tagged { ", tagged messages" } else { "" }
 }
 
 /// One `fi_info` entry, borrowed from an [`Info`].
@@ -239,6 +246,14 @@ impl InfoEntry<'_> {
         unsafe { self.info.tx_attr.as_ref() }
             .map(|a| a.size)
             .unwrap_or(0)
+    }
+    /// Most iov entries one send takes (at least 1).
+    pub fn tx_iov_limit(&self) -> usize {
+        // SAFETY: attribute pointers of a getinfo entry are NULL or valid for its lifetime.
+        unsafe { self.info.tx_attr.as_ref() }
+            .map(|a| a.iov_limit)
+            .unwrap_or(1)
+            .max(1)
     }
     pub fn caps(&self) -> u64 {
         self.info.caps

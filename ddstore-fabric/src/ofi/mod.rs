@@ -7,11 +7,13 @@
 //! abandoned, never closed, in a forked child.
 
 mod av;
+mod context;
 mod cq;
 mod domain;
 mod endpoint;
 mod error;
 mod fabric;
+mod gather;
 mod iface;
 mod info;
 mod mr;
@@ -19,6 +21,7 @@ mod progress;
 mod reader;
 mod record;
 mod select;
+mod serve;
 mod transport;
 
 pub use av::Av;
@@ -34,7 +37,7 @@ pub use record::ShareRecord;
 pub use select::{
     is_provider_name, nic_for_rank, provider_candidates, DEFAULT_CANDIDATES, FABRIC_VALUES,
 };
-pub use transport::{OfiShares, OfiTransport};
+pub use transport::{gather_by_default, OfiShares, OfiTransport};
 
 use libfabric_sys as sys;
 

@@ -12,9 +12,11 @@ use ddstore_core::transport::{RemoteRead, ShareReader};
 use libfabric_sys as sys;
 
 use super::av::Av;
-use super::cq::{Cq, Poll};
+use super::context::Contexts;
+use super::cq::{Cq, CqEntry, CqError, Poll};
 use super::domain::Domain;
 use super::endpoint::Endpoint;
+use super::gather::{self, Landing};
 use super::mr::MemoryRegion;
 use super::record::ShareRecord;
 use crate::error::{FabricError, FabricResult};
@@ -70,52 +72,31 @@ impl DstRegistry {
     }
 }
 
-/// Operation contexts at fixed addresses (FI_CONTEXT2: the provider may
-/// use them until the operation completes or the endpoint closes).
-struct Contexts {
-    base: *mut sys::fi_context2,
-    len: usize,
+/// What a window slot holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    /// A one-sided read.
+    Read,
+    /// A receive of reply message `msg` (of request `req`), `want` bytes.
+    Recv { msg: usize, req: usize, want: usize },
+    /// A gather request being sent.
+    Send,
 }
-
-impl Contexts {
-    fn new(len: usize) -> Contexts {
-        let boxed: Box<[sys::fi_context2]> =
-            (0..len).map(|_| sys::fi_context2::default()).collect();
-        Contexts {
-            base: Box::into_raw(boxed) as *mut sys::fi_context2,
-            len,
-        }
-    }
-    fn ptr(&self, slot: usize) -> *mut c_void {
-        debug_assert!(slot < self.len);
-        self.base.wrapping_add(slot) as *mut c_void
-    }
-    fn slot_of(&self, ctx: *mut c_void) -> Option<usize> {
-        let offset = (ctx as usize).checked_sub(self.base as usize)?;
-        let size = std::mem::size_of::<sys::fi_context2>();
-        (offset % size == 0 && offset / size < self.len).then_some(offset / size)
-    }
-    /// After a failure the provider may still hold pointers into them.
-    fn abandon(self) {
-        std::mem::forget(self);
-    }
-}
-
-impl Drop for Contexts {
-    fn drop(&mut self) {
-        // SAFETY: base/len come from Box::into_raw of a boxed slice of len
-        // elements; no operation is in flight once a reader drops normally.
-        drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(self.base, self.len)) });
-    }
-}
-
-// SAFETY: the contexts are plain memory owned by the reader; the provider
-// only uses them during calls made by the reader's current thread.
-unsafe impl Send for Contexts {}
 
 struct InFlight {
     peer: usize,
     posted: Instant,
+    op: Op,
+}
+
+/// A completed receive, for the gather path to check and scatter.
+struct Arrived {
+    msg: usize,
+    req: usize,
+    peer: usize,
+    want: usize,
+    got: usize,
+    tag: u64,
 }
 
 struct Live {
@@ -126,6 +107,12 @@ struct Live {
     contexts: Contexts,
     slots: Vec<Option<InFlight>>,
     free: Vec<usize>,
+    /// Receives completed since the gather path last looked.
+    arrived: Vec<Arrived>,
+    /// Reader-owned landing space for packed replies (never the caller's memory).
+    bounce: Vec<u8>,
+    /// Encoded requests of the current batch (alive until their sends complete).
+    requests: Vec<Vec<u8>>,
 }
 
 pub struct ReaderSettings {
@@ -135,6 +122,9 @@ pub struct ReaderSettings {
     /// Register destinations and pass descriptors even when the provider
     /// does not require FI_MR_LOCAL (always legal; tests the cxi/verbs path).
     pub force_local_mr: bool,
+    /// Read from owners whose record offers it through the gather path
+    /// (the domain has tagged messages).
+    pub gather: bool,
 }
 
 pub struct OfiReader {
@@ -146,6 +136,10 @@ pub struct OfiReader {
     chunk: usize,
     virt_addr: bool,
     local_mr: bool,
+    /// This endpoint's name: owners address their replies to it.
+    name: Vec<u8>,
+    /// Sequence number of the next gather request.
+    seq: u32,
 }
 
 impl OfiReader {
@@ -155,7 +149,8 @@ impl OfiReader {
         registry: Arc<DstRegistry>,
         settings: ReaderSettings,
     ) -> FabricResult<OfiReader> {
-        let window = settings.window.max(1);
+        // The gather path needs a receive and the request's send in flight at once.
+        let window = settings.window.max(if settings.gather { 2 } else { 1 });
         // Checked before any queue is sized from it: past the provider's
         // transmit queue, fi_enable or a later post would fail obscurely.
         let tx_size = domain.info().tx_size();
@@ -166,12 +161,22 @@ impl OfiReader {
                 domain.info().provider()
             )));
         }
+        let format = if settings.gather {
+            sys::FI_CQ_FORMAT_TAGGED
+        } else {
+            sys::FI_CQ_FORMAT_CONTEXT
+        };
         // A wait object lets an idle reader block in the provider's wait set
         // (sockets, eventfds), which also progresses the provider promptly.
-        let cq = Arc::new(Cq::open_blocking_if_possible(domain, window * 2)?);
+        let cq = Arc::new(Cq::open_blocking_if_possible_format(
+            domain,
+            window * 2,
+            format,
+        )?);
         let av = Arc::new(Av::open(domain, peers.len())?);
         let ep = Arc::new(Endpoint::open(domain, cq, av)?);
-        let own_len = ep.name()?.len();
+        let name = ep.name()?;
+        let own_len = name.len();
         let names: Vec<&[u8]> = peers.iter().map(|p| p.addr.as_slice()).collect();
         let peers_fi = ep.av().insert(&names, own_len)?;
         let info = domain.info();
@@ -184,7 +189,12 @@ impl OfiReader {
                 contexts: Contexts::new(window),
                 slots: (0..window).map(|_| None).collect(),
                 free: (0..window).rev().collect(),
+                arrived: Vec::new(),
+                bounce: Vec::new(),
+                requests: Vec::new(),
             }),
+            name,
+            seq: 0,
             broken: None,
             chunk: max_msg.min(settings.max_read_bytes.max(1)),
             virt_addr: domain.requires(sys::FI_MR_VIRT_ADDR),
@@ -357,6 +367,7 @@ impl OfiReader {
                 live.slots[slot] = Some(InFlight {
                     peer: r.owner,
                     posted: Instant::now(),
+                    op: Op::Read,
                 });
                 done += n;
             }
@@ -398,13 +409,303 @@ impl OfiReader {
                 dst_mrs,
                 ep,
                 contexts,
+                bounce,
+                requests,
                 ..
             } = live;
             drop(ep);
             drop(dst_mrs); // the last Arc<Endpoint> may be held by a bound MR
             contexts.abandon();
+            // Receives and sends may still reference these (the endpoint may
+            // outlive us in a bound MR): never free them under the provider.
+            std::mem::forget(bounce);
+            std::mem::forget(requests);
         }
         self.broken = Some(why);
+    }
+}
+
+impl OfiReader {
+    /// The gather path: one request per owner (more when the batch exceeds a
+    /// request or the window), every reply's receive posted before its request
+    /// is sent; replies land in `dst` directly or through the bounce buffer.
+    fn do_gather(
+        &mut self,
+        reads: &[(usize, u64, usize, usize)],
+        dst: &mut [u8],
+    ) -> FabricResult<()> {
+        let live = self.live.as_mut().expect("checked by read_many");
+        let window = live.slots.len();
+        let plan = gather::plan(
+            reads,
+            gather::Limits {
+                chunk: self.chunk,
+                msgs_per_request: window - 1,
+                name_len: self.name.len(),
+            },
+        );
+        // Nothing is in flight between calls, so the buffers may move here.
+        if live.bounce.len() < plan.bounce_len {
+            live.bounce.resize(plan.bounce_len, 0);
+        }
+        if live.requests.len() < plan.requests.len() {
+            live.requests.resize_with(plan.requests.len(), Vec::new);
+        }
+        let dst_base = dst.as_mut_ptr();
+        let bounce_base = live.bounce.as_mut_ptr();
+        // Per message of the batch: (request, its Message); per request: state.
+        let msgs: Vec<(usize, gather::Message)> = plan
+            .requests
+            .iter()
+            .enumerate()
+            .flat_map(|(ri, r)| r.msgs.iter().map(move |m| (ri, *m)))
+            .collect();
+        let mut sent = vec![false; plan.requests.len()];
+        let mut cancel = vec![false; plan.requests.len()];
+        let mut poisoned = false;
+        let mut first_error: Option<FabricError> = None;
+        let mut next_msg = 0usize;
+        let settings = &self.settings;
+
+        // Checks and scatters replies that arrived; a refusal cancels the
+        // rest of its request's receives, any other mismatch poisons the reader.
+        let settle = |live: &mut Live,
+                      cancel: &mut Vec<bool>,
+                      poisoned: &mut bool,
+                      first_error: &mut Option<FabricError>| {
+            for a in std::mem::take(&mut live.arrived) {
+                let status = gather::reply_status(a.tag);
+                if status != 0 || a.got != a.want {
+                    first_error.get_or_insert(gather::bad_reply(a.peer, status, a.got, a.want));
+                    if status != 0 && a.got == 0 {
+                        cancel[a.req] = true;
+                    } else {
+                        *poisoned = true;
+                    }
+                    continue;
+                }
+                if let Landing::Bounce { scatter, .. } = msgs[a.msg].1.land {
+                    for &(b, d, n) in &plan.scatter[scatter.0..scatter.1] {
+                        // SAFETY: the plan keeps b..b+n inside the bounce buffer and
+                        // d..d+n inside dst (validated); this reply has completed, so
+                        // nothing else writes either range.
+                        unsafe { ptr::copy_nonoverlapping(bounce_base.add(b), dst_base.add(d), n) };
+                    }
+                }
+            }
+            // Receives of refused requests never get data: cancel them.
+            for (slot, f) in live.slots.iter().enumerate() {
+                if let Some(InFlight {
+                    op: Op::Recv { req, .. },
+                    ..
+                }) = f
+                {
+                    if cancel[*req] {
+                        // SAFETY: the slot holds a receive posted on this endpoint.
+                        unsafe { live.ep.cancel(live.contexts.ptr(slot)) };
+                    }
+                }
+            }
+            cancel.iter_mut().for_each(|c| *c = false);
+        };
+
+        // Takes a free slot, reaping (and settling) while none is.
+        macro_rules! slot {
+            () => {
+                loop {
+                    if let Some(s) = live.free.pop() {
+                        break Some(s);
+                    }
+                    if let Err(e) = reap(live, settings, &mut first_error) {
+                        first_error.get_or_insert(e);
+                    }
+                    settle(live, &mut cancel, &mut poisoned, &mut first_error);
+                    if first_error.is_some() {
+                        break None;
+                    }
+                }
+            };
+        }
+
+        'posting: for (ri, req) in plan.requests.iter().enumerate() {
+            self.seq = self.seq.wrapping_add(1) & gather::SEQ_MASK;
+            let seq = self.seq;
+            for (mi, m) in req.msgs.iter().enumerate() {
+                let g = next_msg;
+                next_msg += 1;
+                let Some(slot) = slot!() else {
+                    break 'posting;
+                };
+                let buf = match m.land {
+                    // SAFETY (both): offsets planned inside dst (validated) or the bounce buffer.
+                    Landing::Direct(d) => unsafe { dst_base.add(d) },
+                    Landing::Bounce { at, .. } => unsafe { bounce_base.add(at) },
+                };
+                let stalled = Instant::now();
+                loop {
+                    // SAFETY: buf..buf+len lies in dst (borrowed for this whole call,
+                    // and the endpoint is closed before returning if the receive is
+                    // still posted) or in the reader-owned bounce buffer (abandoned,
+                    // never freed, if the reader breaks); the context slot is reserved.
+                    let posted = unsafe {
+                        live.ep.post_trecv(
+                            buf,
+                            m.len,
+                            gather::reply_tag(seq, mi as u32, 0),
+                            gather::STATUS_MASK,
+                            live.contexts.ptr(slot),
+                        )
+                    };
+                    match posted {
+                        Ok(Ok(())) => break,
+                        Ok(Err(_again)) if stalled.elapsed() <= settings.timeout => {
+                            if let Err(e) = progress_once(live, &mut first_error) {
+                                first_error.get_or_insert(e);
+                            }
+                            settle(live, &mut cancel, &mut poisoned, &mut first_error);
+                            if first_error.is_some() {
+                                live.free.push(slot);
+                                break 'posting;
+                            }
+                        }
+                        Ok(Err(_again)) => {
+                            live.free.push(slot);
+                            first_error.get_or_insert(FabricError::Timeout {
+                                peer: req.owner,
+                                waited: stalled.elapsed(),
+                                detail: "fi_trecv kept returning FI_EAGAIN".into(),
+                            });
+                            break 'posting;
+                        }
+                        Err(e) => {
+                            live.free.push(slot);
+                            first_error.get_or_insert(e);
+                            break 'posting;
+                        }
+                    }
+                }
+                live.slots[slot] = Some(InFlight {
+                    peer: req.owner,
+                    posted: Instant::now(),
+                    op: Op::Recv {
+                        msg: g,
+                        req: ri,
+                        want: m.len,
+                    },
+                });
+            }
+            let body = &mut live.requests[ri];
+            gather::encode(
+                body,
+                seq,
+                self.peers[req.owner].key,
+                &self.name,
+                &req.msg_ranges,
+                &req.ranges,
+            );
+            let Some(slot) = slot!() else {
+                cancel[ri] = true;
+                break 'posting;
+            };
+            let iov = [sys::iovec {
+                iov_base: live.requests[ri].as_mut_ptr() as *mut c_void,
+                iov_len: live.requests[ri].len(),
+            }];
+            let stalled = Instant::now();
+            loop {
+                // SAFETY: the request buffer is reader-owned and not touched until
+                // the send completes (or is abandoned with a broken reader).
+                let posted = unsafe {
+                    live.ep.post_tsendv(
+                        &iov,
+                        live.peers_fi[req.owner],
+                        gather::REQUEST_TAG,
+                        live.contexts.ptr(slot),
+                    )
+                };
+                match posted {
+                    Ok(Ok(())) => break,
+                    Ok(Err(_again)) if stalled.elapsed() <= settings.timeout => {
+                        // Not accepted yet (rxm: still connecting): progress, never
+                        // wait on the receives, which need this request sent first.
+                        if let Err(e) = progress_once(live, &mut first_error) {
+                            first_error.get_or_insert(e);
+                        }
+                        settle(live, &mut cancel, &mut poisoned, &mut first_error);
+                        if first_error.is_some() {
+                            live.free.push(slot);
+                            cancel[ri] = true;
+                            break 'posting;
+                        }
+                        std::thread::yield_now();
+                    }
+                    Ok(Err(_again)) => {
+                        live.free.push(slot);
+                        cancel[ri] = true;
+                        first_error.get_or_insert(FabricError::Timeout {
+                            peer: req.owner,
+                            waited: stalled.elapsed(),
+                            detail: "a gather request could not be sent (FI_EAGAIN)".into(),
+                        });
+                        break 'posting;
+                    }
+                    Err(e) => {
+                        live.free.push(slot);
+                        cancel[ri] = true;
+                        first_error.get_or_insert(match e {
+                            FabricError::Ofi {
+                                call,
+                                code,
+                                message,
+                            } => FabricError::Ofi {
+                                call,
+                                code,
+                                message: format!("request to rank {}: {message}", req.owner),
+                            },
+                            other => other,
+                        });
+                        break 'posting;
+                    }
+                }
+            }
+            sent[ri] = true;
+            live.slots[slot] = Some(InFlight {
+                peer: req.owner,
+                posted: Instant::now(),
+                op: Op::Send,
+            });
+        }
+        // Receives of requests never sent get no reply.
+        for (ri, s) in sent.iter().enumerate() {
+            if !s {
+                cancel[ri] = true;
+            }
+        }
+        settle(live, &mut cancel, &mut poisoned, &mut first_error);
+        // Complete (or cancel) everything posted before dst is handed back;
+        // a timeout here breaks the reader, which closes its endpoint.
+        while live.free.len() < live.slots.len() {
+            if let Err(e) = reap(live, settings, &mut first_error) {
+                first_error.get_or_insert(e);
+                break;
+            }
+            settle(live, &mut cancel, &mut poisoned, &mut first_error);
+        }
+        let outstanding = live.free.len() < live.slots.len();
+        if outstanding || poisoned {
+            let why = first_error
+                .as_ref()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            self.break_reader(why);
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        for &(from, to, n) in &plan.repeats {
+            dst.copy_within(from..from + n, to);
+        }
+        Ok(())
     }
 }
 
@@ -413,6 +714,61 @@ const SPINS: u32 = 32;
 /// Longest block in `fi_cq_sread`, so timeouts are checked regularly.
 const WAIT_MS: i32 = 1;
 
+/// One completion, whatever the CQ's format.
+#[derive(Clone, Copy)]
+struct Done {
+    ctx: *mut c_void,
+    len: usize,
+    tag: u64,
+}
+
+/// Waits (up to `WAIT_MS`) or polls once, as the CQ's entry format requires.
+fn poll_cq(cq: &Cq, block: bool, out: &mut [Done; 32]) -> FabricResult<Result<usize, CqError>> {
+    fn once<E: CqEntry>(cq: &Cq, buf: &mut [E], block: bool) -> FabricResult<Poll> {
+        if block {
+            match cq.wait_read(buf, WAIT_MS) {
+                Err(FabricError::Ofi { code, .. }) if code == -(sys::FI_ENOSYS as i64) => {
+                    cq.poll(buf)
+                }
+                other => other,
+            }
+        } else {
+            cq.poll(buf)
+        }
+    }
+    let polled = if cq.is_tagged() {
+        let mut e = [sys::fi_cq_tagged_entry::default(); 32];
+        let p = once(cq, &mut e, block)?;
+        if let Poll::Completed(n) = p {
+            for (o, e) in out.iter_mut().zip(&e[..n]) {
+                *o = Done {
+                    ctx: e.op_context,
+                    len: e.len,
+                    tag: e.tag,
+                };
+            }
+        }
+        p
+    } else {
+        let mut e = [sys::fi_cq_entry::default(); 32];
+        let p = once(cq, &mut e, block)?;
+        if let Poll::Completed(n) = p {
+            for (o, e) in out.iter_mut().zip(&e[..n]) {
+                *o = Done {
+                    ctx: e.op_context,
+                    len: 0,
+                    tag: 0,
+                };
+            }
+        }
+        p
+    };
+    Ok(match polled {
+        Poll::Completed(n) => Ok(n),
+        Poll::Failed(err) => Err(err),
+    })
+}
+
 /// Polls the CQ once, freeing completed slots; records a failed read and
 /// returns a timeout when the oldest read waited longer than allowed.
 fn reap(
@@ -420,54 +776,92 @@ fn reap(
     settings: &ReaderSettings,
     first_error: &mut Option<FabricError>,
 ) -> FabricResult<()> {
-    let mut entries = [sys::fi_cq_entry::default(); 32];
+    reap_until(live, settings, first_error, false)
+}
+
+/// Polls the CQ once without waiting for anything to complete (progresses
+/// the provider, e.g. a connection a send waits for).
+fn progress_once(live: &mut Live, first_error: &mut Option<FabricError>) -> FabricResult<()> {
+    let settings = ReaderSettings {
+        window: 0,
+        timeout: Duration::MAX,
+        max_read_bytes: 0,
+        force_local_mr: false,
+        gather: false,
+    };
+    reap_until(live, &settings, first_error, true)
+}
+
+/// As [`reap`]; with `once`, returns after one poll.
+fn reap_until(
+    live: &mut Live,
+    settings: &ReaderSettings,
+    first_error: &mut Option<FabricError>,
+    once: bool,
+) -> FabricResult<()> {
+    let mut done = [Done {
+        ctx: ptr::null_mut(),
+        len: 0,
+        tag: 0,
+    }; 32];
     let mut idle: u32 = 0;
     let cq = live.ep.cq().clone();
     loop {
-        let polled = if cq.has_wait() && idle >= SPINS {
-            match cq.wait_read(&mut entries, WAIT_MS) {
-                Err(FabricError::Ofi { code, .. }) if code == -(sys::FI_ENOSYS as i64) => {
-                    cq.poll(&mut entries)
-                }
-                other => other,
-            }
-        } else {
-            cq.poll(&mut entries)
-        };
-        match polled? {
-            Poll::Completed(0) => {}
-            Poll::Completed(n) => {
-                for e in &entries[..n] {
-                    if let Some(slot) = live.contexts.slot_of(e.op_context) {
-                        if live.slots[slot].take().is_some() {
+        let block = cq.has_wait() && idle >= SPINS && !once;
+        match poll_cq(&cq, block, &mut done)? {
+            Ok(0) => {}
+            Ok(n) => {
+                for d in &done[..n] {
+                    if let Some(slot) = live.contexts.slot_of(d.ctx) {
+                        if let Some(f) = live.slots[slot].take() {
                             live.free.push(slot);
+                            if let Op::Recv { msg, req, want } = f.op {
+                                live.arrived.push(Arrived {
+                                    msg,
+                                    req,
+                                    peer: f.peer,
+                                    want,
+                                    got: d.len,
+                                    tag: d.tag,
+                                });
+                            }
                         }
                     }
                 }
                 return Ok(());
             }
-            Poll::Failed(err) => {
+            Err(err) => {
                 let slot = live.contexts.slot_of(err.context);
-                let peer = slot
-                    .and_then(|s| live.slots[s].take())
-                    .map(|f| f.peer)
-                    .or_else(|| {
-                        // No context (shm): if every read in flight targets one peer, it is that one.
-                        let mut peers = live.slots.iter().flatten().map(|f| f.peer);
-                        let first = peers.next()?;
-                        peers.all(|p| p == first).then_some(first)
-                    });
+                let taken = slot.and_then(|s| live.slots[s].take());
+                if let Some(s) = slot {
+                    if !live.free.contains(&s) && live.slots[s].is_none() {
+                        live.free.push(s);
+                    }
+                }
+                let op = taken.as_ref().map(|f| f.op).unwrap_or(Op::Read);
+                if matches!(op, Op::Recv { .. })
+                    && err.code.unsigned_abs() == sys::FI_ECANCELED as u64
+                {
+                    // A receive this reader cancelled (its request was refused or never sent).
+                    return Ok(());
+                }
+                let peer = taken.map(|f| f.peer).or_else(|| {
+                    // No context (shm): if every read in flight targets one peer, it is that one.
+                    let mut peers = live.slots.iter().flatten().map(|f| f.peer);
+                    let first = peers.next()?;
+                    peers.all(|p| p == first).then_some(first)
+                });
                 if slot.is_none() && peer.is_none() {
                     // A failure that names no read (shm, a peer killed while reads to several
                     // peers are in flight): the live peers' reads still complete, so the dead
                     // peer's reads are what is left when the timeout below names their rank.
                     continue;
                 }
-                if let Some(s) = slot {
-                    if !live.free.contains(&s) && live.slots[s].is_none() {
-                        live.free.push(s);
-                    }
-                }
+                let call = match op {
+                    Op::Read => "fi_read",
+                    Op::Recv { .. } => "fi_trecv",
+                    Op::Send => "fi_tsend",
+                };
                 let who = peer
                     .map(|p| format!("rank {p}"))
                     .unwrap_or_else(|| "a peer".into());
@@ -485,7 +879,7 @@ fn reap(
                         ),
                     },
                     Some(peer) if key_refused(err.code) => FabricError::Ofi {
-                        call: "fi_read",
+                        call,
                         code: err.code,
                         message: format!(
                             "rank {peer} refused the read ({}): the memory key or address is not one \
@@ -494,21 +888,32 @@ fn reap(
                         ),
                     },
                     _ => FabricError::Ofi {
-                        call: "fi_read",
+                        call,
                         code: err.code,
-                        message: format!("read from {who} failed: {}", err.message),
+                        message: format!("{call} with {who} failed: {}", err.message),
                     },
                 });
                 return Ok(());
             }
         }
-        if let Some((peer, waited)) = oldest(live) {
+        if once {
+            return Ok(());
+        }
+        if let Some((peer, waited, op)) = oldest(live) {
             if waited > settings.timeout {
                 return Err(FabricError::Timeout {
                     peer,
                     waited,
-                    detail: "a read was posted but never completed (the peer may have exited)"
-                        .into(),
+                    detail: match op {
+                        Op::Read => {
+                            "a read was posted but never completed (the peer may have exited)"
+                        }
+                        Op::Recv { .. } => {
+                            "it never answered a gather request (it may be stopped, have exited or freed the variable)"
+                        }
+                        Op::Send => "a gather request was never sent (the peer may have exited)",
+                    }
+                    .into(),
                 });
             }
         } else {
@@ -525,12 +930,12 @@ fn reap(
     }
 }
 
-fn oldest(live: &Live) -> Option<(usize, Duration)> {
+fn oldest(live: &Live) -> Option<(usize, Duration, Op)> {
     live.slots
         .iter()
         .flatten()
-        .map(|f| (f.peer, f.posted.elapsed()))
-        .max_by_key(|(_, w)| *w)
+        .map(|f| (f.peer, f.posted.elapsed(), f.op))
+        .max_by_key(|(_, w, _)| *w)
 }
 
 impl ShareReader for OfiReader {
@@ -544,7 +949,28 @@ impl ShareReader for OfiReader {
         if reads.iter().all(|r| r.len == 0) {
             return Ok(());
         }
-        Ok(self.do_reads(reads, dst)?)
+        if !self.settings.gather {
+            return Ok(self.do_reads(reads, dst)?);
+        }
+        // Owners that serve the gather path get requests; any other owner
+        // (a record without it) is read one-sided.
+        let (gathered, direct): (Vec<&RemoteRead>, Vec<&RemoteRead>) =
+            reads.iter().partition(|r| self.peers[r.owner].gather);
+        if !gathered.is_empty() {
+            let list: Vec<(usize, u64, usize, usize)> = gathered
+                .iter()
+                .map(|r| (r.owner, r.offset, r.len, r.dst_offset))
+                .collect();
+            self.do_gather(&list, dst)?;
+        }
+        if !direct.is_empty() {
+            if let Some(why) = &self.broken {
+                return Err(ddstore_core::Error::Transport(why.clone()));
+            }
+            let direct: Vec<RemoteRead> = direct.into_iter().copied().collect();
+            self.do_reads(&direct, dst)?;
+        }
+        Ok(())
     }
 }
 

@@ -19,6 +19,9 @@ pub struct ShareRecord {
     pub base: u64,
     pub key: u64,
     pub len: u64,
+    /// The owner answers gather requests for this share (absent in older records).
+    #[serde(default)]
+    pub gather: bool,
 }
 
 impl ShareRecord {
@@ -30,6 +33,7 @@ impl ShareRecord {
             base,
             key,
             len,
+            gather: false,
         }
     }
 

@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex, Once};
 
 use ddstore_core::comm::Comm;
-use ddstore_core::config::Config;
+use ddstore_core::config::{Config, RemoteGather};
 use ddstore_core::external::ExternalShare;
 use ddstore_core::region::{share_on_node, Memory, Region};
 use ddstore_core::transport::{ExposeOptions, Exposed, RemoteShares, ShareReader, Transport};
@@ -20,6 +20,7 @@ use super::progress::Progress;
 use super::reader::{DstRegistry, OfiReader, ReaderSettings};
 use super::record::ShareRecord;
 use super::select;
+use super::serve::{self, ServedShares};
 use crate::error::{FabricError, FabricResult};
 
 /// Over tcp, rxm gives each endpoint an internal completion queue of
@@ -43,8 +44,9 @@ fn universe_size_for(config: &Config) -> usize {
 /// universe (cxi's address vectors), where a small value could hurt at scale.
 ///
 /// Also `FI_OFI_RXM_BUFFER_SIZE`: rxm posts thousands of receive buffers per
-/// endpoint (16 KiB each by default) for messages we never send; reads go
-/// straight to the message endpoint. 1 KiB buffers cut a 4-rank tcp
+/// endpoint (16 KiB each by default) for unexpected messages; reads go
+/// straight to the message endpoint, and gather replies (whose receives are
+/// always posted first) go eager into the posted buffer over tcp. 1 KiB buffers cut a 4-rank tcp
 /// process from 290 to 80 MiB resident with no loss of read speed (measured
 /// with `mpirun -n 4 python -m pyddstore.bench --configs ofi-tcp`).
 fn default_libfabric_settings(config: &Config, provider: &str) {
@@ -53,10 +55,19 @@ fn default_libfabric_settings(config: &Config, provider: &str) {
         if !provider.contains("ofi_rxm") {
             return;
         }
-        let defaults = [
+        let mut defaults = vec![
             ("FI_UNIVERSE_SIZE", universe_size_for(config)),
             ("FI_OFI_RXM_BUFFER_SIZE", RXM_BUFFER_BYTES),
         ];
+        // Over tcp, rxm places eager messages straight into the posted
+        // receive (dynamic receive buffers) and sends them from the caller's
+        // memory; beyond the eager limit it segments through its 1 KiB
+        // buffers or runs a rendezvous. Gather replies (up to a read's
+        // length) go eager: 1 x 3 KB rows 130 -> 60 µs, 1 MB replies no
+        // longer read back by the reader (measured with python -m pyddstore.bench).
+        if provider.starts_with("tcp") {
+            defaults.push(("FI_OFI_RXM_EAGER_LIMIT", config.max_read_bytes));
+        }
         for (name, value) in defaults {
             if std::env::var_os(name).is_none() {
                 // glibc's setenv never frees an environment a concurrent getenv
@@ -86,34 +97,56 @@ struct Node {
     // Field order is close order: stop the thread, then endpoint, then domain.
     _progress: Option<Progress>,
     target: Arc<Endpoint>,
+    /// Shares this process answers gather requests for (gather path only).
+    served: Option<Arc<ServedShares>>,
     domain: Arc<Domain>,
 }
 
 impl Node {
-    fn open(info: &Info) -> FabricResult<Node> {
+    /// `gather`: the progress thread also answers gather requests (the
+    /// domain must then offer tagged messages); replies wait for the
+    /// provider at most `timeout` (the readers' `DDSTORE_TIMEOUT_S`).
+    fn open(info: &Info, gather: bool, timeout: std::time::Duration) -> FabricResult<Node> {
         let domain = open_domain(info)?;
         // sockets reports auto progress, but its own progress thread is slow
         // to serve reads (measured: half the bandwidth without ours).
         let manual = domain.info().manual_data_progress() || domain.info().provider() == "sockets";
         // A wait object lets the progress thread sleep until a request arrives.
-        let cq = if manual {
+        let cq = if gather {
+            Cq::open_blocking_if_possible_format(&domain, serve::CQ_SIZE, sys::FI_CQ_FORMAT_TAGGED)?
+        } else if manual {
             Cq::open_blocking_if_possible(&domain, 64)?
         } else {
             Cq::open(&domain, 64, false)?
         };
         let av = Arc::new(Av::open(&domain, 1)?);
         let target = Arc::new(Endpoint::open(&domain, Arc::new(cq), av)?);
-        let progress = if manual {
-            Some(Progress::start(target.clone())?)
-        } else {
-            None
+        let served = gather.then(|| Arc::new(ServedShares::default()));
+        let progress = match &served {
+            Some(shares) => {
+                let server = serve::Server::new(target.clone(), shares.clone(), timeout)?;
+                Some(Progress::start(target.clone(), Some(server))?)
+            }
+            None if manual => Some(Progress::start(target.clone(), None)?),
+            None => None,
         };
         Ok(Node {
             _progress: progress,
             target,
+            served,
             domain,
         })
     }
+}
+
+/// Providers `DDSTORE_REMOTE_GATHER=auto` reads through the gather path,
+/// by measurement (`python -m pyddstore.bench`, same run): tcp;ofi_rxm, whose
+/// one-sided reads are request/response pairs in software (128 x 3 KB rows:
+/// 14.7 -> 2.0 µs/row). Not sockets: its own progress thread makes every
+/// exchange slow either way, and single rows are 3.8x slower gathered
+/// (`DDSTORE_REMOTE_GATHER=1` still gathers there).
+pub fn gather_by_default(provider: &str) -> bool {
+    provider.starts_with("tcp")
 }
 
 /// One-sided reads through libfabric (methods 1 and 2).
@@ -123,6 +156,8 @@ pub struct OfiTransport {
     request: InfoRequest,
     info: Info,
     node: Mutex<Option<Arc<Node>>>,
+    /// Remote batches go through the owner-side gather path.
+    gather: bool,
     /// The node of a domain opened with FI_HMEM, for device shares (opened on first use).
     hmem_node: Mutex<Option<Arc<Node>>>,
 }
@@ -171,16 +206,55 @@ impl OfiTransport {
         provider: &str,
         iface: Option<&str>,
     ) -> FabricResult<OfiTransport> {
-        let request = select::request(provider, iface)?;
+        let mut request = select::request(provider, iface)?;
         default_libfabric_settings(config, provider);
-        let info = Info::query(&request)?;
+        let mut info = Info::query(&request)?;
         let provider = info.first().provider();
+        let want = match config.remote_gather {
+            RemoteGather::Off => false,
+            RemoteGather::On => true,
+            RemoteGather::Auto => gather_by_default(&provider),
+        };
+        let mut gather = false;
+        if want {
+            let tagged = InfoRequest {
+                tagged: true,
+                provider: Some(provider.clone()),
+                ..request.clone()
+            };
+            // Our sends and receives pass no descriptors: providers that
+            // need registered local buffers keep one-sided reads.
+            let usable = Info::query(&tagged).and_then(|i| {
+                if i.first().mr_mode() & sys::FI_MR_LOCAL as u64 != 0 {
+                    Err(FabricError::Unavailable(
+                        "it requires registered local buffers (FI_MR_LOCAL)".into(),
+                    ))
+                } else {
+                    Ok(i)
+                }
+            });
+            match usable {
+                Ok(i) => {
+                    info = i;
+                    request = tagged;
+                    gather = true;
+                }
+                Err(e) if config.remote_gather == RemoteGather::On => {
+                    return Err(FabricError::Unavailable(format!(
+                        "DDSTORE_REMOTE_GATHER=1 but provider {provider} cannot serve the \
+                         gather path: {e}; use DDSTORE_REMOTE_GATHER=auto or 0"
+                    )))
+                }
+                Err(_) => {}
+            }
+        }
         Ok(OfiTransport {
             config: config.clone(),
             provider,
             request,
             info,
             node: Mutex::new(None),
+            gather,
             hmem_node: Mutex::new(None),
         })
     }
@@ -188,6 +262,11 @@ impl OfiTransport {
     /// The provider chosen, as libfabric names it (e.g. "tcp;ofi_rxm").
     pub fn provider(&self) -> &str {
         &self.provider
+    }
+
+    /// Whether remote batches go through the owner-side gather path.
+    pub fn remote_gather(&self) -> bool {
+        self.gather
     }
 
     fn node(&self) -> FabricResult<Arc<Node>> {
@@ -200,7 +279,7 @@ impl OfiTransport {
                     .into(),
             )),
             None => {
-                let n = Arc::new(Node::open(&self.info)?);
+                let n = Arc::new(Node::open(&self.info, self.gather, self.config.timeout)?);
                 *node = Some(n.clone());
                 Ok(n)
             }
@@ -213,7 +292,16 @@ impl OfiTransport {
         peers: Vec<ShareRecord>,
         exposed: Option<(MemoryRegion, Arc<dyn Memory>)>,
     ) -> OfiShares {
+        // Our own share answers gather requests while these shares live.
+        let served_key = match (&node.served, &exposed) {
+            (Some(served), Some((mr, share))) => {
+                served.add(mr.key(), share.clone());
+                Some(mr.key())
+            }
+            _ => None,
+        };
         OfiShares {
+            served_key,
             _exposed: exposed,
             node,
             peers: Arc::new(peers),
@@ -221,6 +309,7 @@ impl OfiTransport {
             child_domain: Mutex::new(None),
             registry: Arc::new(DstRegistry::default()),
             config: self.config.clone(),
+            gather: self.gather,
         }
     }
 
@@ -271,13 +360,14 @@ impl OfiTransport {
                 sys::FI_REMOTE_READ as u64,
             )
         }?;
-        let mine = ShareRecord::new(
+        let mut mine = ShareRecord::new(
             self.provider.clone(),
             node.target.name()?,
             region.as_ptr() as u64,
             mr.key(),
             len as u64,
         );
+        mine.gather = node.served.is_some();
         let records = comm.allgather(&mine.encode())?;
         let peers = self.decode_all(&records)?;
         let local: Arc<dyn Memory> = region.clone();
@@ -315,6 +405,14 @@ impl Transport for OfiTransport {
         self.expose_hmem(comm, share, opts)
     }
 
+    fn remote_path(&self) -> &'static str {
+        if self.gather {
+            "gather"
+        } else {
+            "one-sided"
+        }
+    }
+
     fn attach(&self, records: &[Vec<u8>]) -> ddstore_core::Result<Arc<dyn RemoteShares>> {
         let peers = self.decode_all(records)?;
         let node = self.node()?;
@@ -324,6 +422,8 @@ impl Transport for OfiTransport {
 
 /// Every rank's share of one variable, readable through [`OfiReader`]s.
 pub struct OfiShares {
+    /// Our share's key in the node's served table (removed on drop).
+    served_key: Option<u64>,
     // Close order: our share's MR (then its memory), then the node.
     _exposed: Option<(MemoryRegion, Arc<dyn Memory>)>,
     node: Arc<Node>,
@@ -333,6 +433,8 @@ pub struct OfiShares {
     child_domain: Mutex<Option<Arc<Domain>>>,
     registry: Arc<DstRegistry>,
     config: Config,
+    /// Readers use the gather path for owners whose record offers it.
+    gather: bool,
 }
 
 impl OfiShares {
@@ -357,6 +459,16 @@ impl OfiShares {
     }
 }
 
+impl Drop for OfiShares {
+    fn drop(&mut self) {
+        // Refuse gather requests for this share from now on; replies in
+        // flight keep its memory alive until they complete.
+        if let (Some(key), Some(served)) = (self.served_key, &self.node.served) {
+            served.remove(key);
+        }
+    }
+}
+
 impl RemoteShares for OfiShares {
     fn share_lens(&self) -> Option<Vec<u64>> {
         Some(OfiShares::share_lens(self))
@@ -373,6 +485,7 @@ impl RemoteShares for OfiShares {
                 timeout: self.config.timeout,
                 max_read_bytes: self.config.max_read_bytes,
                 force_local_mr: ddstore_core::config::env_flag("DDSTORE_OFI_LOCAL_MR", false)?,
+                gather: self.gather && self.peers.iter().any(|p| p.gather),
             },
         )?;
         Ok(Box::new(reader))

@@ -17,6 +17,7 @@ from ._comm import FileComm, TorchComm  # noqa: E402
 from ._errors import (  # noqa: E402
     DDStoreAccessError,
     DDStoreError,
+    DDStoreFileError,
     DDStoreFreedError,
     DDStoreIndexError,
     DDStoreKeyError,
@@ -42,4 +43,5 @@ __all__ = [
     "DDStoreTimeoutError",
     "DDStoreFreedError",
     "DDStoreUnsupportedError",
+    "DDStoreFileError",
 ]

@@ -128,6 +128,7 @@ def info() -> None:
     print(f"pyddstore {_native.__version__}, built {build}: methods {', '.join(map(str, _native.METHODS))}")
     print(f"libfabric {sysinfo['libfabric_version']}")
     print("providers usable for one-sided reads (FI_EP_RDM, FI_RMA | FI_READ):")
+    gather = (os.environ.get("DDSTORE_REMOTE_GATHER") or "auto").strip().lower()
     seen = set()
     for p in sysinfo["providers"]:
         key = (p["provider"], p["domain"])
@@ -138,6 +139,15 @@ def info() -> None:
             f"  {p['provider']:<16} domain {p['domain']:<12} progress {p['progress']:<6} "
             f"max_msg {p['max_msg_size']:<12} mr_mode {'|'.join(p['mr_mode']) or '0'}"
         )
+        if gather in ("1", "true", "yes", "on"):
+            path = "gather (DDSTORE_REMOTE_GATHER=1; an error if it lacks tagged messages)"
+        elif gather in ("0", "false", "no", "off"):
+            path = "one-sided (DDSTORE_REMOTE_GATHER=0)"
+        elif p["gather_by_default"]:
+            path = "gather: the owner answers one request per batch (DDSTORE_REMOTE_GATHER=auto)"
+        else:
+            path = "one-sided reads (DDSTORE_REMOTE_GATHER=auto)"
+        print(f"    remote batches: {path}")
     print(f"  DDSTORE_FABRIC accepts {', '.join(FABRICS)}, or any libfabric provider name")
     if sysinfo["mpi_library"]:
         print(f"MPI: {sysinfo['mpi_library'].splitlines()[0]}")

@@ -120,3 +120,18 @@ __all__ = [
     "DDStoreFreedError",
     "DDStoreUnsupportedError",
 ]
+
+
+class DDStoreFileError(DDStoreError, OSError):
+    """A source or snapshot file that cannot be used: missing, a symbolic link, not a regular
+    file, truncated, or (snapshots) not what its manifest says (sizes, checksums, schema);
+    also an `OSError`.
+
+    Example:
+        ```python
+        DistDataset(["/data/missing.npy"], "x")  # DDStoreFileError names the file
+        ```
+    """
+
+
+__all__ += ["DDStoreFileError"]

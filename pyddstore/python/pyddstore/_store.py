@@ -178,6 +178,12 @@ class PyDDStore:
         """How remote rows are read, e.g. `mpi-rma` or `ofi:tcp;ofi_rxm`."""
         return self._native.transport
 
+    @property
+    def remote_path(self) -> str:
+        """How remote rows are read: ``"one-sided"`` reads or ``"gather"`` (the owner answers one
+        request per batch; ``DDSTORE_REMOTE_GATHER``)."""
+        return self._native.remote_path
+
     # -- variables --------------------------------------------------------
     def init(self, name: str, nrows: int, disp: int, itemsize: int = 1, dtype=None) -> None:
         """Collective: creates `name` with `nrows` rows on this rank, each of `disp` elements

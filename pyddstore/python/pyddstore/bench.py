@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -27,10 +28,121 @@ CONFIGS = {
     # label: (method, env)
     "mpi-shm": (0, {"DDSTORE_SHM": "1"}),
     "mpi-rma": (0, {"DDSTORE_SHM": "0"}),
-    "ofi-tcp": (1, {"DDSTORE_SHM": "0", "DDSTORE_FABRIC": "tcp"}),
+    # tcp and sockets, each through the owner-side gather path (auto's choice on tcp) and
+    # through one-sided reads (DDSTORE_REMOTE_GATHER=0; rxm emulates them in software on tcp).
+    "ofi-tcp": (1, {"DDSTORE_SHM": "0", "DDSTORE_FABRIC": "tcp", "DDSTORE_REMOTE_GATHER": "auto"}),
+    "ofi-tcp-1s": (1, {"DDSTORE_SHM": "0", "DDSTORE_FABRIC": "tcp", "DDSTORE_REMOTE_GATHER": "0"}),
+    "ofi-sock": (1, {"DDSTORE_SHM": "0", "DDSTORE_FABRIC": "sockets", "DDSTORE_REMOTE_GATHER": "1"}),
+    "ofi-sock-1s": (1, {"DDSTORE_SHM": "0", "DDSTORE_FABRIC": "sockets", "DDSTORE_REMOTE_GATHER": "0"}),
     "ofi-shm": (1, {"DDSTORE_SHM": "0", "DDSTORE_FABRIC": "shm"}),
     "node-shm": (1, {"DDSTORE_SHM": "1", "DDSTORE_FABRIC": "tcp"}),
 }
+
+
+# Configs measured beside a plain socket line: the same batches through Python sockets
+# (the reader sends each owner the row numbers, the owner answers with np.take + sendall),
+# the limit of this link for a request/reply protocol.
+SOCKET_LINE = ("ofi-tcp",)
+
+
+def _recv_exact(conn: socket.socket, buf) -> bool:
+    view = memoryview(buf).cast("B")
+    got = 0
+    while got < len(view):
+        n = conn.recv_into(view[got:])
+        if n == 0:
+            return False
+        got += n
+    return True
+
+
+def _line_address() -> str:
+    """The IPv4 address of the interface libfabric's tcp provider uses here (FI_TCP_IFACE,
+    e.g. eth0 on a virtual-cluster node), so the socket line crosses the same link; else loopback."""
+    iface = os.environ.get("FI_TCP_IFACE", "lo")
+    if iface == "lo":
+        return "127.0.0.1"
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", iface[:15].encode()))  # SIOCGIFADDR
+        except OSError:
+            return "127.0.0.1"
+    return socket.inet_ntoa(packed[20:24])
+
+
+class SocketServer:
+    """Owner side of the socket line: answers (count, rows) requests with the rows packed."""
+
+    def __init__(self, local: np.ndarray):
+        self.local = local
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind((_line_address(), 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[:2]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            head = np.empty(1, np.int64)
+            while _recv_exact(conn, head):
+                rows = np.empty(int(head[0]), np.int64)
+                if not _recv_exact(conn, rows):
+                    return
+                conn.sendall(np.take(self.local, rows, axis=0))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class SocketReader:
+    """Reader side of the socket line: one connection per (thread, owner); requests to
+    every owner of a batch go out before the first reply is read."""
+
+    def __init__(self, ports: list, per_rank: int, row_bytes: int, threads: int, batch: int):
+        self.per_rank = per_rank
+        self.conns = []
+        for _ in range(threads):
+            conns = {}
+            for owner, port in enumerate(ports):
+                if port is not None:
+                    c = socket.create_connection(tuple(port), timeout=30)
+                    c.settimeout(None)
+                    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    conns[owner] = c
+            self.conns.append(conns)
+        self.bufs = [np.empty((batch, row_bytes), np.uint8) for _ in range(threads)]
+
+    def get_batch(self, rows: np.ndarray, out: np.ndarray, t: int) -> None:
+        owners = rows // self.per_rank
+        pending = []
+        for owner in np.unique(owners):
+            pos = np.nonzero(owners == owner)[0]
+            local = (rows[pos] - owner * self.per_rank).astype(np.int64)
+            conn = self.conns[t][int(owner)]
+            conn.sendall(np.int64(len(local)).tobytes() + local.tobytes())
+            pending.append((conn, pos))
+        for conn, pos in pending:
+            buf = self.bufs[t][: len(pos)]
+            if not _recv_exact(conn, buf):
+                raise SystemExit("socket line: an owner closed its connection")
+            out[pos] = buf
+
+    def close(self) -> None:
+        for conns in self.conns:
+            for c in conns.values():
+                c.close()
 
 
 def pattern(rows: np.ndarray, row_bytes: int) -> np.ndarray:
@@ -94,7 +206,10 @@ def measure(args, comm) -> list[dict]:
             per_rank = int(max(4, min(4096, args.share_bytes // row_bytes)))
             name = f"b{row_bytes}"
             first = rank * per_rank
-            store.add(name, pattern(np.arange(first, first + per_rank), row_bytes))
+            mine = pattern(np.arange(first, first + per_rank), row_bytes)
+            store.add(name, mine)
+            server = SocketServer(mine) if label in SOCKET_LINE and rank > 0 else None
+            ports = comm.allgather(server.port if server else None)
             if rank == 0 and size > 1:
                 remote = np.arange(per_rank, per_rank * size)  # rows of the other ranks
                 for batch in args.batch_sizes:
@@ -109,6 +224,15 @@ def measure(args, comm) -> list[dict]:
                         lines = [("store", lambda r, t: store.get_batch(name, outs[t], r))]
                     if label != "node-shm" and label != "mpi-shm":
                         lines.append(("raw", lambda r, t: store._native.get_batch_raw(name, outs[t], r)))
+                    sockets = None
+                    if server is None and any(p is not None for p in ports):
+                        sockets = SocketReader(ports, per_rank, row_bytes, max(args.threads), batch)
+                        sockets.get_batch(batches[1], outs[0], 0)
+                        if not np.array_equal(outs[0], pattern(batches[1], row_bytes)):
+                            raise SystemExit(
+                                f"{label}: socket line read wrong data for rows {batches[1][:8]}"
+                            )
+                        lines.append(("socket", lambda r, t: sockets.get_batch(r, outs[t], t)))
                     for threads in args.threads:
                         # Alternate the lines and keep each one's best round: interference from
                         # the rest of the machine only ever slows a round down.
@@ -120,9 +244,13 @@ def measure(args, comm) -> list[dict]:
                                     best[kind] = (secs, nrows)
                         for kind, _ in lines:
                             results.append(_row(label, kind, row_bytes, batch, threads, *best[kind]))
+                    if sockets is not None:
+                        sockets.close()
             if rank == 0:
                 print(f"# {label}: {row_bytes} B rows done", file=sys.stderr, flush=True)
             quiet_wait(comm)
+            if server is not None:
+                server.close()
         store.free()
     if rank == 0:
         results.extend(numpy_ceiling(args, size))
@@ -160,10 +288,15 @@ def _row(label, kind, row_bytes, batch, threads, secs, nrows) -> dict:
 
 
 def add_ratios(results: list[dict]) -> None:
-    """ratio_numpy: time per row / numpy's; ratio_raw: store bandwidth / raw transport bandwidth."""
+    """ratio_numpy: time per row / numpy's; ratio_raw: store bandwidth / raw transport bandwidth;
+    ratio_socket: store time per row / the socket line's (same config, same run)."""
     key = lambda r: (r["row_bytes"], r["batch"], r["threads"])  # noqa: E731
     numpy = {key(r): r for r in results if r["config"] == "numpy"}
     raw = {(r["config"],) + key(r): r for r in results if r["kind"] == "raw"}
+    sock = {key(r): r for r in results if r["kind"] == "socket"}
+    for r in results:
+        if r["kind"] == "store" and key(r) in sock:
+            r["ratio_socket"] = r["us_per_row"] / sock[key(r)]["us_per_row"]
     for r in results:
         if r["config"] == "numpy":
             continue
@@ -177,15 +310,16 @@ def add_ratios(results: list[dict]) -> None:
 def print_table(results: list[dict], header: str) -> None:
     print(header)
     print(
-        f"{'config':<9} {'kind':<8} {'row B':>8} {'batch':>5} {'thr':>3} {'us/row':>9} {'GB/s':>7} "
-        f"{'x numpy':>8} {'% raw':>6}"
+        f"{'config':<10} {'kind':<8} {'row B':>8} {'batch':>5} {'thr':>3} {'us/row':>9} {'GB/s':>7} "
+        f"{'x numpy':>8} {'% raw':>6} {'x sock':>6}"
     )
     for r in results:
         xr = f"{r['ratio_numpy']:.2f}" if "ratio_numpy" in r else "-"
         pr = f"{100 * r['ratio_raw']:.0f}" if "ratio_raw" in r else "-"
+        xs = f"{r['ratio_socket']:.2f}" if "ratio_socket" in r else "-"
         print(
-            f"{r['config']:<9} {r['kind']:<8} {r['row_bytes']:>8} {r['batch']:>5} {r['threads']:>3} "
-            f"{r['us_per_row']:>9.2f} {r['gb_per_s']:>7.2f} {xr:>8} {pr:>6}"
+            f"{r['config']:<10} {r['kind']:<8} {r['row_bytes']:>8} {r['batch']:>5} {r['threads']:>3} "
+            f"{r['us_per_row']:>9.2f} {r['gb_per_s']:>7.2f} {xr:>8} {pr:>6} {xs:>6}"
         )
 
 

@@ -1,7 +1,7 @@
 """PyTorch-level benchmarks: peak memory while a DistDataset loads its share, and a
 training-shaped loop through every loader, as ratios against baselines measured in the same run.
 
-    mpirun -n 4 python -m pyddstore.bench_torch [--parts memory,loaders] [--json FILE]
+    mpirun -n 4 python -m pyddstore.bench_torch [--parts memory,loaders,load] [--json FILE]
 
 memory: rank 0 loads a --share-mib share (one rank, method 1) in a fresh process per case, so
 peaks don't mix, and reports the peak RSS above the process's RSS just before loading, as a
@@ -14,7 +14,8 @@ loaders: every rank runs epochs of --batches batches (DistributedSampler, set_ep
 DataLoader(DistDataset) in the main process and with forked workers (method 1 only; new or
 persistent workers), and ThreadDataLoader with 1 and 2 threads, for each method. Samples/s and
 the time spent waiting for batches; the first batch of every epoch is checked against the
-baseline's. Method 1 runs with DDSTORE_FABRIC=tcp; ranks on one node read each other's shares
+baseline's. load (not run by default): see pyddstore.bench_load.
+Method 1 runs with DDSTORE_FABRIC=tcp; ranks on one node read each other's shares
 through shared memory unless DDSTORE_SHM=0 is exported.
 """
 
@@ -457,15 +458,20 @@ def main(argv=None) -> None:
     ap.add_argument("--methods", type=ints, default=[0, 1])
     ap.add_argument("--fork-workers", type=int, default=2)
     ap.add_argument("--thread-workers", type=ints, default=[1, 2])
+    ap.add_argument("--load-files", type=int, default=1500, help="load: .npz files (one sample each)")
+    ap.add_argument("--load-kib", type=int, default=330, help="load: KiB per sample")
+    ap.add_argument("--load-dir", default=None, help="load: reuse (or create) the files here")
+    ap.add_argument("--limit-threads", type=int, default=64, help="load: threads of the read limit")
+    ap.add_argument("--load-rounds", type=int, default=2, help="load: rounds of every case (best kept)")
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--memory-case", help=argparse.SUPPRESS)  # internal: one memory case, JSON out
     args = ap.parse_args(argv)
     if args.memory_case:
         print(json.dumps(memory_case(json.loads(args.memory_case))), flush=True)
         return
-    unknown = [p for p in args.parts if p not in ("memory", "loaders")]
+    unknown = [p for p in args.parts if p not in ("memory", "loaders", "load")]
     if unknown:
-        ap.error(f"unknown parts {unknown}: choose from memory, loaders")
+        ap.error(f"unknown parts {unknown}: choose from memory, loaders, load")
     if any(m not in (0, 1) for m in args.methods):
         ap.error("--methods: 0 and/or 1")
     if args.epochs < 1 or args.batches < 1 or args.batch_size < 1:
@@ -478,6 +484,10 @@ def main(argv=None) -> None:
     if "memory" in args.parts:
         out["memory"] = measure_memory(args) if comm.rank == 0 else []
         quiet_wait(comm)  # the others wait without spinning while rank 0 measures
+    if "load" in args.parts:
+        from .bench_load import measure_load
+
+        out["load"] = measure_load(args, comm)
     if "loaders" in args.parts:
         rows = measure_loaders(args, comm)
         if comm.rank == 0:
@@ -489,6 +499,10 @@ def main(argv=None) -> None:
             print_memory(out["memory"])
         if "loaders" in out:
             print_loaders(out["loaders"], args, comm.size)
+        if "load" in out:
+            from .bench_load import print_load
+
+            print_load(out["load"], comm.size)
         if args.json:
             os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
             with open(args.json, "w") as f:

@@ -12,8 +12,11 @@ Environment read by this package:
 - DDSTORE_FAST_COLLATE=0: ThreadDataLoader collates sample by sample (no direct batch reads).
 - DDSTORE_AFFINITY_WIDTH / DDSTORE_AFFINITY_OFFSET: pin ThreadDataLoader worker threads to that
   many CPUs of the process's affinity each, from that offset on.
-- DDSTORE_LOAD_THREADS=N: read the source with N threads while loading (default 1; only for
-  sources whose __getitem__ is thread-safe, e.g. ones that read files).
+- DDSTORE_LOAD_DEPTH=N: reads in flight while loading a share or restoring a snapshot (default
+  32; DDSTORE_LOAD_THREADS is the older name): N threads call a map-style source's __getitem__
+  (one, if the source has ``thread_safe = False``), or read N large row ranges of file sources.
+- DDSTORE_LOAD_DIRECT=1: read file sources (.npy lists, memmaps, contiguous h5py datasets) and
+  snapshots with O_DIRECT (NVMe, Lustre), where the file system allows it.
 - DDSTORE_HANDSHAKE_DIR, DDSTORE_N_CORE, DDSTORE_HANDSHAKE_TIMEOUT_S: defaults for
   handshake_dir=, n_core= and how long DistDatasetReader waits for {name}.meta.json.
 """
@@ -24,6 +27,7 @@ from ._dataset import Buffers, DistDataset, DistDatasetReader, ForkedWorkerError
 from ._loader import ThreadDataLoader
 from ._sampler import DistributedSampler
 from ._schema import RaggedRows, SchemaError, SchemaTypeError, share_of
+from ._snapshot import SnapshotError
 from ._windowed import WindowedDataset, row_of
 
 __all__ = [
@@ -36,6 +40,7 @@ __all__ = [
     "RaggedRows",
     "SchemaError",
     "SchemaTypeError",
+    "SnapshotError",
     "ThreadDataLoader",
     "WindowedDataset",
     "row_of",

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import collections.abc
 import contextlib
+import functools
 import json
 import mmap
 import os
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -19,6 +18,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from pyddstore import (
     DDStoreError,
+    DDStoreFileError,
     DDStoreFreedError,
     DDStoreIndexError,
     DDStoreKeyError,
@@ -30,8 +30,10 @@ from pyddstore import (
 from pyddstore._env import env_flag, env_int, env_seconds
 from pyddstore._handshake import load_json_object, wait_and_read, write_private
 from pyddstore._log import get_logger
+from pyddstore._sources import file_rows_of, is_npy_list, npy_files
 from pyddstore._store import _dtype_name
 
+from . import _load, _snapshot
 from ._schema import (
     META_VERSION,
     NDARRAY,
@@ -45,8 +47,6 @@ from ._schema import (
 )
 
 _LOG = get_logger("torch")
-_DEFAULT_CHUNK_SAMPLES = 1024
-_BULK_CHUNK_BYTES = 64 << 20
 
 
 class ForkedWorkerError(DDStoreUnsupportedError):
@@ -550,6 +550,10 @@ class _StoredDataset(Dataset):
 
 
 def _error_payload(e: BaseException, rank: int) -> tuple[str, str]:
+    if isinstance(e, _snapshot.SnapshotError):
+        return "snapshot", f"rank {rank}: {e}"
+    if isinstance(e, DDStoreFileError):
+        return "file", f"rank {rank}: {e}"
     if isinstance(e, SchemaTypeError):
         return "type", str(e)
     if isinstance(e, SchemaError):
@@ -563,7 +567,24 @@ def _rebuild_error(payload: tuple[str, str]) -> Exception:
         return SchemaTypeError(msg)
     if kind == "value":
         return SchemaError(msg)
+    if kind == "snapshot":
+        return _snapshot.SnapshotError(msg)
+    if kind == "file":
+        return DDStoreFileError(msg)
     return DDStoreError(f"loading failed on another rank: {msg}")
+
+
+def _agree(store: Any, err: BaseException | None, value: Any = None) -> list:
+    """Collective: every rank's value (JSON-able); raises on every rank if any rank failed
+    (its own error where it failed, else one naming the rank that did)."""
+    payload = None if err is None else _error_payload(err, store.rank)
+    results = store.allgather({"error": payload, "value": value})
+    failed = [r["error"] for r in results if r["error"] is not None]
+    if err is not None:
+        raise err
+    if failed:
+        raise _rebuild_error(tuple(failed[0]))
+    return [r["value"] for r in results]
 
 
 def _type_name(t: Any) -> str | None:
@@ -603,6 +624,21 @@ def _bulk_arrays(source: Any) -> dict | None:
     return None
 
 
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _source_len(source: Any) -> int:
+    """len(source); array-likes without __len__ (zarr 3 arrays): their first dimension."""
+    shape = getattr(source, "shape", None)
+    if not hasattr(source, "__len__") and isinstance(shape, tuple) and shape:
+        return int(shape[0])
+    return len(source)
+
+
 def _bulk_fits(arr: Any, f: Field) -> bool:
     """Whether rows of arr are exactly the field's values (else load sample by sample)."""
     if isinstance(arr, torch.Tensor):
@@ -628,18 +664,28 @@ def _bulk_slice(arr: Any, a: int, b: int, f: Field) -> np.ndarray:
     return f.to_store(out)
 
 
-def _progress(total: int, enabled: bool, desc: str) -> Any:
-    if not enabled or total <= 0:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        _LOG.warning(
-            "no progress bar: tqdm is not installed (pip install 'pyddstore[torch]'; DDSTORE_QUIET=1 "
-            "turns the bar off)"
-        )
-        return None
-    return tqdm(total=total, desc=desc, unit="sample", leave=False)
+def _bulk_slice_of(f: Field):
+    def convert(arr: Any, a: int, b: int) -> np.ndarray:
+        rows = _bulk_slice(arr, a, b, f)
+        _drop_mapped_pages(arr)
+        return rows
+
+    return convert
+
+
+def _load_summary(name: str, n: int, size: int, stats: list[dict]) -> str:
+    """One line for rank 0: sizes, time, MB/s in total and per rank, depth, what limited it."""
+    total = sum(s["nbytes"] for s in stats)
+    slowest = max(stats, key=lambda s: s["secs"])
+    secs = max(slowest["secs"], 1e-9)
+    notes = sorted({note for s in stats for note in s["notes"]})
+    extra = f"; {', '.join(notes)}" if notes else ""
+    return (
+        f"pyddstore: {name}: {n} samples, {max(s['nbytes'] for s in stats) / 2**20:.1f} MiB per rank "
+        f"({size} ranks), {secs:.2f} s, {total / secs / 1e6:.0f} MB/s total, "
+        f"{total / size / secs / 1e6:.0f} MB/s per rank; {slowest['path']} path, "
+        f"{slowest['workers']} reader(s) in flight; limited by {_load.limit_of(slowest)}{extra}"
+    )
 
 
 class DistDataset(_StoredDataset):
@@ -668,6 +714,16 @@ class DistDataset(_StoredDataset):
     is one ragged store variable (values plus per-row offsets kept by their owner); a batch is
     one ragged read per field. A rank holds its ragged fields' share in memory once more while
     loading. Not with add_device=.
+
+    Loading keeps DDSTORE_LOAD_DEPTH (default 32) reads in flight and writes rows straight into
+    the share: threads calling source[i] (load_workers="threads", the default), or forked
+    processes filling a shared staging area (load_workers="processes", the default for a source
+    with ``thread_safe = False``; use it when decoding holds the GIL). Sources whose rows lie in
+    files are read with large positional reads instead of per-sample calls: a list of .npy file
+    paths, an np.memmap, an h5py dataset stored contiguously; chunked h5py datasets and zarr
+    arrays are read in chunk-aligned slices. DDSTORE_LOAD_DIRECT=1 reads files with O_DIRECT.
+    chunk_size= sets the rows per read of array and file sources. ``ds.load_stats`` holds each
+    rank's load figures; ``ds.save(path)`` / ``DistDataset.restore(path)`` snapshot the shares.
 
     comm=None resolves as for PyDDStore (MPI, else the default torch.distributed group,
     else a FileComm); under torchrun, mpirun or srun without any of them it raises instead
@@ -703,8 +759,15 @@ class DistDataset(_StoredDataset):
         decode: Any = None,
         fields: Any = None,
         ragged: Any = None,
+        load_workers: str | None = None,
     ):
         super().__init__()
+        if load_workers not in (None, "threads", "processes"):
+            raise DDStoreValueError(
+                f"load_workers={load_workers!r}: expected 'threads', 'processes' or None (threads, or "
+                "processes for sources with thread_safe = False)"
+            )
+        self._load_workers = load_workers
         if not isinstance(name, str) or not name:
             raise DDStoreValueError("name must be a non-empty string")
         if fields is not None and encode is not None:
@@ -719,6 +782,8 @@ class DistDataset(_StoredDataset):
             raise DDStoreValueError(
                 "chunk_size= loads the share into host storage; it cannot be used with add_device="
             )
+        if is_npy_list(source):  # every rank reads the same headers: same result or same error
+            source = npy_files(source)
         self._share_device = _resolve_add_device(add_device)
         self._device_shares = {}
         self.name = name
@@ -730,7 +795,7 @@ class DistDataset(_StoredDataset):
             world = getattr(store, "world_size", store.size)
             if store.method == 2 and store.size != world:
                 raise DDStoreValueError("method=2 needs one group: ddstore_width cannot split the core group")
-            n = len(source)
+            n = _source_len(source)
             schema = self._agree_schema(store, source, name, encode, fields, n, ragged)
             if ragged == "auto":
                 self._agree_ragged_axes(store, source, schema, encode, n)
@@ -738,7 +803,12 @@ class DistDataset(_StoredDataset):
                 raise DDStoreUnsupportedError(
                     "add_device= does not hold ragged fields yet: leave add_device unset"
                 )
-            self._load(store, source, schema, encode, n, chunk_size)
+            self._load(
+                store,
+                schema,
+                n,
+                functools.partial(self._load_share, store, source, schema, encode, chunk_size),
+            )
         except BaseException:
             self._free_quietly(store)
             raise
@@ -747,6 +817,110 @@ class DistDataset(_StoredDataset):
         if store.method == 2 and store.rank == 0:
             self._write_meta(hs, name, store.size, n, schema)
             self._meta_path = os.path.join(hs, f"{name}.meta.json")
+
+    def save(self, path: str) -> None:
+        """Collective: writes every rank's share of every field to the directory path (one file
+        per rank in the store's layout plus manifest.json: schema, counts, sizes, checksums).
+        DistDataset.restore(path) loads it back, on any number of ranks. path must not hold a
+        snapshot yet. The source's namedtuple/dict subclasses and encode/decode are not saved."""
+        if self._freed:
+            raise DDStoreFreedError("this dataset was freed")
+        store = self._store
+        start, count = share_of(self._n, store.size, store.rank)
+        path = os.fspath(path)
+        err = None
+        if store.rank == 0:
+            try:
+                _snapshot.prepare_directory(path)
+            except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
+                err = e
+        _agree(store, err)
+        entry, err = None, None
+        try:
+            entry = _snapshot.write_rank_file(self, path, start, count)
+        except Exception as e:  # noqa: BLE001
+            err = e
+        entries = _agree(store, err, entry)
+        err = None
+        if store.rank == 0:
+            try:
+                _snapshot.write_manifest(path, self.name, self._n, self._schema, entries)
+            except Exception as e:  # noqa: BLE001
+                err = e
+        _agree(store, err)
+
+    @classmethod
+    def restore(
+        cls,
+        path: str,
+        name: str | None = None,
+        comm: Any = None,
+        ddstore_width: int | None = None,
+        device: Any = None,
+        method: int | None = None,
+        handshake_dir: str | None = None,
+        decode: Any = None,
+    ) -> DistDataset:
+        """Collective: the dataset a DistDataset.save(path) wrote, loaded with large reads
+        (DDSTORE_LOAD_DEPTH in flight, O_DIRECT with DDSTORE_LOAD_DIRECT=1) on this group of
+        any size (rows re-split evenly). name= renames it (default: the saved name). Every
+        block is checked against the manifest's checksums; a corrupt, truncated or mismatched
+        snapshot raises SnapshotError naming the file."""
+        self = cls.__new__(cls)
+        _StoredDataset.__init__(self)
+        self._share_device = None
+        self._device_shares = {}
+        self._add_device = None
+        self._load_workers = None
+        hs = handshake_dir if handshake_dir is not None else os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
+        self._handshake_dir = hs
+        path = os.fspath(path)
+        store = PyDDStore(comm, method=method, handshake_dir=hs, ddstore_width=ddstore_width)
+        try:
+            manifest, digest, err = None, None, None
+            try:
+                manifest, digest = _snapshot.read_manifest(path)
+                name = _snapshot.check_restorable(manifest, path, name)
+            except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
+                err = e
+            digests = _agree(store, err, digest)
+            if len(set(digests)) != 1:
+                raise _snapshot.SnapshotError(
+                    f"{os.path.join(path, _snapshot.MANIFEST)} differs between ranks (changed while read?)"
+                )
+            self.name = name
+            schema = Schema.from_json(manifest["schema"])
+            for f in schema.fields:
+                f.var = f"{name}/{f.key}"
+            n = manifest["num_samples"]
+            direct = _load.load_direct()
+
+            def fill(start, count, depth, progress):
+                stats = _load.LoadStats("snapshot", depth)
+                stats.ragged = _snapshot.restore_share(
+                    manifest,
+                    path,
+                    schema,
+                    start,
+                    count,
+                    functools.partial(self._put, store),
+                    depth,
+                    direct,
+                    stats,
+                    progress,
+                )
+                return stats
+
+            self._load(store, schema, n, fill)
+        except BaseException:
+            self._free_quietly(store)
+            raise
+        self._init_reading(store, schema, n, device, decode)
+        self._meta_path = None
+        if store.method == 2 and store.rank == 0:
+            self._write_meta(hs, name, store.size, n, schema)
+            self._meta_path = os.path.join(hs, f"{name}.meta.json")
+        return self
 
     @staticmethod
     def _free_quietly(store: Any) -> None:
@@ -827,11 +1001,10 @@ class DistDataset(_StoredDataset):
             elif f.count == 0:
                 raise SchemaError(f"field {f.key!r}: shape {f.shape} has no elements in any sample")
 
-    def _load(
-        self, store: Any, source: Any, schema: Schema, encode: Any, n: int, chunk_size: int | None
-    ) -> None:
-        """Writes this rank's share straight into the store, chunk by chunk; every rank learns
-        whether all ranks succeeded before the dataset exists."""
+    def _load(self, store: Any, schema: Schema, n: int, fill: Any) -> None:
+        """Writes this rank's share straight into the store with many reads in flight
+        (DDSTORE_LOAD_DEPTH); every rank learns whether all ranks succeeded before the dataset
+        exists."""
         rank, size = store.rank, store.size
         start, count = share_of(n, size, rank)
         for f in schema.fixed_fields:
@@ -841,48 +1014,102 @@ class DistDataset(_StoredDataset):
             else:
                 self._init_device_share(store, f, start, count)
         quiet = _quiet()
-        bar = _progress(count, rank == 0 and not quiet, f"loading {self.name}")
-        t0 = time.perf_counter()
         err, payload = None, None
         ragged: dict = {}
+        stats = _load.LoadStats("samples", 1)
+        progress = None
         try:
-            arrays = _bulk_arrays(source) if encode is None and not schema.ragged_fields else None
-            if arrays is not None and all(
-                f.key in arrays and _bulk_fits(arrays[f.key], f) for f in schema.fields
-            ):
-                self._load_bulk(store, arrays, schema, start, count, chunk_size, bar)
-            else:
-                ragged = self._load_samples(store, source, schema, encode, start, count, chunk_size, bar)
+            depth = _load.load_depth()
+            fixed_bytes = count * sum(f.row_bytes for f in schema.fixed_fields)
+            progress = _load.Progress(
+                fixed_bytes if not schema.ragged_fields else 0,
+                rank == 0 and not quiet,
+                f"loading {self.name}",
+            )
+            stats = fill(start, count, depth, progress)
+            ragged = stats.ragged
         except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
             err, payload = e, _error_payload(e, rank)
         finally:
-            if bar is not None:
-                bar.close()
+            if progress is not None:
+                progress.close()
         if err is None and self._share_device is not None:
             _sync_device(self._share_device[0])
-        secs = time.perf_counter() - t0
-        nbytes = count * sum(f.row_bytes for f in schema.fixed_fields)
-        nbytes += sum(int(v.nbytes) for v, _ in ragged.values())
+        stats.finish()
         max_lens = [int(lengths.max()) if len(lengths) else 0 for _, lengths in ragged.values()]
+        mine = {"error": payload, "max_lens": max_lens, "stats": stats.to_json()}
+        st = mine["stats"]
         _LOG.debug(
-            f"rank {rank}: {self.name}: loaded rows {start}..{start + count} ({nbytes} bytes) in {secs:.3f} s"
+            f"rank {rank}: {self.name}: loaded rows {start}..{start + count} ({st.get('nbytes')} bytes) "
+            f"in {st.get('secs', 0.0):.3f} s"
         )
-        results = store.allgather((payload, nbytes, secs, max_lens))
-        failed = [r[0] for r in results if r[0] is not None]
+        results = store.allgather(mine)
+        failed = [r["error"] for r in results if r["error"] is not None]
         if failed:
             raise err if err is not None else _rebuild_error(tuple(failed[0]))
         # Collective, in schema order on every rank: each ragged field from this rank's share.
         for j, f in enumerate(schema.ragged_fields):
-            values, lengths = ragged[f.key]
+            values, lengths = ragged.pop(f.key)
             store.add(f.var, values, lengths=lengths)
-            f.max_len = max(r[3][j] for r in results)
+            del values
+            f.max_len = max(r["max_lens"][j] for r in results)
+        self.load_stats = [r["stats"] for r in results]
         if rank == 0 and not quiet:
-            total = sum(r[1] for r in results)
-            slowest = max(r[2] for r in results) or 1e-9
-            _LOG.info(
-                f"rank {rank}: loaded {self.name}: {n} samples, {max(r[1] for r in results) / 2**20:.1f} MiB "
-                f"per rank ({size} ranks), {slowest:.2f} s, {total / slowest / 1e9:.2f} GB/s"
+            summary = _load_summary(self.name, n, size, self.load_stats).removeprefix("pyddstore: ")
+            _LOG.info(f"rank {rank}: loaded {summary}")
+
+    def _load_share(self, store, source, schema, encode, chunk_size, start, count, depth, progress):
+        """This rank's rows into its share, by the fastest path the source allows."""
+        put = functools.partial(self._put, store)
+        plain = encode is None and not schema.ragged_fields
+        rows_src = file_rows_of(source) if plain and len(schema.fields) == 1 else None
+        f0 = schema.fields[0]
+        if rows_src is not None and _bulk_fits(rows_src, f0) and self._share_device is None:
+            stats = _load.LoadStats("files", depth)
+            _load.load_file_rows(
+                rows_src, f0, start, count, put, depth, _load.load_direct(), stats, progress, chunk_size
             )
+        else:
+            arrays = _bulk_arrays(source) if plain else None
+            if arrays is not None and all(
+                f.key in arrays and _bulk_fits(arrays[f.key], f) for f in schema.fields
+            ):
+                stats = _load.LoadStats("arrays", depth)
+                for f in schema.fields:
+                    _load.load_sliced(
+                        arrays[f.key],
+                        f,
+                        start,
+                        count,
+                        put,
+                        depth,
+                        stats,
+                        progress,
+                        _bulk_slice_of(f),
+                        chunk_size,
+                    )
+            else:
+                mode = self._load_workers
+                if mode is None:
+                    mode = "threads" if getattr(source, "thread_safe", True) is not False else "processes"
+                if mode == "processes" and not schema.ragged_fields:
+                    workers = max(1, min(depth, count, _cpus()))
+                    stats = _load.LoadStats("samples (processes)", workers)
+                    _load.load_samples_forked(
+                        source, schema, encode, start, count, put, workers, stats, progress
+                    )
+                    return stats
+                if mode == "processes":  # ragged rows cannot come back through the staging area
+                    depth = 1
+                stats = _load.LoadStats("samples", min(depth, max(1, count)))
+                if depth == 1 and mode == "processes":
+                    stats.notes.append("ragged fields load in one thread without thread-safe sources")
+                stats.ragged = _load.load_samples(
+                    source, schema, encode, start, count, put, depth, stats, progress
+                )
+                return stats
+        stats.ragged = {}
+        return stats
 
     def _init_device_share(self, store: Any, f: Field, start: int, count: int) -> None:
         """Collective: allocates this rank's share of f on the device and registers it."""
@@ -910,53 +1137,6 @@ class DistDataset(_StoredDataset):
         if offset < 0 or offset + n > share.count:
             raise DDStoreIndexError(f"rows {offset}..{offset + n} do not fit this rank's {share.count} rows")
         share.tensor[offset : offset + n].copy_(torch.from_numpy(_row_bytes_view(host, n, f.row_bytes)))
-
-    @staticmethod
-    def _chunk_rows(count: int, chunk_size: int | None, default: int) -> int:
-        if chunk_size is not None:
-            return int(chunk_size)
-        # Keep a chunk at most half the share: peak memory stays under 1.5x the share.
-        return max(1, min(default, -(-count // 2)))
-
-    def _load_bulk(self, store, arrays, schema, start, count, chunk_size, bar) -> None:
-        row_bytes = max(1, sum(f.row_bytes for f in schema.fields))
-        step = self._chunk_rows(count, chunk_size, max(1, _BULK_CHUNK_BYTES // row_bytes))
-        for a in range(0, count, step):
-            b = min(count, a + step)
-            for f in schema.fields:
-                self._put(store, f, _bulk_slice(arrays[f.key], start + a, start + b, f), a)
-                _drop_mapped_pages(arrays[f.key])
-            if bar is not None:
-                bar.update(b - a)
-
-    def _load_samples(self, store, source, schema, encode, start, count, chunk_size, bar) -> None:
-        from ._schema import ChunkFiller
-
-        step = self._chunk_rows(count, chunk_size, _DEFAULT_CHUNK_SAMPLES)
-        filler = ChunkFiller(schema, max(1, min(step, count)))
-        fixed = schema.fixed_fields
-        # Sources that read files gain from several reads in flight; opt-in, as not every
-        # source's __getitem__ is thread-safe.
-        threads = env_int("DDSTORE_LOAD_THREADS", 1)
-        pool = ThreadPoolExecutor(threads, thread_name_prefix="ddstore-load") if threads > 1 else None
-        try:
-            for a in range(0, count, step):
-                c = min(step, count - a)
-                indices = range(start + a, start + a + c)
-                if pool is not None:
-                    samples = pool.map(lambda i: self._sample(source, i, encode), indices)
-                else:
-                    samples = (self._sample(source, i, encode) for i in indices)
-                for j, (idx, sample) in enumerate(zip(indices, samples)):
-                    filler.put(j, sample, idx)
-                for f, view in zip(fixed, filler.store_views(c)):
-                    self._put(store, f, view, a)
-                if bar is not None:
-                    bar.update(c)
-        finally:
-            if pool is not None:
-                pool.shutdown(cancel_futures=True)
-        return {f.key: filler.ragged_share(f) for f in schema.ragged_fields}
 
     @staticmethod
     def _write_meta(hs: str, name: str, n_core: int, n: int, schema: Schema) -> None:

@@ -1,0 +1,276 @@
+"""Sources whose rows lie in files as raw bytes, read with large positional reads many at a time
+instead of one Python call per sample: a list of ``.npy`` files, an ``np.memmap``, an uncompressed
+contiguous ``h5py`` dataset. Also the reading machinery (aligned buffers for ``O_DIRECT``) that
+snapshots use."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._errors import DDStoreFileError, DDStoreTypeError, DDStoreValueError
+
+ALIGN = 4096  # O_DIRECT: offsets, lengths and buffers aligned to this
+
+
+@dataclass(frozen=True)
+class Segment:
+    """``rows`` rows stored contiguously in ``path`` from byte ``offset`` on."""
+
+    path: str
+    offset: int
+    rows: int
+
+
+class FileRows:
+    """Rows of one dtype and shape laid out back to back in one or more files (segments in
+    order). Sliceable like an array (``rows[a:b]``) and indexable per sample, so it works as a
+    DistDataset source anywhere; DistDataset reads a rank's rows with large positional reads."""
+
+    def __init__(self, segments: list[Segment], dtype: np.dtype, row_shape: tuple[int, ...]):
+        self.segments = list(segments)
+        self.dtype = np.dtype(dtype)
+        self.row_shape = tuple(row_shape)
+        self.row_bytes = int(np.prod(row_shape, dtype=np.int64)) * self.dtype.itemsize
+        self._starts = np.cumsum([0] + [s.rows for s in self.segments])
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (int(self._starts[-1]), *self.row_shape)
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def ranges(self, a: int, b: int) -> list[tuple[str, int, int, int]]:
+        """Rows [a, b) as (path, byte offset, first row, rows) pieces, one per segment touched."""
+        out = []
+        k = int(np.searchsorted(self._starts, a, side="right")) - 1
+        while a < b and k < len(self.segments):
+            seg, s0 = self.segments[k], int(self._starts[k])
+            n = min(b, s0 + seg.rows) - a
+            if n > 0:
+                out.append((seg.path, seg.offset + (a - s0) * self.row_bytes, a, n))
+                a += n
+            k += 1
+        return out
+
+    def _read(self, a: int, b: int) -> np.ndarray:
+        out = np.empty((b - a, *self.row_shape), self.dtype)
+        flat = out.reshape(-1).view(np.uint8)
+        pos = 0
+        for path, off, _, n in self.ranges(a, b):
+            nbytes = n * self.row_bytes
+            fd = open_regular(path, direct=False)[0]
+            try:
+                pread_exact(fd, memoryview(flat)[pos : pos + nbytes], off, path)
+            finally:
+                os.close(fd)
+            pos += nbytes
+        return out
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        n = len(self)
+        if isinstance(index, slice):
+            a, b, step = index.indices(n)
+            if step != 1:
+                raise DDStoreValueError(f"FileRows supports slices with step 1, got step {step}")
+            return self._read(a, max(a, b))
+        i = int(index)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"row {index} is out of range for {n} rows")
+        return self._read(i, i + 1)[0]
+
+
+def npy_files(paths: list) -> FileRows:
+    """A list of ``.npy`` files (same dtype and row shape, C order) as one source of rows: the
+    files' rows one after another."""
+    segments, dtype, row_shape = [], None, None
+    for p in paths:
+        path = os.fspath(p)
+        try:
+            with open(path, "rb") as fh:
+                version = np.lib.format.read_magic(fh)
+                if version == (1, 0):
+                    shape, fortran, dt = np.lib.format.read_array_header_1_0(fh)
+                else:
+                    shape, fortran, dt = np.lib.format.read_array_header_2_0(fh)
+                offset = fh.tell()
+                size = os.fstat(fh.fileno()).st_size
+        except OSError as e:
+            raise DDStoreFileError(f"{path}: cannot read the .npy header: {e}") from None
+        except ValueError as e:
+            raise DDStoreValueError(f"{path}: not a .npy file ({e})") from None
+        if dt.hasobject:
+            raise DDStoreTypeError(f"{path}: dtype {dt} holds Python objects; it cannot be stored")
+        if len(shape) == 0:
+            raise DDStoreValueError(f"{path}: a 0-d array has no rows")
+        if fortran and len(shape) > 1:
+            raise DDStoreValueError(f"{path}: Fortran-ordered arrays are not supported; save in C order")
+        if dtype is None:
+            dtype, row_shape = dt, tuple(shape[1:])
+        elif dt != dtype or tuple(shape[1:]) != row_shape:
+            raise DDStoreValueError(
+                f"{path}: rows of shape {tuple(shape[1:])} dtype {dt} differ from the first file's "
+                f"{row_shape} {dtype}; every file must hold the same rows"
+            )
+        need = offset + int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        if size < need:
+            raise DDStoreFileError(f"{path}: truncated ({size} bytes, the header needs {need})")
+        segments.append(Segment(path, offset, int(shape[0])))
+    if dtype is None:
+        raise DDStoreValueError("the list of .npy files is empty")
+    return FileRows(segments, dtype, row_shape)
+
+
+def is_npy_list(source: Any) -> bool:
+    return (
+        isinstance(source, (list, tuple))
+        and len(source) > 0
+        and all(isinstance(p, (str, os.PathLike)) and os.fspath(p).endswith(".npy") for p in source)
+    )
+
+
+def file_rows_of(source: Any) -> FileRows | None:
+    """The files behind an array source whose rows can be read with positional reads: FileRows
+    itself, an np.memmap (C-contiguous, native byte order), an h5py dataset stored contiguously
+    without filters in a plain (sec2) file. None for anything else."""
+    if isinstance(source, FileRows):
+        return source
+    if isinstance(source, np.memmap):
+        return _memmap_rows(source)
+    if type(source).__module__.startswith("h5py"):
+        return _h5py_rows(source)
+    return None
+
+
+def _memmap_rows(arr: np.memmap) -> FileRows | None:
+    mm = getattr(arr, "_mmap", None)
+    path = getattr(arr, "filename", None)
+    if mm is None or path is None or arr.ndim < 1 or not arr.flags.c_contiguous or not arr.dtype.isnative:
+        return None
+    if getattr(arr, "mode", "c") == "c":  # copy-on-write: changes live in memory, not in the file
+        return None
+    if arr.dtype.hasobject:
+        return None
+    # Where arr's first byte lies in the file: its distance from the mapping's start plus the
+    # file offset the mapping starts at (a slice of a memmap keeps its parent's `offset`).
+    base = np.frombuffer(mm, dtype=np.uint8)
+    start_in_map = arr.ctypes.data - base.ctypes.data
+    del base
+    map_start = arr.offset - arr.offset % mmap.ALLOCATIONGRANULARITY
+    return FileRows([Segment(path, map_start + start_in_map, arr.shape[0])], arr.dtype, arr.shape[1:])
+
+
+def _h5py_rows(ds: Any) -> FileRows | None:
+    try:
+        if ds.chunks is not None or ds.compression is not None or ds.ndim < 1:
+            return None
+        if ds.file.driver != "sec2" or not ds.dtype.isnative or ds.dtype.hasobject:
+            return None
+        if ds.file.mode != "r":  # writes may still sit in HDF5's buffers, not in the file
+            return None
+        offset = ds.id.get_offset()
+        if offset is None:  # not allocated yet
+            return None
+        return FileRows([Segment(ds.file.filename, int(offset), ds.shape[0])], ds.dtype, ds.shape[1:])
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def open_regular(path: str, direct: bool, nofollow: bool = False) -> tuple[int, bool]:
+    """Opens path read-only: (fd, direct). With direct, O_DIRECT where the file system allows
+    it (else buffered, direct False). nofollow: refuse a symbolic link. Only regular files."""
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+    if nofollow:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        what = "is a symbolic link" if nofollow and e.errno == 40 else f"cannot be opened ({e.strerror})"
+        raise DDStoreFileError(f"{path} {what}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DDStoreFileError(f"{path} is not a regular file")
+        if direct and hasattr(os, "O_DIRECT"):
+            try:
+                dfd = os.open(path, flags | os.O_DIRECT)
+            except OSError:  # tmpfs and some overlay file systems refuse O_DIRECT
+                return fd, False
+            if os.fstat(dfd).st_ino != os.fstat(fd).st_ino:
+                os.close(dfd)
+                raise DDStoreFileError(f"{path} changed while it was opened")
+            os.close(fd)
+            return dfd, True
+        return fd, False
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def pread_exact(fd: int, dst: memoryview, offset: int, path: str) -> None:
+    """Fills dst from fd at offset (buffered file); a file too short is an error naming it."""
+    pos = 0
+    while pos < len(dst):
+        got = os.preadv(fd, [dst[pos:]], offset + pos)
+        if got == 0:
+            raise DDStoreFileError(
+                f"{path} is truncated: {offset + pos} bytes, rows need {offset + len(dst)}"
+            )
+        pos += got
+
+
+class AlignedReader:
+    """One worker's reading buffer: large positional reads, with O_DIRECT (aligned offset,
+    length and buffer) for descriptors opened that way. Not shared between threads."""
+
+    def __init__(self) -> None:
+        self._buf: mmap.mmap | None = None
+        self._view: memoryview | None = None
+
+    def _buffer(self, nbytes: int) -> memoryview:
+        if self._buf is None or len(self._buf) < nbytes:
+            self.close()
+            size = -(-max(nbytes, ALIGN) // ALIGN) * ALIGN
+            self._buf = mmap.mmap(-1, size)  # page-aligned, as O_DIRECT needs
+            self._view = memoryview(self._buf)
+        return self._view  # type: ignore[return-value]
+
+    def read(self, fd: int, direct: bool, offset: int, nbytes: int, path: str) -> memoryview:
+        """nbytes at offset, as a view of this reader's buffer (valid until the next read)."""
+        if not direct:
+            view = self._buffer(nbytes)[:nbytes]
+            pread_exact(fd, view, offset, path)
+            return view
+        a0 = offset - offset % ALIGN
+        a1 = -(-(offset + nbytes) // ALIGN) * ALIGN
+        buf = self._buffer(a1 - a0)
+        pos = 0
+        need = offset + nbytes - a0
+        while pos < need:
+            got = os.preadv(fd, [buf[pos : a1 - a0]], a0 + pos)
+            if got == 0:
+                raise DDStoreFileError(f"{path} is truncated: {a0 + pos} bytes, rows need {offset + nbytes}")
+            pos += got
+            if pos % ALIGN and pos < need:  # a short read not at the end of the file
+                raise DDStoreFileError(f"{path}: unaligned short read at byte {a0 + pos}")
+        return buf[offset - a0 : offset - a0 + nbytes]
+
+    def close(self) -> None:
+        try:
+            if self._view is not None:
+                self._view.release()
+            if self._buf is not None:
+                self._buf.close()
+        except BufferError:
+            pass  # a view is still held (an error's traceback): the mapping goes with it
+        self._buf = self._view = None

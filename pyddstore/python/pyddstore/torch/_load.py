@@ -1,0 +1,536 @@
+"""Loading a rank's share with many reads in flight (DDSTORE_LOAD_DEPTH, default 32).
+
+Throughput from a parallel file system is decided by how many reads are in flight, not by their
+order, so every load path keeps `depth` reads going: worker threads that call the source's
+__getitem__ (map-style sources) or read large row ranges of the files behind an array source
+(FileRows: .npy lists, memmaps, contiguous h5py datasets; snapshots). Rows go from each worker
+straight into the store's share (update() copies with the GIL released); nothing collects the
+samples. Progress shows MB/s and an ETA; the summary says what limited the load.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from pyddstore import DDStoreError
+from pyddstore._env import env_flag, env_int
+from pyddstore._sources import AlignedReader, FileRows, open_regular
+
+from ._schema import ChunkFiller, Field, Schema
+
+DEFAULT_DEPTH = 32
+
+
+class DDStoreChildError(DDStoreError, RuntimeError):
+    """A forked load worker died (killed, out of memory) before answering."""
+
+
+MAX_READ_BYTES = 8 << 20  # one read of a file source
+MIN_WINDOW_BYTES = 16 << 20
+
+
+def load_depth() -> int:
+    """DDSTORE_LOAD_DEPTH (reads in flight while loading; DDSTORE_LOAD_THREADS is the older
+    name), default 32."""
+    depth = env_int("DDSTORE_LOAD_DEPTH", None)
+    if depth is None:
+        depth = env_int("DDSTORE_LOAD_THREADS", None)
+    return DEFAULT_DEPTH if depth is None else depth
+
+
+def load_direct() -> bool:
+    """DDSTORE_LOAD_DIRECT=1: read file sources and snapshots with O_DIRECT."""
+    return env_flag("DDSTORE_LOAD_DIRECT", False)
+
+
+class LoadStats:
+    """What one rank's load did: bytes, time, and where its workers spent their time."""
+
+    def __init__(self, path: str, workers: int):
+        self.path = path
+        self.workers = workers
+        self.declared = workers
+        self.nbytes = 0
+        self.t0 = time.perf_counter()
+        self.cpu0 = time.process_time()
+        self.secs = 0.0
+        self.cpu = 0.0
+        self.source_s = 0.0  # workers inside the source (read + decode), summed
+        self.put_s = 0.0  # workers copying into the share, summed
+        self.window_bytes = 0
+        self.window_capped = False  # the in-flight window was limited by memory
+        self.notes: list[str] = []
+        self.ragged: dict = {}  # samples path: {key: (values, lengths)} of ragged fields
+        self._lock = threading.Lock()
+
+    def add(self, nbytes: int, source_s: float, put_s: float) -> None:
+        with self._lock:
+            self.nbytes += nbytes
+            self.source_s += source_s
+            self.put_s += put_s
+
+    def finish(self) -> None:
+        self.secs = time.perf_counter() - self.t0
+        self.cpu = time.process_time() - self.cpu0
+
+    def to_json(self) -> dict:
+        return {
+            "path": self.path,
+            "workers": self.workers,
+            "nbytes": self.nbytes,
+            "secs": self.secs,
+            "cpu": self.cpu,
+            "source_s": self.source_s,
+            "put_s": self.put_s,
+            "window_bytes": self.window_bytes,
+            "window_capped": self.window_capped,
+            "notes": self.notes,
+        }
+
+
+def limit_of(stats: dict) -> str:
+    """A short judgement of what limited a load, from LoadStats.to_json()."""
+    secs = max(stats["secs"], 1e-9)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    cpu_share = stats["cpu"] / secs / cores
+    busy = (stats["source_s"] + stats["put_s"]) / secs / max(1, stats["workers"])
+    if stats["window_capped"] and busy > 0.8:
+        return f"memory (in-flight window capped at {stats['window_bytes'] / 2**20:.0f} MiB)"
+    if stats["path"] == "samples" and stats["workers"] > 1 and stats["cpu"] / secs > 0.5:
+        # Threads share one interpreter: Python-heavy __getitem__ runs one at a time.
+        return (
+            f"decode in Python (the GIL: {stats['cpu'] / secs:.1f} cores busy; load_workers='processes' "
+            "runs it in parallel where cores are free)"
+        )
+    if cpu_share > 0.85:
+        what = "decode" if stats["path"].startswith("samples") else "copies"
+        return f"CPU ({what}: {cpu_share:.0%} of {cores} cores)"
+    if stats["put_s"] > stats["source_s"]:
+        return "copies into the share"
+    return f"the source (reads; CPU {cpu_share:.0%} of {cores} cores)"
+
+
+class Progress:
+    """Bytes loaded on rank 0: a tqdm bar (MB/s, ETA) when tqdm is installed, else a line on
+    stderr every few seconds. Thread-safe."""
+
+    def __init__(self, total_bytes: int, enabled: bool, desc: str):
+        self.total = total_bytes
+        self.enabled = enabled and total_bytes > 0
+        self.desc = desc
+        self.done = 0
+        self.t0 = time.perf_counter()
+        self._last = self.t0
+        self._lock = threading.Lock()
+        self._bar = None
+        if self.enabled:
+            try:
+                from tqdm.auto import tqdm
+
+                self._bar = tqdm(total=total_bytes, desc=desc, unit="B", unit_scale=True, leave=False)
+            except ImportError:
+                self._bar = None
+
+    def update(self, nbytes: int) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            self.done += nbytes
+            if self._bar is not None:
+                self._bar.update(nbytes)
+                return
+            now = time.perf_counter()
+            if now - self._last < 5.0:
+                return
+            self._last = now
+            rate = self.done / max(now - self.t0, 1e-9)
+            eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+            print(
+                f"{self.desc}: {self.done / 2**20:.0f}/{self.total / 2**20:.0f} MiB, "
+                f"{rate / 1e6:.0f} MB/s, ETA {eta:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _run_workers(n: int, work: Callable[[], None], stats: LoadStats | None = None) -> None:
+    """Runs work() in n threads; the first error (if any) is raised once all have stopped."""
+    if stats is not None:
+        stats.workers = max(stats.workers if stats.workers != stats.declared else 0, n)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as e:  # noqa: BLE001 - re-raised below in the caller's thread
+            errors.append(e)
+
+    if n <= 1:
+        work()
+        return
+    threads = [threading.Thread(target=run, name=f"ddstore-load-{k}", daemon=True) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def load_samples(
+    source: Any,
+    schema: Schema,
+    encode: Any,
+    start: int,
+    count: int,
+    put: Callable[[Field, np.ndarray, int], None],
+    depth: int,
+    stats: LoadStats,
+    progress: Progress,
+) -> dict:
+    """Map-style source: `depth` threads each take the next sample, validate it and write its
+    fixed fields into the share at its row (no chunk of samples in between). Ragged fields are
+    gathered per row; returns {key: (values, lengths)} of this rank's share."""
+    fixed, ragged = schema.fixed_fields, schema.ragged_fields
+    r_values: dict = {f.key: [None] * count for f in ragged}
+    r_lengths: dict = {f.key: np.zeros(count, np.int64) for f in ragged}
+    counter = itertools.count()
+    failed = threading.Event()
+
+    def work() -> None:
+        filler = ChunkFiller(schema, 1)
+        src_s = put_s = 0.0
+        nbytes = 0
+        try:
+            while not failed.is_set():
+                j = next(counter)  # atomic under the GIL
+                if j >= count:
+                    return
+                i = start + j
+                t0 = time.perf_counter()
+                sample = source[i]
+                if encode is not None:
+                    sample = encode(sample)
+                t1 = time.perf_counter()
+                filler.put(0, sample, i)
+                row_bytes = 0
+                for f, view in zip(fixed, filler.store_views(1)):
+                    put(f, view, j)
+                    row_bytes += view.nbytes
+                for f in ragged:
+                    chunks, lengths = filler.ragged[f.key]
+                    r_values[f.key][j] = chunks.pop()
+                    r_lengths[f.key][j] = lengths.pop()
+                    row_bytes += r_values[f.key][j].nbytes
+                src_s += t1 - t0
+                put_s += time.perf_counter() - t1
+                nbytes += row_bytes
+                progress.update(row_bytes)
+        except BaseException:
+            failed.set()
+            raise
+        finally:
+            stats.add(nbytes, src_s, put_s)
+
+    _run_workers(min(depth, max(1, count)), work, stats)
+    out = {}
+    for f in ragged:
+        vals = r_values.pop(f.key)
+        flat = np.concatenate(vals) if vals else np.empty(0, f.dtype)
+        vals.clear()
+        out[f.key] = (flat.reshape(-1, f.unit_count), r_lengths[f.key])
+    return out
+
+
+def window(depth: int, share_bytes: int, row_bytes: int, stats: LoadStats, rows: int | None = None) -> int:
+    """Rows per read so that depth reads in flight stay within ~10% of the share (at least
+    16 MiB in all), at most 8 MiB each, whole rows; `rows` (chunk_size=) overrides."""
+    if rows is not None:
+        stats.window_bytes = rows * row_bytes * depth
+        return rows
+    limit = max(MIN_WINDOW_BYTES, share_bytes // 10)
+    per_read = min(MAX_READ_BYTES, max(1, limit // max(1, depth)))
+    stats.window_capped = per_read < MAX_READ_BYTES
+    rows = max(1, per_read // max(1, row_bytes))
+    stats.window_bytes = rows * row_bytes * depth
+    return rows
+
+
+def load_file_rows(
+    rows_src: FileRows,
+    f: Field,
+    start: int,
+    count: int,
+    put: Callable[[Field, np.ndarray, int], None],
+    depth: int,
+    direct: bool,
+    stats: LoadStats,
+    progress: Progress,
+    rows_per_read: int | None = None,
+) -> None:
+    """Rows [start, start + count) of a file source into f's share: reads of whole rows (a few
+    MiB each), `depth` in flight, each landing in the share at its row."""
+    step = window(depth, count * rows_src.row_bytes, rows_src.row_bytes, stats, rows_per_read)
+    pieces = []
+    for a in range(start, start + count, step):
+        pieces.extend(rows_src.ranges(a, min(start + count, a + step)))
+    fds: dict[str, tuple[int, bool]] = {}
+    try:
+        for path, *_ in pieces:
+            if path not in fds:
+                fds[path] = open_regular(path, direct)
+        if direct and not all(d for _, d in fds.values()):
+            stats.notes.append("O_DIRECT not supported by this file system: buffered reads")
+        elif direct:
+            stats.notes.append("O_DIRECT")
+        _read_pieces(pieces, fds, rows_src.row_bytes, f, start, put, depth, stats, progress)
+    finally:
+        for fd, _ in fds.values():
+            os.close(fd)
+
+
+def _read_pieces(pieces, fds, row_bytes, f, start, put, depth, stats, progress) -> None:
+    it = iter(pieces)
+    lock = threading.Lock()
+    failed = threading.Event()
+
+    def work() -> None:
+        reader = AlignedReader()
+        src_s = put_s = 0.0
+        nbytes = 0
+        try:
+            while not failed.is_set():
+                with lock:
+                    piece = next(it, None)
+                if piece is None:
+                    return
+                path, off, first, n = piece
+                fd, direct = fds[path]
+                t0 = time.perf_counter()
+                data = reader.read(fd, direct, off, n * row_bytes, path)
+                t1 = time.perf_counter()
+                rows = np.frombuffer(data, dtype=f.store_dtype).reshape(n, *f.store_shape)
+                put(f, rows, first - start)
+                del rows, data
+                src_s += t1 - t0
+                put_s += time.perf_counter() - t1
+                nbytes += n * row_bytes
+                progress.update(n * row_bytes)
+        except BaseException:
+            failed.set()
+            raise
+        finally:
+            reader.close()
+            stats.add(nbytes, src_s, put_s)
+
+    _run_workers(min(depth, max(1, len(pieces))), work, stats)
+
+
+def load_sliced(
+    arr: Any,
+    f: Field,
+    start: int,
+    count: int,
+    put: Callable[[Field, np.ndarray, int], None],
+    depth: int,
+    stats: LoadStats,
+    progress: Progress,
+    convert: Callable[[Any, int, int], np.ndarray],
+    rows_per_read: int | None = None,
+) -> None:
+    """An array-like read by slicing (chunked/compressed h5py, zarr, tensors, in-memory
+    arrays): slices aligned to the array's chunks along rows (`.chunks[0]`), `depth` in flight
+    for thread-safe readers (h5py serialises reads in its own lock)."""
+    row_bytes = max(1, f.row_bytes)
+    step = window(depth, count * row_bytes, row_bytes, stats, rows_per_read)
+    chunk_rows = _chunk_rows(arr)
+    if chunk_rows:
+        step = max(chunk_rows, step - step % chunk_rows)
+    bounds = []
+    a = start
+    while a < start + count:
+        b = min(start + count, a + step)
+        if chunk_rows and b < start + count:
+            b = max(a + 1, b - b % chunk_rows)  # end on a chunk boundary
+        bounds.append((a, b))
+        a = b
+    it = iter(bounds)
+    lock = threading.Lock()
+    failed = threading.Event()
+
+    def work() -> None:
+        src_s = put_s = 0.0
+        nbytes = 0
+        try:
+            while not failed.is_set():
+                with lock:
+                    ab = next(it, None)
+                if ab is None:
+                    return
+                t0 = time.perf_counter()
+                rows = convert(arr, *ab)
+                t1 = time.perf_counter()
+                put(f, rows, ab[0] - start)
+                src_s += t1 - t0
+                put_s += time.perf_counter() - t1
+                nbytes += rows.nbytes
+                progress.update(rows.nbytes)
+                del rows
+        except BaseException:
+            failed.set()
+            raise
+        finally:
+            stats.add(nbytes, src_s, put_s)
+
+    in_memory = isinstance(arr, np.ndarray) and not isinstance(arr, np.memmap)
+    _run_workers(1 if in_memory else min(depth, len(bounds)), work, stats)
+
+
+def _chunk_rows(arr: Any) -> int:
+    chunks = getattr(arr, "chunks", None)
+    if isinstance(chunks, tuple) and chunks and isinstance(chunks[0], int) and chunks[0] > 0:
+        return chunks[0]
+    return 0
+
+
+def _staging_filler(schema: Schema, staging: Any, rows: int) -> ChunkFiller:
+    """A ChunkFiller whose row buffers are views of the shared staging mapping: each field's
+    rows in value layout, one field after another."""
+    filler = ChunkFiller(schema, 0)
+    bufs, pos = [], 0
+    for f in schema.fixed_fields:
+        n = rows * f.row_bytes
+        bufs.append(np.frombuffer(staging, np.uint8, n, pos).view(f.dtype).reshape(rows, *f.shape))
+        pos += n
+    filler.bufs = bufs
+    return filler
+
+
+def _child_loop(rfd: int, wfd: int, w: int, workers: int, source, schema, encode, start, filler) -> None:
+    """A forked worker: for every chunk [a, b) the parent sends, fills rows a + w, a + w +
+    workers, ... of the staging area; answers "ok" or the error (JSON: kind and message)."""
+    import json
+
+    from pyddstore.torch._dataset import _error_payload
+
+    with os.fdopen(rfd, "r") as cmds, os.fdopen(wfd, "w") as answers:
+        for line in cmds:
+            a, b = (int(x) for x in line.split())
+            try:
+                for j in range(a + w, b, workers):
+                    i = start + j
+                    sample = source[i]
+                    if encode is not None:
+                        sample = encode(sample)
+                    filler.put(j - a, sample, i)
+                answers.write("ok\n")
+            except BaseException as e:  # noqa: BLE001 - reported to the parent
+                answers.write(json.dumps(list(_error_payload(e, -1))) + "\n")
+            answers.flush()
+
+
+def load_samples_forked(
+    source: Any,
+    schema: Schema,
+    encode: Any,
+    start: int,
+    count: int,
+    put: Callable[[Field, np.ndarray, int], None],
+    workers: int,
+    stats: LoadStats,
+    progress: Progress,
+) -> None:
+    """Map-style sources that are not thread-safe (or whose decoding holds the GIL): `workers`
+    forked processes fill a shared staging area of whole rows (at most ~10% of the share, at
+    least 16 MiB), chunk after chunk, and this process copies each chunk into the share.
+    Children never touch the store; each sends "ok" or its error through a pipe, and a child
+    that dies is seen as the pipe's end."""
+    import json
+    import mmap
+
+    from ._dataset import _rebuild_error
+
+    row_bytes = max(1, sum(f.row_bytes for f in schema.fixed_fields))
+    rows = max(workers, min(count, max(MIN_WINDOW_BYTES, count * row_bytes // 10) // row_bytes))
+    stats.window_bytes = rows * row_bytes
+    staging = mmap.mmap(-1, max(1, rows * row_bytes))  # MAP_SHARED|MAP_ANONYMOUS: seen by the children
+    filler = _staging_filler(schema, staging, rows)
+    children = []
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for w in range(workers):
+            c_r, p_w = os.pipe()
+            p_r, c_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # child
+                code = 0
+                try:
+                    os.close(p_w)
+                    os.close(p_r)
+                    for _, pw, pr in children:
+                        pw.close()
+                        pr.close()
+                    _child_loop(c_r, c_w, w, workers, source, schema, encode, start, filler)
+                except BaseException:  # noqa: BLE001 - the parent sees the pipe close
+                    code = 1
+                finally:
+                    os._exit(code)
+            os.close(c_r)
+            os.close(c_w)
+            children.append((pid, os.fdopen(p_w, "w"), os.fdopen(p_r, "r")))
+        for a in range(0, count, rows):
+            b = min(count, a + rows)
+            t0 = time.perf_counter()
+            for _, pw, _ in children:
+                pw.write(f"{a} {b}\n")
+                pw.flush()
+            error = None
+            for pid, _, pr in children:
+                answer = pr.readline()
+                if not answer:
+                    error = error or DDStoreChildError(
+                        f"load worker process {pid} died while loading rows {a}..{b}"
+                    )
+                elif answer.strip() != "ok" and error is None:
+                    kind, msg = json.loads(answer)
+                    if kind == "other":
+                        msg = msg.replace("rank -1: ", "", 1)
+                        error = DDStoreError(f"a load worker process failed: {msg}")
+                    else:
+                        error = _rebuild_error((kind, msg))
+            if error is not None:
+                raise error
+            t1 = time.perf_counter()
+            for f, view in zip(schema.fixed_fields, filler.store_views(b - a)):
+                put(f, view, a)
+            stats.add((b - a) * row_bytes, (t1 - t0) * workers, time.perf_counter() - t1)
+            progress.update((b - a) * row_bytes)
+    finally:
+        for pid, pw, pr in children:
+            pw.close()  # the child's loop ends
+            pr.close()
+        for pid, _, _ in children:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        filler.bufs = []
+        try:
+            staging.close()
+        except BufferError:
+            pass

@@ -1,0 +1,211 @@
+"""The owner-side gather path (DDSTORE_REMOTE_GATHER): every read checked against the owner's rows.
+
+mpirun -n 3 python gather.py read           method 1: 3 KB, 1 MB and 13 B rows; shuffled batches
+                                            with repeats and the reader's own rows, get(), 4
+                                            threads, a forked child; expects remote_path from
+                                            GATHER_EXPECT (default "gather")
+python gather.py stopped  (3 plain procs)   rank 0 SIGSTOPs rank 1 and reads its rows: a
+                                            DDStoreTimeoutError naming rank 1 within
+                                            DDSTORE_TIMEOUT_S; after SIGCONT the late reply
+                                            never lands in the caller's buffer, and reads work
+python gather.py core --hs DIR              method-2 core (one process): publishes "g", frees it
+                                            when {hs}/free-now appears, serves until {hs}/STOP
+python gather.py extra --hs DIR             joins "g", reads it (gather path, verified), asks the
+                                            core to free, then a read is an error and never data
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+from _common import main_guard, rank_tag, rows_of, run_threads, share_bounds
+
+import pyddstore
+
+# name -> (rows, row shape, dtype): 3 KB rows, 1 MB rows (split by DDSTORE_MAX_READ_BYTES
+# when it is small), 13-byte rows (packed replies of odd sizes).
+VARS = {
+    "small": (301, (768,), np.float32),
+    "big": (7, (1 << 18,), np.float32),
+    "odd": (97, (13,), np.uint8),
+}
+
+
+def seed(name: str) -> int:
+    return sorted(VARS).index(name) + 3
+
+
+def check(store, name, rows):
+    _, shape, dtype = VARS[name]
+    rows = np.asarray(rows, dtype=np.int64)
+    out = np.empty((len(rows),) + shape, dtype)
+    store.get_batch(name, out, rows)
+    want = rows_of(seed(name), rows, shape, dtype)
+    assert np.array_equal(out, want), f"{name}: rows {rows[:8]} differ from the owners' data"
+
+
+def add_all(store):
+    for name, (n, shape, dtype) in VARS.items():
+        first, count, _ = share_bounds(n, store.size, store.rank)
+        store.add(name, rows_of(seed(name), np.arange(first, first + count), shape, dtype))
+
+
+def read():
+    from mpi4py import MPI
+
+    store = pyddstore.PyDDStore(MPI.COMM_WORLD, method=1)
+    expect = os.environ.get("GATHER_EXPECT", "gather")
+    assert store.remote_path == expect, f"remote_path {store.remote_path!r}, expected {expect!r}"
+    add_all(store)
+    rank = store.rank
+    rng = np.random.default_rng(11 + rank)
+    for name, (n, _, _) in VARS.items():
+        check(store, name, rng.permutation(n))  # every row, own rows among them
+        check(store, name, [n - 1, 0, 0, n - 1, n // 2, n // 2, 0])  # repeats
+        first, count, _ = share_bounds(n, store.size, (rank + 1) % store.size)
+        check(store, name, np.arange(first, first + count)[::-1])  # one owner, reversed
+        check(store, name, np.arange(first, first + count))  # one owner, contiguous
+        check(store, name, [])
+        _, shape, dtype = VARS[name]
+        for row in (0, n - 1, first):
+            one = np.empty((1,) + shape, dtype)
+            store.get(name, one, row)
+            assert np.array_equal(one, rows_of(seed(name), [row], shape, dtype)), f"{name}: get({row})"
+
+    def reader(t):
+        r = np.random.default_rng(100 * rank + t)
+        for i in range(25):
+            name = ("small", "odd", "big")[i % 3]
+            n = VARS[name][0]
+            check(store, name, r.integers(0, n, 128 if name != "big" else 9))
+
+    run_threads(4, reader)
+    store.barrier()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            store.fork_reader()
+            for name, (n, _, _) in VARS.items():
+                check(store, name, np.random.default_rng(5).integers(0, n, 64))
+            code = 0
+        except BaseException as e:  # noqa: BLE001 - reported, then the child exits non-zero
+            print(f"{rank_tag()} forked child failed: {e!r}", file=sys.stderr, flush=True)
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "forked child failed to read"
+    store.barrier()
+    store.free()
+    print(f"{rank_tag()} gather read ok ({store.transport}, {expect})", flush=True)
+
+
+def wait_stopped(pid):
+    """SIGSTOP takes effect once the target is scheduled: wait until it is ('T' in /proc)."""
+    deadline = time.monotonic() + 30
+    while True:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                return
+        assert time.monotonic() < deadline, f"process {pid} did not stop"
+        time.sleep(0.01)
+
+
+def stopped():
+    store = pyddstore.PyDDStore(None, method=1, handshake_dir=os.environ["DDSTORE_HANDSHAKE_DIR"])
+    add_all(store)
+    pids = store.allgather(os.getpid())
+    limit = float(os.environ["DDSTORE_TIMEOUT_S"])
+    if store.rank == 0:
+        assert store.remote_path == "gather", store.remote_path
+        first, count, _ = share_bounds(VARS["small"][0], store.size, 1)
+        victims = np.arange(first, first + count)
+        check(store, "small", victims)
+        os.kill(pids[1], signal.SIGSTOP)
+        wait_stopped(pids[1])
+        try:
+            out = np.full((len(victims), 768), -7.0, np.float32)
+            t0 = time.monotonic()
+            try:
+                store.get_batch("small", out, victims)
+                raise AssertionError("a read of a stopped owner returned")
+            except pyddstore.DDStoreTimeoutError as e:
+                waited = time.monotonic() - t0
+                assert "rank 1" in str(e), f"the timeout does not name rank 1: {e}"
+                assert waited < limit + 10, f"took {waited:.1f} s with DDSTORE_TIMEOUT_S={limit}"
+                print(f"stopped owner: DDStoreTimeoutError after {waited:.1f} s: {e}", flush=True)
+        finally:
+            os.kill(pids[1], signal.SIGCONT)
+        time.sleep(1.0)  # the owner now answers the old request: never into `out`
+        assert (out == -7.0).all(), "a late reply landed in a buffer the caller got back"
+        for _ in range(3):
+            check(store, "small", victims)
+            check(store, "small", np.random.default_rng(3).integers(0, VARS["small"][0], 128))
+        print("stopped owner: reads after SIGCONT ok", flush=True)
+    # free() synchronises even after a read timed out (the owner only stalled).
+    store.barrier()
+    store.free()
+    print(f"{rank_tag()} gather stopped ok", flush=True)
+
+
+def core(hs):
+    comm = pyddstore.FileComm(os.path.join(hs, "filecomm"))
+    store = pyddstore.PyDDStore(comm, method=2, handshake_dir=hs)
+    n, shape, dtype = VARS["small"]
+    store.add("g", rows_of(seed("small"), np.arange(n), shape, dtype))
+    print(f"core ready {store.remote_path}", flush=True)
+    while not os.path.exists(os.path.join(hs, "free-now")):
+        time.sleep(0.05)
+    store.free()
+    open(os.path.join(hs, "freed"), "w").close()
+    while not os.path.exists(os.path.join(hs, "STOP")):
+        time.sleep(0.05)
+    print("core stopped", flush=True)
+
+
+def extra(hs):
+    store = pyddstore.PyDDStore(None, method=2, handshake_dir=hs, n_core=1)
+    store.join("g", timeout_s=60)
+    assert store.remote_path == "gather", store.remote_path
+    n, shape, dtype = VARS["small"]
+    out = np.empty((128,) + shape, dtype)
+    r = np.random.default_rng(9)
+    for _ in range(10):
+        rows = r.integers(0, n, 128)
+        store.get_batch("g", out, rows)
+        assert np.array_equal(out, rows_of(seed("small"), rows, shape, dtype)), "extra: rows differ"
+    open(os.path.join(hs, "free-now"), "w").close()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(hs, "freed")):
+        assert time.monotonic() < deadline, "the core did not free"
+        time.sleep(0.05)
+    out[:] = -7
+    try:
+        store.get_batch("g", out, r.integers(0, n, 128))
+        raise AssertionError("a read of a freed variable returned")
+    except pyddstore.DDStoreError as e:
+        assert (out == -7).all(), "a failed read wrote into the caller's buffer"
+        print(f"freed variable: {type(e).__name__}: {e}", flush=True)
+    store.free()
+    print("extra freed-variable ok", flush=True)
+
+
+def main():
+    mode = sys.argv[1]
+    if mode == "read":
+        read()
+    elif mode == "stopped":
+        stopped()
+    elif mode == "core":
+        core(sys.argv[3])
+    elif mode == "extra":
+        extra(sys.argv[3])
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+
+
+main_guard(main)

@@ -1,0 +1,88 @@
+"""The owner-side gather path over tcp and sockets (DDSTORE_REMOTE_GATHER): one request per owner
+per batch, answered by the owner's progress thread. Methods 1 and 2, with and without same-node
+memory copies, repeats, 4 threads, a forked child, split replies, a stopped owner and a freed
+variable; every read is checked against the owner's rows (tests/scripts/gather.py)."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import SCRIPTS, _env, run_mpi, run_procs
+
+CASES = [
+    pytest.param({"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0"}, id="tcp"),
+    # sockets reads one-sided by default (auto); the gather path works there when asked for.
+    pytest.param(
+        {"DDSTORE_FABRIC": "sockets", "DDSTORE_SHM": "0", "DDSTORE_REMOTE_GATHER": "1"}, id="sockets"
+    ),
+    # Same-node rows by memory copy beside the gather path (remote_path stays "gather").
+    pytest.param({"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "1"}, id="tcp-shm"),
+    # A 4-deep window and 64 KiB replies: several requests per owner, 1 MB rows split.
+    pytest.param(
+        {
+            "DDSTORE_FABRIC": "tcp",
+            "DDSTORE_SHM": "0",
+            "DDSTORE_MAX_INFLIGHT": "4",
+            "DDSTORE_MAX_READ_BYTES": "65536",
+        },
+        id="tcp-small-window",
+    ),
+    # Forced one-sided reads: the previous path, same checks.
+    pytest.param(
+        {
+            "DDSTORE_FABRIC": "tcp",
+            "DDSTORE_SHM": "0",
+            "DDSTORE_REMOTE_GATHER": "0",
+            "GATHER_EXPECT": "one-sided",
+        },
+        id="tcp-one-sided",
+    ),
+]
+
+
+@pytest.mark.parametrize("env", CASES)
+def test_gather_reads_are_verified(env):
+    out = run_mpi(3, "gather.py", "read", env={"DDSTORE_TIMEOUT_S": "60", **env}, timeout=240).stdout
+    assert out.count("gather read ok") >= 1, out
+
+
+def test_stopped_owner_times_out_naming_it(handshake_dir):
+    env = {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0", "DDSTORE_TIMEOUT_S": "3"}
+    env["DDSTORE_HANDSHAKE_DIR"] = str(handshake_dir)
+    procs = run_procs(3, "gather.py", "stopped", env=env, timeout=180)
+    out = procs[0].stdout
+    assert "stopped owner: DDStoreTimeoutError after" in out and "reads after SIGCONT ok" in out, out
+
+
+def test_method2_extra_job_and_freed_variable(handshake_dir):
+    """An extra job reads a core's variable through the gather path; once the core frees it,
+    a read is an error and the caller's buffer is untouched."""
+    hs = str(handshake_dir)
+    env = {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0", "DDSTORE_TIMEOUT_S": "5", "DDSTORE_MPI": "0"}
+    core_env = _env({**env, "SLURM_PROCID": "0", "SLURM_NTASKS": "1"})
+    core = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "gather.py"), "core", "--hs", hs],
+        env=core_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (handshake_dir / "g.ddstore.json").exists():
+            assert core.poll() is None, core.communicate()
+            assert time.monotonic() < deadline, "the core did not publish"
+            time.sleep(0.1)
+        extra = run_procs(1, "gather.py", "extra", "--hs", hs, env=env, timeout=180, expect_ok=False)[0]
+        print(extra.stdout)
+        assert extra.returncode == 0, f"{extra.stdout}\n{extra.stderr}"
+        assert "extra freed-variable ok" in extra.stdout, extra.stdout
+    finally:
+        (handshake_dir / "STOP").touch()
+        try:
+            core.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            core.kill()
+            core.communicate()
+    assert core.returncode == 0
