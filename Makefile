@@ -1,5 +1,5 @@
 # pyddstore: `make help` lists the targets.
-.PHONY: help setup demo test test-long bench bench-vcluster bench-graph bench-load lint fmt soak check-memory clean
+.PHONY: help setup demo test test-long bench bench-vcluster bench-graph bench-load lint fmt soak check-memory check-no-mpi test-torch-min docs clean
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -47,9 +47,20 @@ soak:  ## long soak: 1,000,000 verified random reads per rank per config, RSS fl
 check-memory:  ## Rust suites under valgrind memcheck, with the libfabric scenarios
 	bash scripts/check-memory.sh --ofi
 
+check-no-mpi:  ## build without the cargo feature `mpi` in a clean venv: methods 1/2 work, method 0 raises
+	bash scripts/setup.sh && . .venv/bin/activate && \
+	DDSTORE_TEST_NO_MPI=1 python -m pytest tests/test_packaging.py -q -k without_mpi
+
+test-torch-min:  ## the torch tests against the oldest supported torch (2.6, CPU wheel) in .venv-torch-min
+	bash scripts/setup.sh && bash scripts/test-torch-min.sh
+
+docs:  ## build the documentation (mkdocs --strict) into site/
+	bash scripts/setup.sh && . .venv/bin/activate && mkdocs build --strict -q
+
 lint:  ## cargo fmt --check, clippy -D warnings, ruff
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy -p pyddstore -p ddstore-fabric --no-default-features --all-targets -- -D warnings
 	. .venv/bin/activate && ruff check . && ruff format --check .
 
 fmt:  ## format Rust and Python sources
@@ -58,4 +69,4 @@ fmt:  ## format Rust and Python sources
 
 clean:  ## remove build outputs
 	cargo clean
-	rm -rf .venv bench-results
+	rm -rf .venv .venv-torch-min bench-results site

@@ -32,7 +32,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 
-want="numpy mpi4py maturin pytest ruff matplotlib h5py zarr"
+want="numpy mpi4py maturin pytest ruff matplotlib h5py zarr tqdm mkdocs material mkdocstrings mkdocstrings_handlers.python"
 # torch_geometric: the graph tests and examples/gnn (pure Python; the `graph` extra)
 [ "${WITH_TORCH:-1}" = "1" ] && want="$want torch torch_geometric"
 need=""
@@ -42,9 +42,11 @@ done
 if [ -n "$need" ]; then
     echo "==> pip install$need"
     python -m pip install -q --no-cache-dir --upgrade pip >/dev/null
+    # import names -> pip names (the docs toolchain: mkdocs-material + mkdocstrings)
+    need=$(echo "$need" | sed -e 's/ material/ mkdocs-material/' -e 's/ mkdocstrings_handlers.python/ mkdocstrings-python/')
     python -m pip install -q --no-cache-dir $need
 fi
 
 echo "==> building the extension (maturin develop --release)"
-(cd pyddstore && maturin develop --release -q 2>&1 | grep -v "^$" | tail -n 3)
+maturin develop --release -q 2>&1 | grep -v "^$" | tail -n 3
 python -c "import pyddstore; print('pyddstore', pyddstore.__version__, 'ready')"

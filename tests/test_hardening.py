@@ -234,7 +234,20 @@ FLAGS += ["DDSTORE_BATCH_GET", "DDSTORE_FAST_COLLATE"]
 INTS = ["DDSTORE_METHOD", "DDSTORE_N_CORE", "DDSTORE_CORE_GROUP", "DDSTORE_MAX_INFLIGHT"]
 INTS += ["DDSTORE_LOAD_THREADS", "DDSTORE_AFFINITY_WIDTH", "DDSTORE_AFFINITY_OFFSET"]
 NUMBERS = ["DDSTORE_TIMEOUT_S", "DDSTORE_HANDSHAKE_TIMEOUT_S", "DDSTORE_MAX_READ_BYTES"]
-CHOICES = ["DDSTORE_COMM", "DDSTORE_FABRIC", "DDSTORE_MPI_THREAD_LEVEL"]
+CHOICES = ["DDSTORE_COMM", "DDSTORE_MPI_THREAD_LEVEL"]
+
+
+def test_fabric_setting_refuses_what_cannot_be_a_provider_name(monkeypatch):
+    # Any provider name passes check_env (efa, opx, psm3, ucx, ...); a name that no provider
+    # here has is refused when a store is made (tests/test_providers.py).
+    for value in ["-1", "1e23", "2", "a b", "tcp;", "x/y"]:
+        monkeypatch.setenv("DDSTORE_FABRIC", value)
+        with pytest.raises(DDStoreValueError, match="DDSTORE_FABRIC") as e:
+            _native.check_env()
+        assert "expected a libfabric provider name" in str(e.value)
+    for value in ["psm3", "tcp;ofi_rxm", "EFA", "udp;ofi_rxd"]:
+        monkeypatch.setenv("DDSTORE_FABRIC", value)
+        _native.check_env()
 
 
 @pytest.mark.parametrize("key", FLAGS + INTS + NUMBERS + CHOICES)

@@ -115,6 +115,10 @@ pub enum Kind {
     Choice(&'static [&'static str]),
     /// Free text (paths, ids, tokens, maps), checked where used.
     Text,
+    /// A libfabric provider name: `;`-separated parts, each a letter then letters,
+    /// digits, `_` or `-` ("psm3", "tcp;ofi_rxm"); whether it exists here is
+    /// checked by the transport.
+    Provider,
 }
 
 /// Every `DDSTORE_*` variable pyddstore reads, in one table: `check_env`
@@ -144,10 +148,8 @@ pub const SETTINGS: &[(&str, Kind)] = &[
     ("DDSTORE_TIMEOUT_S", Kind::Seconds),
     ("DDSTORE_SHM", Kind::Flag),
     ("DDSTORE_THREAD_READERS", Kind::Flag),
-    (
-        "DDSTORE_FABRIC",
-        Kind::Choice(&["cxi", "verbs", "hsn", "tcp", "shm", "sockets"]),
-    ),
+    // Any libfabric provider name (efa, opx, psm3, ucx, ...), not only the known ones.
+    ("DDSTORE_FABRIC", Kind::Provider),
     ("DDSTORE_NIC_MAP", Kind::Text),
     ("DDSTORE_FORK_WORKERS", Kind::Flag),
     ("DDSTORE_BATCH_GET", Kind::Flag),
@@ -168,6 +170,8 @@ pub const SETTINGS: &[(&str, Kind)] = &[
     ),
     ("DDSTORE_PROFILE", Kind::Flag),
     ("DDSTORE_QUIET", Kind::Flag),
+    // debug, info, warning, error or a number: checked by pyddstore's logging set-up.
+    ("DDSTORE_LOG_LEVEL", Kind::Text),
     ("DDSTORE_LOAD_THREADS", Kind::Int { min: 1, max: 1024 }),
     ("DDSTORE_LOAD_DEPTH", Kind::Int { min: 1, max: 1024 }),
     ("DDSTORE_LOAD_DIRECT", Kind::Flag),
@@ -240,6 +244,22 @@ pub fn setting(get: &impl Fn(&str) -> Option<String>, key: &str) -> Result<Optio
             }
         }
         Kind::Text => Ok(Some(raw)),
+        Kind::Provider => {
+            let low = raw.to_ascii_lowercase();
+            let part_ok = |p: &str| {
+                p.len() <= 32
+                    && p.starts_with(|c: char| c.is_ascii_alphabetic())
+                    && p.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            };
+            if low.split(';').all(part_ok) {
+                Ok(Some(low))
+            } else {
+                bad("a libfabric provider name such as cxi, verbs, efa, opx, psm3, ucx, tcp, shm or \
+                     tcp;ofi_rxm"
+                    .into())
+            }
+        }
     }
 }
 

@@ -199,6 +199,31 @@ impl FileComm {
         format!("{}.r{round}.{rank}.rec", self.job)
     }
 
+    /// Job ids other than ours under which `peer` wrote records in the directory
+    /// (quoted, comma-separated), or None.
+    fn other_job_ids(&self, peer: usize) -> Option<String> {
+        let tail = format!(".{peer}.rec");
+        let mut ids: Vec<String> = self
+            .dir
+            .list()
+            .ok()?
+            .into_iter()
+            .filter_map(|name| {
+                let stem = name.strip_suffix(&tail)?;
+                let (job, round) = stem.rsplit_once(".r")?;
+                round.parse::<u64>().ok()?;
+                // Sub-communicators ("<job>.s<round>c<color>") number their ranks differently.
+                let sub = job.rsplit_once(".s").is_some_and(|(_, t)| {
+                    t.contains('c') && t.replace('c', "").parse::<u64>().is_ok()
+                });
+                (job != self.job && !sub).then(|| format!("'{job}'"))
+            })
+            .collect();
+        ids.sort();
+        ids.dedup();
+        (!ids.is_empty()).then(|| ids.join(", "))
+    }
+
     fn barrier_file(&self, round: u64, rank: usize, kind: &str) -> String {
         format!("{}.r{round}.{rank}.{kind}", self.job)
     }
@@ -332,15 +357,27 @@ impl Comm for FileComm {
             }
         }
         if let Some(&peer) = missing.first() {
-            return Err(Error::Timeout {
-                peer,
-                waited: self.timeout,
-                what: format!(
+            let what = match self.other_job_ids(peer) {
+                // The usual cause: ranks started under different parents (a wrapper, `timeout`,
+                // separate shells) derive different default job ids.
+                Some(others) => format!(
+                    "rank {peer} wrote no record {} in handshake_dir, but records of rank {peer} \
+                     under job id {others} are there: the ranks have different job ids (ranks \
+                     started under different parents get different defaults); set the same \
+                     DDSTORE_JOB_ID for every rank",
+                    self.file(r, peer),
+                ),
+                None => format!(
                     "ranks {missing:?} wrote no record {} in handshake_dir (are they running, with \
                      the same handshake_dir and job id '{}'?)",
                     self.file(r, peer),
                     self.job
                 ),
+            };
+            return Err(Error::Timeout {
+                peer,
+                waited: self.timeout,
+                what,
             });
         }
         Ok(all)
@@ -452,6 +489,40 @@ mod tests {
             Err(Error::Timeout { peer: 1, .. }) => {}
             other => panic!("expected timeout, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_peer_under_another_job_id_is_named_with_the_fix() {
+        // Rank 1 started under another parent: same directory, another default job id.
+        let dir = tempfile::tempdir().unwrap();
+        let hs = dir.path().to_path_buf();
+        let other = std::thread::spawn(move || {
+            let c = FileComm::new(
+                &hs,
+                Some(1),
+                Some(2),
+                Some("jobB".into()),
+                Duration::from_millis(1500),
+            )
+            .unwrap();
+            c.allgather(b"b").err()
+        });
+        let c = FileComm::new(
+            dir.path(),
+            Some(0),
+            Some(2),
+            Some("jobA".into()),
+            Duration::from_millis(700),
+        )
+        .unwrap();
+        match c.allgather(b"a") {
+            Err(Error::Timeout { peer: 1, what, .. }) => assert!(
+                what.contains("under job id 'jobB'") && what.contains("DDSTORE_JOB_ID"),
+                "{what}"
+            ),
+            other => panic!("expected timeout, got {other:?}"),
+        }
+        assert!(other.join().unwrap().is_some(), "rank 1 must time out too");
     }
 
     #[test]

@@ -28,12 +28,7 @@ fn system_info(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
         "libfabric_version",
         ddstore_fabric::ofi::libfabric_version(),
     )?;
-    d.set_item(
-        "mpi_library",
-        ddstore_fabric::mpi_rma::library_version()
-            .trim()
-            .to_string(),
-    )?;
+    d.set_item("mpi_library", methods::mpi_library_version())?;
     let providers = pyo3::types::PyList::empty(py);
     for p in ddstore_fabric::ofi::usable_providers() {
         let e = PyDict::new(py);
@@ -52,6 +47,17 @@ fn system_info(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     }
     d.set_item("providers", providers)?;
     Ok(d)
+}
+
+/// The libfabric providers a `DDSTORE_FABRIC` value makes pyddstore try, in order
+/// (None: the default list); a value that cannot be a provider name raises.
+#[pyfunction]
+#[pyo3(signature = (value=None))]
+fn provider_candidates(py: Python<'_>, value: Option<&str>) -> PyResult<Vec<String>> {
+    use errors::IntoPyResult;
+    ddstore_fabric::ofi::provider_candidates(value)
+        .map_err(ddstore_core::Error::from)
+        .py(py)
 }
 
 /// The checked value of a `DDSTORE_*` setting (flags as "0"/"1"), None when
@@ -79,7 +85,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(setting, m)?)?;
     m.add_function(wrap_pyfunction!(check_env, m)?)?;
     m.add_function(wrap_pyfunction!(system_info, m)?)?;
-    m.add("METHODS", methods::METHODS.to_vec())?;
+    m.add_function(wrap_pyfunction!(provider_candidates, m)?)?;
+    // A list of ints (a Vec<u8> would become bytes).
+    let methods: Vec<u32> = methods::METHODS.iter().map(|&m| u32::from(m)).collect();
+    m.add("METHODS", methods)?;
+    m.add("HAS_MPI", cfg!(feature = "mpi"))?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -2,14 +2,24 @@
 
 use std::sync::Arc;
 
+#[cfg(feature = "mpi")]
 use ddstore_core::node_only::NodeOnlyTransport;
 use ddstore_core::transport::Transport;
 use ddstore_core::{Comm, Config, Error, Result};
+#[cfg(feature = "mpi")]
 use ddstore_fabric::mpi_rma::{self, MpiComm, MpiRma};
 use ddstore_fabric::ofi::OfiTransport;
 
+/// What a build without the `mpi` feature says when asked for MPI.
+#[cfg(not(feature = "mpi"))]
+const NO_MPI: &str =
+    "this pyddstore was built without MPI (cargo feature `mpi` off): method=0 and \
+MPI communicators are not available; use method=1 or 2 with a torch.distributed group \
+or a pyddstore.FileComm (comm=None with DDSTORE_HANDSHAKE_DIR), or rebuild with MPI";
+
 /// An MPI communicator from mpi4py's `py2f()` handle, or MPI_COMM_WORLD
 /// (initialising MPI here when no one has; `finalize_mpi` undoes that).
+#[cfg(feature = "mpi")]
 pub fn mpi_comm(fortran_handle: Option<i64>) -> Result<Arc<dyn Comm>> {
     let comm = match fortran_handle {
         Some(h) => MpiComm::from_fortran(h)?,
@@ -18,8 +28,29 @@ pub fn mpi_comm(fortran_handle: Option<i64>) -> Result<Arc<dyn Comm>> {
     Ok(Arc::new(comm))
 }
 
+/// Without MPI in this build: a clear error (method 0 needs it).
+#[cfg(not(feature = "mpi"))]
+pub fn mpi_comm(_fortran_handle: Option<i64>) -> Result<Arc<dyn Comm>> {
+    Err(Error::Unsupported(NO_MPI.to_string()))
+}
+
+#[cfg(feature = "mpi")]
 pub fn finalize_mpi() -> Result<()> {
     Ok(mpi_rma::finalize_if_ours()?)
+}
+
+/// Nothing to finalise in a build without MPI.
+#[cfg(not(feature = "mpi"))]
+pub fn finalize_mpi() -> Result<()> {
+    Ok(())
+}
+
+/// The MPI library's version string, or "" (no MPI in this build).
+pub fn mpi_library_version() -> String {
+    #[cfg(feature = "mpi")]
+    return mpi_rma::library_version().trim().to_string();
+    #[cfg(not(feature = "mpi"))]
+    String::new()
 }
 
 /// The transport for `method`; `comm` is the store's group.
@@ -30,8 +61,13 @@ pub fn transport_for(
     nic_map: Option<&str>,
 ) -> Result<Arc<dyn Transport>> {
     match (method, comm.kind()) {
+        // Method 0 is not in a build without MPI, even for one process.
+        #[cfg(not(feature = "mpi"))]
+        (0, _) => Err(Error::Unsupported(NO_MPI.to_string())),
         // One process has no peer to reach: its reads are memory copies.
+        #[cfg(feature = "mpi")]
         (0, "single") => Ok(Arc::new(NodeOnlyTransport)),
+        #[cfg(feature = "mpi")]
         (0, _) => Ok(Arc::new(MpiRma::new())),
         (1 | 2, _) => Ok(Arc::new(OfiTransport::from_env(
             config,
@@ -58,4 +94,8 @@ fn local_rank() -> usize {
 }
 
 /// Methods this build can serve, for `pyddstore info` and test skips.
-pub const METHODS: [u8; 3] = [0, 1, 2];
+#[cfg(feature = "mpi")]
+pub const METHODS: &[u8] = &[0, 1, 2];
+/// Methods this build can serve: no method 0 without MPI.
+#[cfg(not(feature = "mpi"))]
+pub const METHODS: &[u8] = &[1, 2];

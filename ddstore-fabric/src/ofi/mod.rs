@@ -34,7 +34,9 @@ pub use info::{Info, InfoEntry, InfoRequest, MR_MODES};
 pub use mr::MemoryRegion;
 pub use reader::OfiReader;
 pub use record::ShareRecord;
-pub use select::{nic_for_rank, provider_candidates, FABRIC_VALUES};
+pub use select::{
+    is_provider_name, nic_for_rank, provider_candidates, DEFAULT_CANDIDATES, FABRIC_VALUES,
+};
 pub use transport::{gather_by_default, OfiShares, OfiTransport};
 
 use libfabric_sys as sys;

@@ -4,27 +4,47 @@ use super::iface::ipv4_of;
 use super::info::InfoRequest;
 use crate::error::{FabricError, FabricResult};
 
-/// Accepted `DDSTORE_FABRIC` values, for messages.
-pub const FABRIC_VALUES: &str = "cxi, verbs, hsn, tcp, shm, sockets";
+/// `DDSTORE_FABRIC` values with a meaning of their own, for messages; any other
+/// libfabric provider name (e.g. "udp;ofi_rxd") is passed through as given.
+pub const FABRIC_VALUES: &str =
+    "cxi, verbs, efa, opx, psm3, psm2, ucx, hsn/tcp, shm, sockets, or any libfabric provider name";
+
+/// Providers tried when `DDSTORE_FABRIC` is unset, best first: NIC providers only show
+/// up where their hardware is, so tcp;ofi_rxm is what a machine without one gets.
+pub const DEFAULT_CANDIDATES: [&str; 5] = ["cxi", "efa", "opx", "verbs;ofi_rxm", "tcp;ofi_rxm"];
 
 /// Providers to try, best first, for a `DDSTORE_FABRIC` value (unset: all).
-pub fn provider_candidates(value: Option<&str>) -> FabricResult<Vec<&'static str>> {
+///
+/// Names map to libfabric providers (`verbs` and `tcp`/`hsn` through the ofi_rxm
+/// utility provider, which gives them RDM endpoints); any other name made of
+/// letters, digits, `_`, `-` and `;` is passed through, so every RDM provider with
+/// RMA reads (efa, opx, psm3, ucx, ...) can be chosen; its mr_mode is honoured.
+pub fn provider_candidates(value: Option<&str>) -> FabricResult<Vec<String>> {
     let value = value
         .map(|v| v.trim().to_ascii_lowercase())
         .filter(|v| !v.is_empty());
-    Ok(match value.as_deref() {
-        None => vec!["cxi", "verbs;ofi_rxm", "tcp;ofi_rxm"],
-        Some("cxi") => vec!["cxi"],
-        Some("verbs") => vec!["verbs;ofi_rxm"],
-        Some("hsn" | "tcp") => vec!["tcp;ofi_rxm"],
-        Some("shm") => vec!["shm"],
-        Some("sockets") => vec!["sockets"],
-        Some(other) => {
-            return Err(FabricError::Unavailable(format!(
-                "DDSTORE_FABRIC={other:?} is not supported: use one of {FABRIC_VALUES}"
-            )))
-        }
-    })
+    let one = |p: &str| Ok(vec![p.to_string()]);
+    match value.as_deref() {
+        None => Ok(DEFAULT_CANDIDATES.iter().map(|p| p.to_string()).collect()),
+        Some("verbs") => one("verbs;ofi_rxm"),
+        Some("hsn" | "tcp") => one("tcp;ofi_rxm"),
+        Some(name) if is_provider_name(name) => one(name),
+        Some(other) => Err(FabricError::Invalid(format!(
+            "DDSTORE_FABRIC={other:?} is not a provider name: use one of {FABRIC_VALUES}"
+        ))),
+    }
+}
+
+/// Whether `name` can be a libfabric provider name ("psm3", "tcp;ofi_rxm").
+pub fn is_provider_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.split(';').all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        })
 }
 
 /// Parses a NIC map, "0:cxi0,1:cxi1" (keyed by local rank) or "cxi0,cxi1"
@@ -99,7 +119,11 @@ pub fn request(provider: &str, iface: Option<&str>) -> FabricResult<InfoRequest>
         ..Default::default()
     };
     let Some(iface) = iface else { return Ok(req) };
-    if provider.starts_with("tcp") || provider.starts_with("sockets") {
+    // Socket-based providers bind to the interface's address; the others name a NIC.
+    let by_address = ["tcp", "sockets", "udp", "net"]
+        .iter()
+        .any(|p| provider.starts_with(p));
+    if by_address {
         let ip = match iface.parse::<std::net::IpAddr>() {
             Ok(ip) => ip.to_string(),
             Err(_) => ipv4_of(iface).map(|ip| ip.to_string()).ok_or_else(|| {
@@ -129,14 +153,18 @@ mod tests {
             provider_candidates(Some(" Verbs ")).unwrap(),
             vec!["verbs;ofi_rxm"]
         );
-        assert_eq!(provider_candidates(None).unwrap().len(), 3);
-        let err = provider_candidates(Some("infiniband"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("DDSTORE_FABRIC") && err.contains("sockets"),
-            "{err}"
-        );
+        assert_eq!(provider_candidates(None).unwrap().len(), 5);
+        for name in ["efa", "opx", "psm3", "ucx", "udp;ofi_rxd", "cxi", "shm"] {
+            assert_eq!(provider_candidates(Some(name)).unwrap(), vec![name]);
+        }
+        assert_eq!(provider_candidates(Some("PSM3")).unwrap(), vec!["psm3"]);
+        for bad in ["tcp;", "a b", "verbs;;ofi_rxm", "x/y"] {
+            let err = provider_candidates(Some(bad)).unwrap_err().to_string();
+            assert!(
+                err.contains("DDSTORE_FABRIC") && err.contains("psm3"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

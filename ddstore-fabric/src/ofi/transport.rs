@@ -163,8 +163,9 @@ pub struct OfiTransport {
 }
 
 impl OfiTransport {
-    /// Picks the provider from `DDSTORE_FABRIC` (cxi, verbs, hsn/tcp, shm,
-    /// sockets; unset: cxi, else verbs, else tcp;ofi_rxm) and the interface
+    /// Picks the provider from `DDSTORE_FABRIC` (cxi, verbs, efa, opx, psm3, ucx,
+    /// hsn/tcp, shm, sockets or any provider name; unset: cxi, else efa, else opx,
+    /// else verbs, else tcp;ofi_rxm) and the interface
     /// from `FABRIC_IFACE`, else `nic_map` (or `DDSTORE_NIC_MAP`) at `local_rank`.
     pub fn from_env(
         config: &Config,
@@ -191,7 +192,8 @@ impl OfiTransport {
             }
         }
         Err(FabricError::Unavailable(format!(
-            "no usable libfabric provider (DDSTORE_FABRIC accepts {}): {}",
+            "no usable libfabric provider (DDSTORE_FABRIC accepts {}; `python -m pyddstore info` \
+             lists the providers with one-sided reads here): {}",
             select::FABRIC_VALUES,
             failures.join("; ")
         )))

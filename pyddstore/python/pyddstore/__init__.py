@@ -7,8 +7,10 @@ PyTorch datasets and loaders on top.
 """
 
 from ._env import apply_fabric_defaults as _apply_fabric_defaults
+from ._log import configure as _configure_logging
 
 _apply_fabric_defaults()  # before libfabric starts: it reads these once
+_configure_logging()  # DDSTORE_LOG_LEVEL; otherwise only a NullHandler
 
 from . import _native  # noqa: E402
 from ._comm import FileComm, TorchComm  # noqa: E402

@@ -6,16 +6,7 @@ import argparse
 import os
 import sys
 
-
-def _rdma_devices() -> list[str]:
-    """RDMA-capable devices here (InfiniBand/RoCE verbs, Slingshot cxi)."""
-    found = []
-    for cls in ("/sys/class/infiniband", "/sys/class/cxi"):
-        try:
-            found += sorted(os.listdir(cls))
-        except OSError:
-            pass
-    return found
+from ._log import _rdma_devices
 
 
 def method0_across_nodes(mpi_library: str) -> str:
@@ -42,14 +33,99 @@ def method0_across_nodes(mpi_library: str) -> str:
     )
 
 
-def info() -> None:
-    """Prints what this machine offers and what pyddstore would choose."""
-    from . import _native
+def _choose_comm() -> tuple[str, str]:
+    """(communicator, why) that comm=None would resolve to here, without starting MPI."""
+    from . import _launch, _native
     from ._comm import _mpi_in_use, _torch_initialized
-    from ._env import env_choice, env_flag, resolve_method
+    from ._env import env_choice, env_flag
+
+    launcher = _launch.detect()
+    forced = env_choice("DDSTORE_COMM", ("mpi", "torch", "file"))
+    if forced:
+        return forced, f"DDSTORE_COMM={forced}"
+    if env_flag("DDSTORE_MPI", True) and _mpi_in_use():
+        if not _native.HAS_MPI:
+            pass  # a build without MPI goes on to torch or files
+        else:
+            why = launcher.source if launcher and launcher.name != "torchrun" else "mpi4py imported"
+            return "mpi (MPI.COMM_WORLD)", f"an MPI launcher or mpi4py is present ({why})"
+    if _torch_initialized():
+        return "torch.distributed default group", "torch.distributed is initialised"
+    hs = os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
+    if hs or int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1:
+        where = f"handshake_dir {hs}" if hs else "no DDSTORE_HANDSHAKE_DIR: pass handshake_dir="
+        ranks = f" ({launcher.source})" if launcher else ""
+        return f"file ({where})", f"no MPI and no torch.distributed group{ranks}"
+    if launcher is not None and launcher.size > 1:
+        return "none: comm=None raises", str(_launch.no_group_error(launcher))
+    return "single process", "no launcher says this job has more than one rank"
+
+
+def _choose_method(comm: str) -> tuple[str, str]:
+    from . import _native
+    from ._env import resolve_method
+
+    method = resolve_method(None)
+    if method is not None:
+        if method not in _native.METHODS:
+            return f"{method} (not in this build: a store raises)", "DDSTORE_METHOD"
+        return str(method), "DDSTORE_METHOD"
+    if comm.startswith("mpi"):
+        return "0 (MPI RMA)", "the communicator is MPI and DDSTORE_METHOD is unset"
+    return "1 (libfabric)", "the communicator is not MPI and DDSTORE_METHOD is unset"
+
+
+def _choose_provider(available: list) -> tuple[str, str, str]:
+    """(provider, interface, why) methods 1 and 2 would use."""
+    from ._env import check_fabric
+
+    value = os.environ.get("DDSTORE_FABRIC", "")
+    candidates = check_fabric()
+    names = [p["provider"] for p in available]
+    chosen = next((c for c in candidates if c in names), None)
+    how = (
+        f"DDSTORE_FABRIC={value}" if value else f"DDSTORE_FABRIC unset: the first of {', '.join(candidates)}"
+    )
+    if chosen is None:
+        return "none (a method-1 store raises)", "-", f"{how}; none is usable here"
+    iface = os.environ.get("FABRIC_IFACE", "")
+    if iface:
+        where = f"{iface} (FABRIC_IFACE)"
+    elif os.environ.get("DDSTORE_NIC_MAP"):
+        where = f"from DDSTORE_NIC_MAP={os.environ['DDSTORE_NIC_MAP']} by local rank"
+    else:
+        env_var = {"tcp": "FI_TCP_IFACE", "sockets": "FI_SOCKETS_IFACE"}.get(chosen.split(";")[0])
+        domains = sorted({p["domain"] for p in available if p["provider"] == chosen})
+        if env_var and os.environ.get(env_var):
+            where = f"{os.environ[env_var]} ({env_var})"
+        else:
+            where = f"the provider's first of {', '.join(domains)}"
+    skipped = [c for c in candidates[: candidates.index(chosen)]]
+    why = how + (f" ({', '.join(skipped)} not here)" if skipped else "")
+    return chosen, where, why
+
+
+def _thread_level() -> tuple[str, str]:
+    import sys
+
+    mpi4py = sys.modules.get("mpi4py")
+    if mpi4py is not None and "mpi4py.MPI" in sys.modules:
+        return str(mpi4py.rc.thread_level), "mpi4py initialised MPI (mpi4py.rc.thread_level)"
+    raw = (os.environ.get("DDSTORE_MPI_THREAD_LEVEL") or "").strip().lower()
+    if raw:
+        return raw, "DDSTORE_MPI_THREAD_LEVEL, when pyddstore initialises MPI"
+    return "multiple", "the default when pyddstore initialises MPI (mpi4py: mpi4py.rc.thread_level)"
+
+
+def info() -> None:
+    """Prints what this machine offers and what pyddstore would choose here, and why."""
+    from . import _launch, _native
+    from ._env import FABRICS, env_flag
+    from ._log import level_name
 
     sysinfo = _native.system_info()
-    print(f"pyddstore {_native.__version__}")
+    build = "with MPI" if _native.HAS_MPI else "without MPI (cargo feature mpi off)"
+    print(f"pyddstore {_native.__version__}, built {build}: methods {', '.join(map(str, _native.METHODS))}")
     print(f"libfabric {sysinfo['libfabric_version']}")
     print("providers usable for one-sided reads (FI_EP_RDM, FI_RMA | FI_READ):")
     gather = (os.environ.get("DDSTORE_REMOTE_GATHER") or "auto").strip().lower()
@@ -72,25 +148,32 @@ def info() -> None:
         else:
             path = "one-sided reads (DDSTORE_REMOTE_GATHER=auto)"
         print(f"    remote batches: {path}")
-    print(f"MPI: {sysinfo['mpi_library'].splitlines()[0] if sysinfo['mpi_library'] else 'not found'}")
-    print(f"method 0 across nodes: {method0_across_nodes(sysinfo['mpi_library'])}")
-    forced = env_choice("DDSTORE_COMM", ("mpi", "torch", "file"))
-    if forced:
-        comm = f"{forced} (DDSTORE_COMM)"
-    elif env_flag("DDSTORE_MPI", True) and _mpi_in_use():
-        comm = "mpi (MPI launcher or mpi4py detected)"
-    elif _torch_initialized():
-        comm = "torch.distributed default group"
-    elif os.environ.get("DDSTORE_HANDSHAKE_DIR") or int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1:
-        comm = "file (handshake_dir)"
+    print(f"  DDSTORE_FABRIC accepts {', '.join(FABRICS)}, or any libfabric provider name")
+    if sysinfo["mpi_library"]:
+        print(f"MPI: {sysinfo['mpi_library'].splitlines()[0]}")
+    elif _native.HAS_MPI:
+        print("MPI: not found")
     else:
-        comm = "single process"
-    method = resolve_method(None)
-    print("defaults here:")
-    print(f"  communicator: {comm}")
-    print(f"  method: {method if method is not None else '0 with MPI, else 1'}")
-    print(f"  DDSTORE_FABRIC: {os.environ.get('DDSTORE_FABRIC') or 'cxi, else verbs, else tcp;ofi_rxm'}")
-    print(f"  same-node shared memory: {'on' if env_flag('DDSTORE_SHM', True) else 'off'}")
+        print("MPI: method 0 is not in this build (built without the cargo feature mpi)")
+    print(f"method 0 across nodes: {method0_across_nodes(sysinfo['mpi_library'])}")
+    launcher = _launch.detect()
+    print(
+        f"launcher: {launcher.name} ({launcher.source})"
+        if launcher
+        else "launcher: none (a plain process: no torchrun, mpirun, srun or PMI variables)"
+    )
+    comm, comm_why = _choose_comm()
+    method, method_why = _choose_method(comm)
+    provider, iface, provider_why = _choose_provider(sysinfo["providers"])
+    level, level_why = _thread_level()
+    print("what a store with comm=None, method=None would use here, and why:")
+    print(f"  communicator: {comm}\n      because {comm_why}")
+    print(f"  method: {method}\n      because {method_why}")
+    print(f"  provider (methods 1, 2): {provider}\n      because {provider_why}")
+    print(f"  interface: {iface}")
+    print(f"  MPI thread level (method 0): {level}\n      because {level_why}")
+    print(f"  same-node shared memory: {'on' if env_flag('DDSTORE_SHM', True) else 'off (DDSTORE_SHM=0)'}")
+    print(f"  log level: {level_name()} (DDSTORE_LOG_LEVEL; logger 'pyddstore')")
 
 
 def main(argv=None) -> None:

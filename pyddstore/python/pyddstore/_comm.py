@@ -5,10 +5,14 @@
 ==========================  ===================================================
 ``MPI.COMM_WORLD``          MPI is in use: mpi4py imported, or launched by mpirun
 the default torch group     no MPI, ``torch.distributed`` initialised
-a ``FileComm``              otherwise, rank and size from ``SLURM_PROCID``/``SLURM_NTASKS``
+a ``FileComm``              a handshake dir, or srun with several tasks; rank and size from
+                            ``SLURM_PROCID``/``SLURM_NTASKS`` (torchrun: ``RANK``/``WORLD_SIZE``)
+DDStoreValueError           a launcher says there are several ranks and none of the above applies
+a one-process store         otherwise
 ==========================  ===================================================
 
-``DDSTORE_COMM=mpi|torch|file`` forces one; ``DDSTORE_MPI=0`` never uses MPI.
+``DDSTORE_COMM=mpi|torch|file`` forces one; ``DDSTORE_MPI=0`` never uses MPI (nor does a build
+without the cargo feature ``mpi``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import atexit
 import os
 import sys
 
-from . import _native, _wire
+from . import _launch, _native, _wire
 from ._env import env_choice, env_flag, env_seconds
 from ._errors import DDStoreTimeoutError, DDStoreValueError
 
@@ -28,9 +32,17 @@ class FileComm:
     """A communicator without MPI: ranks exchange records through files in
     ``handshake_dir`` (a directory every rank can reach, e.g. on Lustre).
 
-    ``rank``/``size`` default to ``SLURM_PROCID``/``SLURM_NTASKS``; ``job_id``
-    (default: Slurm job and step, or the launching process) tags every file so
-    files left by an earlier job are never read."""
+    `rank`/`size` default to `SLURM_PROCID`/`SLURM_NTASKS` (or Open MPI's and PMI's
+    variables); `job_id` (default `DDSTORE_JOB_ID`, else the Slurm job and step, else the
+    launching process) tags every file so files left by an earlier job are never read.
+
+    Example:
+        ```python
+        # srun -n 8 python train.py   (no MPI)
+        comm = pyddstore.FileComm("/lustre/me/hs")
+        store = pyddstore.PyDDStore(comm, method=1)
+        ```
+    """
 
     def __init__(
         self,
@@ -59,20 +71,24 @@ class FileComm:
 
     @property
     def rank(self) -> int:
+        """This process's rank."""
         return self._native.rank
 
     @property
     def size(self) -> int:
+        """Number of ranks."""
         return self._native.size
 
     def allgather(self, obj) -> list:
-        """Every rank's `obj`: data only (see ``pyddstore._wire``), never pickles."""
+        """Collective: every rank's `obj`: data only (see ``pyddstore._wire``), never pickles."""
         return _wire.gather(self._native, obj)
 
     def barrier(self) -> None:
+        """Collective: returns once every rank has called it (bounded by the handshake timeout)."""
         self._native.barrier()
 
     def split(self, color: int, key: int | None = None) -> FileComm:
+        """Collective: the ranks with the same `color`, ordered by `key` (default: rank)."""
         return FileComm._wrap(self._native.split(color, self.rank if key is None else key))
 
     def __repr__(self) -> str:
@@ -80,10 +96,17 @@ class FileComm:
 
 
 class TorchComm:
-    """A ``torch.distributed`` group as a communicator. Records travel as uint8
-    tensors (``all_gather``), never as pickled objects; ``barrier(timeout_s)`` is
-    bounded with ``monitored_barrier`` on gloo. With NCCL/RCCL call
-    ``torch.cuda.set_device()`` first."""
+    """A `torch.distributed` group as a communicator. Records travel as uint8 tensors
+    (`all_gather`), never as pickled objects; `barrier(timeout_s)` is bounded with
+    `monitored_barrier` on gloo. With NCCL/RCCL call `torch.cuda.set_device()` first.
+    Passing a group (or None once `init_process_group` ran) as `comm` makes one for you.
+
+    Example:
+        ```python
+        dist.init_process_group("gloo")
+        store = pyddstore.PyDDStore(pyddstore.TorchComm(), method=1)
+        ```
+    """
 
     def __init__(self, group=None):
         import torch.distributed as dist
@@ -113,6 +136,7 @@ class TorchComm:
         return [o.cpu().tolist() for o in outs]
 
     def allgather(self, data: bytes) -> list:
+        """Collective: every rank's `data`, by rank."""
         import torch
 
         data = bytes(data)
@@ -142,6 +166,7 @@ class TorchComm:
         self._dist.barrier(group=self.group)
 
     def split(self, color: int, key: int) -> TorchComm:
+        """Collective: a new group of the ranks with the same `color` (WORLD group only)."""
         dist = self._dist
         if self.group not in (None, dist.group.WORLD) and self.size != dist.get_world_size():
             raise DDStoreValueError("ddstore_width with torch.distributed needs the default (WORLD) group")
@@ -196,13 +221,19 @@ def resolve_comm(comm_or_none, handshake_dir: str = "") -> _native.Comm:
         )
     forced = env_choice("DDSTORE_COMM", ("mpi", "torch", "file"))
     use_mpi = env_flag("DDSTORE_MPI", True)
-    if forced == "mpi" or (forced is None and use_mpi and _mpi_in_use()):
+    # A build without MPI goes on to torch or files under mpirun (DDSTORE_COMM=mpi raises).
+    if forced == "mpi" or (forced is None and use_mpi and _native.HAS_MPI and _mpi_in_use()):
         if not use_mpi:
             raise DDStoreValueError("DDSTORE_COMM=mpi contradicts DDSTORE_MPI=0")
         return _mpi_comm(None)
     if forced == "torch" or (forced is None and _torch_initialized()):
         return _native.Comm.callback(TorchComm())
     handshake_dir = handshake_dir or os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
+    launcher = _launch.detect()
     if forced == "file" or handshake_dir or int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1:
+        if launcher is not None and launcher.name == "torchrun":
+            return FileComm(handshake_dir, rank=launcher.rank, size=launcher.size)._native
         return FileComm(handshake_dir)._native
+    if launcher is not None and launcher.size > 1:
+        raise _launch.no_group_error(launcher)
     return _native.Comm.single()

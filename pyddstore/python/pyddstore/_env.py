@@ -9,8 +9,28 @@ import os
 
 from ._errors import DDStoreValueError
 
-# DDSTORE_FABRIC values: hsn and tcp both mean tcp;ofi_rxm.
-FABRICS = ("cxi", "verbs", "hsn", "tcp", "shm", "sockets")
+# DDSTORE_FABRIC values with a meaning of their own (hsn and tcp both mean tcp;ofi_rxm, verbs
+# verbs;ofi_rxm); any other libfabric provider name is passed through (efa, opx, psm3, ucx, ...).
+FABRICS = ("cxi", "verbs", "efa", "opx", "psm3", "psm2", "ucx", "hsn", "tcp", "shm", "sockets")
+
+
+def check_fabric(environ=os.environ) -> list:
+    """The providers DDSTORE_FABRIC makes pyddstore try, in order. DDStoreValueError when the
+    value cannot be a provider name, or is none of the known names (FABRICS) and no provider
+    of that name offers one-sided reads here (a typo must not pass silently, even where the
+    store does not use libfabric)."""
+    from . import _native
+
+    raw = (environ.get("DDSTORE_FABRIC") or "").strip()
+    candidates = _native.provider_candidates(raw or None)
+    if raw and raw.lower() not in FABRICS:
+        here = sorted({p["provider"] for p in _native.system_info()["providers"]})
+        if candidates[0] not in here:
+            raise DDStoreValueError(
+                f"environment variable DDSTORE_FABRIC={raw!r} names no libfabric provider with one-sided "
+                f"reads here (here: {', '.join(here) or 'none'}; known names: {', '.join(FABRICS)})"
+            )
+    return candidates
 
 
 def apply_fabric_defaults(environ=os.environ) -> None:

@@ -1,45 +1,112 @@
 """The exception hierarchy. Every error pyddstore raises derives from
-:class:`DDStoreError`; bad arguments also derive from the matching builtin,
-so ``except ValueError`` keeps working."""
+`DDStoreError`; bad arguments also derive from the matching builtin,
+so `except ValueError` keeps working.
+
+Example:
+    ```python
+    try:
+        store.get_batch("x", out, [10**9])
+    except pyddstore.DDStoreIndexError as e:  # also an IndexError
+        print(e)  # names the row and the number of rows
+    ```
+"""
 
 
 class DDStoreError(Exception):
-    """Root of every pyddstore error."""
+    """Root of every pyddstore error.
+
+    Example:
+        ```python
+        try:
+            ds = DistDataset(src, "train")
+        except pyddstore.DDStoreError as e:
+            log.error("pyddstore: %s", e)
+        ```
+    """
 
 
 class DDStoreValueError(DDStoreError, ValueError):
-    """A bad argument value (sizes, shapes, settings)."""
+    """A bad argument value (sizes, shapes, settings); also a `ValueError`.
+
+    Example:
+        ```python
+        pyddstore.PyDDStore(None, method=3)  # DDStoreValueError: method=3 is not valid
+        ```
+    """
 
 
 class DDStoreIndexError(DDStoreError, IndexError):
-    """A row or sample index out of range."""
+    """A row or sample index out of range; also an `IndexError`.
+
+    Example:
+        ```python
+        ds[len(ds)]  # DDStoreIndexError: index ... is out of range
+        ```
+    """
 
 
 class DDStoreTypeError(DDStoreError, TypeError):
-    """A buffer or sample of the wrong type or dtype."""
+    """A buffer or sample of the wrong type or dtype; also a `TypeError`.
+
+    Example:
+        ```python
+        store.get_batch("x", np.empty((4, 8), np.int8), idx)  # wrong dtype for a float32 variable
+        ```
+    """
 
 
 class DDStoreKeyError(DDStoreError, KeyError):
-    """An unknown variable or field name."""
+    """An unknown variable or field name; also a `KeyError`.
+
+    Example:
+        ```python
+        store.info("nope")  # DDStoreKeyError: no variable 'nope'
+        ```
+    """
 
     def __str__(self) -> str:  # KeyError would show the message quoted
         return str(self.args[0]) if self.args else ""
 
 
 class DDStoreTimeoutError(DDStoreError, TimeoutError):
-    """A peer (rank or core job) did not answer in time."""
+    """A peer (rank or core job) did not answer in time; also a `TimeoutError`.
+
+    Example:
+        ```python
+        os.environ["DDSTORE_TIMEOUT_S"] = "30"  # a dead owner raises after 30 s
+        ```
+    """
 
 
 class DDStoreAccessError(DDStoreError, PermissionError):
-    """Refused: a wrong job token, or a record whose keys do not match it."""
+    """Refused: a wrong job token, or a record whose keys do not match it; also a
+    `PermissionError`.
+
+    Example:
+        ```python
+        extra.join("x", token="wrong")  # DDStoreAccessError
+        ```
+    """
 
 
 class DDStoreFreedError(DDStoreError, RuntimeError):
-    """The store was freed."""
+    """The store was freed.
+
+    Example:
+        ```python
+        store.free(); store.get("x", out)  # DDStoreFreedError
+        ```
+    """
 
 
 class DDStoreUnsupportedError(DDStoreError, RuntimeError):
-    """The operation is not possible with this method, communicator or process."""
+    """The operation is not possible with this method, communicator or process.
+
+    Example:
+        ```python
+        pickle.dumps(method0_dataset)  # DDStoreUnsupportedError: use ThreadDataLoader, ...
+        ```
+    """
 
 
 __all__ = [
@@ -57,7 +124,14 @@ __all__ = [
 
 class DDStoreFileError(DDStoreError, OSError):
     """A source or snapshot file that cannot be used: missing, a symbolic link, not a regular
-    file, truncated, or (snapshots) not what its manifest says (sizes, checksums, schema)."""
+    file, truncated, or (snapshots) not what its manifest says (sizes, checksums, schema);
+    also an `OSError`.
+
+    Example:
+        ```python
+        DistDataset(["/data/missing.npy"], "x")  # DDStoreFileError names the file
+        ```
+    """
 
 
 __all__ += ["DDStoreFileError"]

@@ -6,15 +6,14 @@ from __future__ import annotations
 import atexit
 import operator
 import os
-import sys
 import time
 import weakref
 
 import numpy as np
 
-from . import _handshake, _native, _wire
+from . import _handshake, _log, _native, _wire
 from ._comm import resolve_comm
-from ._env import check_env, env_flag, resolve_method
+from ._env import check_env, check_fabric, env_flag, resolve_method
 from ._errors import DDStoreTimeoutError, DDStoreTypeError, DDStoreUnsupportedError, DDStoreValueError
 
 _live_stores: weakref.WeakSet = weakref.WeakSet()
@@ -47,13 +46,41 @@ class PyDDStore:
     """A distributed store of named variables; each rank holds a share of
     every variable's rows and reads any row with one-sided reads.
 
-    ``PyDDStore(comm=None, method=0, handshake_dir="", n_core=0, nic_map=None)``:
-    ``comm`` (upstream's name; ``comm_or_none`` is accepted too) is an mpi4py
-    communicator, a torch.distributed group, a :class:`pyddstore.FileComm` or None (resolved as documented in
-    :mod:`pyddstore._comm`). ``method`` 0 reads with MPI RMA, 1 with
-    libfabric, 2 with libfabric across jobs (``n_core > 0`` joins a running
-    core group published in ``handshake_dir``). ``ddstore_width`` splits
-    the group into independent stores of that many consecutive ranks.
+    Args:
+        comm: an mpi4py communicator, a torch.distributed group, a `pyddstore.FileComm`,
+            or None (upstream's name; `comm_or_none=` is accepted too). None is
+            `MPI.COMM_WORLD` when MPI is in use, else the default torch.distributed group
+            when initialised, else a `FileComm` in `handshake_dir`. Under a launcher that
+            says the job has several ranks (torchrun, mpirun, srun) and no communicator
+            found, None raises `DDStoreValueError` instead of making a one-rank store.
+        method: 0 reads with MPI RMA, 1 with libfabric, 2 with libfabric across jobs.
+            Default: `DDSTORE_METHOD`, else 0 with an MPI communicator, else 1.
+        handshake_dir: directory for the file communicator and method-2 records
+            (default `DDSTORE_HANDSHAKE_DIR`).
+        n_core: method 2 only: with `comm=None` and `n_core > 0` this process is
+            an extra member that `join()`s a core group of `n_core` ranks.
+        nic_map: per-local-rank NIC map, `"0:cxi0,1:cxi1"` or a dict (default
+            `DDSTORE_NIC_MAP`).
+        ddstore_width: split the group into independent stores of that many consecutive
+            ranks (each group holds a whole copy).
+
+    Collective calls (`add`, `init`, `free`) must be made by every rank of the group in the
+    same order. A store pickles to a handle that spawn/forkserver processes re-attach
+    through the fabric (methods 1 and 2).
+
+    Example:
+        ```python
+        from mpi4py import MPI
+        import numpy as np
+        import pyddstore
+
+        store = pyddstore.PyDDStore(MPI.COMM_WORLD)  # method 0 under mpirun
+        rows = np.full((100, 8), store.rank, dtype=np.float32)
+        store.add("x", rows)  # collective: this rank's 100 rows
+        out = np.empty((3, 8), np.float32)
+        store.get_batch("x", out, [0, 150, 399])  # rows of any rank, any order
+        store.free()
+        ```
     """
 
     def __init__(
@@ -73,6 +100,7 @@ class PyDDStore:
         method = resolve_method(method)
         # Settings are checked even where this store does not use them: a typo must not pass silently.
         check_env()
+        check_fabric()
         self.handshake_dir = os.fspath(handshake_dir or os.environ.get("DDSTORE_HANDSHAKE_DIR", ""))
         if not isinstance(n_core, int) or n_core < 0:
             raise DDStoreValueError(f"n_core={n_core!r} is not valid: expected a non-negative integer")
@@ -127,22 +155,27 @@ class PyDDStore:
             self._publisher = _handshake.Publisher(self, self.handshake_dir)
         # A weak reference: the exit hook must not keep a dropped store (and its memory) alive.
         _live_stores.add(self)
+        _log.report_choice(self)
 
     # -- identity ---------------------------------------------------------
     @property
     def rank(self) -> int:
+        """This process's rank in the store's group (0 for a method-2 extra member)."""
         return self._native.rank
 
     @property
     def size(self) -> int:
+        """Number of ranks holding shares (the group's size)."""
         return self._native.size
 
     @property
     def comm_kind(self) -> str:
+        """The communicator: `mpi`, `torch`, `file` or `single`."""
         return self._native.comm_kind
 
     @property
     def transport(self) -> str:
+        """How remote rows are read, e.g. `mpi-rma` or `ofi:tcp;ofi_rxm`."""
         return self._native.transport
 
     @property
@@ -153,7 +186,16 @@ class PyDDStore:
 
     # -- variables --------------------------------------------------------
     def init(self, name: str, nrows: int, disp: int, itemsize: int = 1, dtype=None) -> None:
-        """Collective: ``nrows`` rows on this rank, ``disp`` elements of ``itemsize`` bytes each."""
+        """Collective: creates `name` with `nrows` rows on this rank, each of `disp` elements
+        of `itemsize` bytes (or of `dtype`); fill them with `update()`.
+
+        Example:
+            ```python
+            store.init("y", nrows=len(my_rows), disp=16, dtype=np.float64)
+            store.update("y", my_rows)
+            store.barrier()
+            ```
+        """
         self._check_name(name)
         if dtype is not None:
             if np.dtype(dtype).hasobject:
@@ -172,12 +214,19 @@ class PyDDStore:
         self._published(name)
 
     def add(self, name: str, arr, lengths=None) -> None:
-        """Collective: creates ``name`` from this rank's rows (first axis of ``arr``).
+        """Collective: creates `name` from this rank's rows (first axis of `arr`); returns once
+        every rank's rows are readable.
 
-        With ``lengths`` (one non-negative int per row), ``name`` is ragged:
-        row i is the next ``lengths[i]`` entries of ``arr``'s first axis (0
-        allowed), and ``get_batch(name, indices)`` returns values and offsets.
-        Every rank must pass ``lengths`` or none must; a rank may have no rows.
+        With `lengths` (one non-negative int per row), `name` is ragged:
+        row i is the next `lengths[i]` entries of `arr`'s first axis (0
+        allowed), and `get_batch(name, indices)` returns values and offsets.
+        Every rank must pass `lengths` or none must; a rank may have no rows.
+
+        Example:
+            ```python
+            store.add("x", np.random.rand(1000, 32).astype(np.float32))
+            store.add("seq", np.arange(10), lengths=[3, 0, 7])  # ragged: 3 rows
+            ```
         """
         self._check_name(name)
         arr = _as_array(arr, f"add('{name}', arr)")
@@ -252,26 +301,53 @@ class PyDDStore:
             self._py_times["py_gets"] += time.perf_counter() - t
 
     def update(self, name: str, arr, offset: int = 0) -> None:
-        """Writes this rank's local rows ``offset .. offset + len(arr)``."""
+        """Writes this rank's local rows `offset .. offset + len(arr)` (local, not collective:
+        call `barrier()` before others read them).
+
+        Example:
+            ```python
+            store.update("x", new_rows, offset=10)
+            store.barrier()
+            ```
+        """
         self._native.update(name, _as_array(arr, f"update('{name}', arr)"), offset)
 
     def info(self, name: str):
-        """``(total_rows, disp, itemsize)``."""
+        """`(total_rows, disp, itemsize)` of `name`: rows over all ranks, elements per row,
+        bytes per element.
+
+        Example:
+            ```python
+            total, disp, itemsize = store.info("x")
+            ```
+        """
         return self._native.info(name)
 
     def counts(self, name: str) -> list:
+        """Rows each rank holds of `name`, by rank (`sum(counts) == info(name)[0]`)."""
         return self._native.counts(name)
 
     def dtype(self, name: str) -> str:
+        """The stored dtype of `name` (`float32`, ..., or `bytes` for raw rows)."""
         return self._native.dtype(name)
 
     def names(self) -> list:
+        """The variables this store holds."""
         return self._native.names()
 
     def register_recv(self, name: str, arr) -> None:
-        """Registers ``arr`` once as a destination of reads of ``name``
-        (reads into it then skip registration). Registering the same buffer
-        again is a no-op, as upstream."""
+        """Registers `arr` once as a destination of reads of `name` (reads into it then skip
+        registration, which cxi and verbs need per read otherwise). Registering the same
+        buffer again is a no-op, as upstream.
+
+        Example:
+            ```python
+            buf = np.empty((128, 8), np.float32)
+            store.register_recv("x", buf)
+            store.get_batch("x", buf, idx)
+            store.unregister_recv("x", buf)
+            ```
+        """
         key = _recv_key(name, arr)
         if key in self._recv:
             return
@@ -299,7 +375,13 @@ class PyDDStore:
         (waiting for transport completions), ``mr`` (live receive-buffer
         registrations), ``mr_miss`` (reads whose destination was not
         registered ahead: always 0, reads register per batch) and ``lock_wait``
-        (0: reads take no lock or epoch)."""
+        (0: reads take no lock or epoch).
+
+        Example:
+            ```python
+            print(store.get_profile("x"))  # reads, bytes, remote/local split, ...
+            ```
+        """
         names = [name] if name is not None else self._native.names()
         total: dict = {}
         for n in names:
@@ -328,7 +410,15 @@ class PyDDStore:
         """Opens a read epoch, as upstream's ``epoch_begin``: for method 0 collective (a barrier of
         the store's group, where upstream fences every window) and refusing nesting
         (``epoch_begin`` twice without ``epoch_end`` raises DDStoreValueError); for methods 1
-        and 2 nothing, as upstream. Reads themselves need no epoch."""
+        and 2 nothing, as upstream. Reads themselves need no epoch.
+
+        Example:
+            ```python
+            store.epoch_begin()
+            store.get_batch("x", out, idx)
+            store.epoch_end()
+            ```
+        """
         if self.method != 0:
             return
         if self._in_epoch:
@@ -354,14 +444,32 @@ class PyDDStore:
 
     # -- processes and jobs ---------------------------------------------------
     def fork_reader(self) -> None:
-        """In a forked child: open fresh readers instead of the inherited ones."""
+        """In a forked child (methods 1, 2): open fresh readers instead of the inherited ones.
+        pyddstore.torch calls it in forked DataLoader workers.
+
+        Example:
+            ```python
+            if os.fork() == 0:
+                store.fork_reader()
+                store.get_batch("x", out, idx)
+                os._exit(0)
+            ```
+        """
         self._native.fork_reader()
 
     def join(self, name: str, timeout_s: float | None = None, token: str | None = None) -> None:
-        """Method 2 extra member: wait for ``name`` to be published, then read it.
+        """Method 2 extra member: wait for `name` to be published, then read it.
 
-        ``token``: the core job's job token; default ``DDSTORE_JOB_TOKEN``, else
-        the token file the core job wrote in ``handshake_dir``."""
+        `token`: the core job's job token; default `DDSTORE_JOB_TOKEN`, else the token file
+        the core job wrote in `handshake_dir`.
+
+        Example:
+            ```python
+            extra = pyddstore.PyDDStore(None, method=2, handshake_dir=hs, n_core=4)
+            extra.join("x")
+            extra.get_batch("x", out, idx)
+            ```
+        """
         if not self.is_extra:
             raise DDStoreUnsupportedError(
                 "join() is for method=2 extra members: PyDDStore(None, method=2, n_core=N)"
@@ -391,7 +499,13 @@ class PyDDStore:
         self._ragged_units[name] = ()  # values come back flat: the unit shape is not published
 
     def free(self) -> None:
-        """Collective: releases every variable once every rank has stopped reading. Idempotent."""
+        """Collective: releases every variable once every rank has stopped reading. Idempotent.
+
+        Example:
+            ```python
+            store.free()  # on every rank
+            ```
+        """
         if self._publisher is not None:
             self._publisher.withdraw()
         if not self._native.freed:
@@ -410,10 +524,8 @@ class PyDDStore:
             return
         for name in self._native.names():
             p = self._native.get_profile(name)
-            print(
-                f"[pyddstore rank {self.world_rank}] {name}: " + " ".join(f"{k}={v}" for k, v in p.items()),
-                file=sys.stderr,
-                flush=True,
+            _log.get_logger("store").info(
+                f"rank {self.world_rank}: profile {name}: " + " ".join(f"{k}={v}" for k, v in p.items())
             )
 
     # -- helpers ------------------------------------------------------------
@@ -433,6 +545,16 @@ class PyDDStore:
     def _published(self, name: str) -> None:
         if self._publisher is not None:
             self._publisher.publish(name)
+
+    def __reduce__(self):
+        """Pickles to a handle that a spawn/forkserver process re-attaches through the fabric
+        (methods 1 and 2; method 0 raises DDStoreUnsupportedError). See pyddstore._attach."""
+        from ._attach import attach_store, store_handle
+
+        names = self.names()
+        # The parts of a ragged variable travel with it, not as variables of their own.
+        parts = {n + suffix for n in names if self._native.is_ragged(n) for suffix in ("#values", "#ends")}
+        return (attach_store, (store_handle(self, [n for n in names if n not in parts]),))
 
     def __repr__(self) -> str:
         return (

@@ -373,6 +373,11 @@ def main(argv=None) -> None:
         help="run over a virtual cluster of two namespace nodes beside one node (root, not under mpirun)",
     )
     args = ap.parse_args(argv)
+    if args.plot:  # before measuring, not after the whole run
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            ap.error("--plot needs matplotlib: pip install 'pyddstore[bench]'")
     if args.vcluster:
         from .bench_cluster import run
 

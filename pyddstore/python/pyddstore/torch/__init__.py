@@ -1,5 +1,6 @@
 """PyTorch integration: DistDataset, DistDatasetReader, WindowedDataset, row_of,
-ThreadDataLoader, and FileComm (re-exported from pyddstore).
+ThreadDataLoader, DistributedSampler (no torch.distributed needed), and FileComm
+(re-exported from pyddstore).
 
 Import torch before MPI starts; with forked DataLoader workers set DDSTORE_FORK_WORKERS=1
 before pyddstore is imported (see the README).
@@ -24,6 +25,7 @@ from pyddstore import FileComm
 
 from ._dataset import Buffers, DistDataset, DistDatasetReader, ForkedWorkerError
 from ._loader import ThreadDataLoader
+from ._sampler import DistributedSampler
 from ._schema import RaggedRows, SchemaError, SchemaTypeError, share_of
 from ._snapshot import SnapshotError
 from ._windowed import WindowedDataset, row_of
@@ -32,6 +34,7 @@ __all__ = [
     "Buffers",
     "DistDataset",
     "DistDatasetReader",
+    "DistributedSampler",
     "FileComm",
     "ForkedWorkerError",
     "RaggedRows",

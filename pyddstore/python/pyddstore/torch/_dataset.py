@@ -29,6 +29,7 @@ from pyddstore import (
 )
 from pyddstore._env import env_flag, env_int, env_seconds
 from pyddstore._handshake import load_json_object, wait_and_read, write_private
+from pyddstore._log import get_logger
 from pyddstore._sources import file_rows_of, is_npy_list, npy_files
 from pyddstore._store import _dtype_name
 
@@ -45,9 +46,19 @@ from ._schema import (
     share_of,
 )
 
+_LOG = get_logger("torch")
+
 
 class ForkedWorkerError(DDStoreUnsupportedError):
-    """A read from a forked process that the store's method cannot serve (method 0)."""
+    """A read from a forked process, or a pickling for a spawn/forkserver one, that the
+    store's method cannot serve (method 0: MPI does not cross processes).
+
+    Example:
+        ```python
+        ds = DistDataset(src, "train", MPI.COMM_WORLD)  # method 0
+        DataLoader(ds, num_workers=2)  # workers raise ForkedWorkerError: use ThreadDataLoader
+        ```
+    """
 
 
 def _env_flag(name: str, default: str) -> bool:
@@ -146,7 +157,15 @@ def _sum_profiles(profiles: list[dict]) -> dict:
 class Buffers(dict):
     """Per-field receive buffers from alloc(): a dict key -> array, registered with the store.
 
-    Pass as out= to read_rows() / __getitems__(); give back with release()."""
+    Pass as out= to read_rows() / __getitems__(); give back with release().
+
+    Example:
+        ```python
+        bufs = ds.alloc(128)
+        batch = ds.read_rows(idx, out=bufs)  # views into bufs
+        ds.release(bufs)
+        ```
+    """
 
     def __init__(self, arrays: dict, registered: list):
         super().__init__(arrays)
@@ -188,6 +207,7 @@ class _StoredDataset(Dataset):
 
     @property
     def schema(self) -> Schema:
+        """The stored fields' description (keys, shapes, dtypes, the sample's structure)."""
         return self._schema
 
     @property
@@ -215,6 +235,18 @@ class _StoredDataset(Dataset):
         return list(self._schema.keys)
 
     # -- processes and devices ------------------------------------------------------------
+
+    def __getstate__(self) -> dict:
+        """Pickling (spawn/forkserver DataLoader workers): a handle of the store's variables
+        that the worker re-attaches through the fabric (methods 1 and 2; method 0 raises)."""
+        from ._pickle import dataset_state
+
+        return dataset_state(self)
+
+    def __setstate__(self, state: dict) -> None:
+        from ._pickle import restore_dataset
+
+        restore_dataset(self, state)
 
     def _in_forked_child(self) -> bool:
         return os.getpid() != self._pid
@@ -350,7 +382,14 @@ class _StoredDataset(Dataset):
         Tensors for tensor fields (on device= if set), numpy arrays otherwise, record arrays for
         records; a ragged field gives RaggedRows (flat values, per-row element offsets and
         shapes; ``.row(i)`` is row i). With out= (e.g. from alloc()) the results are views into
-        those buffers. decode= is not applied. Collective for method=0."""
+        those buffers. decode= is not applied. Collective for method=0.
+
+        Example:
+            ```python
+            cols = ds.read_rows([7, 3, 7], fields=["x"])
+            cols["x"].shape  # (3, *x_shape)
+            ```
+        """
         rows = self._rows(rows)
         sel = self._select(fields)
         raw = self._read_raw(rows, sel, out)
@@ -434,7 +473,14 @@ class _StoredDataset(Dataset):
     # -- buffers --------------------------------------------------------------------------
 
     def alloc(self, n: int, fields: Any = None) -> Buffers:
-        """Per-field buffers for n rows, registered with the store once; pass as out=."""
+        """Per-field buffers for n rows, registered with the store once; pass as out=.
+
+        Example:
+            ```python
+            bufs = ds.alloc(64)
+            samples = ds.__getitems__(list(range(64)), out=bufs)
+            ```
+        """
         if n < 1:
             raise DDStoreValueError(f"alloc needs n >= 1, got {n}")
         arrays, registered = {}, []
@@ -453,7 +499,13 @@ class _StoredDataset(Dataset):
         return bufs
 
     def release(self, bufs: Buffers) -> None:
-        """Unregisters buffers from alloc(); they stay usable as plain arrays."""
+        """Unregisters buffers from alloc(); they stay usable as plain arrays.
+
+        Example:
+            ```python
+            ds.release(bufs)
+            ```
+        """
         regs, bufs.registered = getattr(bufs, "registered", []), []
         for var, arr in regs:
             if not self._freed:
@@ -461,7 +513,13 @@ class _StoredDataset(Dataset):
         self._buffer_sets = [b for b in self._buffer_sets if b is not bufs]
 
     def free(self) -> None:
-        """Releases buffers and frees the store (collective for the core group)."""
+        """Releases buffers and frees the store (collective for the core group).
+
+        Example:
+            ```python
+            ds.free()  # on every rank, once no rank reads any more
+            ```
+        """
         if self._freed:
             return
         for b in list(self._buffer_sets):
@@ -475,7 +533,13 @@ class _StoredDataset(Dataset):
 
     def get_profile(self, name: Any = None) -> dict:
         """Read counters summed over the store and the threads' readers: all fields, one field
-        (by key), or one store variable (by name)."""
+        (by key), or one store variable (by name).
+
+        Example:
+            ```python
+            print(ds.get_profile())  # reads, bytes, remote and local rows, ...
+            ```
+        """
         if name is None:
             names = [f.var for f in self._schema.fields]
         elif name in self._schema.by_key:
@@ -660,6 +724,24 @@ class DistDataset(_StoredDataset):
     arrays are read in chunk-aligned slices. DDSTORE_LOAD_DIRECT=1 reads files with O_DIRECT.
     chunk_size= sets the rows per read of array and file sources. ``ds.load_stats`` holds each
     rank's load figures; ``ds.save(path)`` / ``DistDataset.restore(path)`` snapshot the shares.
+
+    comm=None resolves as for PyDDStore (MPI, else the default torch.distributed group,
+    else a FileComm); under torchrun, mpirun or srun without any of them it raises instead
+    of making a one-rank store. A DistDataset pickles to a handle that spawn and forkserver
+    DataLoader workers re-attach through the fabric (methods 1 and 2).
+
+    Example:
+        ```python
+        import torch
+        from mpi4py import MPI
+        from pyddstore.torch import DistDataset, DistributedSampler, ThreadDataLoader
+
+        trainset = DistDataset(my_dataset, "train", MPI.COMM_WORLD)  # each rank loads its share
+        sampler = DistributedSampler(trainset)
+        loader = ThreadDataLoader(trainset, batch_size=128, sampler=sampler, num_workers=1)
+        for x, y in loader:
+            ...
+        ```
     """
 
     def __init__(
@@ -956,6 +1038,11 @@ class DistDataset(_StoredDataset):
         stats.finish()
         max_lens = [int(lengths.max()) if len(lengths) else 0 for _, lengths in ragged.values()]
         mine = {"error": payload, "max_lens": max_lens, "stats": stats.to_json()}
+        st = mine["stats"]
+        _LOG.debug(
+            f"rank {rank}: {self.name}: loaded rows {start}..{start + count} ({st.get('nbytes')} bytes) "
+            f"in {st.get('secs', 0.0):.3f} s"
+        )
         results = store.allgather(mine)
         failed = [r["error"] for r in results if r["error"] is not None]
         if failed:
@@ -968,7 +1055,8 @@ class DistDataset(_StoredDataset):
             f.max_len = max(r["max_lens"][j] for r in results)
         self.load_stats = [r["stats"] for r in results]
         if rank == 0 and not quiet:
-            print(_load_summary(self.name, n, size, self.load_stats), file=sys.stderr, flush=True)
+            summary = _load_summary(self.name, n, size, self.load_stats).removeprefix("pyddstore: ")
+            _LOG.info(f"rank {rank}: loaded {summary}")
 
     def _load_share(self, store, source, schema, encode, chunk_size, start, count, depth, progress):
         """This rank's rows into its share, by the fastest path the source allows."""
@@ -1087,7 +1175,15 @@ def read_meta(path: str, timeout: float) -> dict:
 
 class DistDatasetReader(_StoredDataset):
     """The dataset a method-2 core group (DistDataset(..., method=2)) holds, read from a
-    separate extra job. Fields come from {handshake_dir}/{name}.meta.json."""
+    separate extra job. Fields come from {handshake_dir}/{name}.meta.json.
+
+    Example:
+        ```python
+        # core job:  DistDataset(src, "train", method=2, handshake_dir=hs)
+        reader = DistDatasetReader("train", handshake_dir=hs)
+        x, y = reader[0]
+        ```
+    """
 
     def __init__(
         self,

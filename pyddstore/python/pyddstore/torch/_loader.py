@@ -474,6 +474,15 @@ class ThreadDataLoader(DataLoader):
     registered once; the collate must copy, so it needs batch_size with the default collate_fn,
     or collate_copies=True. close() waits for in-flight fetches and releases the buffers.
     multiprocessing_context is accepted and ignored.
+
+    Example:
+        ```python
+        loader = ThreadDataLoader(trainset, batch_size=128, sampler=sampler, num_workers=2,
+                                  pin_memory=True)
+        for x, y in loader:
+            x = x.to("cuda", non_blocking=True)
+        loader.close()
+        ```
     """
 
     def __init__(
@@ -501,7 +510,7 @@ class ThreadDataLoader(DataLoader):
             self._buffer_pool = _BufferPool(dataset, self.batch_size)
 
     def check_worker_number_rationality(self) -> None:
-        pass  # threads wait on reads; more of them than CPUs is fine
+        """No warning: threads wait on reads, so more of them than CPUs is fine."""
 
     def _get_iterator(self) -> Any:
         if self.num_workers == 0:
@@ -509,7 +518,13 @@ class ThreadDataLoader(DataLoader):
         return _ThreadIter(self)
 
     def close(self) -> None:
-        """Stops the workers (after their in-flight fetches) and releases reused buffers."""
+        """Stops the workers (after their in-flight fetches) and releases reused buffers.
+
+        Example:
+            ```python
+            loader.close()
+            ```
+        """
         for it in list(self._live_iterators):
             it._shutdown_workers()
         self._iterator = None

@@ -77,13 +77,22 @@ def _pyg_data_class() -> Any:
 class RaggedRows(NamedTuple):
     """Rows of a ragged field read in one batch: ``values`` holds every row's elements, row
     after row (a flat tensor for tensor fields, else a flat array); row i is
-    ``values[offsets[i]:offsets[i + 1]].reshape(shapes[i])``."""
+    ``values[offsets[i]:offsets[i + 1]].reshape(shapes[i])``.
+
+    Example:
+        ```python
+        cols = ds.read_rows([4, 9], fields=["atoms"])  # a ragged field
+        rr = cols["atoms"]
+        first = rr.row(0)  # sample 4's atoms, in its own shape
+        ```
+    """
 
     values: Any
     offsets: np.ndarray
     shapes: list
 
     def row(self, i: int) -> Any:
+        """Row i, in its own shape."""
         return self.values[int(self.offsets[i]) : int(self.offsets[i + 1])].reshape(self.shapes[i])
 
     def __len__(self) -> int:  # rows, not tuple fields
@@ -91,16 +100,35 @@ class RaggedRows(NamedTuple):
 
 
 class SchemaError(DDStoreValueError):
-    """Samples that cannot be stored: ragged shapes, missing keys, differing structures."""
+    """Samples that cannot be stored: ragged shapes, missing keys, differing structures.
+
+    Example:
+        ```python
+        DistDataset([torch.zeros(3), torch.zeros(4)], "ragged")  # SchemaError names sample 1
+        ```
+    """
 
 
 class SchemaTypeError(DDStoreTypeError):
-    """A field of a type or dtype the store does not hold (strings, float16, objects...)."""
+    """A field of a type or dtype the store does not hold (strings, float16, objects...).
+
+    Example:
+        ```python
+        DistDataset([{"name": "cat"}], "s")  # SchemaTypeError: use encode=/decode= for strings
+        ```
+    """
 
 
 def share_of(n: int, size: int, rank: int) -> tuple[int, int]:
     """(start, count) of rank's share of n samples split over size ranks: the first n % size
-    ranks get one more."""
+    ranks get one more.
+
+    Example:
+        ```python
+        share_of(10, 3, 0)  # (0, 4)
+        share_of(10, 3, 2)  # (7, 3)
+        ```
+    """
     if size <= 0 or not 0 <= rank < size:
         raise DDStoreValueError(f"rank {rank} is not in a group of {size}")
     base, extra = divmod(n, size)

@@ -58,7 +58,14 @@ _FILE_RE = re.compile(r"^rank-[0-9]{5}\.ddsnap$")
 
 class SnapshotError(DDStoreFileError):
     """A snapshot that cannot be restored: missing or malformed manifest, a file that is
-    truncated, a symbolic link, or whose checksums or layout do not match the manifest."""
+    truncated, a symbolic link, or whose checksums or layout do not match the manifest.
+
+    Example:
+        ```python
+        ds.save("/lustre/me/snap")
+        ds = DistDataset.restore("/lustre/me/snap")  # SnapshotError if a file was altered
+        ```
+    """
 
 
 def file_name(rank: int) -> str:

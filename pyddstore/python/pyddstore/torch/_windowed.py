@@ -51,7 +51,15 @@ class WindowedDataset(Dataset):
     starts[i]. Fields are stacked to (window, *field_shape) (a ragged field: a list of the
     window's rows) and arranged like the stored samples,
     or, with fields=[...], as a dict keyed by field (as upstream). decode= is not applied. A
-    batch (__getitems__) is one read_rows()."""
+    batch (__getitems__) is one read_rows().
+
+    Example:
+        ```python
+        frames = DistDataset(steps, "frames", comm, method=1)  # one sample per time step
+        pairs = WindowedDataset(frames, window=3, dilation=dt)  # rows (t, t+dt, t+2dt)
+        x = pairs[0][0]  # shape (3, *frame_shape)
+        ```
+    """
 
     def __init__(
         self, ds: Any, window: int, stride: int = 1, dilation: int = 1, starts: Any = None, fields: Any = None
@@ -119,7 +127,15 @@ def _rows_list(v: Any) -> Any:
 
 
 def row_of(concat: ConcatDataset, source: int, index: int) -> int:
-    """In a DistDataset over a ConcatDataset, the stored row of sample index of dataset source."""
+    """In a DistDataset over a ConcatDataset, the stored row of sample index of dataset source.
+
+    Example:
+        ```python
+        files = ConcatDataset([StepsOf(f) for f in paths])
+        starts = [row_of(files, k, t) for k in range(len(paths))
+                  for t in range(len(files.datasets[k]) - 2 * dt)]  # windows inside each file
+        ```
+    """
     n_sources = len(concat.datasets)
     if source < 0:
         source += n_sources
