@@ -74,6 +74,8 @@ fn sanitize(s: &str) -> String {
 }
 
 const LIVE_SUFFIX: &str = ".live";
+/// What `clean_dead_jobs` writes into a lock file while it checks it.
+const CLEANING: &str = "cleaning";
 
 /// Removes what dead jobs left: every `*.live` lock nobody holds names a job
 /// that is gone, and its round, barrier and temporary files go with it.
@@ -88,7 +90,7 @@ fn clean_dead_jobs(dir: &PrivateDir, own_job: &str) {
             continue;
         }
         // Taking the lock proves its holder is dead; dropping it removes the file.
-        if let Ok(Ok(_dead)) = dir.try_lock(lock, "cleaning") {
+        if let Ok(Ok(_dead)) = dir.try_lock(lock, CLEANING) {
             let (a, b) = (format!("{job}."), format!(".{job}."));
             for n in &names {
                 if n != lock
@@ -161,7 +163,17 @@ impl FileComm {
         };
         clean_dead_jobs(&pdir, &job);
         let holder = format!("pid {} rank {rank} of job {job}", std::process::id());
-        let live = match pdir.try_lock(&format!("{job}.{rank}{LIVE_SUFFIX}"), &holder)? {
+        let live_name = format!("{job}.{rank}{LIVE_SUFFIX}");
+        let mut attempt = pdir.try_lock(&live_name, &holder)?;
+        // Another job's clean_dead_jobs may hold this lock for a moment while it
+        // checks whether the file is stale: wait for it rather than fail.
+        let settle = std::time::Instant::now() + Duration::from_secs(2);
+        while matches!(&attempt, Err(other) if (other == CLEANING || other.is_empty()) && std::time::Instant::now() < settle)
+        {
+            std::thread::sleep(Duration::from_millis(10));
+            attempt = pdir.try_lock(&live_name, &holder)?;
+        }
+        let live = match attempt {
             Ok(lock) => lock,
             Err(other) => {
                 return Err(Error::Access(format!(

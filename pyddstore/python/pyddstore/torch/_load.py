@@ -191,6 +191,48 @@ def _run_workers(n: int, work: Callable[[], None], stats: LoadStats | None = Non
         raise errors[0]
 
 
+def run_tasks(
+    tasks: list,
+    threads: int,
+    handle: Callable[[Any, Any], tuple[float, float, int]],
+    stats: LoadStats,
+    progress: Progress,
+    file_reads: bool = False,
+) -> None:
+    """Runs `handle(task, reader)` for every task, `threads` at a time, each thread taking the
+    next task in order (an AlignedReader per thread when `file_reads`). `handle` returns
+    (seconds reading the source, seconds putting rows into the share, bytes moved). The first
+    error stops the other threads and is raised."""
+    it = iter(tasks)
+    lock = threading.Lock()
+    failed = threading.Event()
+
+    def work() -> None:
+        reader = AlignedReader() if file_reads else None
+        src_s = put_s = 0.0
+        nbytes = 0
+        try:
+            while not failed.is_set():
+                with lock:
+                    task = next(it, None)
+                if task is None:
+                    return
+                read_s, wrote_s, moved = handle(task, reader)
+                src_s += read_s
+                put_s += wrote_s
+                nbytes += moved
+                progress.update(moved)
+        except BaseException:
+            failed.set()
+            raise
+        finally:
+            if reader is not None:
+                reader.close()
+            stats.add(nbytes, src_s, put_s)
+
+    _run_workers(threads, work, stats)
+
+
 def load_samples(
     source: Any,
     schema: Schema,
@@ -304,40 +346,16 @@ def load_file_rows(
 
 
 def _read_pieces(pieces, fds, row_bytes, f, start, put, depth, stats, progress) -> None:
-    it = iter(pieces)
-    lock = threading.Lock()
-    failed = threading.Event()
+    def handle(piece, reader) -> tuple[float, float, int]:
+        path, off, first, n = piece
+        fd, direct = fds[path]
+        t0 = time.perf_counter()
+        data = reader.read(fd, direct, off, n * row_bytes, path)
+        t1 = time.perf_counter()
+        put(f, np.frombuffer(data, dtype=f.store_dtype).reshape(n, *f.store_shape), first - start)
+        return t1 - t0, time.perf_counter() - t1, n * row_bytes
 
-    def work() -> None:
-        reader = AlignedReader()
-        src_s = put_s = 0.0
-        nbytes = 0
-        try:
-            while not failed.is_set():
-                with lock:
-                    piece = next(it, None)
-                if piece is None:
-                    return
-                path, off, first, n = piece
-                fd, direct = fds[path]
-                t0 = time.perf_counter()
-                data = reader.read(fd, direct, off, n * row_bytes, path)
-                t1 = time.perf_counter()
-                rows = np.frombuffer(data, dtype=f.store_dtype).reshape(n, *f.store_shape)
-                put(f, rows, first - start)
-                del rows, data
-                src_s += t1 - t0
-                put_s += time.perf_counter() - t1
-                nbytes += n * row_bytes
-                progress.update(n * row_bytes)
-        except BaseException:
-            failed.set()
-            raise
-        finally:
-            reader.close()
-            stats.add(nbytes, src_s, put_s)
-
-    _run_workers(min(depth, max(1, len(pieces))), work, stats)
+    run_tasks(pieces, min(depth, max(1, len(pieces))), handle, stats, progress, file_reads=True)
 
 
 def load_sliced(
@@ -368,36 +386,16 @@ def load_sliced(
             b = max(a + 1, b - b % chunk_rows)  # end on a chunk boundary
         bounds.append((a, b))
         a = b
-    it = iter(bounds)
-    lock = threading.Lock()
-    failed = threading.Event()
 
-    def work() -> None:
-        src_s = put_s = 0.0
-        nbytes = 0
-        try:
-            while not failed.is_set():
-                with lock:
-                    ab = next(it, None)
-                if ab is None:
-                    return
-                t0 = time.perf_counter()
-                rows = convert(arr, *ab)
-                t1 = time.perf_counter()
-                put(f, rows, ab[0] - start)
-                src_s += t1 - t0
-                put_s += time.perf_counter() - t1
-                nbytes += rows.nbytes
-                progress.update(rows.nbytes)
-                del rows
-        except BaseException:
-            failed.set()
-            raise
-        finally:
-            stats.add(nbytes, src_s, put_s)
+    def handle(ab, _reader) -> tuple[float, float, int]:
+        t0 = time.perf_counter()
+        rows = convert(arr, *ab)
+        t1 = time.perf_counter()
+        put(f, rows, ab[0] - start)
+        return t1 - t0, time.perf_counter() - t1, rows.nbytes
 
     in_memory = isinstance(arr, np.ndarray) and not isinstance(arr, np.memmap)
-    _run_workers(1 if in_memory else min(depth, len(bounds)), work, stats)
+    run_tasks(bounds, 1 if in_memory else min(depth, len(bounds)), handle, stats, progress)
 
 
 def _chunk_rows(arr: Any) -> int:

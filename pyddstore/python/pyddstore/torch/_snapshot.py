@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import re
-import threading
 import time
 import zlib
 from typing import Any, Callable
@@ -496,60 +495,33 @@ def restore_share(
                 for _, d in files.fds.values()
             }
             stats.notes.extend(sorted(notes))
-        it = iter(tasks)
-        lock = threading.Lock()
-        failed = threading.Event()
 
-        def work() -> None:
-            reader = AlignedReader()
-            src_s = put_s = 0.0
-            nbytes = 0
-            try:
-                while not failed.is_set():
-                    with lock:
-                        task = next(it, None)
-                    if task is None:
-                        return
-                    k, entry, span, b0, b1, lo, hi, dst_first = task
-                    f = schema.fields[k]
-                    t0 = time.perf_counter()
-                    first, data = _read_blocks(reader, files, entry, span, b0, b1, f"field {f.key!r}")
-                    t1 = time.perf_counter()
-                    ib = span["item_bytes"]
-                    n_items = len(data) // ib
-                    if f.is_ragged:  # values: items are units, lo/hi unit bounds in this file
-                        a, z = max(first, lo), min(first + n_items, hi)
-                        dst = ragged_out[f.key][0].reshape(-1).view(np.uint8)
-                        o = (dst_first + a - lo) * ib
-                        dst[o : o + (z - a) * ib] = np.frombuffer(
-                            data[(a - first) * ib : (z - first) * ib], np.uint8
-                        )
-                    else:
-                        e0 = entry["start"]
-                        a, z = max(first + e0, lo), min(first + e0 + n_items, hi)
-                        rows = np.frombuffer(
-                            data[(a - e0 - first) * ib : (z - e0 - first) * ib], dtype=f.store_dtype
-                        )
-                        put(f, rows.reshape(z - a, *f.store_shape), a - start)
-                        del rows
-                    moved = (z - a) * ib
-                    del data
-                    src_s += t1 - t0
-                    put_s += time.perf_counter() - t1
-                    nbytes += moved
-                    progress.update(moved)
-            except BaseException:
-                failed.set()
-                raise
-            finally:
-                reader.close()
-                stats.add(nbytes, src_s, put_s)
+        def handle(task, reader) -> tuple[float, float, int]:
+            k, entry, span, b0, b1, lo, hi, dst_first = task
+            f = schema.fields[k]
+            t0 = time.perf_counter()
+            first, data = _read_blocks(reader, files, entry, span, b0, b1, f"field {f.key!r}")
+            t1 = time.perf_counter()
+            ib = span["item_bytes"]
+            n_items = len(data) // ib
+            if f.is_ragged:  # values: items are units, lo/hi unit bounds in this file
+                a, z = max(first, lo), min(first + n_items, hi)
+                dst = ragged_out[f.key][0].reshape(-1).view(np.uint8)
+                o = (dst_first + a - lo) * ib
+                dst[o : o + (z - a) * ib] = np.frombuffer(data[(a - first) * ib : (z - first) * ib], np.uint8)
+            else:
+                e0 = entry["start"]
+                a, z = max(first + e0, lo), min(first + e0 + n_items, hi)
+                rows = np.frombuffer(data[(a - e0 - first) * ib : (z - e0 - first) * ib], dtype=f.store_dtype)
+                put(f, rows.reshape(z - a, *f.store_shape), a - start)
+                del rows
+            return t1 - t0, time.perf_counter() - t1, (z - a) * ib
 
         biggest = max((_task_bytes(t) for t in tasks), default=1)
         threads = min(depth, max(1, len(tasks)), max(1, window // max(1, biggest)))
         stats.window_bytes = threads * biggest
         stats.window_capped = threads < depth and len(tasks) > threads
-        _load._run_workers(threads, work, stats)
+        _load.run_tasks(tasks, threads, handle, stats, progress, file_reads=True)
         return {
             key: (vals.reshape(-1, schema.by_key[key].unit_count), lens)
             for key, (vals, lens) in ragged_out.items()
