@@ -1,5 +1,6 @@
 //! Measures where copying a batch's same-node rows on several threads
-//! (rayon) beats one thread, to set `store::PARALLEL_COPY_BYTES`.
+//! (spawned for the batch, as the store does) beats one thread, to set
+//! `store::PARALLEL_COPY_BYTES`.
 //!
 //!     cargo run --release -p ddstore-core --example copy_threshold
 //!
@@ -7,8 +8,6 @@
 //! serial copy and of a parallel one, and their ratio.
 
 use std::time::Instant;
-
-use rayon::prelude::*;
 
 fn main() {
     let rows = 128;
@@ -37,12 +36,21 @@ fn main() {
                 chunk.copy_from_slice(&src[off..off + row_bytes]);
             }
         });
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(8);
         let parallel = best(&mut || {
-            dst.par_chunks_mut(row_bytes)
-                .zip(offsets.par_iter())
-                .for_each(|(chunk, &off)| {
-                    chunk.copy_from_slice(&src[off..off + row_bytes]);
-                });
+            let per = rows.div_ceil(threads);
+            std::thread::scope(|s| {
+                for (part, offs) in dst.chunks_mut(per * row_bytes).zip(offsets.chunks(per)) {
+                    let src = &src;
+                    s.spawn(move || {
+                        for (chunk, &off) in part.chunks_mut(row_bytes).zip(offs) {
+                            chunk.copy_from_slice(&src[off..off + row_bytes]);
+                        }
+                    });
+                }
+            });
         });
         println!(
             "{:>12} {:>12.1} {:>12.1} {:>8.2}",

@@ -726,6 +726,9 @@ fn copy_segments(copies: &[(&Segment, &dyn Memory)], out: &mut [u8], total: usiz
     copy_in_threads(jobs)
 }
 
+/// One memory copy of a batch: source offset, source memory, destination.
+type CopyJob<'a> = (usize, &'a dyn Memory, &'a mut [u8]);
+
 /// Most threads one large batch copy uses.
 const MAX_COPY_THREADS: usize = 8;
 
@@ -735,14 +738,13 @@ const MAX_COPY_THREADS: usize = 8;
 /// forking workers after validation in its main process) copies as its parent
 /// did; a pool started before a fork has no threads in the child and hangs it.
 /// Spawning costs microseconds against the milliseconds of a 16 MiB copy.
-fn copy_in_threads(jobs: Vec<(usize, &dyn Memory, &mut [u8])>) -> Result<()> {
+fn copy_in_threads(jobs: Vec<CopyJob<'_>>) -> Result<()> {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .clamp(1, MAX_COPY_THREADS)
         .min(jobs.len());
     // Balance bytes: each job goes to the thread with the least to copy so far.
-    let mut groups: Vec<Vec<(usize, &dyn Memory, &mut [u8])>> =
-        (0..threads).map(|_| Vec::new()).collect();
+    let mut groups: Vec<Vec<CopyJob<'_>>> = (0..threads).map(|_| Vec::new()).collect();
     let mut loads = vec![0usize; threads];
     for job in jobs {
         let k = (0..threads).min_by_key(|&k| loads[k]).unwrap_or(0);

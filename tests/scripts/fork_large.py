@@ -67,7 +67,7 @@ def loader_fork() -> None:
     n = 2 * ROWS_PER_RANK
     source = [torch.from_numpy(rows_of(SEED, [i], ROW_SHAPE, "uint8")[0]) for i in range(n)]
     ds = DistDataset(source, "big", method=1)
-    if ds.store.rank == 0:
+    if ds.ddstore.rank == 0:
         # Validation in the main process: one 64 MiB batch read (threaded copies).
         whole = ds.__getitems__(list(range(n - 1, -1, -1)))
         assert all(torch.equal(whole[k], source[n - 1 - k]) for k in range(n))
@@ -78,8 +78,8 @@ def loader_fork() -> None:
             seen += len(batch)
         assert seen == n, seen
         print(f"{rank_tag()} fork_large loader ok", flush=True)
-    ds.store.barrier()
-    ds.store.free()
+    ds.ddstore.barrier()
+    ds.ddstore.free()
 
 
 def main() -> None:
