@@ -182,26 +182,34 @@ def timed(fn, batches: np.ndarray, seconds: float, threads: int) -> tuple[float,
     return time.perf_counter() - start, sum(done) * batches.shape[1]
 
 
+def open_store(comm, label: str):
+    """A store for configuration `label` (its environment set only while the store is made),
+    or None when this machine cannot make it (rank 0 says why)."""
+    method, env = CONFIGS[label]
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return PyDDStore(comm, method=method)
+    except Exception as e:  # noqa: BLE001 - a missing provider skips its lines
+        if comm.rank == 0:
+            print(f"# {label}: skipped ({e})", file=sys.stderr)
+        return None
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def measure(args, comm) -> list[dict]:
     rank, size = comm.rank, comm.size
     rng = np.random.default_rng(7)
     results = []
     for label in args.configs:
-        method, env = CONFIGS[label]
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            store = PyDDStore(comm, method=method)
-        except Exception as e:  # noqa: BLE001 - a missing provider skips its lines
-            if rank == 0:
-                print(f"# {label}: skipped ({e})", file=sys.stderr)
+        store = open_store(comm, label)
+        if store is None:
             continue
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         for row_bytes in args.row_sizes:
             per_rank = int(max(4, min(4096, args.share_bytes // row_bytes)))
             name = f"b{row_bytes}"

@@ -23,14 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 import numpy as np
 
 from . import _native
-from ._store import PyDDStore
-from .bench import CONFIGS, quiet_wait
+from .bench import CONFIGS, open_store, quiet_wait
 
 
 def graph_record(i: int, max_nodes: int = 40) -> np.ndarray:
@@ -73,21 +71,9 @@ def measure(args, comm) -> list[dict]:
     max_len = int(every_len.max())
     results = []
     for label in args.configs:
-        method, env = CONFIGS[label]
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            store = PyDDStore(comm, method=method)
-        except Exception as e:  # noqa: BLE001 - a missing provider skips its lines
-            if rank == 0:
-                print(f"# {label}: skipped ({e})", file=sys.stderr)
+        store = open_store(comm, label)
+        if store is None:
             continue
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         flat = np.concatenate(mine)
         store.add("graphs", flat, lengths=lengths)
         padded = np.zeros((per_rank, max_len), np.uint8)
