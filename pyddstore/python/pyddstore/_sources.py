@@ -95,7 +95,8 @@ def npy_files(paths: list) -> FileRows:
     for p in paths:
         path = os.fspath(p)
         try:
-            with open(path, "rb") as fh:
+            fd, _ = open_regular(path, False)  # a regular file; a FIFO or device is refused
+            with os.fdopen(fd, "rb") as fh:
                 version = np.lib.format.read_magic(fh)
                 if version == (1, 0):
                     shape, fortran, dt = np.lib.format.read_array_header_1_0(fh)
@@ -190,7 +191,8 @@ def _h5py_rows(ds: Any) -> FileRows | None:
 def open_regular(path: str, direct: bool, nofollow: bool = False) -> tuple[int, bool]:
     """Opens path read-only: (fd, direct). With direct, O_DIRECT where the file system allows
     it (else buffered, direct False). nofollow: refuse a symbolic link. Only regular files."""
-    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+    # O_NONBLOCK: a FIFO planted at the path must not block the open (regular files ignore it).
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     if nofollow:
         flags |= os.O_NOFOLLOW
     try:
