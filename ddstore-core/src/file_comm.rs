@@ -77,10 +77,14 @@ const LIVE_SUFFIX: &str = ".live";
 /// What `clean_dead_jobs` writes into a lock file while it checks it.
 const CLEANING: &str = "cleaning";
 
-/// Removes what dead jobs left: every `*.live` lock nobody holds names a job
-/// that is gone, and its round, barrier and temporary files go with it.
+/// Removes what dead jobs left. A job's round, barrier and temporary files go
+/// only when every one of its `*.live` locks can be taken (all its ranks are
+/// gone), and those locks are held until the files are removed: a job with one
+/// rank still alive, or one rank just starting while another already wrote its
+/// first round, keeps all its files.
 fn clean_dead_jobs(dir: &PrivateDir, own_job: &str) {
     let Ok(names) = dir.list() else { return };
+    let mut locks_by_job: std::collections::BTreeMap<&str, Vec<&String>> = Default::default();
     for lock in names.iter().filter(|n| n.ends_with(LIVE_SUFFIX)) {
         let stem = &lock[..lock.len() - LIVE_SUFFIX.len()];
         let Some((job, _rank)) = stem.rsplit_once('.') else {
@@ -89,16 +93,24 @@ fn clean_dead_jobs(dir: &PrivateDir, own_job: &str) {
         if job == own_job || job.starts_with(&format!("{own_job}.")) {
             continue;
         }
-        // Taking the lock proves its holder is dead; dropping it removes the file.
-        if let Ok(Ok(_dead)) = dir.try_lock(lock, CLEANING) {
-            let (a, b) = (format!("{job}."), format!(".{job}."));
-            for n in &names {
-                if n != lock
-                    && !n.ends_with(LIVE_SUFFIX)
-                    && (n.starts_with(&a) || n.starts_with(&b))
-                {
-                    let _ = dir.remove(n);
-                }
+        locks_by_job.entry(job).or_default().push(lock);
+    }
+    for (job, locks) in locks_by_job {
+        // Taking a lock proves its holder is dead; dropping it removes the file.
+        let mut taken = Vec::with_capacity(locks.len());
+        for &lock in &locks {
+            match dir.try_lock(lock, CLEANING) {
+                Ok(Ok(dead)) => taken.push(dead),
+                _ => break,
+            }
+        }
+        if taken.len() < locks.len() {
+            continue; // a rank of this job is alive: leave all of its files
+        }
+        let (a, b) = (format!("{job}."), format!(".{job}."));
+        for n in &names {
+            if !n.ends_with(LIVE_SUFFIX) && (n.starts_with(&a) || n.starts_with(&b)) {
+                let _ = dir.remove(n);
             }
         }
     }
@@ -598,5 +610,49 @@ mod tests {
         for h in handles {
             h.join().unwrap();
         }
+    }
+
+    #[test]
+    fn a_job_with_a_live_rank_keeps_its_files() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let hs = dir.path().join("hs");
+        let mk = |job: &str, rank| {
+            FileComm::new(
+                &hs,
+                Some(rank),
+                Some(2),
+                Some(job.into()),
+                Duration::from_secs(5),
+            )
+            .unwrap()
+        };
+        let plant = |name: &str| {
+            fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(hs.join(name))
+                .unwrap();
+        };
+        let alive = mk("a", 0);
+        // Rank 1 of job "a" is starting (its lock file exists, not yet held)
+        // while rank 0 already wrote a round file.
+        plant("a.1.live");
+        plant("a.r0.0.rec");
+        drop(mk("b", 0));
+        assert!(
+            hs.join("a.r0.0.rec").exists(),
+            "a live job's files were removed"
+        );
+        // Rank 0 is killed: its lock file stays behind, held by nobody.
+        drop(alive);
+        plant("a.0.live");
+        drop(mk("c", 0));
+        assert!(
+            !hs.join("a.r0.0.rec").exists(),
+            "a dead job's files were kept"
+        );
+        assert!(!hs.join("a.0.live").exists());
     }
 }
