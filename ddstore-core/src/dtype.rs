@@ -2,20 +2,28 @@
 
 use crate::{Error, Result};
 
+/// The element type of a variable, as numpy names it; fixes the row's item size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
     /// Raw bytes of unknown type (`init` without a dtype, numpy records).
     Bytes,
+    /// `bool`, one byte.
     Bool,
+    /// `uint8`.
     Uint8,
+    /// `int32`.
     Int32,
+    /// `int64`.
     Int64,
+    /// `float32`.
     Float32,
+    /// `float64`.
     Float64,
 }
 
 impl DType {
+    /// Every dtype, in code order.
     pub const ALL: [DType; 7] = [
         DType::Bytes,
         DType::Bool,
@@ -26,6 +34,7 @@ impl DType {
         DType::Float64,
     ];
 
+    /// Bytes per element (1 for `Bytes`).
     pub fn itemsize(self) -> usize {
         match self {
             DType::Bytes | DType::Bool | DType::Uint8 => 1,
@@ -34,6 +43,7 @@ impl DType {
         }
     }
 
+    /// The numpy name (`"float32"`), as Python sees it.
     pub fn name(self) -> &'static str {
         match self {
             DType::Bytes => "bytes",
@@ -46,10 +56,12 @@ impl DType {
         }
     }
 
+    /// The one-byte code used in records exchanged between ranks.
     pub fn code(self) -> u8 {
         self as u8
     }
 
+    /// The dtype of a record's code; an unknown code is an error.
     pub fn from_code(code: u8) -> Result<DType> {
         DType::ALL
             .get(code as usize)
@@ -57,6 +69,7 @@ impl DType {
             .ok_or_else(|| Error::invalid(format!("unknown dtype code {code}")))
     }
 
+    /// The dtype of a numpy name; an unknown name is an error that lists the accepted ones.
     pub fn parse(name: &str) -> Result<DType> {
         DType::ALL
             .iter()

@@ -11,9 +11,11 @@ use crate::{Error, Result};
 /// One contiguous read from one owner's share.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Segment {
+    /// Rank whose share is read.
     pub owner: usize,
     /// Byte offset inside the owner's share.
     pub src_offset: u64,
+    /// Bytes to read.
     pub len: usize,
     /// Byte offset inside the destination buffer.
     pub dst_offset: usize,
@@ -22,14 +24,20 @@ pub struct Segment {
 /// Copy of an already-read destination row to another position (repeats).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RepeatCopy {
+    /// Byte offset in the destination of the row already read.
     pub from: usize,
+    /// Byte offset in the destination to copy it to.
     pub to: usize,
+    /// Bytes to copy (one row).
     pub len: usize,
 }
 
+/// The reads and copies that fill a batch's destination buffer.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Plan {
+    /// Reads, each at most the configured longest read.
     pub segments: Vec<Segment>,
+    /// Copies of repeated rows, done after every read landed.
     pub repeats: Vec<RepeatCopy>,
 }
 
@@ -125,6 +133,7 @@ impl Plan {
         }
     }
 
+    /// Bytes the segments read.
     pub fn bytes(&self) -> usize {
         self.segments.iter().map(|s| s.len).sum()
     }

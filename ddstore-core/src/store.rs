@@ -24,13 +24,19 @@ pub const PARALLEL_COPY_BYTES: usize = 16 << 20;
 /// Shape of a variable, the same on every rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VarInfo {
+    /// Element type of the rows.
     pub dtype: DType,
+    /// Bytes per row.
     pub row_bytes: usize,
+    /// Rows per rank.
     pub layout: Layout,
 }
 
+/// One named variable: its shape, this rank's share and the routes to every other share.
 pub struct Variable {
+    /// The name it was added under.
     pub name: String,
+    /// Its shape, agreed by every rank.
     pub info: VarInfo,
     /// This process's rank in the group, `None` for an attached extra job.
     my_rank: Option<usize>,
@@ -49,6 +55,7 @@ pub struct Variable {
     counters: Counters,
 }
 
+/// Named variables shared by the ranks of one group, read through one transport.
 pub struct Store {
     comm: Arc<dyn Comm>,
     /// Released by `free()`: fabric objects and progress threads go with it.
@@ -93,6 +100,7 @@ pub enum OwnRows {
 }
 
 impl Store {
+    /// A store of no variables over `comm`, reading through `transport`.
     pub fn new(comm: Arc<dyn Comm>, transport: Arc<dyn Transport>, config: Config) -> Store {
         Store {
             comm,
@@ -107,12 +115,15 @@ impl Store {
         }
     }
 
+    /// The group's communicator.
     pub fn comm(&self) -> &Arc<dyn Comm> {
         &self.comm
     }
+    /// The settings this store was created with.
     pub fn config(&self) -> &Config {
         &self.config
     }
+    /// The transport's name (kept after `free()` for messages).
     pub fn transport_name(&self) -> String {
         self.transport_name.clone()
     }
@@ -141,6 +152,7 @@ impl Store {
         }
     }
 
+    /// The variable `name`, or `Error::UnknownVariable`.
     pub fn var(&self, name: &str) -> Result<Arc<Variable>> {
         self.check_live()?;
         if let Some(v) = self.vars.read().unwrap().get(name) {
@@ -514,9 +526,11 @@ impl Store {
         self.watch(var.read_remote(&reads, out))
     }
 
+    /// Registers a destination buffer of `name`'s reads once, so reads into it skip registration.
     pub fn register_dst(&self, name: &str, addr: usize, len: usize) -> Result<()> {
         self.var(name)?.remote.register_dst(addr, len)
     }
+    /// Undoes [`Store::register_dst`].
     pub fn unregister_dst(&self, name: &str, addr: usize, len: usize) -> Result<()> {
         self.var(name)?.remote.unregister_dst(addr, len)
     }
@@ -575,6 +589,7 @@ impl Store {
         synced
     }
 
+    /// Whether `free()` was called.
     pub fn is_freed(&self) -> bool {
         self.freed.load(Ordering::Acquire)
     }

@@ -34,6 +34,7 @@ const FAKE_NODE_SIZE_ENV: &str = "DDSTORE_MPI_FAKE_NODE_SIZE";
 pub struct MpiRma;
 
 impl MpiRma {
+    /// The method-0 transport; MPI must be initialised before a share is exposed.
     pub fn new() -> MpiRma {
         MpiRma
     }

@@ -127,6 +127,7 @@ pub struct ReaderSettings {
     pub gather: bool,
 }
 
+/// Reads remote shares through one endpoint of its own; one per thread.
 pub struct OfiReader {
     live: Option<Live>,
     broken: Option<String>,
@@ -143,6 +144,7 @@ pub struct OfiReader {
 }
 
 impl OfiReader {
+    /// Opens an endpoint in `domain` that reads the shares `peers` describe.
     pub fn open(
         domain: &Arc<Domain>,
         peers: Arc<Vec<ShareRecord>>,
