@@ -63,12 +63,19 @@ impl Layout {
                 self.total()
             )));
         }
+        Ok(self.locate_valid(row))
+    }
+
+    /// As [`Layout::locate`] for a row the caller checked (`row < total()`):
+    /// the batch planner checks each index once and looks it up here.
+    pub(crate) fn locate_valid(&self, row: u64) -> (usize, u64) {
+        debug_assert!(row < self.total());
         let owner = match self.uniform {
             Some(per) => (row / per) as usize,
             // The last rank whose start is <= row (skips empty shares).
             None => self.starts.partition_point(|&s| s <= row) - 1,
         };
-        Ok((owner, row - self.starts[owner]))
+        (owner, row - self.starts[owner])
     }
 }
 

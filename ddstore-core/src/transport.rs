@@ -83,6 +83,12 @@ pub trait RemoteShares: Send + Sync {
     fn share_lens(&self) -> Option<Vec<u64>> {
         None
     }
+    /// Longest read a reader takes in one piece, where the transport has a
+    /// limit below `DDSTORE_MAX_READ_BYTES` (a provider's longest message):
+    /// the store plans reads no longer than this, so readers never split.
+    fn max_read_len(&self) -> Option<usize> {
+        None
+    }
     /// Registers a destination buffer once so reads into it skip registration.
     fn register_dst(&self, _addr: usize, _len: usize) -> Result<()> {
         Ok(())
