@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lint: rustfmt, clippy (default features and without MPI) with warnings as
-# errors (missing_docs included), ruff, and, when the extension is built, the
-# stub check of _native.pyi. Run by scripts/run-tests.sh and `make lint`.
+# errors (missing_docs included), ruff, and the stub check of _native.pyi
+# against the built extension. Run by scripts/run-tests.sh and `make lint`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate

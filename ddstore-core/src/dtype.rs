@@ -36,24 +36,24 @@ impl DType {
 
     /// Bytes per element (1 for `Bytes`).
     pub fn itemsize(self) -> usize {
-        match self {
-            DType::Bytes | DType::Bool | DType::Uint8 => 1,
-            DType::Int32 | DType::Float32 => 4,
-            DType::Int64 | DType::Float64 => 8,
-        }
+        TABLE[self as usize].2
     }
 
     /// The numpy name (`"float32"`), as Python sees it.
     pub fn name(self) -> &'static str {
-        match self {
-            DType::Bytes => "bytes",
-            DType::Bool => "bool",
-            DType::Uint8 => "uint8",
-            DType::Int32 => "int32",
-            DType::Int64 => "int64",
-            DType::Float32 => "float32",
-            DType::Float64 => "float64",
-        }
+        TABLE[self as usize].0
+    }
+
+    /// The dtype numpy arrays of this kind character (`b'f'`) and item size
+    /// are stored as; any other numpy dtype is raw bytes.
+    pub fn from_numpy(kind: u8, itemsize: usize) -> DType {
+        DType::ALL
+            .into_iter()
+            .find(|&d| {
+                let (_, k, size) = TABLE[d as usize];
+                d != DType::Bytes && k == kind && size == itemsize
+            })
+            .unwrap_or(DType::Bytes)
     }
 
     /// The one-byte code used in records exchanged between ranks.
@@ -83,6 +83,18 @@ impl DType {
     }
 }
 
+/// What each dtype is, in code order (indexed by `DType as usize`): the one
+/// table of numpy names, numpy kind characters (`dtype.kind`) and item sizes.
+const TABLE: [(&str, u8, usize); 7] = [
+    ("bytes", b'V', 1),
+    ("bool", b'b', 1),
+    ("uint8", b'u', 1),
+    ("int32", b'i', 4),
+    ("int64", b'i', 8),
+    ("float32", b'f', 4),
+    ("float64", b'f', 8),
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,6 +104,9 @@ mod tests {
         for d in DType::ALL {
             assert_eq!(DType::from_code(d.code()).unwrap(), d);
             assert_eq!(DType::parse(d.name()).unwrap(), d);
+            if d != DType::Bytes {
+                assert_eq!(DType::from_numpy(TABLE[d as usize].1, d.itemsize()), d);
+            }
         }
         assert!(DType::parse("complex64").is_err());
     }
