@@ -330,13 +330,13 @@ impl Store {
             .insert(var.name.clone(), Arc::new(var));
     }
 
-    /// One lock for all readers when threads share one (`DDSTORE_THREAD_READERS=0`).
     /// Longest single read of a variable read through `remote`.
     fn max_read(&self, remote: &dyn RemoteShares) -> usize {
         let limit = remote.max_read_len().unwrap_or(usize::MAX);
         self.config.max_read_bytes.min(limit).max(1)
     }
 
+    /// One lock for all readers when threads share one (`DDSTORE_THREAD_READERS=0`).
     fn shared_reader_lock(&self) -> Option<Mutex<()>> {
         (!self.config.thread_readers).then(|| Mutex::new(()))
     }
