@@ -57,11 +57,8 @@ test-torch-min:  ## the torch tests against the oldest supported torch (2.6, CPU
 docs:  ## build the documentation (mkdocs --strict) into site/
 	bash scripts/setup.sh && . .venv/bin/activate && mkdocs build --strict -q
 
-lint:  ## cargo fmt --check, clippy -D warnings, ruff
-	cargo fmt --all -- --check
-	cargo clippy --workspace --all-targets -- -D warnings
-	cargo clippy -p pyddstore -p ddstore-fabric --no-default-features --all-targets -- -D warnings
-	. .venv/bin/activate && ruff check . && ruff format --check .
+lint:  ## cargo fmt --check, clippy -D warnings (also without MPI), ruff, the _native.pyi stub check
+	bash scripts/lint.sh
 
 fmt:  ## format Rust and Python sources
 	cargo fmt --all

@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, builds, then runs the Rust
-# tests (cargo test) and the Python tests (pytest; multi-rank jobs run
-# under mpirun and as plain processes joined through files).
+# The test command: installs what is missing, builds, lints (scripts/lint.sh),
+# then runs the Rust tests (cargo test) and the Python tests (pytest; multi-rank
+# jobs run under mpirun and as plain processes joined through files) in two
+# tiers: the default one first, then the slow one (`-m slow`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo
+bash scripts/lint.sh
 echo "==> cargo test"
 cargo test --workspace --exclude pyddstore --quiet
-echo "==> pytest"
-python -m pytest tests -q -x --durations=10 "$@"
+# A tier with nothing selected (pytest's exit status 5, e.g. after `-k`) is not a failure.
+tier() {
+    local rc=0
+    python -m pytest tests -q -x --durations=10 "$@" || rc=$?
+    [ "$rc" -eq 0 ] || [ "$rc" -eq 5 ] || exit "$rc"
+}
+echo "==> pytest (default tier)"
+tier -m "not slow" "$@"
+echo "==> pytest (slow tier)"
+tier -m slow "$@"

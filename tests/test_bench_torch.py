@@ -9,6 +9,9 @@ import math
 import pytest
 from conftest import run_mpi
 
+# Long runs: the slow tier (`pytest -m slow`), after the default one.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("torch")
 pytest.importorskip("mpi4py")
 _native = pytest.importorskip("pyddstore._native")

@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import run_mpi
 
+# Long runs: the slow tier (`pytest -m slow`), after the default one.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("torch_geometric")
 
 GNN = Path(__file__).resolve().parent.parent / "examples" / "gnn"

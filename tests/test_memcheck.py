@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# Long runs: the slow tier (`pytest -m slow`), after the default one.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

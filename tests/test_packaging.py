@@ -96,6 +96,7 @@ def _check_wheel(wheel: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_pip_install_root_and_wheel_has_no_bundled_libraries(tmp_path):
     py = _clean_venv(tmp_path / "venv")
     # MPI located by MPI_HOME alone (the build backend maps it to MPICC for the mpi crate).

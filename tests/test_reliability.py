@@ -66,6 +66,7 @@ def test_hygiene_single_process_method1_file_comm(handshake_dir):
 SOAK_ROWS = 50_000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", list(SOAK_CONFIGS))
 def test_soak_bounded(config):
     method, env = SOAK_CONFIGS[config]

@@ -5,6 +5,9 @@ after warm-up. The long version (1,000,000 samples per rank) is ``make soak``.""
 import pytest
 from conftest import SOAK_CONFIGS, reports, run_mpi, show
 
+# Long runs: the slow tier (`pytest -m slow`), after the default one.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("torch")
 
 SOAK_SAMPLES = 30_000

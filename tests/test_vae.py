@@ -12,6 +12,9 @@ import pytest
 from conftest import run_mpi, run_procs
 from test_method2 import Core
 
+# Long runs: the slow tier (`pytest -m slow`), after the default one.
+pytestmark = pytest.mark.slow
+
 VAE = Path(__file__).resolve().parent.parent / "examples" / "vae"
 EPOCH = re.compile(r"^epoch (\d+)/(\d+): loss ([0-9.]+), (\d+) samples/s, ([0-9.]+) s waiting", re.M)
 

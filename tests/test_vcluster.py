@@ -200,6 +200,7 @@ def test_info_says_whether_method0_spans_nodes():
         assert "yes, through Open MPI osc/pt2pt at thread level serialized" in line, line
 
 
+@pytest.mark.slow
 def test_bench_over_the_virtual_cluster(tmp_path):
     """`python -m pyddstore.bench --vcluster` (short): remote rows across two nodes beside one
     node; the bench checks the data it reads before timing."""

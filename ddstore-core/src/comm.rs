@@ -11,10 +11,13 @@ use crate::Result;
 /// The collective operations a store needs. Every rank of the group must
 /// make the same sequence of calls.
 pub trait Comm: Send + Sync {
+    /// This process's rank in the group, `0..size()`.
     fn rank(&self) -> usize;
+    /// Number of ranks in the group.
     fn size(&self) -> usize;
     /// Every rank's bytes, in rank order (records may differ in length).
     fn allgather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
+    /// Returns once every rank of the group has called it.
     fn barrier(&self) -> Result<()>;
     /// A barrier that gives up after `timeout`, with `Error::Timeout` naming
     /// the ranks that did not arrive (on every rank that waited). The default

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::{Error, Result};
 
+/// Store settings from the environment, validated once per store (see [`SETTINGS`]).
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Longest single read; longer runs are split (`DDSTORE_MAX_READ_BYTES`).
@@ -76,6 +77,7 @@ impl Config {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
 
+    /// As [`Config::from_env`], reading variables through `get` (tests pass a map).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
         let d = Config::default();
         Ok(Config {
@@ -106,7 +108,12 @@ pub enum Kind {
     /// Exactly `0`, `1`, `true` or `false`.
     Flag,
     /// An integer in `min..=max`.
-    Int { min: i64, max: i64 },
+    Int {
+        /// Smallest accepted value.
+        min: i64,
+        /// Largest accepted value.
+        max: i64,
+    },
     /// A positive number (count or bytes) up to 2^53.
     Positive,
     /// Seconds, 0.001 to a year.

@@ -3,8 +3,10 @@
 
 use std::time::Duration;
 
+/// The result of every fallible call of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Every failure of the store, one variant per Python exception class.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A bad argument value (maps to `ValueError`).
@@ -28,8 +30,11 @@ pub enum Error {
     /// A peer did not answer in time.
     #[error("{}", timeout_message(*peer, *waited, what))]
     Timeout {
+        /// The rank that did not answer.
         peer: usize,
+        /// How long the caller waited (zero: known unreachable at once).
         waited: Duration,
+        /// What was waited for.
         what: String,
     },
     /// Collective or handshake failures.
@@ -45,9 +50,12 @@ pub enum Error {
     /// The operation is not possible in this configuration.
     #[error("{0}")]
     Unsupported(String),
+    /// An operating-system call failed (files, shared memory).
     #[error("{context}: {source}")]
     Io {
+        /// What was being done, e.g. the path opened.
         context: String,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },
@@ -62,9 +70,11 @@ fn timeout_message(peer: usize, waited: Duration, what: &str) -> String {
 }
 
 impl Error {
+    /// An [`Error::InvalidArgument`] with this message.
     pub fn invalid(msg: impl Into<String>) -> Self {
         Error::InvalidArgument(msg.into())
     }
+    /// An [`Error::Io`] saying what was being done.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {
             context: context.into(),

@@ -30,6 +30,7 @@ pub enum HmemIface {
 }
 
 impl HmemIface {
+    /// The interface of a name (`cuda`, `rocr`/`hip`, `ze`, `system`/`host`).
     pub fn parse(s: &str) -> Result<HmemIface> {
         match s.to_ascii_lowercase().as_str() {
             "system" | "host" => Ok(HmemIface::System),
@@ -42,6 +43,7 @@ impl HmemIface {
         }
     }
 
+    /// The canonical lower-case name.
     pub fn name(self) -> &'static str {
         match self {
             HmemIface::System => "system",
@@ -82,6 +84,7 @@ impl ExternalShare {
         }
     }
 
+    /// Which memory interface the share lives in.
     pub fn iface(&self) -> HmemIface {
         self.iface
     }

@@ -211,10 +211,12 @@ impl FileComm {
         &self.dir
     }
 
+    /// The directory the ranks exchange records in.
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
 
+    /// The job id that tags this group's records.
     pub fn job(&self) -> &str {
         &self.job
     }

@@ -2,6 +2,7 @@
 
 use crate::{Error, Result};
 
+/// Rows per rank of one variable, with O(1) or O(log ranks) owner lookups.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
     /// `starts[r]` is the first global row of rank r; `starts[n]` the total.
@@ -11,6 +12,7 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// The layout of shares of `counts[r]` rows on rank r.
     pub fn new(counts: &[u64]) -> Layout {
         let mut starts = Vec::with_capacity(counts.len() + 1);
         let mut total = 0u64;
@@ -28,14 +30,17 @@ impl Layout {
         Layout { starts, uniform }
     }
 
+    /// Number of ranks.
     pub fn nranks(&self) -> usize {
         self.starts.len() - 1
     }
 
+    /// Rows of all ranks together.
     pub fn total(&self) -> u64 {
         *self.starts.last().unwrap()
     }
 
+    /// Rows `rank` owns.
     pub fn count(&self, rank: usize) -> u64 {
         self.starts[rank + 1] - self.starts[rank]
     }
@@ -45,6 +50,7 @@ impl Layout {
         self.starts[rank]
     }
 
+    /// Rows per rank, in rank order.
     pub fn counts(&self) -> Vec<u64> {
         self.starts.windows(2).map(|w| w[1] - w[0]).collect()
     }
@@ -57,12 +63,19 @@ impl Layout {
                 self.total()
             )));
         }
+        Ok(self.locate_valid(row))
+    }
+
+    /// As [`Layout::locate`] for a row the caller checked (`row < total()`):
+    /// the batch planner checks each index once and looks it up here.
+    pub(crate) fn locate_valid(&self, row: u64) -> (usize, u64) {
+        debug_assert!(row < self.total());
         let owner = match self.uniform {
             Some(per) => (row / per) as usize,
             // The last rank whose start is <= row (skips empty shares).
             None => self.starts.partition_point(|&s| s <= row) - 1,
         };
-        Ok((owner, row - self.starts[owner]))
+        (owner, row - self.starts[owner])
     }
 }
 

@@ -5,6 +5,8 @@
 //! [`plan::Plan`] turns a batch of rows into coalesced byte-range reads, and a
 //! [`transport::Transport`] moves the bytes that are not in this process.
 
+#![warn(missing_docs)]
+
 pub mod comm;
 pub mod config;
 pub mod dtype;

@@ -9,6 +9,7 @@ use crate::region::{share_on_node, Region};
 use crate::transport::{ExposeOptions, Exposed, RemoteRead, RemoteShares, ShareReader, Transport};
 use crate::{Error, Result};
 
+/// The transport of a store with no MPI or libfabric: same-node shares only.
 #[derive(Debug, Default)]
 pub struct NodeOnlyTransport;
 

@@ -6,30 +6,26 @@
 use std::collections::HashMap;
 
 use crate::layout::Layout;
+use crate::transport::RemoteRead;
 use crate::{Error, Result};
-
-/// One contiguous read from one owner's share.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Segment {
-    pub owner: usize,
-    /// Byte offset inside the owner's share.
-    pub src_offset: u64,
-    pub len: usize,
-    /// Byte offset inside the destination buffer.
-    pub dst_offset: usize,
-}
 
 /// Copy of an already-read destination row to another position (repeats).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RepeatCopy {
+    /// Byte offset in the destination of the row already read.
     pub from: usize,
+    /// Byte offset in the destination to copy it to.
     pub to: usize,
+    /// Bytes to copy (one row).
     pub len: usize,
 }
 
+/// The reads and copies that fill a batch's destination buffer.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Plan {
-    pub segments: Vec<Segment>,
+    /// Reads, each at most the configured longest read.
+    pub segments: Vec<RemoteRead>,
+    /// Copies of repeated rows, done after every read landed.
     pub repeats: Vec<RepeatCopy>,
 }
 
@@ -37,26 +33,31 @@ pub struct Plan {
 pub fn validate_rows(rows: &[i64], total: u64) -> Result<Vec<u64>> {
     rows.iter()
         .enumerate()
-        .map(|(i, &r)| {
-            if r < 0 || r as u64 >= total {
-                Err(Error::IndexOutOfRange(format!(
-                    "index {r} at position {i} is out of range: expected 0 <= index < {total}"
-                )))
-            } else {
-                Ok(r as u64)
-            }
-        })
+        .map(|(i, &r)| check_row(i, r, total))
         .collect()
 }
 
+/// Row index `r` at position `pos` as a global row, if `0 <= r < total`.
+fn check_row(pos: usize, r: i64, total: u64) -> Result<u64> {
+    if r < 0 || r as u64 >= total {
+        Err(Error::IndexOutOfRange(format!(
+            "index {r} at position {pos} is out of range: expected 0 <= index < {total}"
+        )))
+    } else {
+        Ok(r as u64)
+    }
+}
+
 impl Plan {
-    /// Plans reading `rows` (already validated against `layout`) into a
-    /// destination where row i lands at byte `i * row_bytes`. Repeats of rows
-    /// whose owner `read_once(owner)` are read once and copied; others (memory
-    /// copies anyway) skip the bookkeeping.
+    /// Plans reading `rows` into a destination where row i lands at byte
+    /// `i * row_bytes`. This is the one place the indices of a batch are
+    /// checked (the first bad one is named with its position, before any
+    /// byte moves). Repeats of rows whose owner `read_once(owner)` are read
+    /// once and copied; others (memory copies anyway) skip the bookkeeping.
+    /// Every read is at most `max_read_bytes` long: the one split.
     pub fn build(
         layout: &Layout,
-        rows: &[u64],
+        rows: &[i64],
         row_bytes: usize,
         max_read_bytes: usize,
         read_once: impl Fn(usize) -> bool,
@@ -65,10 +66,12 @@ impl Plan {
         let mut plan = Plan::default();
         let mut first_seen: HashMap<u64, usize> = HashMap::with_capacity(rows.len());
         // The open segment and the (row, position) it ends with.
-        let mut open: Option<(Segment, u64, usize)> = None;
-        for (pos, &row) in rows.iter().enumerate() {
+        let mut open: Option<(RemoteRead, u64, usize)> = None;
+        let total = layout.total();
+        for (pos, &index) in rows.iter().enumerate() {
+            let row = check_row(pos, index, total)?;
             let dst = pos * row_bytes;
-            let (owner, local) = layout.locate(row)?;
+            let (owner, local) = layout.locate_valid(row);
             if read_once(owner) {
                 if let Some(&first) = first_seen.get(&row) {
                     let from = first * row_bytes;
@@ -96,9 +99,9 @@ impl Plan {
             if let Some((seg, _, _)) = open.take() {
                 plan.push_split(seg, max_read);
             }
-            let seg = Segment {
+            let seg = RemoteRead {
                 owner,
-                src_offset: local * row_bytes as u64,
+                offset: local * row_bytes as u64,
                 len: row_bytes,
                 dst_offset: dst,
             };
@@ -111,13 +114,13 @@ impl Plan {
     }
 
     /// Adds a segment, cut into pieces of at most `max_read` bytes (rows wider than that).
-    pub(crate) fn push_split(&mut self, seg: Segment, max_read: usize) {
+    pub(crate) fn push_split(&mut self, seg: RemoteRead, max_read: usize) {
         let mut done = 0;
         while done < seg.len {
             let len = (seg.len - done).min(max_read);
-            self.segments.push(Segment {
+            self.segments.push(RemoteRead {
                 owner: seg.owner,
-                src_offset: seg.src_offset + done as u64,
+                offset: seg.offset + done as u64,
                 len,
                 dst_offset: seg.dst_offset + done,
             });
@@ -125,6 +128,7 @@ impl Plan {
         }
     }
 
+    /// Bytes the segments read.
     pub fn bytes(&self) -> usize {
         self.segments.iter().map(|s| s.len).sum()
     }
@@ -140,7 +144,7 @@ mod tests {
         let mut out = vec![0xEE; n * row_bytes];
         for s in &plan.segments {
             for k in 0..s.len {
-                let local_byte = s.src_offset as usize + k;
+                let local_byte = s.offset as usize + k;
                 let row = layout.start(s.owner) + (local_byte / row_bytes) as u64;
                 out[s.dst_offset + k] = ((row as usize * 31 + local_byte % row_bytes) % 251) as u8;
             }
@@ -151,7 +155,7 @@ mod tests {
         out
     }
 
-    fn naive(rows: &[u64], row_bytes: usize) -> Vec<u8> {
+    fn naive(rows: &[i64], row_bytes: usize) -> Vec<u8> {
         rows.iter()
             .flat_map(|&r| (0..row_bytes).map(move |b| ((r as usize * 31 + b) % 251) as u8))
             .collect()
@@ -165,15 +169,15 @@ mod tests {
         assert_eq!(
             plan.segments,
             vec![
-                Segment {
+                RemoteRead {
                     owner: 0,
-                    src_offset: 8,
+                    offset: 8,
                     len: 24,
                     dst_offset: 0
                 },
-                Segment {
+                RemoteRead {
                     owner: 1,
-                    src_offset: 0,
+                    offset: 0,
                     len: 8,
                     dst_offset: 24
                 },
@@ -202,6 +206,11 @@ mod tests {
         let err = validate_rows(&[0, 5, -1], 10).unwrap_err().to_string();
         assert!(err.contains("-1") && err.contains("position 2"), "{err}");
         assert!(validate_rows(&[10], 10).is_err());
+        let layout = Layout::new(&[4, 6]);
+        let err = Plan::build(&layout, &[0, 5, 10], 8, 64, |_| true)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("10") && err.contains("position 2"), "{err}");
     }
 
     #[test]
@@ -216,11 +225,12 @@ mod tests {
             }
             let row_bytes = rng.gen_range(1..24);
             let n = rng.gen_range(0..40);
-            let rows: Vec<u64> = if rng.gen_bool(0.3) {
-                let s = rng.gen_range(0..layout.total());
-                (s..(s + n as u64).min(layout.total())).collect()
+            let total = layout.total() as i64;
+            let rows: Vec<i64> = if rng.gen_bool(0.3) {
+                let s = rng.gen_range(0..total);
+                (s..(s + n as i64).min(total)).collect()
             } else {
-                (0..n).map(|_| rng.gen_range(0..layout.total())).collect()
+                (0..n).map(|_| rng.gen_range(0..total)).collect()
             };
             let max_read = rng.gen_range(1..64);
             let plan = Plan::build(&layout, &rows, row_bytes, max_read, |_| true).unwrap();

@@ -449,13 +449,6 @@ impl Drop for NameLock {
     }
 }
 
-/// Whether `pid` names a live process (on this host).
-pub fn pid_alive(pid: u32) -> bool {
-    // SAFETY: kill with signal 0 only checks for existence and permission.
-    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

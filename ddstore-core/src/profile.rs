@@ -2,10 +2,14 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+/// Live read counters of one variable, updated by reading threads.
 #[derive(Default, Debug)]
 pub struct Counters {
+    /// `get_batch` calls.
     pub calls: AtomicU64,
+    /// Rows read.
     pub rows: AtomicU64,
+    /// Bytes read.
     pub bytes: AtomicU64,
     /// Rows served from this process's own share.
     pub local_rows: AtomicU64,
@@ -24,18 +28,28 @@ pub struct Counters {
 /// A snapshot of [`Counters`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Profile {
+    /// `get_batch` calls.
     pub calls: u64,
+    /// Rows read.
     pub rows: u64,
+    /// Bytes read.
     pub bytes: u64,
+    /// Rows served from this process's own share.
     pub local_rows: u64,
+    /// Rows copied from a same-node peer's mapping.
     pub node_rows: u64,
+    /// Rows read through the transport.
     pub remote_rows: u64,
+    /// Transport reads posted.
     pub remote_reads: u64,
+    /// Nanoseconds waiting on the transport.
     pub remote_ns: u64,
+    /// Nanoseconds in memory copies.
     pub copy_ns: u64,
 }
 
 impl Counters {
+    /// The current values (each read on its own, not as one atomic snapshot).
     pub fn snapshot(&self) -> Profile {
         Profile {
             calls: self.calls.load(Relaxed),
@@ -50,12 +64,14 @@ impl Counters {
         }
     }
 
+    /// Adds `n` to one counter.
     pub fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Relaxed);
     }
 }
 
 impl Profile {
+    /// Every counter with its name, in the order `get_profile()` reports them.
     pub fn fields(&self) -> [(&'static str, u64); 9] {
         [
             ("calls", self.calls),
@@ -70,6 +86,7 @@ impl Profile {
         ]
     }
 
+    /// Adds `other`'s counts (a ragged variable sums its values and ends).
     pub fn merge(&mut self, other: &Profile) {
         self.calls += other.calls;
         self.rows += other.rows;

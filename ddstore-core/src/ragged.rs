@@ -23,8 +23,9 @@ use std::collections::HashMap;
 
 use crate::dtype::DType;
 use crate::layout::Layout;
-use crate::plan::{validate_rows, Plan, RepeatCopy, Segment};
+use crate::plan::{validate_rows, Plan, RepeatCopy};
 use crate::store::{OwnRows, Store, Variable};
+use crate::transport::RemoteRead;
 use crate::{Error, Result};
 use std::sync::Arc;
 
@@ -230,7 +231,7 @@ impl Store {
         // reads each owner's ends with one read, not one per row.
         let mut spans: Vec<(u64, u64, usize)> = Vec::new(); // (first row, last row, buffer offset)
         let mut plan = Plan::default();
-        let max_read = self.config().max_read_bytes.max(END_BYTES);
+        let max_read = ends_var.max_read.max(END_BYTES);
         let mut buf_len = 0usize;
         let mut i = 0;
         while i < need.len() {
@@ -247,9 +248,9 @@ impl Store {
             }
             let len = (hi - lo + 1) as usize * END_BYTES;
             plan.push_split(
-                Segment {
+                RemoteRead {
                     owner,
-                    src_offset: (lo - info.rows.start(owner)) * END_BYTES as u64,
+                    offset: (lo - info.rows.start(owner)) * END_BYTES as u64,
                     len,
                     dst_offset: buf_len,
                 },
@@ -267,11 +268,11 @@ impl Store {
         };
 
         let ub = info.unit_bytes;
-        let max_read = self.config().max_read_bytes.max(ub);
+        let max_read = values.max_read.max(ub);
         let mut plan = Plan::default();
         let mut offsets = Vec::with_capacity(rows.len() + 1);
         let mut first_seen: HashMap<u64, u64> = HashMap::new();
-        let mut open: Option<Segment> = None;
+        let mut open: Option<RemoteRead> = None;
         let mut dst = 0u64;
         for (&row, &(owner, local)) in rows.iter().zip(&located) {
             offsets.push(dst);
@@ -306,7 +307,7 @@ impl Store {
             match open.as_mut() {
                 Some(seg)
                     if seg.owner == owner
-                        && seg.src_offset + seg.len as u64 == src
+                        && seg.offset + seg.len as u64 == src
                         && seg.dst_offset + seg.len == dst_b =>
                 {
                     seg.len += bytes;
@@ -315,9 +316,9 @@ impl Store {
                     if let Some(seg) = open.take() {
                         plan.push_split(seg, max_read);
                     }
-                    open = Some(Segment {
+                    open = Some(RemoteRead {
                         owner,
-                        src_offset: src,
+                        offset: src,
                         len: bytes,
                         dst_offset: dst_b,
                     });

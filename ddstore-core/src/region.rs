@@ -21,13 +21,17 @@ use crate::{Error, Result};
 /// copies; concurrent writers and readers of the same bytes get no ordering
 /// guarantee (as with remote one-sided reads), never memory unsafety.
 pub trait Memory: Send + Sync {
+    /// Length in bytes.
     fn len(&self) -> usize;
+    /// Whether the block holds no bytes.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
     /// Start address, for registration with a NIC or an MPI window.
     fn as_ptr(&self) -> *const u8;
+    /// Copies `dst.len()` bytes from `offset`; out of range is an error.
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()>;
+    /// Copies `src` to `offset`; out of range is an error.
     fn write_at(&self, offset: usize, src: &[u8]) -> Result<()>;
 }
 
@@ -120,9 +124,13 @@ enum Mapping {
 /// Where a same-node peer finds a shared region.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NodeLocator {
+    /// Host name of the owner (a locator from another host is refused).
     pub host: String,
+    /// Pid of the owning process.
     pub pid: u32,
+    /// The owner's file descriptor of the shared-memory file.
     pub fd: i32,
+    /// Length of the region in bytes.
     pub len: usize,
 }
 

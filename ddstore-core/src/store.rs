@@ -9,7 +9,7 @@ use crate::comm::Comm;
 use crate::dtype::DType;
 use crate::external::ExternalShare;
 use crate::layout::Layout;
-use crate::plan::{validate_rows, Plan, Segment};
+use crate::plan::{validate_rows, Plan};
 use crate::profile::{Counters, Profile};
 use crate::ragged::{ends_name, values_name, RaggedVar};
 use crate::region::{map_node_peers, process_alive, Memory, NodeLocator};
@@ -24,13 +24,19 @@ pub const PARALLEL_COPY_BYTES: usize = 16 << 20;
 /// Shape of a variable, the same on every rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VarInfo {
+    /// Element type of the rows.
     pub dtype: DType,
+    /// Bytes per row.
     pub row_bytes: usize,
+    /// Rows per rank.
     pub layout: Layout,
 }
 
+/// One named variable: its shape, this rank's share and the routes to every other share.
 pub struct Variable {
+    /// The name it was added under.
     pub name: String,
+    /// Its shape, agreed by every rank.
     pub info: VarInfo,
     /// This process's rank in the group, `None` for an attached extra job.
     my_rank: Option<usize>,
@@ -46,9 +52,13 @@ pub struct Variable {
     readers: Mutex<Vec<Box<dyn ShareReader>>>,
     /// Serialises reads when every thread shares one reader (`DDSTORE_THREAD_READERS=0`).
     shared_reader_lock: Option<Mutex<()>>,
+    /// Longest single read: `DDSTORE_MAX_READ_BYTES`, or less where the
+    /// transport says so; the planner splits longer runs (the only split).
+    pub(crate) max_read: usize,
     counters: Counters,
 }
 
+/// Named variables shared by the ranks of one group, read through one transport.
 pub struct Store {
     comm: Arc<dyn Comm>,
     /// Released by `free()`: fabric objects and progress threads go with it.
@@ -93,6 +103,7 @@ pub enum OwnRows {
 }
 
 impl Store {
+    /// A store of no variables over `comm`, reading through `transport`.
     pub fn new(comm: Arc<dyn Comm>, transport: Arc<dyn Transport>, config: Config) -> Store {
         Store {
             comm,
@@ -107,12 +118,15 @@ impl Store {
         }
     }
 
+    /// The group's communicator.
     pub fn comm(&self) -> &Arc<dyn Comm> {
         &self.comm
     }
+    /// The settings this store was created with.
     pub fn config(&self) -> &Config {
         &self.config
     }
+    /// The transport's name (kept after `free()` for messages).
     pub fn transport_name(&self) -> String {
         self.transport_name.clone()
     }
@@ -141,6 +155,7 @@ impl Store {
         }
     }
 
+    /// The variable `name`, or `Error::UnknownVariable`.
     pub fn var(&self, name: &str) -> Result<Arc<Variable>> {
         self.check_live()?;
         if let Some(v) = self.vars.read().unwrap().get(name) {
@@ -295,6 +310,7 @@ impl Store {
             my_rank: Some(self.comm.rank()),
             local: Some(exposed.local),
             node_peers: exposed.node_peers,
+            max_read: self.max_read(&*exposed.remote),
             remote: exposed.remote,
             records: exposed.records,
             node_locators: exposed.node_locators,
@@ -312,6 +328,12 @@ impl Store {
             .write()
             .unwrap()
             .insert(var.name.clone(), Arc::new(var));
+    }
+
+    /// Longest single read of a variable read through `remote`.
+    fn max_read(&self, remote: &dyn RemoteShares) -> usize {
+        let limit = remote.max_read_len().unwrap_or(usize::MAX);
+        self.config.max_read_bytes.min(limit).max(1)
     }
 
     /// One lock for all readers when threads share one (`DDSTORE_THREAD_READERS=0`).
@@ -365,6 +387,7 @@ impl Store {
             info,
             my_rank: None,
             local: None,
+            max_read: self.max_read(&*remote),
             remote,
             records: records.to_vec(),
             node_locators: Vec::new(),
@@ -421,23 +444,34 @@ impl Store {
         own: OwnRows,
     ) -> Result<()> {
         let var = self.var(name)?;
+        self.read_var(&var, rows, out, own)
+    }
+
+    /// The read path of `get_batch` for a variable already looked up (one
+    /// lookup per batch; callers check `out` against `var.info` first and
+    /// pass the same `Arc`): plans the batch, which checks every index once
+    /// and splits long runs once, then copies and reads.
+    pub fn read_var(
+        &self,
+        var: &Variable,
+        rows: &[i64],
+        out: &mut [u8],
+        own: OwnRows,
+    ) -> Result<()> {
+        self.check_live()?;
         let rb = var.info.row_bytes;
         if out.len() != rows.len() * rb {
             return Err(Error::invalid(format!(
-                "output for '{name}' has {} bytes, expected {} rows x {rb} bytes = {}",
+                "output for '{}' has {} bytes, expected {} rows x {rb} bytes = {}",
+                var.name,
                 out.len(),
                 rows.len(),
                 rows.len() * rb
             )));
         }
-        let rows = validate_rows(rows, var.info.layout.total())?;
-        let plan = Plan::build(
-            &var.info.layout,
-            &rows,
-            rb,
-            self.config.max_read_bytes,
-            |o| var.is_remote(o) || (own == OwnRows::Transport && var.my_rank == Some(o)),
-        )?;
+        let plan = Plan::build(&var.info.layout, rows, rb, var.max_read, |o| {
+            var.is_remote(o) || (own == OwnRows::Transport && var.my_rank == Some(o))
+        })?;
         self.watch(var.execute(&plan, out, rows.len(), own))
     }
 
@@ -473,13 +507,13 @@ impl Store {
             let (owner, local) = layout.locate(row)?;
             let take = (layout.start(owner) + layout.count(owner)).min(end) - row;
             plan.push_split(
-                Segment {
+                RemoteRead {
                     owner,
-                    src_offset: local * rb as u64,
+                    offset: local * rb as u64,
                     len: take as usize * rb,
                     dst_offset: (row - start) as usize * rb,
                 },
-                self.config.max_read_bytes.max(1),
+                var.max_read,
             );
             row += take;
         }
@@ -498,25 +532,28 @@ impl Store {
                 rows.len() * rb
             )));
         }
-        let reads = validate_rows(rows, var.info.layout.total())?
-            .iter()
+        let mut plan = Plan::default();
+        for (i, row) in validate_rows(rows, var.info.layout.total())?
+            .into_iter()
             .enumerate()
-            .map(|(i, &row)| {
-                let (owner, local) = var.info.layout.locate(row)?;
-                Ok(RemoteRead {
-                    owner,
-                    offset: local * rb as u64,
-                    len: rb,
-                    dst_offset: i * rb,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        self.watch(var.read_remote(&reads, out))
+        {
+            let (owner, local) = var.info.layout.locate_valid(row);
+            let read = RemoteRead {
+                owner,
+                offset: local * rb as u64,
+                len: rb,
+                dst_offset: i * rb,
+            };
+            plan.push_split(read, var.max_read);
+        }
+        self.watch(var.read_remote(&plan.segments, out))
     }
 
+    /// Registers a destination buffer of `name`'s reads once, so reads into it skip registration.
     pub fn register_dst(&self, name: &str, addr: usize, len: usize) -> Result<()> {
         self.var(name)?.remote.register_dst(addr, len)
     }
+    /// Undoes [`Store::register_dst`].
     pub fn unregister_dst(&self, name: &str, addr: usize, len: usize) -> Result<()> {
         self.var(name)?.remote.unregister_dst(addr, len)
     }
@@ -575,6 +612,7 @@ impl Store {
         synced
     }
 
+    /// Whether `free()` was called.
     pub fn is_freed(&self) -> bool {
         self.freed.load(Ordering::Acquire)
     }
@@ -596,6 +634,8 @@ impl Variable {
         Some(owner) != self.my_rank && self.node_peers.get(owner).is_none_or(|p| p.is_none())
     }
 
+    /// Carries out a plan: sorts its reads into memory copies and transport
+    /// reads, reads, copies, fills repeats and counts.
     pub(crate) fn execute(
         &self,
         plan: &Plan,
@@ -603,63 +643,68 @@ impl Variable {
         nrows: usize,
         own: OwnRows,
     ) -> Result<()> {
-        let rb = self.info.row_bytes;
-        let mut copies: Vec<(&Segment, &dyn Memory)> = Vec::new();
-        let mut remote: Vec<RemoteRead> = Vec::new();
-        let (mut local_bytes, mut node_bytes) = (0usize, 0usize);
-        let mut skipped_bytes = 0usize;
-        for seg in &plan.segments {
-            let is_own = Some(seg.owner) == self.my_rank;
-            if is_own && own == OwnRows::Skip {
-                skipped_bytes += seg.len;
-            } else if is_own && own == OwnRows::Copy {
-                let local = self.local.as_deref().expect("a member has a local share");
-                copies.push((seg, local));
-                local_bytes += seg.len;
-            } else if let Some(peer) = self.node_peers.get(seg.owner).and_then(|p| p.as_deref()) {
-                copies.push((seg, peer));
-                node_bytes += seg.len;
-            } else {
-                remote.push(RemoteRead {
-                    owner: seg.owner,
-                    offset: seg.src_offset,
-                    len: seg.len,
-                    dst_offset: seg.dst_offset,
-                });
-            }
-        }
-        self.check_core_alive(&copies)?;
-        if !remote.is_empty() {
+        let routes = self.route(plan, own);
+        self.check_core_alive(&routes.copies)?;
+        if !routes.remote.is_empty() {
             let started = Instant::now();
-            self.read_remote(&remote, out)?;
+            self.read_remote(&routes.remote, out)?;
             Counters::add(
                 &self.counters.remote_ns,
                 started.elapsed().as_nanos() as u64,
             );
-            Counters::add(&self.counters.remote_reads, remote.len() as u64);
+            Counters::add(&self.counters.remote_reads, routes.remote.len() as u64);
         }
         let started = Instant::now();
-        copy_segments(&copies, out, local_bytes + node_bytes)?;
+        copy_segments(&routes.copies, out, routes.local_bytes + routes.node_bytes)?;
         for r in &plan.repeats {
             out.copy_within(r.from..r.from + r.len, r.to);
         }
+        Counters::add(&self.counters.copy_ns, started.elapsed().as_nanos() as u64);
+        self.count(&routes, nrows);
+        Ok(())
+    }
+
+    /// Which reads of `plan` are memory copies (own share, same-node peers),
+    /// which go through the transport, and which are left to the caller.
+    fn route<'a>(&'a self, plan: &'a Plan, own: OwnRows) -> Routes<'a> {
+        let mut routes = Routes::default();
+        for seg in &plan.segments {
+            let is_own = Some(seg.owner) == self.my_rank;
+            if is_own && own == OwnRows::Skip {
+                routes.skipped_bytes += seg.len;
+            } else if is_own && own == OwnRows::Copy {
+                let local = self.local.as_deref().expect("a member has a local share");
+                routes.copies.push((seg, local));
+                routes.local_bytes += seg.len;
+            } else if let Some(peer) = self.node_peers.get(seg.owner).and_then(|p| p.as_deref()) {
+                routes.copies.push((seg, peer));
+                routes.node_bytes += seg.len;
+            } else {
+                routes.remote.push(*seg);
+            }
+        }
+        routes
+    }
+
+    /// Adds a batch of `nrows` rows, routed as `routes`, to the counters.
+    fn count(&self, routes: &Routes<'_>, nrows: usize) {
+        let rb = self.info.row_bytes;
         let c = &self.counters;
-        Counters::add(&c.copy_ns, started.elapsed().as_nanos() as u64);
         Counters::add(&c.calls, 1);
         Counters::add(&c.rows, nrows as u64);
         Counters::add(&c.bytes, (nrows * rb) as u64);
         // Skipped rows are own rows the caller copies.
-        Counters::add(&c.local_rows, ((local_bytes + skipped_bytes) / rb) as u64);
-        Counters::add(&c.node_rows, (node_bytes / rb) as u64);
         Counters::add(
-            &c.remote_rows,
-            remote.iter().map(|r| r.len).sum::<usize>() as u64 / rb as u64,
+            &c.local_rows,
+            ((routes.local_bytes + routes.skipped_bytes) / rb) as u64,
         );
-        Ok(())
+        Counters::add(&c.node_rows, (routes.node_bytes / rb) as u64);
+        let remote_bytes: usize = routes.remote.iter().map(|r| r.len).sum();
+        Counters::add(&c.remote_rows, (remote_bytes / rb) as u64);
     }
 
     /// Extra jobs only: the owners of mapped shares must still be serving.
-    fn check_core_alive(&self, copies: &[(&Segment, &dyn Memory)]) -> Result<()> {
+    fn check_core_alive(&self, copies: &[(&RemoteRead, &dyn Memory)]) -> Result<()> {
         if self.node_owner_pids.is_empty() {
             return Ok(());
         }
@@ -699,19 +744,36 @@ impl Variable {
     }
 }
 
+/// The reads of one batch by route (see [`Variable::execute`]).
+#[derive(Default)]
+struct Routes<'a> {
+    /// Memory copies: a read and the memory it copies from.
+    copies: Vec<(&'a RemoteRead, &'a dyn Memory)>,
+    /// Reads through the transport.
+    remote: Vec<RemoteRead>,
+    local_bytes: usize,
+    node_bytes: usize,
+    /// Own rows left for the caller (`OwnRows::Skip`).
+    skipped_bytes: usize,
+}
+
 /// Memory copies of a batch; large batches are split across threads.
-fn copy_segments(copies: &[(&Segment, &dyn Memory)], out: &mut [u8], total: usize) -> Result<()> {
+fn copy_segments(
+    copies: &[(&RemoteRead, &dyn Memory)],
+    out: &mut [u8],
+    total: usize,
+) -> Result<()> {
     if total < PARALLEL_COPY_BYTES || copies.len() < 2 {
         for (seg, mem) in copies {
             mem.read_at(
-                seg.src_offset as usize,
+                seg.offset as usize,
                 &mut out[seg.dst_offset..seg.dst_offset + seg.len],
             )?;
         }
         return Ok(());
     }
     // Hand each copy its own disjoint slice of `out`, then copy in parallel.
-    let mut sorted: Vec<&(&Segment, &dyn Memory)> = copies.iter().collect();
+    let mut sorted: Vec<&(&RemoteRead, &dyn Memory)> = copies.iter().collect();
     sorted.sort_unstable_by_key(|(s, _)| s.dst_offset);
     let mut jobs = Vec::with_capacity(sorted.len());
     let mut rest: &mut [u8] = out;
@@ -719,7 +781,7 @@ fn copy_segments(copies: &[(&Segment, &dyn Memory)], out: &mut [u8], total: usiz
     for (seg, mem) in sorted {
         let (_, tail) = rest.split_at_mut(seg.dst_offset - consumed);
         let (dst, tail) = tail.split_at_mut(seg.len);
-        jobs.push((seg.src_offset as usize, *mem, dst));
+        jobs.push((seg.offset as usize, *mem, dst));
         rest = tail;
         consumed = seg.dst_offset + seg.len;
     }

@@ -14,9 +14,13 @@ use crate::Result;
 /// One byte range of a remote share, to land at `dst_offset` of the destination.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RemoteRead {
+    /// Rank whose share is read.
     pub owner: usize,
+    /// Byte offset inside the owner's share.
     pub offset: u64,
+    /// Bytes to read.
     pub len: usize,
+    /// Byte offset inside the destination buffer.
     pub dst_offset: usize,
 }
 
@@ -35,6 +39,7 @@ pub struct Exposed {
     pub node_locators: Vec<Option<NodeLocator>>,
 }
 
+/// How a share is exposed.
 pub struct ExposeOptions {
     /// Variable name, for messages and shared-memory file names.
     pub name: String,
@@ -42,6 +47,7 @@ pub struct ExposeOptions {
     pub node_sharing: bool,
 }
 
+/// A way to make rank shares readable by other ranks (MPI RMA, libfabric, node-only).
 pub trait Transport: Send + Sync {
     /// e.g. "mpi-rma", "ofi:tcp;ofi_rxm".
     fn name(&self) -> String;
@@ -77,10 +83,17 @@ pub trait RemoteShares: Send + Sync {
     fn share_lens(&self) -> Option<Vec<u64>> {
         None
     }
+    /// Longest read a reader takes in one piece, where the transport has a
+    /// limit below `DDSTORE_MAX_READ_BYTES` (a provider's longest message):
+    /// the store plans reads no longer than this, so readers never split.
+    fn max_read_len(&self) -> Option<usize> {
+        None
+    }
     /// Registers a destination buffer once so reads into it skip registration.
     fn register_dst(&self, _addr: usize, _len: usize) -> Result<()> {
         Ok(())
     }
+    /// Undoes [`RemoteShares::register_dst`].
     fn unregister_dst(&self, _addr: usize, _len: usize) -> Result<()> {
         Ok(())
     }
@@ -91,6 +104,7 @@ pub trait RemoteShares: Send + Sync {
     }
 }
 
+/// Reads ranges of remote shares; one per thread, pooled by the store.
 pub trait ShareReader: Send {
     /// Reads every range into `dst`: all are posted (up to the in-flight
     /// window) before waiting. On error no guarantee is made about `dst`.

@@ -40,7 +40,7 @@ fn execute(layout: &Layout, plan: &Plan, row_bytes: usize, nrows: usize) -> Vec<
         assert!(s.owner < layout.nranks(), "owner {} of {s:?}", s.owner);
         let share_bytes = layout.count(s.owner) * row_bytes as u64;
         assert!(
-            s.src_offset + s.len as u64 <= share_bytes,
+            s.offset + s.len as u64 <= share_bytes,
             "{s:?} reads past the owner's {share_bytes} bytes"
         );
         assert!(
@@ -48,7 +48,7 @@ fn execute(layout: &Layout, plan: &Plan, row_bytes: usize, nrows: usize) -> Vec<
             "{s:?} writes past the output"
         );
         for k in 0..s.len {
-            let local_byte = s.src_offset as usize + k;
+            let local_byte = s.offset as usize + k;
             let row = layout.start(s.owner) + (local_byte / row_bytes) as u64;
             let dst = s.dst_offset + k;
             assert!(!written[dst], "byte {dst} written twice");
@@ -155,7 +155,7 @@ proptest! {
         let signed: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
         prop_assert_eq!(validate_rows(&signed, total).unwrap(), rows.clone());
         let read_once = |owner: usize| read_once_mask & (1 << (owner % 8)) != 0;
-        let plan = Plan::build(&layout, &rows, row_bytes, max_read, read_once).unwrap();
+        let plan = Plan::build(&layout, &signed, row_bytes, max_read, read_once).unwrap();
         for s in &plan.segments {
             prop_assert!(s.len > 0 && s.len <= max_read.max(1), "{:?}", s);
         }
@@ -179,7 +179,8 @@ proptest! {
         past in 0u64..5,
     ) {
         let layout = Layout::new(&counts);
-        let rows = [layout.total() + past];
+        let rows = [(layout.total() + past) as i64];
         prop_assert!(Plan::build(&layout, &rows, 8, 64, |_| true).is_err());
+        prop_assert!(Plan::build(&layout, &[-1 - past as i64], 8, 64, |_| true).is_err());
     }
 }

@@ -233,7 +233,8 @@ fn full(comm: Arc<FileComm>) {
                     reader.read_many(&reads, &mut dst).unwrap();
                     verify(&reads, &dst, 1, "random batch");
                 }
-                // Every share whole: wider than DDSTORE_MAX_READ_BYTES, so split.
+                // Every share whole: wider than DDSTORE_MAX_READ_BYTES, which only
+                // the store's planner applies; the reader posts each as one fi_read.
                 let whole: Vec<RemoteRead> = (0..lens.len())
                     .scan(0, |at, p| {
                         let r = RemoteRead {

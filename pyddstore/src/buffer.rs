@@ -11,15 +11,7 @@ use crate::errors::type_error;
 /// The dtype tag a numpy dtype is stored under; other dtypes are raw bytes.
 pub fn dtype_of(arr: &Bound<'_, PyUntypedArray>) -> DType {
     let d = arr.dtype();
-    match (d.kind(), d.itemsize()) {
-        (b'b', 1) => DType::Bool,
-        (b'u', 1) => DType::Uint8,
-        (b'i', 4) => DType::Int32,
-        (b'i', 8) => DType::Int64,
-        (b'f', 4) => DType::Float32,
-        (b'f', 8) => DType::Float64,
-        _ => DType::Bytes,
-    }
+    DType::from_numpy(d.kind(), d.itemsize())
 }
 
 /// A new 1-D array of `len` elements of `dtype` (raw bytes: uint8), left

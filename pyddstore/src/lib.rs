@@ -1,6 +1,8 @@
 //! `pyddstore._native`: the PyO3 binding. The public Python API is the
 //! pure-Python package around it (python/pyddstore).
 
+#![warn(missing_docs)]
+
 use pyo3::prelude::*;
 
 mod buffer;

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use ddstore_core::external::HmemIface;
 use ddstore_core::layout::Layout;
-use ddstore_core::store::{OwnRows, VarInfo};
+use ddstore_core::store::{OwnRows, VarInfo, Variable};
 use ddstore_core::{DType, Error, Store};
 use numpy::{PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -118,6 +118,8 @@ fn indices_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
 
 impl PyStore {
     /// Checks `arr` against `indices` and runs `read` with the GIL released.
+    /// The variable is looked up once and handed to `read` (an `Arc`, no
+    /// copy of its layout); indices are checked by the planner, once.
     fn read_indexed(
         &self,
         py: Python<'_>,
@@ -125,14 +127,15 @@ impl PyStore {
         name: String,
         arr: Bound<'_, PyAny>,
         indices: Bound<'_, PyAny>,
-        read: impl FnOnce(&Store, &str, &[i64], &mut [u8]) -> ddstore_core::Result<()> + Send,
+        read: impl FnOnce(&Store, &Variable, &[i64], &mut [u8]) -> ddstore_core::Result<()> + Send,
     ) -> PyResult<()> {
         let rows = indices_of(&indices)?;
         let mut a = Array::new(&arr, &format!("{call}('{name}', arr)"), true)?;
-        self.check_out(py, call, &name, &a, rows.len())?;
-        let store = self.store.clone();
+        let var = self.store.var(&name).py(py)?;
+        check_out(py, call, &name, &var.info, &a, rows.len())?;
+        let store = &*self.store;
         let out = a.bytes_mut();
-        py.detach(|| read(&store, &name, &rows, out)).py(py)
+        py.detach(|| read(store, &var, &rows, out)).py(py)
     }
 
     /// A fixed-row variable's shape; for a ragged one, its rows with the
@@ -148,54 +151,52 @@ impl PyStore {
         }
         Ok(self.store.var(name).py(py)?.info.clone())
     }
+}
 
-    /// The variable's shape, once `arr`'s dtype is checked against it
-    /// (raw-bytes variables take any dtype).
-    fn check_dtype(
-        &self,
-        py: Python<'_>,
-        call: &str,
-        name: &str,
-        arr: &Array<'_>,
-    ) -> PyResult<VarInfo> {
-        let info = self.var_info(py, name)?;
-        if info.dtype != DType::Bytes && arr.dtype() != info.dtype {
-            return Err(type_error(
-                py,
-                format!(
-                    "{call}('{name}'): arr has dtype {}, the variable holds {}",
-                    arr.dtype_name(),
-                    info.dtype.name()
-                ),
-            ));
-        }
-        Ok(info)
+/// Checks `arr`'s dtype against the variable's (raw-bytes variables take any dtype).
+fn check_dtype(
+    py: Python<'_>,
+    call: &str,
+    name: &str,
+    info: &VarInfo,
+    arr: &Array<'_>,
+) -> PyResult<()> {
+    if info.dtype != DType::Bytes && arr.dtype() != info.dtype {
+        return Err(type_error(
+            py,
+            format!(
+                "{call}('{name}'): arr has dtype {}, the variable holds {}",
+                arr.dtype_name(),
+                info.dtype.name()
+            ),
+        ));
     }
+    Ok(())
+}
 
-    /// Checks that `arr` can hold `nrows` rows of `name` with a matching dtype.
-    fn check_out(
-        &self,
-        py: Python<'_>,
-        call: &str,
-        name: &str,
-        arr: &Array<'_>,
-        nrows: usize,
-    ) -> PyResult<VarInfo> {
-        let info = self.check_dtype(py, call, name, arr)?;
-        let want = nrows * info.row_bytes;
-        if arr.nbytes() != want {
-            return Err(value_error(
-                py,
-                format!(
-                    "{call}('{name}'): arr has shape {:?} ({} bytes), expected {nrows} rows of {} bytes = {want} bytes",
-                    arr.arr.shape(),
-                    arr.nbytes(),
-                    info.row_bytes
-                ),
-            ));
-        }
-        Ok(info)
+/// Checks that `arr` can hold `nrows` rows of the variable with a matching dtype.
+fn check_out(
+    py: Python<'_>,
+    call: &str,
+    name: &str,
+    info: &VarInfo,
+    arr: &Array<'_>,
+    nrows: usize,
+) -> PyResult<()> {
+    check_dtype(py, call, name, info, arr)?;
+    let want = nrows * info.row_bytes;
+    if arr.nbytes() != want {
+        return Err(value_error(
+            py,
+            format!(
+                "{call}('{name}'): arr has shape {:?} ({} bytes), expected {nrows} rows of {} bytes = {want} bytes",
+                arr.arr.shape(),
+                arr.nbytes(),
+                info.row_bytes
+            ),
+        ));
     }
+    Ok(())
 }
 
 #[pymethods]
@@ -470,7 +471,7 @@ impl PyStore {
             None => 0,
         };
         let a = Array::new(&arr, &format!("update('{name}', arr)"), false)?;
-        self.check_dtype(py, "update", &name, &a)?;
+        check_dtype(py, "update", &name, &self.var_info(py, &name)?, &a)?;
         if offset < 0 {
             return Err(to_index(
                 py,
@@ -497,7 +498,8 @@ impl PyStore {
             None => 0,
         };
         let mut a = Array::new(&arr, &format!("get('{name}', arr)"), true)?;
-        let info = self.store.var(&name).py(py)?.info.clone();
+        let var = self.store.var(&name).py(py)?;
+        let info = &var.info;
         if !a.nbytes().is_multiple_of(info.row_bytes) {
             return Err(value_error(
                 py,
@@ -509,7 +511,7 @@ impl PyStore {
                 ),
             ));
         }
-        self.check_out(py, "get", &name, &a, a.nbytes() / info.row_bytes)?;
+        check_out(py, "get", &name, info, &a, a.nbytes() / info.row_bytes)?;
         let store = self.store.clone();
         let out = a.bytes_mut();
         py.detach(|| store.get(&name, start, out)).py(py)
@@ -542,8 +544,8 @@ impl PyStore {
                 ))
             }
         };
-        self.read_indexed(py, "get_batch", name, arr, indices, move |s, n, r, o| {
-            s.read_rows_with(n, r, o, own)
+        self.read_indexed(py, "get_batch", name, arr, indices, move |s, v, r, o| {
+            s.read_var(v, r, o, own)
         })
     }
 
@@ -596,14 +598,9 @@ impl PyStore {
         arr: Bound<'_, PyAny>,
         indices: Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        self.read_indexed(
-            py,
-            "get_batch_raw",
-            name,
-            arr,
-            indices,
-            Store::read_rows_raw,
-        )
+        self.read_indexed(py, "get_batch_raw", name, arr, indices, |s, v, r, o| {
+            s.read_rows_raw(&v.name, r, o)
+        })
     }
 
     /// (total rows, elements per row, itemsize), as upstream pyddstore.

@@ -85,12 +85,6 @@ ssize_t ddfi_read(struct fid_ep *ep, void *buf, size_t len, void *desc,
 	return fi_read(ep, buf, len, desc, src_addr, addr, key, context);
 }
 
-ssize_t ddfi_readmsg(struct fid_ep *ep, const struct fi_msg_rma *msg,
-		     uint64_t flags)
-{
-	return fi_readmsg(ep, msg, flags);
-}
-
 ssize_t ddfi_trecv(struct fid_ep *ep, void *buf, size_t len, void *desc,
 		   fi_addr_t src_addr, uint64_t tag, uint64_t ignore,
 		   void *context)

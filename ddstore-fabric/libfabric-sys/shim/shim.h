@@ -48,8 +48,6 @@ int ddfi_mr_enable(struct fid_mr *mr);
 
 ssize_t ddfi_read(struct fid_ep *ep, void *buf, size_t len, void *desc,
 		  fi_addr_t src_addr, uint64_t addr, uint64_t key, void *context);
-ssize_t ddfi_readmsg(struct fid_ep *ep, const struct fi_msg_rma *msg,
-		     uint64_t flags);
 
 ssize_t ddfi_trecv(struct fid_ep *ep, void *buf, size_t len, void *desc,
 		   fi_addr_t src_addr, uint64_t tag, uint64_t ignore,

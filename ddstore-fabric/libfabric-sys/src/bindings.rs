@@ -2593,9 +2593,6 @@ unsafe extern "C" {
     ) -> isize;
 }
 unsafe extern "C" {
-    pub fn ddfi_readmsg(ep: *mut fid_ep, msg: *const fi_msg_rma, flags: u64) -> isize;
-}
-unsafe extern "C" {
     pub fn ddfi_cq_read(cq: *mut fid_cq, buf: *mut ::std::os::raw::c_void, count: usize) -> isize;
 }
 unsafe extern "C" {

@@ -35,7 +35,6 @@ fn every_wrapped_and_linked_symbol_resolves() {
         ("ddfi_mr_bind", ddfi_mr_bind as *const () as usize),
         ("ddfi_mr_enable", ddfi_mr_enable as *const () as usize),
         ("ddfi_read", ddfi_read as *const () as usize),
-        ("ddfi_readmsg", ddfi_readmsg as *const () as usize),
         ("ddfi_cq_read", ddfi_cq_read as *const () as usize),
         ("ddfi_cq_readerr", ddfi_cq_readerr as *const () as usize),
         ("ddfi_cq_sread", ddfi_cq_sread as *const () as usize),

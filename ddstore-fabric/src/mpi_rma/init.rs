@@ -13,9 +13,13 @@ use crate::error::{FabricError, FabricResult};
 /// The thread support MPI provides (`MPI_Query_thread`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ThreadLevel {
+    /// `MPI_THREAD_SINGLE`.
     Single,
+    /// `MPI_THREAD_FUNNELED`.
     Funneled,
+    /// `MPI_THREAD_SERIALIZED`.
     Serialized,
+    /// `MPI_THREAD_MULTIPLE`.
     Multiple,
 }
 
@@ -37,6 +41,7 @@ impl ThreadLevel {
         }
     }
 
+    /// The lower-case name, as `DDSTORE_MPI_THREAD_LEVEL` spells it.
     pub fn name(self) -> &'static str {
         match self {
             ThreadLevel::Single => "single",

@@ -34,6 +34,7 @@ const FAKE_NODE_SIZE_ENV: &str = "DDSTORE_MPI_FAKE_NODE_SIZE";
 pub struct MpiRma;
 
 impl MpiRma {
+    /// The method-0 transport; MPI must be initialised before a share is exposed.
     pub fn new() -> MpiRma {
         MpiRma
     }
@@ -315,6 +316,13 @@ impl SharesInner {
                     r.len, r.offset, r.owner
                 )));
             }
+            if r.len > MAX_GET {
+                return Err(FabricError::Invalid(format!(
+                    "read of {} bytes from rank {} is longer than one MPI_Get takes \
+                     ({MAX_GET} bytes): split it (the store plans reads no longer)",
+                    r.len, r.owner
+                )));
+            }
             let in_dst = r
                 .dst_offset
                 .checked_add(r.len)
@@ -338,6 +346,10 @@ impl RemoteShares for MpiShares {
             touched: vec![false; self.inner.sizes.len()],
             targets: Vec::new(),
         }))
+    }
+
+    fn max_read_len(&self) -> Option<usize> {
+        Some(MAX_GET)
     }
 
     fn forget_after_fork(&self) -> ddstore_core::Result<()> {
@@ -372,20 +384,15 @@ impl MpiReader {
                 self.touched[r.owner] = true;
                 self.targets.push(target);
             }
-            let mut done = 0usize;
-            while done < r.len {
-                let n = (r.len - done).min(MAX_GET);
-                let disp = (r.offset + done as u64) as ffi::MPI_Aint;
-                // SAFETY: validate() checked dst_offset+len <= dst.len() and the
-                // remote range; `dst` stays mutably borrowed (untouched by Rust)
-                // until the flushes below complete; we hold the serialize guard.
-                let rc =
-                    unsafe { win.get(dst_base.add(r.dst_offset + done), n as c_int, target, disp) };
-                if let Err(e) = rc {
-                    posted = Err(e);
-                    break 'reads;
-                }
-                done += n;
+            let disp = r.offset as ffi::MPI_Aint;
+            // SAFETY: validate() checked dst_offset+len <= dst.len(), the
+            // remote range and len <= MAX_GET; `dst` stays mutably borrowed
+            // (untouched by Rust) until the flushes below complete; we hold
+            // the serialize guard.
+            let rc = unsafe { win.get(dst_base.add(r.dst_offset), r.len as c_int, target, disp) };
+            if let Err(e) = rc {
+                posted = Err(e);
+                break 'reads;
             }
         }
         let mut flushed = Ok(());

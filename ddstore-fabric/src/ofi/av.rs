@@ -13,6 +13,7 @@ use crate::error::{FabricError, FabricResult};
 /// Longest endpoint name accepted from a peer (libfabric names are far shorter).
 const MAX_NAME_BYTES: usize = 1024;
 
+/// An address vector: the peers an endpoint can address (closed on drop).
 pub struct Av {
     ptr: *mut sys::fid_av,
     opened_by: OpenedBy,
@@ -24,6 +25,7 @@ unsafe impl Send for Av {}
 unsafe impl Sync for Av {}
 
 impl Av {
+    /// Opens a table of `count` addresses in `domain`.
     pub fn open(domain: &Arc<Domain>, count: usize) -> FabricResult<Av> {
         let mut attr = sys::fi_av_attr {
             type_: sys::FI_AV_TABLE,

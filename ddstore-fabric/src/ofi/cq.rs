@@ -11,6 +11,7 @@ use super::domain::Domain;
 use super::error::{check, ofi_error, strerror, OpenedBy};
 use crate::error::FabricResult;
 
+/// A completion queue (closed on drop).
 pub struct Cq {
     ptr: *mut sys::fid_cq,
     has_wait: bool,
@@ -26,10 +27,13 @@ unsafe impl Sync for Cq {}
 /// A failed operation reported by `fi_cq_readerr`.
 #[derive(Debug)]
 pub struct CqError {
+    /// The context the failed operation was posted with.
     pub context: *mut c_void,
     /// The tag of a failed tagged operation (0 otherwise).
     pub tag: u64,
+    /// The provider's error code (positive errno).
     pub code: i64,
+    /// The provider's description of the error.
     pub message: String,
 }
 
@@ -137,6 +141,7 @@ impl Cq {
         }
     }
 
+    /// Whether it was opened with a wait object (blocking reads possible).
     pub fn has_wait(&self) -> bool {
         self.has_wait
     }
@@ -244,6 +249,7 @@ impl Cq {
         })
     }
 
+    /// The domain it was opened in.
     pub fn domain(&self) -> &Arc<Domain> {
         &self.domain
     }

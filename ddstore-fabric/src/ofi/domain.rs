@@ -13,6 +13,7 @@ use super::fabric::Fabric;
 use super::info::InfoEntry;
 use crate::error::FabricResult;
 
+/// An access domain of one fabric (closed on drop, after what it holds).
 pub struct Domain {
     ptr: *mut sys::fid_domain,
     /// Keys we pick ourselves when the provider does not (no FI_MR_PROV_KEY):
@@ -28,6 +29,7 @@ unsafe impl Send for Domain {}
 unsafe impl Sync for Domain {}
 
 impl Domain {
+    /// Opens the domain `fabric`'s info describes.
     pub fn open(fabric: &Arc<Fabric>) -> FabricResult<Arc<Domain>> {
         let mut ptr = ptr::null_mut();
         // SAFETY: the fabric and its info entry are alive; ptr receives the domain.
@@ -62,6 +64,7 @@ impl Domain {
         self.fabric.info().as_ptr()
     }
 
+    /// Whether the provider requires this `FI_MR_*` mode bit.
     pub fn requires(&self, mr_bit: u32) -> bool {
         self.info().mr_mode() & mr_bit as u64 != 0
     }

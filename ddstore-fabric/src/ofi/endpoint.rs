@@ -12,6 +12,7 @@ use super::domain::Domain;
 use super::error::{check, ofi_error, OpenedBy};
 use crate::error::FabricResult;
 
+/// An enabled RDM endpoint bound to its CQ and AV (closed on drop).
 pub struct Endpoint {
     ptr: *mut sys::fid_ep,
     opened_by: OpenedBy,
@@ -73,14 +74,17 @@ impl Endpoint {
         unsafe { ptr::addr_of_mut!((*self.ptr).fid) }
     }
 
+    /// The completion queue it is bound to.
     pub fn cq(&self) -> &Arc<Cq> {
         &self.cq
     }
 
+    /// The address vector it is bound to.
     pub fn av(&self) -> &Arc<Av> {
         &self.av
     }
 
+    /// The domain it was opened in.
     pub fn domain(&self) -> &Arc<Domain> {
         &self.domain
     }

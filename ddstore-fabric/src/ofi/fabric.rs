@@ -8,6 +8,7 @@ use super::error::{check, OpenedBy};
 use super::info::Info;
 use crate::error::FabricResult;
 
+/// An open fabric with the info it was opened from (closed on drop).
 pub struct Fabric {
     ptr: *mut sys::fid_fabric,
     /// The single `fi_info` entry every child object is opened from.
@@ -35,6 +36,7 @@ impl Fabric {
         })
     }
 
+    /// The provider entry it was opened from.
     pub fn info(&self) -> &Info {
         &self.info
     }
@@ -43,6 +45,7 @@ impl Fabric {
         self.ptr
     }
 
+    /// The process that opened it (a forked child must not close it).
     pub fn opened_by(&self) -> OpenedBy {
         self.opened_by
     }

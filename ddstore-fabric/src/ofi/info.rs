@@ -129,6 +129,7 @@ impl Info {
         }
     }
 
+    /// Every entry of the list, in provider order.
     pub fn entries(&self) -> impl Iterator<Item = InfoEntry<'_>> {
         let mut cur: *const sys::fi_info = self.head.as_ptr();
         std::iter::from_fn(move || {
@@ -139,6 +140,7 @@ impl Info {
         })
     }
 
+    /// The first (preferred) entry.
     pub fn first(&self) -> InfoEntry<'_> {
         // SAFETY: head is non-null and owned for the lifetime of self.
         InfoEntry {
@@ -207,16 +209,19 @@ impl InfoEntry<'_> {
         // SAFETY: as above.
         unsafe { self.info.domain_attr.as_ref() }
     }
+    /// The provider name, e.g. `tcp;ofi_rxm`.
     pub fn provider(&self) -> String {
         self.fabric_attr()
             .map(|a| c_str(a.prov_name))
             .unwrap_or_default()
     }
+    /// The fabric name.
     pub fn fabric_name(&self) -> String {
         self.fabric_attr()
             .map(|a| c_str(a.name))
             .unwrap_or_default()
     }
+    /// The domain name (the NIC).
     pub fn domain_name(&self) -> String {
         self.domain_attr()
             .map(|a| c_str(a.name))
@@ -234,6 +239,7 @@ impl InfoEntry<'_> {
             .map(|a| a.data_progress == sys::FI_PROGRESS_MANUAL)
             .unwrap_or(true)
     }
+    /// Longest message the endpoint accepts.
     pub fn max_msg_size(&self) -> usize {
         // SAFETY: as above.
         unsafe { self.info.ep_attr.as_ref() }
@@ -254,9 +260,6 @@ impl InfoEntry<'_> {
             .map(|a| a.iov_limit)
             .unwrap_or(1)
             .max(1)
-    }
-    pub fn caps(&self) -> u64 {
-        self.info.caps
     }
     /// Bytes in a memory key this provider accepts (0 when it does not say).
     pub fn mr_key_size(&self) -> usize {

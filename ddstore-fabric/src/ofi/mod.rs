@@ -44,14 +44,19 @@ use libfabric_sys as sys;
 /// A provider usable for one-sided reads on this machine (for `info`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProviderInfo {
+    /// Provider name, e.g. `tcp;ofi_rxm`.
     pub provider: String,
+    /// Fabric name.
     pub fabric: String,
+    /// Domain name (the NIC).
     pub domain: String,
     /// mr_mode bits the provider requires, and their names.
     pub mr_mode: u64,
+    /// Names of the `mr_mode` bits.
     pub mr_mode_names: Vec<&'static str>,
     /// Reads of a share need its owner to call into libfabric.
     pub manual_progress: bool,
+    /// Longest message the endpoint accepts.
     pub max_msg_size: u64,
 }
 

@@ -11,6 +11,7 @@ use super::endpoint::Endpoint;
 use super::error::{check, OpenedBy};
 use crate::error::FabricResult;
 
+/// A registered memory region (closed on drop).
 pub struct MemoryRegion {
     ptr: *mut sys::fid_mr,
     addr: usize,

@@ -115,6 +115,132 @@ struct Live {
     requests: Vec<Vec<u8>>,
 }
 
+/// Posting stopped: the error that stopped it is in the caller's `first_error`.
+struct Stopped;
+
+/// Where one-sided reads of a batch land.
+struct ReadTarget {
+    /// Start of the caller's destination (validated reads stay inside it).
+    dst: *mut u8,
+    /// Its local descriptor (null where the provider needs none).
+    desc: *mut c_void,
+    /// Remote addresses are virtual addresses (`FI_MR_VIRT_ADDR`), not offsets.
+    virt_addr: bool,
+}
+
+impl Live {
+    /// Whether any operation is still posted.
+    fn in_flight(&self) -> bool {
+        self.free.len() < self.slots.len()
+    }
+
+    /// A free window slot, reaping completions while none is.
+    fn take_slot(
+        &mut self,
+        settings: &ReaderSettings,
+        first_error: &mut Option<FabricError>,
+    ) -> Result<usize, Stopped> {
+        loop {
+            if let Some(s) = self.free.pop() {
+                return Ok(s);
+            }
+            if let Err(e) = reap(self, settings, first_error) {
+                first_error.get_or_insert(e);
+            }
+            if first_error.is_some() {
+                return Err(Stopped);
+            }
+        }
+    }
+
+    /// Posts `r` in `slot`, retrying while the provider says `FI_EAGAIN`
+    /// (reaping meanwhile) up to the timeout. On failure the slot is freed.
+    fn post_read(
+        &mut self,
+        slot: usize,
+        r: &RemoteRead,
+        peer: &ShareRecord,
+        target: &ReadTarget,
+        settings: &ReaderSettings,
+        first_error: &mut Option<FabricError>,
+    ) -> Result<(), Stopped> {
+        let remote_base = if target.virt_addr { peer.base } else { 0 };
+        let stalled = Instant::now();
+        loop {
+            // SAFETY: the destination bytes lie inside dst (validated), which
+            // stays borrowed until all reads completed or the endpoint is
+            // closed (break_reader); the context slot is reserved until its
+            // completion is reaped.
+            let posted = unsafe {
+                self.ep.post_read(
+                    target.dst.add(r.dst_offset),
+                    r.len,
+                    target.desc,
+                    self.peers_fi[r.owner],
+                    remote_base + r.offset,
+                    peer.key,
+                    self.contexts.ptr(slot),
+                )
+            };
+            let failed = match posted {
+                Ok(Ok(())) => {
+                    self.slots[slot] = Some(InFlight {
+                        peer: r.owner,
+                        posted: Instant::now(),
+                        op: Op::Read,
+                    });
+                    return Ok(());
+                }
+                Ok(Err(_try_again)) if stalled.elapsed() > settings.timeout => {
+                    FabricError::Timeout {
+                        peer: r.owner,
+                        waited: stalled.elapsed(),
+                        detail: "fi_read kept returning FI_EAGAIN".into(),
+                    }
+                }
+                Ok(Err(_try_again)) => {
+                    if let Err(e) = reap(self, settings, first_error) {
+                        first_error.get_or_insert(e);
+                    }
+                    if first_error.is_none() {
+                        // Nothing of ours in flight: the provider is busy
+                        // (e.g. still connecting); do not spin flat out.
+                        if self.free.len() + 1 == self.slots.len() {
+                            std::thread::sleep(Duration::from_micros(20));
+                        }
+                        continue;
+                    }
+                    self.free.push(slot);
+                    return Err(Stopped);
+                }
+                Err(FabricError::Ofi {
+                    call,
+                    code,
+                    message,
+                }) => FabricError::Ofi {
+                    call,
+                    code,
+                    message: format!("read from rank {}: {message}", r.owner),
+                },
+                Err(other) => other,
+            };
+            self.free.push(slot);
+            first_error.get_or_insert(failed);
+            return Err(Stopped);
+        }
+    }
+
+    /// Reaps until nothing is in flight or the oldest operation times out.
+    fn drain(&mut self, settings: &ReaderSettings, first_error: &mut Option<FabricError>) {
+        while self.in_flight() {
+            if let Err(e) = reap(self, settings, first_error) {
+                first_error.get_or_insert(e);
+                return;
+            }
+        }
+    }
+}
+
 pub struct ReaderSettings {
     pub window: usize,
     pub timeout: Duration,
@@ -127,13 +253,18 @@ pub struct ReaderSettings {
     pub gather: bool,
 }
 
+/// Reads remote shares through one endpoint of its own; one per thread.
 pub struct OfiReader {
     live: Option<Live>,
     broken: Option<String>,
     peers: Arc<Vec<ShareRecord>>,
     registry: Arc<DstRegistry>,
     settings: ReaderSettings,
+    /// Longest gather reply message.
     chunk: usize,
+    /// Longest one-sided read the provider takes (`max_msg_size`); the store
+    /// plans no longer reads, so a read is always one `fi_read`.
+    max_msg: usize,
     virt_addr: bool,
     local_mr: bool,
     /// This endpoint's name: owners address their replies to it.
@@ -143,6 +274,7 @@ pub struct OfiReader {
 }
 
 impl OfiReader {
+    /// Opens an endpoint in `domain` that reads the shares `peers` describe.
     pub fn open(
         domain: &Arc<Domain>,
         peers: Arc<Vec<ShareRecord>>,
@@ -197,6 +329,7 @@ impl OfiReader {
             seq: 0,
             broken: None,
             chunk: max_msg.min(settings.max_read_bytes.max(1)),
+            max_msg,
             virt_addr: domain.requires(sys::FI_MR_VIRT_ADDR),
             local_mr: domain.requires(sys::FI_MR_LOCAL) || settings.force_local_mr,
             peers,
@@ -222,6 +355,13 @@ impl OfiReader {
                     r.len, r.offset, r.owner, peer.len
                 )));
             }
+            if r.len > self.max_msg && !(self.settings.gather && peer.gather) {
+                return Err(Error::InvalidArgument(format!(
+                    "read of {} bytes from rank {} is longer than the provider's longest \
+                     message ({} bytes): split it (the store plans reads no longer)",
+                    r.len, r.owner, self.max_msg
+                )));
+            }
             if !matches!(r.dst_offset.checked_add(r.len), Some(e) if e <= dst_len) {
                 return Err(Error::IndexOutOfRange(format!(
                     "read of {} bytes to offset {} overflows a destination of {dst_len} bytes",
@@ -232,156 +372,41 @@ impl OfiReader {
         Ok(())
     }
 
+    /// One-sided reads: each read is posted as one `fi_read` (the store
+    /// planned them no longer than the provider's longest message), up to the
+    /// window in flight, then every posted read is completed.
     fn do_reads(&mut self, reads: &[RemoteRead], dst: &mut [u8]) -> FabricResult<()> {
-        let live = self.live.as_mut().expect("checked by read_many");
-        let dst_base = dst.as_mut_ptr();
-        // Local descriptor: a registered range covering dst, or a registration
-        // for this call (kept until every read has completed or the endpoint closed).
+        // Kept until every read has completed or the endpoint is closed.
         let mut temporary: Option<MemoryRegion> = None;
-        let desc = if self.local_mr {
-            let ranges = self.registry.snapshot();
-            live.dst_mrs
-                .retain(|id, _| ranges.iter().any(|r| r.id == *id));
-            let start = dst_base as usize;
-            let covering = ranges
-                .iter()
-                .find(|r| start >= r.addr && start + dst.len() <= r.addr + r.len);
-            let mr = match covering {
-                Some(r) => match live.dst_mrs.entry(r.id) {
-                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                    std::collections::hash_map::Entry::Vacant(e) => {
-                        // SAFETY: the caller registered this range and dst, which
-                        // lies inside it, is live memory; a registration never
-                        // writes memory, and unregister_dst drops it.
-                        let mr = unsafe {
-                            MemoryRegion::register(
-                                live.ep.domain(),
-                                &live.ep,
-                                r.addr as *const u8,
-                                r.len,
-                                sys::FI_READ as u64,
-                            )
-                        }?;
-                        e.insert(mr)
-                    }
-                },
-                None => {
-                    // SAFETY: dst is borrowed mutably for this whole call and the
-                    // registration is closed before the call returns.
-                    let mr = unsafe {
-                        MemoryRegion::register(
-                            live.ep.domain(),
-                            &live.ep,
-                            dst_base,
-                            dst.len(),
-                            sys::FI_READ as u64,
-                        )
-                    }?;
-                    temporary.insert(mr)
-                }
-            };
-            mr.desc()
-        } else {
-            ptr::null_mut()
-        };
-
+        let desc = self.dst_desc(dst, &mut temporary)?;
+        let live = self.live.as_mut().expect("checked by read_many");
         let mut first_error: Option<FabricError> = None;
-        let chunk = self.chunk;
-        'posting: for r in reads.iter().filter(|r| r.len > 0) {
-            let peer = &self.peers[r.owner];
-            let remote_base = if self.virt_addr { peer.base } else { 0 };
-            let mut done = 0usize;
-            while done < r.len {
-                let n = chunk.min(r.len - done);
-                let slot = loop {
-                    if let Some(s) = live.free.pop() {
-                        break s;
-                    }
-                    if let Err(e) = reap(live, &self.settings, &mut first_error) {
-                        first_error.get_or_insert(e);
-                    }
-                    if first_error.is_some() {
-                        break 'posting;
-                    }
-                };
-                let stalled = Instant::now();
-                loop {
-                    // SAFETY: the destination bytes lie inside dst (validated),
-                    // which stays borrowed until all reads completed or the
-                    // endpoint is closed (break_reader); the context slot is
-                    // reserved until its completion is reaped.
-                    let posted = unsafe {
-                        live.ep.post_read(
-                            dst_base.add(r.dst_offset + done),
-                            n,
-                            desc,
-                            live.peers_fi[r.owner],
-                            remote_base + r.offset + done as u64,
-                            peer.key,
-                            live.contexts.ptr(slot),
-                        )
-                    };
-                    match posted {
-                        Ok(Ok(())) => break,
-                        Ok(Err(_try_again)) => {
-                            if stalled.elapsed() > self.settings.timeout {
-                                live.free.push(slot);
-                                first_error.get_or_insert(FabricError::Timeout {
-                                    peer: r.owner,
-                                    waited: stalled.elapsed(),
-                                    detail: "fi_read kept returning FI_EAGAIN".into(),
-                                });
-                                break 'posting;
-                            }
-                            if let Err(e) = reap(live, &self.settings, &mut first_error) {
-                                first_error.get_or_insert(e);
-                            }
-                            if first_error.is_some() {
-                                live.free.push(slot);
-                                break 'posting;
-                            }
-                            // Nothing of ours in flight: the provider is busy
-                            // (e.g. still connecting); do not spin flat out.
-                            if live.free.len() + 1 == live.slots.len() {
-                                std::thread::sleep(Duration::from_micros(20));
-                            }
-                        }
-                        Err(e) => {
-                            live.free.push(slot);
-                            first_error.get_or_insert(match e {
-                                FabricError::Ofi {
-                                    call,
-                                    code,
-                                    message,
-                                } => FabricError::Ofi {
-                                    call,
-                                    code,
-                                    message: format!("read from rank {}: {message}", r.owner),
-                                },
-                                other => other,
-                            });
-                            break 'posting;
-                        }
-                    }
-                }
-                live.slots[slot] = Some(InFlight {
-                    peer: r.owner,
-                    posted: Instant::now(),
-                    op: Op::Read,
+        let target = ReadTarget {
+            dst: dst.as_mut_ptr(),
+            desc,
+            virt_addr: self.virt_addr,
+        };
+        for r in reads.iter().filter(|r| r.len > 0) {
+            let posted = live
+                .take_slot(&self.settings, &mut first_error)
+                .and_then(|slot| {
+                    live.post_read(
+                        slot,
+                        r,
+                        &self.peers[r.owner],
+                        &target,
+                        &self.settings,
+                        &mut first_error,
+                    )
                 });
-                done += n;
+            if posted.is_err() {
+                break;
             }
         }
         // Complete everything posted, even after an error, so dst is no longer
         // written once we return; a timeout here breaks the reader.
-        while live.free.len() < live.slots.len() {
-            if let Err(e) = reap(live, &self.settings, &mut first_error) {
-                first_error.get_or_insert(e);
-                break;
-            }
-        }
-        let outstanding = live.free.len() < live.slots.len();
-        if outstanding {
+        live.drain(&self.settings, &mut first_error);
+        if live.in_flight() {
             let why = first_error
                 .as_ref()
                 .map(|e| e.to_string())
@@ -389,10 +414,63 @@ impl OfiReader {
             self.break_reader(why);
         }
         drop(temporary);
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(()),
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// The local descriptor of `dst` where the provider needs one: the
+    /// registration of a `register_dst` range covering it (made once per
+    /// reader), else a registration for this call left in `temporary`.
+    fn dst_desc(
+        &mut self,
+        dst: &mut [u8],
+        temporary: &mut Option<MemoryRegion>,
+    ) -> FabricResult<*mut c_void> {
+        if !self.local_mr {
+            return Ok(ptr::null_mut());
         }
+        let live = self.live.as_mut().expect("checked by read_many");
+        let ranges = self.registry.snapshot();
+        live.dst_mrs
+            .retain(|id, _| ranges.iter().any(|r| r.id == *id));
+        let start = dst.as_ptr() as usize;
+        let covering = ranges
+            .iter()
+            .find(|r| start >= r.addr && start + dst.len() <= r.addr + r.len);
+        let mr = match covering {
+            Some(r) => match live.dst_mrs.entry(r.id) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    // SAFETY: the caller registered this range and dst, which
+                    // lies inside it, is live memory; a registration never
+                    // writes memory, and unregister_dst drops it.
+                    let mr = unsafe {
+                        MemoryRegion::register(
+                            live.ep.domain(),
+                            &live.ep,
+                            r.addr as *const u8,
+                            r.len,
+                            sys::FI_READ as u64,
+                        )
+                    }?;
+                    e.insert(mr)
+                }
+            },
+            None => {
+                // SAFETY: dst is borrowed mutably for this whole call and the
+                // registration is closed before the call returns.
+                let mr = unsafe {
+                    MemoryRegion::register(
+                        live.ep.domain(),
+                        &live.ep,
+                        dst.as_mut_ptr(),
+                        dst.len(),
+                        sys::FI_READ as u64,
+                    )
+                }?;
+                temporary.insert(mr)
+            }
+        };
+        Ok(mr.desc())
     }
 
     /// Reads may still be in flight: cancel them, close the endpoint (which
@@ -811,122 +889,162 @@ fn reap_until(
         match poll_cq(&cq, block, &mut done)? {
             Ok(0) => {}
             Ok(n) => {
-                for d in &done[..n] {
-                    if let Some(slot) = live.contexts.slot_of(d.ctx) {
-                        if let Some(f) = live.slots[slot].take() {
-                            live.free.push(slot);
-                            if let Op::Recv { msg, req, want } = f.op {
-                                live.arrived.push(Arrived {
-                                    msg,
-                                    req,
-                                    peer: f.peer,
-                                    want,
-                                    got: d.len,
-                                    tag: d.tag,
-                                });
-                            }
-                        }
-                    }
-                }
+                live.complete(&done[..n]);
                 return Ok(());
             }
-            Err(err) => {
-                let slot = live.contexts.slot_of(err.context);
-                let taken = slot.and_then(|s| live.slots[s].take());
-                if let Some(s) = slot {
-                    if !live.free.contains(&s) && live.slots[s].is_none() {
-                        live.free.push(s);
-                    }
-                }
-                let op = taken.as_ref().map(|f| f.op).unwrap_or(Op::Read);
-                if matches!(op, Op::Recv { .. })
-                    && err.code.unsigned_abs() == sys::FI_ECANCELED as u64
-                {
-                    // A receive this reader cancelled (its request was refused or never sent).
+            Err(err) => match live.fail(err) {
+                Failure::Cancelled => return Ok(()),
+                // The dead peer's reads are what is left when the deadline names it.
+                Failure::Unattributed => continue,
+                Failure::Error(e) => {
+                    first_error.get_or_insert(e);
                     return Ok(());
                 }
-                let peer = taken.map(|f| f.peer).or_else(|| {
-                    // No context (shm): if every read in flight targets one peer, it is that one.
-                    let mut peers = live.slots.iter().flatten().map(|f| f.peer);
-                    let first = peers.next()?;
-                    peers.all(|p| p == first).then_some(first)
+            },
+        }
+        if once || !live.check_deadline(settings)? {
+            return Ok(());
+        }
+        back_off(&mut idle);
+    }
+}
+
+/// What a failed completion means to the batch.
+enum Failure {
+    /// A receive this reader cancelled (its request was refused or never sent).
+    Cancelled,
+    /// A failure that names no operation (shm, a peer killed while reads to
+    /// several peers are in flight): the live peers' operations still complete.
+    Unattributed,
+    /// The batch fails with this error.
+    Error(FabricError),
+}
+
+impl Live {
+    /// Frees the slots of completed operations; receives are kept in
+    /// `arrived` for the gather path to check.
+    fn complete(&mut self, done: &[Done]) {
+        for d in done {
+            let Some(slot) = self.contexts.slot_of(d.ctx) else {
+                continue;
+            };
+            let Some(f) = self.slots[slot].take() else {
+                continue;
+            };
+            self.free.push(slot);
+            if let Op::Recv { msg, req, want } = f.op {
+                self.arrived.push(Arrived {
+                    msg,
+                    req,
+                    peer: f.peer,
+                    want,
+                    got: d.len,
+                    tag: d.tag,
                 });
-                if slot.is_none() && peer.is_none() {
-                    // A failure that names no read (shm, a peer killed while reads to several
-                    // peers are in flight): the live peers' reads still complete, so the dead
-                    // peer's reads are what is left when the timeout below names their rank.
-                    continue;
+            }
+        }
+    }
+
+    /// Frees the slot of a failed operation and says what the failure means.
+    fn fail(&mut self, err: CqError) -> Failure {
+        let slot = self.contexts.slot_of(err.context);
+        let taken = slot.and_then(|s| self.slots[s].take());
+        if let Some(s) = slot {
+            if !self.free.contains(&s) && self.slots[s].is_none() {
+                self.free.push(s);
+            }
+        }
+        let op = taken.as_ref().map(|f| f.op).unwrap_or(Op::Read);
+        if matches!(op, Op::Recv { .. }) && err.code.unsigned_abs() == sys::FI_ECANCELED as u64 {
+            return Failure::Cancelled;
+        }
+        let peer = taken.map(|f| f.peer).or_else(|| {
+            // No context (shm): if every read in flight targets one peer, it is that one.
+            let mut peers = self.slots.iter().flatten().map(|f| f.peer);
+            let first = peers.next()?;
+            peers.all(|p| p == first).then_some(first)
+        });
+        if slot.is_none() && peer.is_none() {
+            return Failure::Unattributed;
+        }
+        Failure::Error(completion_error(op, peer, &err))
+    }
+
+    /// Whether anything is still in flight; a timeout naming the peer of the
+    /// oldest operation when it has waited longer than allowed.
+    fn check_deadline(&self, settings: &ReaderSettings) -> FabricResult<bool> {
+        let Some((peer, waited, op)) = oldest(self) else {
+            return Ok(false);
+        };
+        if waited <= settings.timeout {
+            return Ok(true);
+        }
+        Err(FabricError::Timeout {
+            peer,
+            waited,
+            detail: match op {
+                Op::Read => "a read was posted but never completed (the peer may have exited)",
+                Op::Recv { .. } => {
+                    "it never answered a gather request (it may be stopped, have exited or freed the variable)"
                 }
-                let call = match op {
-                    Op::Read => "fi_read",
-                    Op::Recv { .. } => "fi_trecv",
-                    Op::Send => "fi_tsend",
-                };
-                let who = peer
-                    .map(|p| format!("rank {p}"))
-                    .unwrap_or_else(|| "a peer".into());
-                let lost = peer_lost(err.code);
-                first_error.get_or_insert(match peer {
-                    // A peer that has gone surfaces as a cancelled or refused read.
-                    Some(peer) if lost => FabricError::Timeout {
-                        peer,
-                        waited: std::time::Duration::ZERO,
-                        // tcp drops the connection of a read whose key it never issued.
-                        detail: format!(
-                            "the connection to rank {peer} is lost ({}): it has exited, or it \
-                             refused this reader's memory key",
-                            err.message
-                        ),
-                    },
-                    Some(peer) if key_refused(err.code) => FabricError::Ofi {
-                        call,
-                        code: err.code,
-                        message: format!(
-                            "rank {peer} refused the read ({}): the memory key or address is not one \
-                             it issued (a share record from another job, or altered)",
-                            err.message
-                        ),
-                    },
-                    _ => FabricError::Ofi {
-                        call,
-                        code: err.code,
-                        message: format!("{call} with {who} failed: {}", err.message),
-                    },
-                });
-                return Ok(());
+                Op::Send => "a gather request was never sent (the peer may have exited)",
+            }
+            .into(),
+        })
+    }
+}
+
+/// The error of a failed completion of `op` with `peer` (when known).
+fn completion_error(op: Op, peer: Option<usize>, err: &CqError) -> FabricError {
+    let call = match op {
+        Op::Read => "fi_read",
+        Op::Recv { .. } => "fi_trecv",
+        Op::Send => "fi_tsend",
+    };
+    match peer {
+        // A peer that has gone surfaces as a cancelled or refused read.
+        Some(peer) if peer_lost(err.code) => FabricError::Timeout {
+            peer,
+            waited: std::time::Duration::ZERO,
+            // tcp drops the connection of a read whose key it never issued.
+            detail: format!(
+                "the connection to rank {peer} is lost ({}): it has exited, or it \
+                 refused this reader's memory key",
+                err.message
+            ),
+        },
+        Some(peer) if key_refused(err.code) => FabricError::Ofi {
+            call,
+            code: err.code,
+            message: format!(
+                "rank {peer} refused the read ({}): the memory key or address is not one \
+                 it issued (a share record from another job, or altered)",
+                err.message
+            ),
+        },
+        _ => {
+            let who = peer
+                .map(|p| format!("rank {p}"))
+                .unwrap_or_else(|| "a peer".into());
+            FabricError::Ofi {
+                call,
+                code: err.code,
+                message: format!("{call} with {who} failed: {}", err.message),
             }
         }
-        if once {
-            return Ok(());
-        }
-        if let Some((peer, waited, op)) = oldest(live) {
-            if waited > settings.timeout {
-                return Err(FabricError::Timeout {
-                    peer,
-                    waited,
-                    detail: match op {
-                        Op::Read => {
-                            "a read was posted but never completed (the peer may have exited)"
-                        }
-                        Op::Recv { .. } => {
-                            "it never answered a gather request (it may be stopped, have exited or freed the variable)"
-                        }
-                        Op::Send => "a gather request was never sent (the peer may have exited)",
-                    }
-                    .into(),
-                });
-            }
-        } else {
-            return Ok(());
-        }
-        idle += 1;
-        if idle < SPINS {
-            std::hint::spin_loop();
-        } else if idle < SPINS * 64 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(20));
-        }
+    }
+}
+
+/// Waits a little longer each time nothing completed: spins, then yields,
+/// then sleeps 20 µs.
+fn back_off(idle: &mut u32) {
+    *idle += 1;
+    if *idle < SPINS {
+        std::hint::spin_loop();
+    } else if *idle < SPINS * 64 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(20));
     }
 }
 

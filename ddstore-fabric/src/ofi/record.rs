@@ -8,8 +8,10 @@ use crate::error::{FabricError, FabricResult};
 const MAGIC: &[u8; 4] = b"DDFI";
 const FORMAT: u32 = 1;
 
+/// What a rank publishes so others can read its share (method 1 allgather, method 2 files).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShareRecord {
+    /// Record format version.
     pub format: u32,
     /// Provider that registered the share; readers must use the same one.
     pub provider: String,
@@ -17,7 +19,9 @@ pub struct ShareRecord {
     pub addr: Vec<u8>,
     /// Virtual address of the share (remote addresses with FI_MR_VIRT_ADDR).
     pub base: u64,
+    /// Remote key of the registered share.
     pub key: u64,
+    /// Length of the share in bytes.
     pub len: u64,
     /// The owner answers gather requests for this share (absent in older records).
     #[serde(default)]
@@ -25,6 +29,7 @@ pub struct ShareRecord {
 }
 
 impl ShareRecord {
+    /// A record of format version 1 with no gather path.
     pub fn new(provider: String, addr: Vec<u8>, base: u64, key: u64, len: u64) -> ShareRecord {
         ShareRecord {
             format: FORMAT,
@@ -37,12 +42,14 @@ impl ShareRecord {
         }
     }
 
+    /// The record's bytes: a magic tag, then JSON.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = MAGIC.to_vec();
         out.extend(serde_json::to_vec(self).expect("a share record serialises"));
         out
     }
 
+    /// Parses `rank`'s record; anything malformed is `FabricError::Invalid`.
     pub fn decode(rank: usize, bytes: &[u8]) -> FabricResult<ShareRecord> {
         let bad = |why: String| {
             FabricError::Invalid(format!("share record of rank {rank} is not valid: {why}"))

@@ -474,6 +474,10 @@ impl RemoteShares for OfiShares {
         Some(OfiShares::share_lens(self))
     }
 
+    fn max_read_len(&self) -> Option<usize> {
+        Some(self.node.domain.info().max_msg_size().max(1))
+    }
+
     fn open_reader(&self) -> ddstore_core::Result<Box<dyn ShareReader>> {
         let domain = self.reader_domain()?;
         let reader = OfiReader::open(

@@ -382,7 +382,7 @@ class _StoredDataset(Dataset):
         Tensors for tensor fields (on device= if set), numpy arrays otherwise, record arrays for
         records; a ragged field gives RaggedRows (flat values, per-row element offsets and
         shapes; ``.row(i)`` is row i). With out= (e.g. from alloc()) the results are views into
-        those buffers. decode= is not applied. Collective for method=0.
+        those buffers. decode= is not applied. Not collective: any rank reads any rows, alone.
 
         Example:
             ```python
