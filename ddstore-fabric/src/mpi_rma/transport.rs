@@ -5,6 +5,7 @@
 //! Dropping the last handle of an exposed share frees its windows, which is
 //! collective: for method 0 the store's `free()` must be called on every rank.
 
+use ddstore_core::fork::CreatedBy;
 use std::os::raw::c_int;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -254,7 +255,7 @@ impl Transport for MpiRma {
             inner: Arc::new(SharesInner {
                 windows,
                 sizes,
-                pid: std::process::id(),
+                pid: CreatedBy::this_process(),
                 forked: AtomicBool::new(false),
             }),
         });
@@ -284,13 +285,13 @@ struct SharesInner {
     windows: Arc<ShareWindows>,
     /// Share size of every rank, gathered at expose.
     sizes: Vec<usize>,
-    pid: u32,
+    pid: CreatedBy,
     forked: AtomicBool,
 }
 
 impl SharesInner {
     fn check_not_forked(&self) -> FabricResult<()> {
-        if self.forked.load(Ordering::Relaxed) || self.pid != std::process::id() {
+        if self.forked.load(Ordering::Relaxed) || !self.pid.is_this_process() {
             return Err(FabricError::Unavailable(FORKED.into()));
         }
         Ok(())
