@@ -10,5 +10,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 export FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo
 echo "==> cargo test"
 cargo test --workspace --exclude pyddstore --quiet
+# The binding's unit tests (its error mapping); no Python needed to run them.
+cargo test -p pyddstore --lib --quiet
 echo "==> pytest"
 python -m pytest tests -q -x --durations=10 "$@"

@@ -22,6 +22,10 @@ pub enum Error {
     /// `add`/`init` of a name that already exists.
     #[error("variable '{0}' already exists: use update() to change its rows, or a new name")]
     AlreadyExists(String),
+    /// A buffer whose memory another call in progress is using (another
+    /// thread's read into the same array or an overlapping view).
+    #[error("{0}")]
+    Borrowed(String),
     /// Any call after `free()`.
     #[error("the store was freed; create a new PyDDStore to read again")]
     Freed,
@@ -35,9 +39,23 @@ pub enum Error {
     /// Collective or handshake failures.
     #[error("communicator: {0}")]
     Comm(String),
-    /// Transport failures (libfabric, MPI) with the failing call named.
+    /// Transport failures that name no single call (a malformed reply).
     #[error("transport: {0}")]
     Transport(String),
+    /// A libfabric or MPI call failed: the call (`fi_read`, `MPI_Get`), its
+    /// return code, the provider's or MPI's message, and the peer rank the
+    /// call was for where there is one.
+    #[error("transport: {call} failed{}: {message} (code {code})", peer_part(*peer))]
+    Call {
+        call: &'static str,
+        code: i64,
+        message: String,
+        peer: Option<usize>,
+    },
+    /// A peer refused a request (a gather request for a share it no longer
+    /// serves, or a range outside it).
+    #[error("{message}")]
+    Refused { peer: usize, message: String },
     /// Refused for safety: an untrusted directory or file, a wrong token, a name
     /// another live job holds (maps to `DDStoreAccessError`).
     #[error("{0}")]
@@ -61,7 +79,36 @@ fn timeout_message(peer: usize, waited: Duration, what: &str) -> String {
     }
 }
 
+fn peer_part(peer: Option<usize>) -> String {
+    peer.map(|p| format!(" for rank {p}")).unwrap_or_default()
+}
+
 impl Error {
+    /// The failing libfabric or MPI call (`fi_read`, `MPI_Get`), where one failed.
+    pub fn call(&self) -> Option<&'static str> {
+        match self {
+            Error::Call { call, .. } => Some(call),
+            _ => None,
+        }
+    }
+
+    /// The failing call's return code, where a call failed.
+    pub fn code(&self) -> Option<i64> {
+        match self {
+            Error::Call { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// The peer rank involved (a read's owner, a rank that timed out), where there is one.
+    pub fn peer(&self) -> Option<usize> {
+        match self {
+            Error::Call { peer, .. } => *peer,
+            Error::Timeout { peer, .. } | Error::Refused { peer, .. } => Some(*peer),
+            _ => None,
+        }
+    }
+
     pub fn invalid(msg: impl Into<String>) -> Self {
         Error::InvalidArgument(msg.into())
     }

@@ -5,19 +5,23 @@ use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FabricError {
-    /// A libfabric call failed: the call, its return code and `fi_strerror`.
+    /// A libfabric call failed: the call, its return code, `fi_strerror`,
+    /// and the peer rank the call was for, where there is one.
     #[error("{call} failed: {message} (code {code})")]
     Ofi {
         call: &'static str,
         code: i64,
         message: String,
+        peer: Option<usize>,
     },
-    /// An MPI call failed: the call, its error code and `MPI_Error_string`.
+    /// An MPI call failed: the call, its error code, `MPI_Error_string`, and
+    /// the target rank, where there is one.
     #[error("{call} failed: {message} (MPI error {code})")]
     Mpi {
         call: &'static str,
         code: i32,
         message: String,
+        peer: Option<usize>,
     },
     /// A peer did not complete a read in time.
     #[error("read from rank {peer} did not complete within {waited:?}: {detail}")]
@@ -35,6 +39,21 @@ pub enum FabricError {
     /// Bad descriptors, records or arguments handed to a transport.
     #[error("{0}")]
     Invalid(String),
+    /// A read outside a rank's share or the destination (the same condition
+    /// on every transport: `ddstore_core::Error::IndexOutOfRange`).
+    #[error("{0}")]
+    OutOfRange(String),
+}
+
+impl FabricError {
+    /// The same error, naming `peer` as the rank the failed call was for
+    /// (libfabric and MPI call failures; other kinds are returned unchanged).
+    pub fn with_peer(mut self, rank: usize) -> FabricError {
+        if let FabricError::Ofi { peer, .. } | FabricError::Mpi { peer, .. } = &mut self {
+            *peer = Some(rank);
+        }
+        self
+    }
 }
 
 impl From<FabricError> for ddstore_core::Error {
@@ -52,9 +71,74 @@ impl From<FabricError> for ddstore_core::Error {
             },
             FabricError::Unavailable(m) => Error::Unsupported(m),
             FabricError::Invalid(m) => Error::InvalidArgument(m),
-            other => Error::Transport(other.to_string()),
+            FabricError::OutOfRange(m) => Error::IndexOutOfRange(m),
+            FabricError::Refused { peer, detail } => Error::Refused {
+                peer,
+                message: detail,
+            },
+            FabricError::Ofi {
+                call,
+                code,
+                message,
+                peer,
+            } => Error::Call {
+                call,
+                code,
+                message,
+                peer,
+            },
+            FabricError::Mpi {
+                call,
+                code,
+                message,
+                peer,
+            } => Error::Call {
+                call,
+                code: i64::from(code),
+                message: format!("{message} (MPI error {code})"),
+                peer,
+            },
         }
     }
 }
 
 pub type FabricResult<T> = Result<T, FabricError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ddstore_core::Error;
+
+    #[test]
+    fn call_code_and_peer_survive_the_conversion() {
+        let e: Error = crate::ofi::error::ofi_error("fi_read", -110)
+            .with_peer(3)
+            .into();
+        assert_eq!(
+            (e.call(), e.code(), e.peer()),
+            (Some("fi_read"), Some(-110), Some(3))
+        );
+        assert!(e.to_string().contains("fi_read"), "{e}");
+        let e: Error = FabricError::Mpi {
+            call: "MPI_Get",
+            code: 12,
+            message: "bad rank".into(),
+            peer: None,
+        }
+        .with_peer(1)
+        .into();
+        assert_eq!(
+            (e.call(), e.code(), e.peer()),
+            (Some("MPI_Get"), Some(12), Some(1))
+        );
+        let e: Error = FabricError::Timeout {
+            peer: 2,
+            waited: Duration::from_secs(1),
+            detail: "x".into(),
+        }
+        .into();
+        assert_eq!((e.call(), e.code(), e.peer()), (None, None, Some(2)));
+        let e: Error = FabricError::OutOfRange("outside".into()).into();
+        assert!(matches!(e, Error::IndexOutOfRange(_)));
+    }
+}

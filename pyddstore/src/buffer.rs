@@ -1,12 +1,28 @@
 //! Borrowing the bytes of numpy arrays passed in by the caller: the one
 //! place the binding turns a Python-owned buffer into a Rust slice.
+//!
+//! The aliasing rule: a Rust slice over an array exists only while a
+//! rust-numpy checked borrow of that array is held ([`Borrowed`]): shared
+//! for sources (`add`, `update`), exclusive for destinations (`get`,
+//! `get_batch`). The borrow is taken with the GIL held and kept while the GIL
+//! is released for the read, so a second call on the same memory (another
+//! thread passing the same array, a view of it, or an overlapping slice) is
+//! refused with `DDStoreBorrowError` naming the argument instead of aliasing
+//! a `&mut [u8]`. rust-numpy's flags key on the memory (base object and byte
+//! range), not on the array object or its dtype, and are shared with every
+//! other extension built on rust-numpy. Python code writing into an array
+//! while a call reads into it is not seen by these flags: that is the
+//! caller's data race, as with any numpy function that releases the GIL.
 
-use ddstore_core::DType;
+use ddstore_core::{DType, Error};
 use numpy::npyffi;
-use numpy::{PyArray1, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{
+    BorrowError, Element, PyArray1, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods,
+    PyReadonlyArray, PyReadwriteArray, PyUntypedArray, PyUntypedArrayMethods,
+};
 use pyo3::prelude::*;
 
-use crate::errors::type_error;
+use crate::errors::{to_py, type_error};
 
 /// The dtype tag a numpy dtype is stored under; other dtypes are raw bytes.
 pub fn dtype_of(arr: &Bound<'_, PyUntypedArray>) -> DType {
@@ -121,24 +137,125 @@ impl<'py> Array<'py> {
         unsafe { (*self.arr.as_array_ptr()).fields.data as usize }
     }
 
-    pub fn bytes(&self) -> &[u8] {
-        let n = self.nbytes();
-        if n == 0 {
-            return &[];
-        }
-        // SAFETY: a C-contiguous array owns `n` bytes at its data pointer, and
-        // `self.arr` keeps the array alive for the slice's lifetime.
-        unsafe { std::slice::from_raw_parts(self.addr() as *const u8, n) }
+    /// A shared borrow of the array's bytes (a source), held until the
+    /// result is dropped. `arg` names the argument in the error.
+    pub fn borrow(&self, arg: &str) -> PyResult<Borrowed<'py>> {
+        self.checked(arg, false)
     }
 
-    /// Only for arrays checked writable in `new`.
+    /// An exclusive borrow of the array's bytes (a destination; the array
+    /// was checked writable in `new`), held until the result is dropped.
+    pub fn borrow_mut(&self, arg: &str) -> PyResult<Borrowed<'py>> {
+        self.checked(arg, true)
+    }
+
+    fn checked(&self, arg: &str, write: bool) -> PyResult<Borrowed<'py>> {
+        let py = self.arr.py();
+        let guard = match self.typed_guard(write) {
+            Some(g) => g,
+            None => {
+                // Other dtypes (fixed-size bytes, int16, byte-swapped, ...):
+                // a flat uint8 view of the same memory; the flags key on memory.
+                let view = self
+                    .arr
+                    .call_method1("reshape", (-1,))?
+                    .call_method1("view", ("u1",))?
+                    .cast_into::<PyArrayDyn<u8>>()?;
+                guard_of(&view, write)
+            }
+        };
+        let guard = guard.map_err(|e| {
+            let what = match (e, write) {
+                (BorrowError::NotWriteable, _) => {
+                    return type_error(py, format!("{arg} is read-only; pass a writable array"))
+                }
+                (_, true) => "read into",
+                (_, false) => "read from",
+            };
+            to_py(
+                py,
+                Error::Borrowed(format!(
+                    "{arg} cannot be {what}: its memory is in use by another pyddstore call in                      progress (another thread passing the same array, a view or an overlapping                      slice of it); give each thread its own array"
+                )),
+            )
+        })?;
+        Ok(Borrowed {
+            _guard: guard,
+            addr: self.addr(),
+            len: self.nbytes(),
+            exclusive: write,
+        })
+    }
+
+    /// The checked borrow through the array's own element type, for the
+    /// dtypes rust-numpy knows in native byte order (no Python call).
+    fn typed_guard(&self, write: bool) -> Option<Result<Box<dyn Held + 'py>, BorrowError>> {
+        fn typed<'py, T: Element + 'py>(
+            arr: &Bound<'py, PyUntypedArray>,
+            write: bool,
+        ) -> Option<Result<Box<dyn Held + 'py>, BorrowError>> {
+            arr.cast::<PyArrayDyn<T>>()
+                .ok()
+                .map(|a| guard_of(a, write))
+        }
+        match self.dtype() {
+            DType::Bool => typed::<bool>(&self.arr, write),
+            DType::Uint8 => typed::<u8>(&self.arr, write),
+            DType::Int32 => typed::<i32>(&self.arr, write),
+            DType::Int64 => typed::<i64>(&self.arr, write),
+            DType::Float32 => typed::<f32>(&self.arr, write),
+            DType::Float64 => typed::<f64>(&self.arr, write),
+            DType::Bytes => None,
+        }
+    }
+}
+
+/// A rust-numpy borrow guard of any element type: dropping it releases the borrow.
+trait Held {}
+impl<T: Element> Held for PyReadonlyArray<'_, T, numpy::IxDyn> {}
+impl<T: Element> Held for PyReadwriteArray<'_, T, numpy::IxDyn> {}
+
+fn guard_of<'py, T: Element + 'py>(
+    a: &Bound<'py, PyArrayDyn<T>>,
+    write: bool,
+) -> Result<Box<dyn Held + 'py>, BorrowError> {
+    if write {
+        a.try_readwrite().map(|g| Box::new(g) as Box<dyn Held + 'py>)
+    } else {
+        a.try_readonly().map(|g| Box::new(g) as Box<dyn Held + 'py>)
+    }
+}
+
+/// The bytes of a C-contiguous array under a checked borrow (see the module
+/// note): slices of it are valid while it lives.
+pub struct Borrowed<'py> {
+    _guard: Box<dyn Held + 'py>,
+    addr: usize,
+    len: usize,
+    exclusive: bool,
+}
+
+impl Borrowed<'_> {
+    /// The borrowed bytes.
+    pub fn bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: a C-contiguous array owns `len` bytes at `addr`; the guard
+        // keeps the array alive and holds a rust-numpy borrow of that memory
+        // (no exclusive borrow elsewhere) for as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
+    }
+
+    /// The borrowed bytes, writable; only for [`Array::borrow_mut`].
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        let n = self.nbytes();
-        if n == 0 {
+        assert!(self.exclusive, "bytes_mut of a shared borrow");
+        if self.len == 0 {
             return &mut [];
         }
-        // SAFETY: as in `bytes`, and the array was checked writable; the
-        // caller holds the only Rust view of it during the call.
-        unsafe { std::slice::from_raw_parts_mut(self.addr() as *mut u8, n) }
+        // SAFETY: as in `bytes`, and the borrow is exclusive (taken with
+        // try_readwrite on a writable array): no other checked borrow of
+        // these bytes exists while `self` lives, and `&mut self` gives out one slice.
+        unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len) }
     }
 }

@@ -68,6 +68,7 @@ fn usable_ptr(ptr: *mut u8, len: usize) -> FabricResult<*mut u8> {
             call: "MPI window allocation",
             code: 0,
             message: format!("MPI returned a null address for a share of {len} bytes"),
+            peer: None,
         });
     }
     Ok(ptr)
@@ -300,7 +301,7 @@ impl SharesInner {
     fn validate(&self, reads: &[RemoteRead], dst_len: usize) -> FabricResult<()> {
         for r in reads {
             let Some(&share) = self.sizes.get(r.owner) else {
-                return Err(FabricError::Invalid(format!(
+                return Err(FabricError::OutOfRange(format!(
                     "read from rank {} but the communicator has {} ranks",
                     r.owner,
                     self.sizes.len()
@@ -311,7 +312,7 @@ impl SharesInner {
                 .checked_add(r.len as u64)
                 .is_some_and(|end| end <= share as u64);
             if !in_share {
-                return Err(FabricError::Invalid(format!(
+                return Err(FabricError::OutOfRange(format!(
                     "read of {} bytes at offset {} is outside rank {}'s share of {share} bytes",
                     r.len, r.offset, r.owner
                 )));
@@ -321,7 +322,7 @@ impl SharesInner {
                 .checked_add(r.len)
                 .is_some_and(|end| end <= dst_len);
             if !in_dst {
-                return Err(FabricError::Invalid(format!(
+                return Err(FabricError::OutOfRange(format!(
                     "read of {} bytes to offset {} overflows the destination of {dst_len} bytes",
                     r.len, r.dst_offset
                 )));

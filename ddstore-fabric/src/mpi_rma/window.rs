@@ -192,7 +192,7 @@ impl Window {
                 self.win,
             )
         };
-        check("MPI_Get", rc)
+        check("MPI_Get", rc).map_err(|e| e.with_peer(target as usize))
     }
 
     /// Completes every operation this process posted to `target`; the caller
@@ -202,6 +202,7 @@ impl Window {
         check("MPI_Win_flush", unsafe {
             ffi::MPI_Win_flush(target, self.win)
         })
+        .map_err(|e| e.with_peer(target as usize))
     }
 
     /// Completes every operation this process posted on the window.

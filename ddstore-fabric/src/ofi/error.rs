@@ -21,6 +21,7 @@ pub fn ofi_error(call: &'static str, code: i64) -> FabricError {
         call,
         code,
         message: strerror(code),
+        peer: None,
     }
 }
 

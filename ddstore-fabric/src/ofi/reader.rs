@@ -353,10 +353,12 @@ impl OfiReader {
                                     call,
                                     code,
                                     message,
+                                    ..
                                 } => FabricError::Ofi {
                                     call,
                                     code,
                                     message: format!("read from rank {}: {message}", r.owner),
+                                    peer: Some(r.owner),
                                 },
                                 other => other,
                             });
@@ -657,10 +659,12 @@ impl OfiReader {
                                 call,
                                 code,
                                 message,
+                                ..
                             } => FabricError::Ofi {
                                 call,
                                 code,
                                 message: format!("request to rank {}: {message}", req.owner),
+                                peer: Some(req.owner),
                             },
                             other => other,
                         });
@@ -886,11 +890,13 @@ fn reap_until(
                              it issued (a share record from another job, or altered)",
                             err.message
                         ),
+                        peer: Some(peer),
                     },
                     _ => FabricError::Ofi {
                         call,
                         code: err.code,
                         message: format!("{call} with {who} failed: {}", err.message),
+                        peer,
                     },
                 });
                 return Ok(());

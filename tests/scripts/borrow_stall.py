@@ -1,0 +1,102 @@
+"""Checked borrows of out arrays, and a fabric failure's attributes. Runs under
+`mpirun -n 2`, method 1 over tcp with DDSTORE_SHM=0 and a short DDSTORE_TIMEOUT_S.
+
+Rank 1 stops itself (SIGSTOP). Rank 0 starts a read of rank 1's rows into `out` on a
+thread: it cannot complete, so it holds `out`'s borrow until it times out. Meanwhile the
+main thread reads into `out` again, into an overlapping view of it, and from it
+(update): each is refused with DDStoreBorrowError naming the argument, while a read into
+a separate array works. The stalled read ends with DDStoreTimeoutError whose `peer` is 1.
+Rank 0 then resumes rank 1 (SIGCONT) and both read everything, checked against the rows
+their owners stored (the borrow was released)."""
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+from _common import main_guard, rank_tag, rows_of
+from mpi4py import MPI
+
+import pyddstore
+from pyddstore import DDStoreBorrowError, DDStoreTimeoutError
+
+ROWS, SHAPE, SEED = 32, (256,), 5
+
+
+def stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+def expect_borrowed(fn, *args, arg: str) -> None:
+    try:
+        fn(*args)
+    except DDStoreBorrowError as e:
+        assert arg in str(e) and "in use by another pyddstore call" in str(e), str(e)
+        assert isinstance(e, ValueError) and e.call is None and e.peer is None
+        return
+    raise AssertionError(f"{rank_tag()} {fn.__name__}{args[:1]} was not refused")
+
+
+def main():
+    comm = MPI.COMM_WORLD
+    pids = comm.allgather(os.getpid())
+    store = pyddstore.PyDDStore(comm, method=1)
+    rank = store.rank
+    store.add("x", rows_of(SEED, np.arange(rank * ROWS, (rank + 1) * ROWS), SHAPE, "float32"))
+    theirs = np.arange(ROWS, 2 * ROWS)
+    store.barrier()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)  # rank 0 resumes it
+    else:
+        deadline = time.monotonic() + 30
+        while not stopped(pids[1]):
+            assert time.monotonic() < deadline, "rank 1 did not stop"
+            time.sleep(0.01)
+        out = np.zeros((ROWS,) + SHAPE, np.float32)
+        result = {}
+
+        def stalled_read():
+            t0 = time.monotonic()
+            try:
+                store.get_batch("x", out, theirs)
+                result["error"] = None
+            except DDStoreTimeoutError as e:
+                result["error"] = e
+            result["s"] = time.monotonic() - t0
+
+        t = threading.Thread(target=stalled_read)
+        t.start()
+        time.sleep(1.0)  # the read is posted and waiting (DDSTORE_TIMEOUT_S is longer)
+        assert t.is_alive(), f"the read of a stopped rank returned early: {result}"
+        own = np.arange(ROWS)
+        expect_borrowed(store.get_batch, "x", out, own, arg="get_batch('x', arr)")
+        expect_borrowed(store.get_batch, "x", out[4:8], own[:4], arg="get_batch('x', arr)")
+        expect_borrowed(store.get, "x", out[:2], 0, arg="get('x', arr)")
+        expect_borrowed(store.update, "x", out[:1], 0, arg="update('x', arr)")
+        # Another array is not affected: rank 0's own rows, checked.
+        other = np.zeros((4,) + SHAPE, np.float32)
+        store.get_batch("x", other, own[:4])
+        assert np.array_equal(other, rows_of(SEED, own[:4], SHAPE, "float32"))
+        still_stalled = t.is_alive()
+        t.join(timeout=120)
+        assert not t.is_alive(), "the stalled read never timed out"
+        assert still_stalled, "the stalled read ended before every refusal was checked"
+        e = result["error"]
+        assert isinstance(e, DDStoreTimeoutError), result
+        assert e.peer == 1, (e.peer, str(e))
+        os.kill(pids[1], signal.SIGCONT)
+        print(f"{rank_tag()} stalled read: DDStoreTimeoutError peer={e.peer} after {result['s']:.1f} s", flush=True)
+    store.barrier()
+    everything = np.arange(2 * ROWS)[::-1].copy()
+    out = np.zeros((2 * ROWS,) + SHAPE, np.float32)
+    store.get_batch("x", out, everything)
+    assert np.array_equal(out, rows_of(SEED, everything, SHAPE, "float32"))
+    store.barrier()
+    store.free()
+    print(f"{rank_tag()} borrow_stall ok", flush=True)
+
+
+if __name__ == "__main__":
+    main_guard(main)
