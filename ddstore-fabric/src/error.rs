@@ -111,9 +111,14 @@ mod tests {
 
     #[test]
     fn call_code_and_peer_survive_the_conversion() {
-        let e: Error = crate::ofi::error::ofi_error("fi_read", -110)
-            .with_peer(3)
-            .into();
+        let e: Error = FabricError::Ofi {
+            call: "fi_read",
+            code: -110,
+            message: "Connection timed out".into(),
+            peer: None,
+        }
+        .with_peer(3)
+        .into();
         assert_eq!(
             (e.call(), e.code(), e.peer()),
             (Some("fi_read"), Some(-110), Some(3))

@@ -194,9 +194,7 @@ impl<'py> Array<'py> {
             arr: &Bound<'py, PyUntypedArray>,
             write: bool,
         ) -> Option<Result<Box<dyn Held + 'py>, BorrowError>> {
-            arr.cast::<PyArrayDyn<T>>()
-                .ok()
-                .map(|a| guard_of(a, write))
+            arr.cast::<PyArrayDyn<T>>().ok().map(|a| guard_of(a, write))
         }
         match self.dtype() {
             DType::Bool => typed::<bool>(&self.arr, write),
@@ -220,7 +218,8 @@ fn guard_of<'py, T: Element + 'py>(
     write: bool,
 ) -> Result<Box<dyn Held + 'py>, BorrowError> {
     if write {
-        a.try_readwrite().map(|g| Box::new(g) as Box<dyn Held + 'py>)
+        a.try_readwrite()
+            .map(|g| Box::new(g) as Box<dyn Held + 'py>)
     } else {
         a.try_readonly().map(|g| Box::new(g) as Box<dyn Held + 'py>)
     }

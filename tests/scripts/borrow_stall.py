@@ -87,7 +87,8 @@ def main():
         assert isinstance(e, DDStoreTimeoutError), result
         assert e.peer == 1, (e.peer, str(e))
         os.kill(pids[1], signal.SIGCONT)
-        print(f"{rank_tag()} stalled read: DDStoreTimeoutError peer={e.peer} after {result['s']:.1f} s", flush=True)
+        took = result["s"]
+        print(f"{rank_tag()} stalled read: DDStoreTimeoutError peer={e.peer} after {took:.1f} s", flush=True)
     store.barrier()
     everything = np.arange(2 * ROWS)[::-1].copy()
     out = np.zeros((2 * ROWS,) + SHAPE, np.float32)
