@@ -52,10 +52,19 @@ pub enum Error {
         message: String,
         peer: Option<usize>,
     },
-    /// A peer refused a request (a gather request for a share it no longer
-    /// serves, or a range outside it).
+    /// A peer refused a read: a memory key it never issued or no longer
+    /// serves (a freed variable), a range outside its share, or a request
+    /// it could not serve. The class follows `reason`, whichever path (a
+    /// one-sided read or an owner-side gather request) met the refusal.
     #[error("{message}")]
-    Refused { peer: usize, message: String },
+    Refused {
+        peer: usize,
+        reason: RefusedFor,
+        /// The call the refusal came back on, with its code, where one did.
+        call: Option<&'static str>,
+        code: Option<i64>,
+        message: String,
+    },
     /// Refused for safety: an untrusted directory or file, a wrong token, a name
     /// another live job holds (maps to `DDStoreAccessError`).
     #[error("{0}")]
@@ -79,6 +88,18 @@ fn timeout_message(peer: usize, waited: Duration, what: &str) -> String {
     }
 }
 
+/// Why a peer refused a read ([`Error::Refused`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefusedFor {
+    /// The memory key is not one the peer serves: never issued, or its
+    /// variable was freed (maps to `DDStoreAccessError`).
+    Key,
+    /// A range outside the peer's share (maps to `DDStoreIndexError`).
+    Range,
+    /// A malformed request, or no route back to the reader (maps to `DDStoreError`).
+    Other,
+}
+
 fn peer_part(peer: Option<usize>) -> String {
     peer.map(|p| format!(" for rank {p}")).unwrap_or_default()
 }
@@ -88,6 +109,7 @@ impl Error {
     pub fn call(&self) -> Option<&'static str> {
         match self {
             Error::Call { call, .. } => Some(call),
+            Error::Refused { call, .. } => *call,
             _ => None,
         }
     }
@@ -96,6 +118,7 @@ impl Error {
     pub fn code(&self) -> Option<i64> {
         match self {
             Error::Call { code, .. } => Some(*code),
+            Error::Refused { code, .. } => *code,
             _ => None,
         }
     }

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+pub use ddstore_core::error::RefusedFor;
+
 #[derive(Debug, thiserror::Error)]
 pub enum FabricError {
     /// A libfabric call failed: the call, its return code, `fi_strerror`,
@@ -30,9 +32,17 @@ pub enum FabricError {
         waited: Duration,
         detail: String,
     },
-    /// A peer refused a request of the gather path (unknown key, bad range).
+    /// A peer refused a read: a gather request (unknown key, bad range),
+    /// or a one-sided read whose key it rejected (`call` and `code` then say
+    /// which call came back refused).
     #[error("{detail}")]
-    Refused { peer: usize, detail: String },
+    Refused {
+        peer: usize,
+        reason: RefusedFor,
+        call: Option<&'static str>,
+        code: Option<i64>,
+        detail: String,
+    },
     /// No provider or configuration matches what was asked for.
     #[error("{0}")]
     Unavailable(String),
@@ -72,8 +82,17 @@ impl From<FabricError> for ddstore_core::Error {
             FabricError::Unavailable(m) => Error::Unsupported(m),
             FabricError::Invalid(m) => Error::InvalidArgument(m),
             FabricError::OutOfRange(m) => Error::IndexOutOfRange(m),
-            FabricError::Refused { peer, detail } => Error::Refused {
+            FabricError::Refused {
                 peer,
+                reason,
+                call,
+                code,
+                detail,
+            } => Error::Refused {
+                peer,
+                reason,
+                call,
+                code,
                 message: detail,
             },
             FabricError::Ofi {

@@ -8,6 +8,7 @@
 //! `fi_read`, `MPI_Get`), `code` (its return code) and `peer` (the rank
 //! involved): `None` where absent.
 
+use ddstore_core::error::RefusedFor;
 use ddstore_core::Error;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -42,11 +43,22 @@ fn class_name(err: &Error) -> &'static str {
         Error::Freed => "DDStoreFreedError",
         Error::Timeout { .. } => "DDStoreTimeoutError",
         Error::Unsupported(_) => "DDStoreUnsupportedError",
-        Error::Access(_) => "DDStoreAccessError",
+        Error::Access(_)
+        | Error::Refused {
+            reason: RefusedFor::Key,
+            ..
+        } => "DDStoreAccessError",
+        Error::Refused {
+            reason: RefusedFor::Range,
+            ..
+        } => "DDStoreIndexError",
         Error::Comm(_)
         | Error::Transport(_)
         | Error::Call { .. }
-        | Error::Refused { .. }
+        | Error::Refused {
+            reason: RefusedFor::Other,
+            ..
+        }
         | Error::Io { .. } => "DDStoreError",
     }
 }
@@ -148,6 +160,23 @@ mod tests {
             },
             Error::Refused {
                 peer: 1,
+                reason: RefusedFor::Key,
+                call: Some("fi_read"),
+                code: Some(-13),
+                message: "x".into(),
+            },
+            Error::Refused {
+                peer: 1,
+                reason: RefusedFor::Range,
+                call: None,
+                code: None,
+                message: "x".into(),
+            },
+            Error::Refused {
+                peer: 1,
+                reason: RefusedFor::Other,
+                call: None,
+                code: None,
                 message: "x".into(),
             },
             Error::Access("x".into()),

@@ -19,7 +19,7 @@ use super::endpoint::Endpoint;
 use super::gather::{self, Landing};
 use super::mr::MemoryRegion;
 use super::record::ShareRecord;
-use crate::error::{FabricError, FabricResult};
+use crate::error::{FabricError, FabricResult, RefusedFor};
 
 /// Destination ranges registered once through `register_dst`; each reader
 /// registers a range with its own endpoint the first time it reads into it.
@@ -882,15 +882,16 @@ fn reap_until(
                             err.message
                         ),
                     },
-                    Some(peer) if key_refused(err.code) => FabricError::Ofi {
-                        call,
-                        code: err.code,
-                        message: format!(
+                    Some(peer) if key_refused(err.code) => FabricError::Refused {
+                        peer,
+                        reason: RefusedFor::Key,
+                        call: Some(call),
+                        code: Some(err.code),
+                        detail: format!(
                             "rank {peer} refused the read ({}): the memory key or address is not one \
                              it issued (a share record from another job, or altered)",
                             err.message
                         ),
-                        peer: Some(peer),
                     },
                     _ => FabricError::Ofi {
                         call,
