@@ -2,7 +2,10 @@
 (the core notices the fork on the first read and opens fresh readers; no thread pool is
 carried across fork): methods 0 (shared window) and 1 (memfd, and through tcp readers)
 under mpirun, a method-2 extra job, and a DataLoader whose main process read a 64 MiB
-batch before forking its workers. Every read is checked against the owner's rows."""
+batch before forking its workers. The parent reads while its child does (a child reusing
+the parent's reader shares its connections: on the tcp-readers case that made the parent's
+read fail before readers were pooled per process). Every read is checked against the
+owner's rows."""
 
 import sys
 
