@@ -199,4 +199,29 @@ mod tests {
             assert!(CLASSES.contains(&name), "{err:?} maps to unbound {name}");
         }
     }
+
+    #[test]
+    fn a_condition_has_one_class_whatever_the_path() {
+        let refused = |reason, call| Error::Refused {
+            peer: 0,
+            reason,
+            call,
+            code: None,
+            message: "x".into(),
+        };
+        // A key the owner does not serve: gather refusal, or a one-sided read's FI_EACCES.
+        assert_eq!(
+            class_name(&refused(RefusedFor::Key, None)),
+            "DDStoreAccessError"
+        );
+        assert_eq!(
+            class_name(&refused(RefusedFor::Key, Some("fi_read"))),
+            class_name(&Error::Access("x".into()))
+        );
+        // Outside a share: the owner's refusal and a local check agree.
+        assert_eq!(
+            class_name(&refused(RefusedFor::Range, None)),
+            class_name(&Error::IndexOutOfRange("x".into()))
+        );
+    }
 }
