@@ -24,6 +24,11 @@ from pyddstore import DDStoreBorrowError, DDStoreTimeoutError
 ROWS, SHAPE, SEED = 32, (256,), 5
 
 
+def names(rows) -> np.ndarray:
+    """A fixed-size bytes variable (no rust-numpy element type: borrowed through a uint8 view)."""
+    return np.array([f"row {int(r):011d}".encode() for r in rows], "S16")
+
+
 def stopped(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
@@ -45,6 +50,7 @@ def main():
     store = pyddstore.PyDDStore(comm, method=1)
     rank = store.rank
     store.add("x", rows_of(SEED, np.arange(rank * ROWS, (rank + 1) * ROWS), SHAPE, "float32"))
+    store.add("s", names(np.arange(rank * ROWS, (rank + 1) * ROWS)))
     theirs = np.arange(ROWS, 2 * ROWS)
     store.barrier()
     if rank == 1:
@@ -55,45 +61,57 @@ def main():
             assert time.monotonic() < deadline, "rank 1 did not stop"
             time.sleep(0.01)
         out = np.zeros((ROWS,) + SHAPE, np.float32)
+        sout = np.zeros(ROWS, "S16")
         result = {}
 
-        def stalled_read():
+        def stalled_read(name, arr):
             t0 = time.monotonic()
             try:
-                store.get_batch("x", out, theirs)
-                result["error"] = None
+                store.get_batch(name, arr, theirs)
+                result[name] = None
             except DDStoreTimeoutError as e:
-                result["error"] = e
-            result["s"] = time.monotonic() - t0
+                result[name] = e
+            result["took"] = time.monotonic() - t0
 
-        t = threading.Thread(target=stalled_read)
-        t.start()
-        time.sleep(1.0)  # the read is posted and waiting (DDSTORE_TIMEOUT_S is longer)
-        assert t.is_alive(), f"the read of a stopped rank returned early: {result}"
+        threads = [threading.Thread(target=stalled_read, args=a) for a in (("x", out), ("s", sout))]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)  # the reads are posted and waiting (DDSTORE_TIMEOUT_S is longer)
+        assert all(t.is_alive() for t in threads), f"a read of a stopped rank returned early: {result}"
         own = np.arange(ROWS)
         expect_borrowed(store.get_batch, "x", out, own, arg="get_batch('x', arr)")
         expect_borrowed(store.get_batch, "x", out[4:8], own[:4], arg="get_batch('x', arr)")
         expect_borrowed(store.get, "x", out[:2], 0, arg="get('x', arr)")
         expect_borrowed(store.update, "x", out[:1], 0, arg="update('x', arr)")
+        expect_borrowed(store.get_batch, "s", sout[1:3], own[:2], arg="get_batch('s', arr)")
+        expect_borrowed(store.get_batch, "s", sout.reshape(2, -1)[1], own[:16], arg="get_batch('s', arr)")
         # Another array is not affected: rank 0's own rows, checked.
         other = np.zeros((4,) + SHAPE, np.float32)
         store.get_batch("x", other, own[:4])
         assert np.array_equal(other, rows_of(SEED, own[:4], SHAPE, "float32"))
-        still_stalled = t.is_alive()
-        t.join(timeout=120)
-        assert not t.is_alive(), "the stalled read never timed out"
-        assert still_stalled, "the stalled read ended before every refusal was checked"
-        e = result["error"]
-        assert isinstance(e, DDStoreTimeoutError), result
-        assert e.peer == 1, (e.peer, str(e))
+        sother = np.zeros(4, "S16")
+        store.get_batch("s", sother, own[:4])
+        assert np.array_equal(sother, names(own[:4]))
+        still_stalled = all(t.is_alive() for t in threads)
+        for t in threads:
+            t.join(timeout=120)
+            assert not t.is_alive(), "a stalled read never timed out"
+        assert still_stalled, "a stalled read ended before every refusal was checked"
+        for name in ("x", "s"):
+            e = result[name]
+            assert isinstance(e, DDStoreTimeoutError), result
+            assert e.peer == 1, (e.peer, str(e))
         os.kill(pids[1], signal.SIGCONT)
-        took = result["s"]
+        took = result["took"]
         print(f"{rank_tag()} stalled read: DDStoreTimeoutError peer={e.peer} after {took:.1f} s", flush=True)
     store.barrier()
     everything = np.arange(2 * ROWS)[::-1].copy()
     out = np.zeros((2 * ROWS,) + SHAPE, np.float32)
     store.get_batch("x", out, everything)
     assert np.array_equal(out, rows_of(SEED, everything, SHAPE, "float32"))
+    sout = np.zeros(2 * ROWS, "S16")
+    store.get_batch("s", sout, everything)
+    assert np.array_equal(sout, names(everything))
     store.barrier()
     store.free()
     print(f"{rank_tag()} borrow_stall ok", flush=True)
