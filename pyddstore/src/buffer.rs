@@ -2,17 +2,23 @@
 //! place the binding turns a Python-owned buffer into a Rust slice.
 //!
 //! The aliasing rule: a Rust slice over an array exists only while a
-//! rust-numpy checked borrow of that array is held ([`Borrowed`]): shared
-//! for sources (`add`, `update`), exclusive for destinations (`get`,
-//! `get_batch`). The borrow is taken with the GIL held and kept while the GIL
-//! is released for the read, so a second call on the same memory (another
-//! thread passing the same array, a view of it, or an overlapping slice) is
-//! refused with `DDStoreBorrowError` naming the argument instead of aliasing
-//! a `&mut [u8]`. rust-numpy's flags key on the memory (base object and byte
-//! range), not on the array object or its dtype, and are shared with every
-//! other extension built on rust-numpy. Python code writing into an array
-//! while a call reads into it is not seen by these flags: that is the
-//! caller's data race, as with any numpy function that releases the GIL.
+//! checked borrow of its bytes is held ([`Borrowed`]): shared for sources
+//! (`add`, `update`), exclusive for destinations (`get`, `get_batch`). The
+//! borrow is taken with the GIL held and kept while the GIL is released for
+//! the read, so a second call on the same memory (another thread passing the
+//! same array, a view of it, or an overlapping slice) is refused with
+//! `DDStoreBorrowError` naming the argument instead of aliasing a
+//! `&mut [u8]`. A borrow is two checks: a claim on the address range in this
+//! module's table (catches any two arrays over the same bytes, however they
+//! were made: rust-numpy keys on the base object, and two `tensor.numpy()`
+//! or `np.frombuffer` arrays have different ones), and rust-numpy's checked
+//! borrow (`try_readwrite`/`try_readonly`), which other extensions built on
+//! rust-numpy see too. Python code writing into an array while a call reads
+//! into it is seen by neither: that is the caller's data race, as with any
+//! numpy function that releases the GIL.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use ddstore_core::{DType, Error};
 use numpy::npyffi;
@@ -151,6 +157,22 @@ impl<'py> Array<'py> {
 
     fn checked(&self, arg: &str, write: bool) -> PyResult<Borrowed<'py>> {
         let py = self.arr.py();
+        let (addr, len) = (self.addr(), self.nbytes());
+        let refused = |what: &str| {
+            to_py(
+                py,
+                Error::Borrowed(format!(
+                    "{arg} cannot be {what}: its memory is in use by another pyddstore call in \
+                     progress (another thread passing the same array, a view or an overlapping \
+                     slice of it); give each thread its own array"
+                )),
+            )
+        };
+        let what = if write { "read into" } else { "read from" };
+        // First the address ranges (any two arrays over the same bytes, however
+        // made: views, tensor.numpy() twice, frombuffer), then rust-numpy's flags
+        // (borrows other rust-numpy extensions hold).
+        let claim = Claim::take(addr, len, write).ok_or_else(|| refused(what))?;
         let guard = match self.typed_guard(write) {
             Some(g) => g,
             None => {
@@ -164,25 +186,17 @@ impl<'py> Array<'py> {
                 guard_of(&view, write)
             }
         };
-        let guard = guard.map_err(|e| {
-            let what = match (e, write) {
-                (BorrowError::NotWriteable, _) => {
-                    return type_error(py, format!("{arg} is read-only; pass a writable array"))
-                }
-                (_, true) => "read into",
-                (_, false) => "read from",
-            };
-            to_py(
-                py,
-                Error::Borrowed(format!(
-                    "{arg} cannot be {what}: its memory is in use by another pyddstore call in                      progress (another thread passing the same array, a view or an overlapping                      slice of it); give each thread its own array"
-                )),
-            )
+        let guard = guard.map_err(|e| match e {
+            BorrowError::NotWriteable => {
+                type_error(py, format!("{arg} is read-only; pass a writable array"))
+            }
+            _ => refused(what),
         })?;
         Ok(Borrowed {
             _guard: guard,
-            addr: self.addr(),
-            len: self.nbytes(),
+            _claim: claim,
+            addr,
+            len,
             exclusive: write,
         })
     }
@@ -208,6 +222,44 @@ impl<'py> Array<'py> {
     }
 }
 
+/// Byte ranges of caller memory that calls in progress hold: (id, start,
+/// end, exclusive). A handful at a time (one per reading thread), so a scan is cheap.
+static IN_USE: Mutex<Vec<(u64, usize, usize, bool)>> = Mutex::new(Vec::new());
+static NEXT_CLAIM: AtomicU64 = AtomicU64::new(0);
+
+/// A claim on `[start, start + len)` in [`IN_USE`], released on drop.
+/// Exclusive claims conflict with any overlapping claim, shared ones with
+/// overlapping exclusive claims; empty ranges never conflict.
+struct Claim(Option<u64>);
+
+impl Claim {
+    fn take(start: usize, len: usize, exclusive: bool) -> Option<Claim> {
+        if len == 0 {
+            return Some(Claim(None));
+        }
+        let end = start.saturating_add(len);
+        let mut held = IN_USE.lock().unwrap_or_else(|p| p.into_inner());
+        let clash = held
+            .iter()
+            .any(|&(_, s, e, x)| s < end && start < e && (x || exclusive));
+        if clash {
+            return None;
+        }
+        let id = NEXT_CLAIM.fetch_add(1, Ordering::Relaxed);
+        held.push((id, start, end, exclusive));
+        Some(Claim(Some(id)))
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if let Some(id) = self.0 {
+            let mut held = IN_USE.lock().unwrap_or_else(|p| p.into_inner());
+            held.retain(|c| c.0 != id);
+        }
+    }
+}
+
 /// A rust-numpy borrow guard of any element type: dropping it releases the borrow.
 trait Held {}
 impl<T: Element> Held for PyReadonlyArray<'_, T, numpy::IxDyn> {}
@@ -229,6 +281,7 @@ fn guard_of<'py, T: Element + 'py>(
 /// note): slices of it are valid while it lives.
 pub struct Borrowed<'py> {
     _guard: Box<dyn Held + 'py>,
+    _claim: Claim,
     addr: usize,
     len: usize,
     exclusive: bool,
@@ -256,5 +309,42 @@ impl Borrowed<'_> {
         // try_readwrite on a writable array): no other checked borrow of
         // these bytes exists while `self` lives, and `&mut self` gives out one slice.
         unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Claim;
+
+    #[test]
+    fn claims_refuse_overlaps_with_a_writer_only() {
+        // Addresses no real array has here: tests run in one process.
+        let base = usize::MAX / 2;
+        let w = Claim::take(base, 100, true).expect("free range");
+        assert!(
+            Claim::take(base + 99, 10, false).is_none(),
+            "overlaps the writer"
+        );
+        assert!(
+            Claim::take(base + 50, 1, true).is_none(),
+            "inside the writer"
+        );
+        assert!(
+            Claim::take(base + 100, 10, true).is_some(),
+            "adjacent is free"
+        );
+        assert!(
+            Claim::take(base + 10, 0, true).is_some(),
+            "empty never conflicts"
+        );
+        drop(w);
+        let r1 = Claim::take(base, 100, false).expect("released");
+        let r2 = Claim::take(base + 50, 100, false).expect("readers share");
+        assert!(
+            Claim::take(base + 120, 4, true).is_none(),
+            "a writer waits for readers"
+        );
+        drop((r1, r2));
+        assert!(Claim::take(base + 120, 4, true).is_some());
     }
 }

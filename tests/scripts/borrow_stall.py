@@ -1,13 +1,15 @@
 """Checked borrows of out arrays, and a fabric failure's attributes. Runs under
 `mpirun -n 2`, method 1 over tcp with DDSTORE_SHM=0 and a short DDSTORE_TIMEOUT_S.
 
-Rank 1 stops itself (SIGSTOP). Rank 0 starts a read of rank 1's rows into `out` on a
-thread: it cannot complete, so it holds `out`'s borrow until it times out. Meanwhile the
-main thread reads into `out` again, into an overlapping view of it, and from it
-(update): each is refused with DDStoreBorrowError naming the argument, while a read into
-a separate array works. The stalled read ends with DDStoreTimeoutError whose `peer` is 1.
-Rank 0 then resumes rank 1 (SIGCONT) and both read everything, checked against the rows
-their owners stored (the borrow was released)."""
+Rank 1 stops itself (SIGSTOP). Rank 0 starts reads of rank 1's rows into `out` and `sout`
+on two threads: they cannot complete, so they hold those arrays' borrows until they time
+out. Meanwhile the main thread reads into `out` again, into an overlapping view of it,
+into another array over the same bytes (np.frombuffer twice), and from it (update): each
+is refused with DDStoreBorrowError naming the argument, while a read into a separate
+array works. The same for a fixed-size bytes variable (`sout`, borrowed through a uint8
+view). The stalled reads end with DDStoreTimeoutError whose `peer` is 1. Rank 0 then
+resumes rank 1 (SIGCONT) and both read everything, checked against the rows their
+owners stored (the borrows were released)."""
 
 import os
 import signal
@@ -60,7 +62,11 @@ def main():
         while not stopped(pids[1]):
             assert time.monotonic() < deadline, "rank 1 did not stop"
             time.sleep(0.01)
-        out = np.zeros((ROWS,) + SHAPE, np.float32)
+        # Over a bytearray: a second np.frombuffer of it is another array (and another base
+        # object) over the same bytes, refused all the same.
+        memory = bytearray(ROWS * int(np.prod(SHAPE)) * 4)
+        out = np.frombuffer(memory, np.float32).reshape((ROWS,) + SHAPE)
+        alias = np.frombuffer(memory, np.float32).reshape((ROWS,) + SHAPE)[8:12]
         sout = np.zeros(ROWS, "S16")
         result = {}
 
@@ -82,6 +88,7 @@ def main():
         expect_borrowed(store.get_batch, "x", out, own, arg="get_batch('x', arr)")
         expect_borrowed(store.get_batch, "x", out[4:8], own[:4], arg="get_batch('x', arr)")
         expect_borrowed(store.get, "x", out[:2], 0, arg="get('x', arr)")
+        expect_borrowed(store.get_batch, "x", alias, own[:4], arg="get_batch('x', arr)")
         expect_borrowed(store.update, "x", out[:1], 0, arg="update('x', arr)")
         expect_borrowed(store.get_batch, "s", sout[1:3], own[:2], arg="get_batch('s', arr)")
         expect_borrowed(store.get_batch, "s", sout.reshape(2, -1)[1], own[:16], arg="get_batch('s', arr)")
