@@ -12,6 +12,8 @@ export FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo
 bash scripts/lint.sh
 echo "==> cargo test"
 cargo test --workspace --exclude pyddstore --quiet
+# The binding's unit tests (its error mapping); no Python needed to run them.
+cargo test -p pyddstore --lib --quiet
 # A tier with nothing selected (pytest's exit status 5, e.g. after `-k`) is not a failure.
 tier() {
     local rc=0

@@ -269,6 +269,8 @@ def test_tampered_records_are_refused_by_join(core_job, tmp_path):
     results = json.loads(out.stdout.split("tamper-results ", 1)[1].splitlines()[0])
     not_refused = {k: v for k, v in results.items() if v != "refused"}
     assert not not_refused, f"tampered records not refused with a clear DDStoreError: {not_refused}"
+    # A key the owner never issued: refused with the same class on every read path.
+    assert "tamper key-signed: DDStoreAccessError peer=0 " in out.stdout, out.stdout
 
 
 # -- DistDatasetReader's meta.json (pyddstore.torch, method 2) ------------------------

@@ -24,6 +24,10 @@ pub enum Error {
     /// `add`/`init` of a name that already exists.
     #[error("variable '{0}' already exists: use update() to change its rows, or a new name")]
     AlreadyExists(String),
+    /// A buffer whose memory another call in progress is using (another
+    /// thread's read into the same array or an overlapping view).
+    #[error("{0}")]
+    Borrowed(String),
     /// Any call after `free()`.
     #[error("the store was freed; create a new PyDDStore to read again")]
     Freed,
@@ -40,9 +44,40 @@ pub enum Error {
     /// Collective or handshake failures.
     #[error("communicator: {0}")]
     Comm(String),
-    /// Transport failures (libfabric, MPI) with the failing call named.
+    /// Transport failures that name no single call (a malformed reply).
     #[error("transport: {0}")]
     Transport(String),
+    /// A libfabric or MPI call failed: the call (`fi_read`, `MPI_Get`), its
+    /// return code, the provider's or MPI's message, and the peer rank the
+    /// call was for where there is one.
+    #[error("transport: {call} failed{}: {message} (code {code})", peer_part(*peer))]
+    Call {
+        /// The failing function, e.g. `fi_read` or `MPI_Get`.
+        call: &'static str,
+        /// Its return code.
+        code: i64,
+        /// The provider's or MPI's message for the code.
+        message: String,
+        /// The rank the call was for, where there is one.
+        peer: Option<usize>,
+    },
+    /// A peer refused a read: a memory key it never issued or no longer
+    /// serves (a freed variable), a range outside its share, or a request
+    /// it could not serve. The class follows `reason`, whichever path (a
+    /// one-sided read or an owner-side gather request) met the refusal.
+    #[error("{message}")]
+    Refused {
+        /// The owner that refused.
+        peer: usize,
+        /// Why it refused; decides the Python class.
+        reason: RefusedFor,
+        /// The call the refusal came back on, where one did.
+        call: Option<&'static str>,
+        /// That call's return code.
+        code: Option<i64>,
+        /// The refusal in words.
+        message: String,
+    },
     /// Refused for safety: an untrusted directory or file, a wrong token, a name
     /// another live job holds (maps to `DDStoreAccessError`).
     #[error("{0}")]
@@ -69,7 +104,50 @@ fn timeout_message(peer: usize, waited: Duration, what: &str) -> String {
     }
 }
 
+/// Why a peer refused a read ([`Error::Refused`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefusedFor {
+    /// The memory key is not one the peer serves: never issued, or its
+    /// variable was freed (maps to `DDStoreAccessError`).
+    Key,
+    /// A range outside the peer's share (maps to `DDStoreIndexError`).
+    Range,
+    /// A malformed request, or no route back to the reader (maps to `DDStoreError`).
+    Other,
+}
+
+fn peer_part(peer: Option<usize>) -> String {
+    peer.map(|p| format!(" for rank {p}")).unwrap_or_default()
+}
+
 impl Error {
+    /// The failing libfabric or MPI call (`fi_read`, `MPI_Get`), where one failed.
+    pub fn call(&self) -> Option<&'static str> {
+        match self {
+            Error::Call { call, .. } => Some(call),
+            Error::Refused { call, .. } => *call,
+            _ => None,
+        }
+    }
+
+    /// The failing call's return code, where a call failed.
+    pub fn code(&self) -> Option<i64> {
+        match self {
+            Error::Call { code, .. } => Some(*code),
+            Error::Refused { code, .. } => *code,
+            _ => None,
+        }
+    }
+
+    /// The peer rank involved (a read's owner, a rank that timed out), where there is one.
+    pub fn peer(&self) -> Option<usize> {
+        match self {
+            Error::Call { peer, .. } => *peer,
+            Error::Timeout { peer, .. } | Error::Refused { peer, .. } => Some(*peer),
+            _ => None,
+        }
+    }
+
     /// An [`Error::InvalidArgument`] with this message.
     pub fn invalid(msg: impl Into<String>) -> Self {
         Error::InvalidArgument(msg.into())

@@ -8,12 +8,13 @@ use std::time::Instant;
 use crate::comm::Comm;
 use crate::dtype::DType;
 use crate::external::ExternalShare;
+use crate::fork::ReaderPool;
 use crate::layout::Layout;
 use crate::plan::{validate_rows, Plan};
 use crate::profile::{Counters, Profile};
 use crate::ragged::{ends_name, values_name, RaggedVar};
 use crate::region::{map_node_peers, process_alive, Memory, NodeLocator};
-use crate::transport::{ExposeOptions, Exposed, RemoteRead, RemoteShares, ShareReader, Transport};
+use crate::transport::{ExposeOptions, Exposed, RemoteRead, RemoteShares, Transport};
 use crate::{Config, Error, Result};
 
 /// Bytes of same-node copies in one batch above which copies run on several threads.
@@ -48,8 +49,9 @@ pub struct Variable {
     /// Extra jobs: pids of the core ranks whose shares are mapped here, checked
     /// on every read so a stopped core is reported, not read from its corpse.
     node_owner_pids: Vec<Option<u32>>,
-    /// Idle readers; a reading thread takes one (or opens one) and gives it back.
-    readers: Mutex<Vec<Box<dyn ShareReader>>>,
+    /// Idle readers; a reading thread takes one (or opens one) and gives it
+    /// back. Owned by one process: see [`crate::fork`].
+    readers: ReaderPool,
     /// Serialises reads when every thread shares one reader (`DDSTORE_THREAD_READERS=0`).
     shared_reader_lock: Option<Mutex<()>>,
     /// Longest single read: `DDSTORE_MAX_READ_BYTES`, or less where the
@@ -315,7 +317,7 @@ impl Store {
             records: exposed.records,
             node_locators: exposed.node_locators,
             node_owner_pids: Vec::new(),
-            readers: Mutex::new(Vec::new()),
+            readers: ReaderPool::new(),
             shared_reader_lock: self.shared_reader_lock(),
             counters: Counters::default(),
         };
@@ -392,7 +394,7 @@ impl Store {
             records: records.to_vec(),
             node_locators: Vec::new(),
             node_owner_pids,
-            readers: Mutex::new(Vec::new()),
+            readers: ReaderPool::new(),
             shared_reader_lock: self.shared_reader_lock(),
             counters: Counters::default(),
         };
@@ -568,15 +570,13 @@ impl Store {
         Ok(self.var(name)?.counters.snapshot())
     }
 
-    /// Called in a forked child: inherited transport objects are abandoned
-    /// (never closed) and fresh readers open on the next read.
+    /// Abandons readers and transport objects inherited across `fork()` now.
+    /// Not needed: the first read of a forked child does the same for the
+    /// variable it reads (see [`crate::fork`]); kept for callers that made it.
     pub fn fork_reader(&self) -> Result<()> {
         self.check_live()?;
         for var in self.vars.read().unwrap().values() {
-            for reader in var.readers.lock().unwrap().drain(..) {
-                std::mem::forget(reader);
-            }
-            var.remote.forget_after_fork()?;
+            var.readers.forget_inherited(var.remote.as_ref())?;
         }
         Ok(())
     }
@@ -732,14 +732,10 @@ impl Variable {
 
     fn read_remote(&self, reads: &[RemoteRead], out: &mut [u8]) -> Result<()> {
         let _serial = self.shared_reader_lock.as_ref().map(|l| l.lock().unwrap());
-        let pooled = self.readers.lock().unwrap().pop();
-        let mut reader = match pooled {
-            Some(r) => r,
-            None => self.remote.open_reader()?,
-        };
+        let mut reader = self.readers.take(self.remote.as_ref())?;
         // A reader that failed may have reads outstanding: it is dropped, not pooled.
         reader.read_many(reads, out)?;
-        self.readers.lock().unwrap().push(reader);
+        self.readers.give_back(reader);
         Ok(())
     }
 }
@@ -798,7 +794,8 @@ const MAX_COPY_THREADS: usize = 8;
 /// for this batch and joined before it returns. Fork safety: no thread pool
 /// outlives a call, so a process forked after a large read (a DataLoader
 /// forking workers after validation in its main process) copies as its parent
-/// did; a pool started before a fork has no threads in the child and hangs it.
+/// did; a pool started before a fork has no threads in the child and hangs it
+/// (the rule: [`crate::fork`]).
 /// Spawning costs microseconds against the milliseconds of a 16 MiB copy.
 fn copy_in_threads(jobs: Vec<CopyJob<'_>>) -> Result<()> {
     let threads = std::thread::available_parallelism()

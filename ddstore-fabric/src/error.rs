@@ -3,10 +3,13 @@
 
 use std::time::Duration;
 
+pub use ddstore_core::error::RefusedFor;
+
 /// Every failure of a transport; converted into `ddstore_core::Error`.
 #[derive(Debug, thiserror::Error)]
 pub enum FabricError {
-    /// A libfabric call failed: the call, its return code and `fi_strerror`.
+    /// A libfabric call failed: the call, its return code, `fi_strerror`,
+    /// and the peer rank the call was for, where there is one.
     #[error("{call} failed: {message} (code {code})")]
     Ofi {
         /// The libfabric function, e.g. `fi_read`.
@@ -15,8 +18,11 @@ pub enum FabricError {
         code: i64,
         /// `fi_strerror` of the code.
         message: String,
+        /// The rank the call was for, where there is one.
+        peer: Option<usize>,
     },
-    /// An MPI call failed: the call, its error code and `MPI_Error_string`.
+    /// An MPI call failed: the call, its error code, `MPI_Error_string`, and
+    /// the target rank, where there is one.
     #[error("{call} failed: {message} (MPI error {code})")]
     Mpi {
         /// The MPI function, e.g. `MPI_Win_flush`.
@@ -25,6 +31,8 @@ pub enum FabricError {
         code: i32,
         /// `MPI_Error_string` of the code.
         message: String,
+        /// The target rank, where there is one.
+        peer: Option<usize>,
     },
     /// A peer did not complete a read in time.
     #[error("read from rank {peer} did not complete within {waited:?}: {detail}")]
@@ -36,12 +44,20 @@ pub enum FabricError {
         /// What was outstanding.
         detail: String,
     },
-    /// A peer refused a request of the gather path (unknown key, bad range).
+    /// A peer refused a read: a gather request (unknown key, bad range),
+    /// or a one-sided read whose key it rejected (`call` and `code` then say
+    /// which call came back refused).
     #[error("{detail}")]
     Refused {
         /// The owner that refused.
         peer: usize,
-        /// Its reason.
+        /// Why it refused.
+        reason: RefusedFor,
+        /// The call that came back refused, for a one-sided read.
+        call: Option<&'static str>,
+        /// That call's return code.
+        code: Option<i64>,
+        /// The owner's reason, in words.
         detail: String,
     },
     /// No provider or configuration matches what was asked for.
@@ -50,6 +66,21 @@ pub enum FabricError {
     /// Bad descriptors, records or arguments handed to a transport.
     #[error("{0}")]
     Invalid(String),
+    /// A read outside a rank's share or the destination (the same condition
+    /// on every transport: `ddstore_core::Error::IndexOutOfRange`).
+    #[error("{0}")]
+    OutOfRange(String),
+}
+
+impl FabricError {
+    /// The same error, naming `peer` as the rank the failed call was for
+    /// (libfabric and MPI call failures; other kinds are returned unchanged).
+    pub fn with_peer(mut self, rank: usize) -> FabricError {
+        if let FabricError::Ofi { peer, .. } | FabricError::Mpi { peer, .. } = &mut self {
+            *peer = Some(rank);
+        }
+        self
+    }
 }
 
 impl From<FabricError> for ddstore_core::Error {
@@ -67,10 +98,89 @@ impl From<FabricError> for ddstore_core::Error {
             },
             FabricError::Unavailable(m) => Error::Unsupported(m),
             FabricError::Invalid(m) => Error::InvalidArgument(m),
-            other => Error::Transport(other.to_string()),
+            FabricError::OutOfRange(m) => Error::IndexOutOfRange(m),
+            FabricError::Refused {
+                peer,
+                reason,
+                call,
+                code,
+                detail,
+            } => Error::Refused {
+                peer,
+                reason,
+                call,
+                code,
+                message: detail,
+            },
+            FabricError::Ofi {
+                call,
+                code,
+                message,
+                peer,
+            } => Error::Call {
+                call,
+                code,
+                message,
+                peer,
+            },
+            FabricError::Mpi {
+                call,
+                code,
+                message,
+                peer,
+            } => Error::Call {
+                call,
+                code: i64::from(code),
+                message: format!("{message} (MPI error {code})"),
+                peer,
+            },
         }
     }
 }
 
 /// The result of every fallible call of this crate.
 pub type FabricResult<T> = Result<T, FabricError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ddstore_core::Error;
+
+    #[test]
+    fn call_code_and_peer_survive_the_conversion() {
+        let e: Error = FabricError::Ofi {
+            call: "fi_read",
+            code: -110,
+            message: "Connection timed out".into(),
+            peer: None,
+        }
+        .with_peer(3)
+        .into();
+        assert_eq!(
+            (e.call(), e.code(), e.peer()),
+            (Some("fi_read"), Some(-110), Some(3))
+        );
+        assert!(e.to_string().contains("fi_read"), "{e}");
+        let e: Error = FabricError::Mpi {
+            call: "MPI_Get",
+            code: 12,
+            message: "bad rank".into(),
+            peer: None,
+        }
+        .with_peer(1)
+        .into();
+        assert_eq!(
+            (e.call(), e.code(), e.peer()),
+            (Some("MPI_Get"), Some(12), Some(1))
+        );
+        let e: Error = FabricError::Timeout {
+            peer: 2,
+            waited: Duration::from_secs(1),
+            detail: "x".into(),
+        }
+        .into();
+        assert_eq!((e.call(), e.code(), e.peer()), (None, None, Some(2)));
+        let e: Error = FabricError::OutOfRange("outside".into()).into();
+        assert!(matches!(e, Error::IndexOutOfRange(_)));
+    }
+}

@@ -1,41 +1,112 @@
 //! The one place where Rust errors become Python exceptions. The classes
 //! live in `pyddstore/_errors.py` so they can also derive from the matching
-//! builtin (ValueError, IndexError, ...).
+//! builtin (ValueError, IndexError, ...). They are bound once, when `_native`
+//! is imported ([`bind`]): a class missing there (renamed, removed) or not
+//! derived from `DDStoreError` fails that import, never a later raise.
+//!
+//! Every exception carries `call` (the failing libfabric or MPI call, e.g.
+//! `fi_read`, `MPI_Get`), `code` (its return code) and `peer` (the rank
+//! involved): `None` where absent.
 
+use ddstore_core::error::RefusedFor;
 use ddstore_core::Error;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
-static ERRORS_MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+/// Every class `class_name` can name: bound and checked at import.
+const CLASSES: [&str; 10] = [
+    "DDStoreError",
+    "DDStoreValueError",
+    "DDStoreIndexError",
+    "DDStoreTypeError",
+    "DDStoreKeyError",
+    "DDStoreBorrowError",
+    "DDStoreFreedError",
+    "DDStoreTimeoutError",
+    "DDStoreUnsupportedError",
+    "DDStoreAccessError",
+];
 
+/// The classes of [`CLASSES`], in that order.
+static BOUND: PyOnceLock<Vec<Py<PyType>>> = PyOnceLock::new();
+
+/// The Python class of each error: the same condition raises the same class
+/// whichever transport (MPI, libfabric, memory copy) met it.
 fn class_name(err: &Error) -> &'static str {
     match err {
-        Error::InvalidArgument(_) => "DDStoreValueError",
+        Error::InvalidArgument(_) | Error::AlreadyExists(_) => "DDStoreValueError",
         Error::IndexOutOfRange(_) => "DDStoreIndexError",
         Error::WrongType(_) => "DDStoreTypeError",
         Error::UnknownVariable(_) => "DDStoreKeyError",
-        Error::AlreadyExists(_) => "DDStoreValueError",
+        Error::Borrowed(_) => "DDStoreBorrowError",
         Error::Freed => "DDStoreFreedError",
         Error::Timeout { .. } => "DDStoreTimeoutError",
         Error::Unsupported(_) => "DDStoreUnsupportedError",
-        Error::Access(_) => "DDStoreAccessError",
-        Error::Comm(_) | Error::Transport(_) | Error::Io { .. } => "DDStoreError",
+        Error::Access(_)
+        | Error::Refused {
+            reason: RefusedFor::Key,
+            ..
+        } => "DDStoreAccessError",
+        Error::Refused {
+            reason: RefusedFor::Range,
+            ..
+        } => "DDStoreIndexError",
+        Error::Comm(_)
+        | Error::Transport(_)
+        | Error::Call { .. }
+        | Error::Refused {
+            reason: RefusedFor::Other,
+            ..
+        }
+        | Error::Io { .. } => "DDStoreError",
     }
 }
 
-/// Builds the Python exception for `err` (falls back to RuntimeError if
-/// the Python package is not importable, e.g. a bare `_native` import).
+/// Imports `pyddstore._errors` and binds every class once (called by the
+/// module's init): a missing class, or one not derived from `DDStoreError`,
+/// fails the import of `pyddstore._native`.
+pub fn bind(py: Python<'_>) -> PyResult<()> {
+    let module = py.import("pyddstore._errors")?;
+    let mut classes = Vec::with_capacity(CLASSES.len());
+    for name in CLASSES {
+        let cls = module.getattr(name)?.cast_into::<PyType>()?;
+        classes.push(cls.unbind());
+    }
+    let root = classes[0].bind(py);
+    for (name, cls) in CLASSES.iter().zip(&classes) {
+        if !cls.bind(py).is_subclass(root)? {
+            return Err(pyo3::exceptions::PyImportError::new_err(format!(
+                "pyddstore._errors.{name} does not derive from DDStoreError"
+            )));
+        }
+    }
+    let _ = BOUND.set(py, classes);
+    Ok(())
+}
+
+fn class_of<'py>(py: Python<'py>, err: &Error) -> Option<Bound<'py, PyType>> {
+    let name = class_name(err);
+    let at = CLASSES.iter().position(|&c| c == name)?;
+    BOUND.get(py).map(|all| all[at].bind(py).clone())
+}
+
+/// Builds the Python exception for `err`, with its `call`, `code` and `peer`.
 pub fn to_py(py: Python<'_>, err: Error) -> PyErr {
     let msg = err.to_string();
-    let module =
-        ERRORS_MODULE.get_or_try_init(py, || py.import("pyddstore._errors").map(|m| m.unbind()));
-    match module.and_then(|m| m.bind(py).getattr(class_name(&err))) {
-        Ok(cls) => match cls.cast_into::<PyType>() {
-            Ok(cls) => PyErr::from_type(cls, msg),
-            Err(_) => pyo3::exceptions::PyRuntimeError::new_err(msg),
-        },
-        Err(_) => pyo3::exceptions::PyRuntimeError::new_err(msg),
+    let Some(cls) = class_of(py, &err) else {
+        // Only before `bind` ran (it runs in the module's init).
+        return pyo3::exceptions::PyRuntimeError::new_err(msg);
+    };
+    let built = cls.call1((msg.clone(),)).and_then(|exc| {
+        exc.setattr("call", err.call())?;
+        exc.setattr("code", err.code())?;
+        exc.setattr("peer", err.peer())?;
+        Ok(exc)
+    });
+    match built {
+        Ok(exc) => PyErr::from_value(exc),
+        Err(e) => e,
     }
 }
 
@@ -57,4 +128,100 @@ pub fn value_error(py: Python<'_>, msg: String) -> PyErr {
 }
 pub fn type_error(py: Python<'_>, msg: String) -> PyErr {
     to_py(py, Error::WrongType(msg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One error of every variant: adding a variant without a class fails
+    /// to compile (`class_name` matches exhaustively) and this test lists it.
+    fn every_variant() -> Vec<Error> {
+        vec![
+            Error::InvalidArgument("x".into()),
+            Error::IndexOutOfRange("x".into()),
+            Error::WrongType("x".into()),
+            Error::UnknownVariable("x".into()),
+            Error::AlreadyExists("x".into()),
+            Error::Borrowed("x".into()),
+            Error::Freed,
+            Error::Timeout {
+                peer: 1,
+                waited: std::time::Duration::ZERO,
+                what: "x".into(),
+            },
+            Error::Comm("x".into()),
+            Error::Transport("x".into()),
+            Error::Call {
+                call: "fi_read",
+                code: -5,
+                message: "x".into(),
+                peer: Some(1),
+            },
+            Error::Refused {
+                peer: 1,
+                reason: RefusedFor::Key,
+                call: Some("fi_read"),
+                code: Some(-13),
+                message: "x".into(),
+            },
+            Error::Refused {
+                peer: 1,
+                reason: RefusedFor::Range,
+                call: None,
+                code: None,
+                message: "x".into(),
+            },
+            Error::Refused {
+                peer: 1,
+                reason: RefusedFor::Other,
+                call: None,
+                code: None,
+                message: "x".into(),
+            },
+            Error::Access("x".into()),
+            Error::Unsupported("x".into()),
+            Error::io("x", std::io::Error::other("x")),
+        ]
+    }
+
+    #[test]
+    fn every_variant_maps_to_a_class_defined_in_errors_py() {
+        let source = include_str!("../python/pyddstore/_errors.py");
+        for name in CLASSES {
+            assert!(
+                source.contains(&format!("\nclass {name}(")),
+                "{name} is not defined in _errors.py"
+            );
+        }
+        for err in every_variant() {
+            let name = class_name(&err);
+            assert!(CLASSES.contains(&name), "{err:?} maps to unbound {name}");
+        }
+    }
+
+    #[test]
+    fn a_condition_has_one_class_whatever_the_path() {
+        let refused = |reason, call| Error::Refused {
+            peer: 0,
+            reason,
+            call,
+            code: None,
+            message: "x".into(),
+        };
+        // A key the owner does not serve: gather refusal, or a one-sided read's FI_EACCES.
+        assert_eq!(
+            class_name(&refused(RefusedFor::Key, None)),
+            "DDStoreAccessError"
+        );
+        assert_eq!(
+            class_name(&refused(RefusedFor::Key, Some("fi_read"))),
+            class_name(&Error::Access("x".into()))
+        );
+        // Outside a share: the owner's refusal and a local check agree.
+        assert_eq!(
+            class_name(&refused(RefusedFor::Range, None)),
+            class_name(&Error::IndexOutOfRange("x".into()))
+        );
+    }
 }

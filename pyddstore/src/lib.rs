@@ -79,6 +79,8 @@ fn check_env(py: Python<'_>) -> PyResult<()> {
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // Exception classes first: a missing one fails this import.
+    errors::bind(m.py())?;
     m.add_class::<comm::PyComm>()?;
     m.add_class::<store::PyStore>()?;
     m.add_class::<handshake::PyHandshakeDir>()?;

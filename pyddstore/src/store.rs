@@ -130,11 +130,14 @@ impl PyStore {
         read: impl FnOnce(&Store, &Variable, &[i64], &mut [u8]) -> ddstore_core::Result<()> + Send,
     ) -> PyResult<()> {
         let rows = indices_of(&indices)?;
-        let mut a = Array::new(&arr, &format!("{call}('{name}', arr)"), true)?;
+        let arg = format!("{call}('{name}', arr)");
+        let a = Array::new(&arr, &arg, true)?;
         let var = self.store.var(&name).py(py)?;
         check_out(py, call, &name, &var.info, &a, rows.len())?;
         let store = &*self.store;
-        let out = a.bytes_mut();
+        // Held while the GIL is released: no other call can use this memory meanwhile.
+        let mut out = a.borrow_mut(&arg)?;
+        let out = out.bytes_mut();
         py.detach(|| read(store, &var, &rows, out)).py(py)
     }
 
@@ -307,7 +310,8 @@ impl PyStore {
 
     /// Collective: creates `name` from this rank's rows (`arr`, first axis = rows).
     fn add(&self, py: Python<'_>, name: String, arr: Bound<'_, PyAny>) -> PyResult<()> {
-        let a = Array::new(&arr, &format!("add('{name}', arr)"), false)?;
+        let arg = format!("add('{name}', arr)");
+        let a = Array::new(&arr, &arg, false)?;
         if a.arr.ndim() == 0 {
             return Err(value_error(
                 py,
@@ -319,7 +323,8 @@ impl PyStore {
         let dtype = a.dtype();
         let store = self.store.clone();
         let n = name.clone();
-        let data = a.bytes();
+        let src = a.borrow(&arg)?;
+        let data = src.bytes();
         py.detach(|| {
             store.init(&n, nrows as u64, per_row, dtype)?;
             store.write_local(&n, 0, data)?;
@@ -342,7 +347,8 @@ impl PyStore {
         values: Bound<'_, PyAny>,
         lengths: Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let a = Array::new(&values, &format!("add('{name}', values)"), false)?;
+        let arg = format!("add('{name}', values)");
+        let a = Array::new(&values, &arg, false)?;
         if a.arr.ndim() == 0 {
             return Err(value_error(
                 py,
@@ -364,7 +370,8 @@ impl PyStore {
         let dtype = a.dtype();
         let store = self.store.clone();
         let n = name.clone();
-        let data = a.bytes();
+        let src = a.borrow(&arg)?;
+        let data = src.bytes();
         py.detach(|| store.add_ragged(&n, &lengths, unit_bytes, dtype, data))
             .py(py)?;
         self.itemsizes.lock().unwrap().insert(name, a.itemsize());
@@ -427,8 +434,10 @@ impl PyStore {
             }
         };
         {
-            let mut a = Array::new(&values, &format!("get_batch('{name}', out)"), true)?;
-            let dst = a.bytes_mut();
+            let arg = format!("get_batch('{name}', out)");
+            let a = Array::new(&values, &arg, true)?;
+            let mut dst = a.borrow_mut(&arg)?;
+            let dst = dst.bytes_mut();
             let store = self.store.clone();
             py.detach(|| store.read_ragged(&batch, &mut dst[..batch.bytes()]))
                 .py(py)?;
@@ -470,7 +479,8 @@ impl PyStore {
             Some(o) => int_arg(o, &format!("update('{name}'): offset"))?,
             None => 0,
         };
-        let a = Array::new(&arr, &format!("update('{name}', arr)"), false)?;
+        let arg = format!("update('{name}', arr)");
+        let a = Array::new(&arr, &arg, false)?;
         check_dtype(py, "update", &name, &self.var_info(py, &name)?, &a)?;
         if offset < 0 {
             return Err(to_index(
@@ -479,7 +489,8 @@ impl PyStore {
             ));
         }
         let store = self.store.clone();
-        let data = a.bytes();
+        let src = a.borrow(&arg)?;
+        let data = src.bytes();
         py.detach(|| store.write_local(&name, offset as u64, data))
             .py(py)
     }
@@ -497,7 +508,8 @@ impl PyStore {
             Some(s) => int_arg(s, &format!("get('{name}'): start"))?,
             None => 0,
         };
-        let mut a = Array::new(&arr, &format!("get('{name}', arr)"), true)?;
+        let arg = format!("get('{name}', arr)");
+        let a = Array::new(&arr, &arg, true)?;
         let var = self.store.var(&name).py(py)?;
         let info = &var.info;
         if !a.nbytes().is_multiple_of(info.row_bytes) {
@@ -513,7 +525,8 @@ impl PyStore {
         }
         check_out(py, "get", &name, info, &a, a.nbytes() / info.row_bytes)?;
         let store = self.store.clone();
-        let out = a.bytes_mut();
+        let mut out = a.borrow_mut(&arg)?;
+        let out = out.bytes_mut();
         py.detach(|| store.get(&name, start, out)).py(py)
     }
 

@@ -1,10 +1,17 @@
-"""Fork safety of large same-node reads: rank 0 reads a 64 MiB batch of rank 1's
-rows (memory copies split across threads), forks, and the child reads the same
-batch. Before, the copy threads were a pool that a forked child inherited
-without threads, and the child's read never returned.
+"""Fork safety of large reads: rank 0 reads a 64 MiB batch of rank 1's rows
+(same-node memory copies split across threads, or with DDSTORE_SHM=0 through the
+transport's pooled readers), forks, and the child reads the same batch without
+calling fork_reader() (the core notices the fork on the first read), then once
+more after fork_reader() (kept, a no-op by then). Before, the copy threads were a
+pool that a forked child inherited without threads, and its read never returned.
 
-Usage: fork_large.py METHOD [loader]   (loader: a DataLoader over a DistDataset
-whose main process read a large batch before forking its workers)"""
+Usage: fork_large.py METHOD            (mpirun -n 2: methods 0, 1)
+       fork_large.py loader            (a DataLoader over a DistDataset whose main
+                                        process read a large batch before forking its workers)
+       fork_large.py m2core --hs DIR   (mpirun -n 2: a method-2 core job serving "big"
+                                        until DIR/STOP exists)
+       fork_large.py m2extra --hs DIR  (one plain process: a method-2 extra job reads
+                                        64 MiB, forks, its child reads; then creates STOP)"""
 
 import os
 import sys
@@ -31,32 +38,84 @@ def wait_child(pid: int, timeout: float = 120.0) -> int:
     raise AssertionError(f"{rank_tag()} forked child did not finish its read in {timeout:.0f} s (hung)")
 
 
+def my_rows(rank: int) -> np.ndarray:
+    return rows_of(SEED, np.arange(rank * ROWS_PER_RANK, (rank + 1) * ROWS_PER_RANK), ROW_SHAPE, "uint8")
+
+
+def read_fork_read(store) -> None:
+    """Reads rank 1's rows (64 MiB, reversed), forks; the child reads them again, first without
+    fork_reader(), then after it, while the parent reads them too (its readers are intact)."""
+    other = np.arange(ROWS_PER_RANK, 2 * ROWS_PER_RANK)[::-1].copy()
+    want = rows_of(SEED, other, ROW_SHAPE, "uint8")
+    out = np.empty((len(other),) + ROW_SHAPE, np.uint8)
+    store.get_batch("big", out, other)
+    assert np.array_equal(out, want), f"{rank_tag()} the parent read wrong rows"
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            got = np.zeros_like(out)
+            ok = True
+            for _ in range(3):  # no fork_reader(): the core notices the fork
+                got[:] = 0
+                store.get_batch("big", got, other)
+                ok = ok and np.array_equal(got, want)
+            if ok:
+                store.fork_reader()  # accepted, and a no-op by now
+                got[:8] = 0
+                store.get_batch("big", got[:8], other[:8])
+                code = 0 if np.array_equal(got[:8], want[:8]) else 3
+            else:
+                code = 2
+        finally:
+            os._exit(code)
+    # The parent reads while its child does: each must use readers of its own (an inherited
+    # reader shares the parent's connections, and the two would take each other's replies).
+    for _ in range(3):
+        out[:] = 0
+        store.get_batch("big", out, other)
+        assert np.array_equal(out, want), f"{rank_tag()} the parent read wrong rows after the fork"
+    code = wait_child(pid)
+    assert code == 0, f"{rank_tag()} the forked child read wrong rows (exit {code})"
+
+
 def store_fork(method: int) -> None:
     import pyddstore
 
     store = pyddstore.PyDDStore(method=method)
-    rank = store.rank
-    mine = rows_of(SEED, np.arange(rank * ROWS_PER_RANK, (rank + 1) * ROWS_PER_RANK), ROW_SHAPE, "uint8")
-    store.add("big", mine)
-    if rank == 0:
-        other = np.arange(ROWS_PER_RANK, 2 * ROWS_PER_RANK)[::-1].copy()  # rank 1's rows, reversed
-        out = np.empty((len(other),) + ROW_SHAPE, np.uint8)
-        store.get_batch("big", out, other)  # 64 MiB: the threaded copy path
-        assert np.array_equal(out, rows_of(SEED, other, ROW_SHAPE, "uint8"))
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                store.fork_reader()  # accepted, and no longer needed
-                got = np.zeros_like(out)
-                store.get_batch("big", got, other)
-                code = 0 if np.array_equal(got, out) else 2
-            finally:
-                os._exit(code)
-        assert wait_child(pid) == 0, f"{rank_tag()} the forked child read wrong rows"
+    store.add("big", my_rows(store.rank))
+    if store.rank == 0:
+        read_fork_read(store)
         print(f"{rank_tag()} fork_large ok (method {method}, {store.transport})", flush=True)
     store.barrier()
     store.free()
+
+
+def m2_core(hs: str) -> None:
+    import pyddstore
+
+    store = pyddstore.PyDDStore(None, method=2, handshake_dir=hs)
+    store.add("big", my_rows(store.rank))
+    store.barrier()
+    stop = os.path.join(hs, "STOP")
+    deadline = time.monotonic() + 300
+    while not os.path.exists(stop) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    store.free()
+    print(f"{rank_tag()} core stopped", flush=True)
+
+
+def m2_extra(hs: str) -> None:
+    import pyddstore
+
+    store = pyddstore.PyDDStore(None, method=2, handshake_dir=hs, n_core=2)
+    try:
+        store.join("big")
+        read_fork_read(store)
+        print(f"fork_large ok (method 2 extra, {store.transport})", flush=True)
+        store.free()
+    finally:
+        open(os.path.join(hs, "STOP"), "w").close()
 
 
 def loader_fork() -> None:
@@ -83,10 +142,20 @@ def loader_fork() -> None:
 
 
 def main() -> None:
-    if sys.argv[1] == "loader":
+    args = sys.argv[1:]
+    hs = None
+    if "--hs" in args:  # anywhere: the method-2 test's Core puts it first
+        k = args.index("--hs")
+        hs = args[k + 1]
+        del args[k : k + 2]
+    if args[0] == "loader":
         loader_fork()
+    elif args[0] == "m2core":
+        m2_core(hs)
+    elif args[0] == "m2extra":
+        m2_extra(hs)
     else:
-        store_fork(int(sys.argv[1]))
+        store_fork(int(args[0]))
 
 
 if __name__ == "__main__":

@@ -136,7 +136,7 @@ def read_with_wrong_key(extra, fragment):
         return f"READ {out.ravel()[:4]}"
     except pyddstore.DDStoreError as e:
         took = time.monotonic() - start
-        print(f"tamper key-signed: {type(e).__name__} after {took:.2f} s: {e}", flush=True)
+        print(f"tamper key-signed: {type(e).__name__} peer={e.peer} after {took:.2f} s: {e}", flush=True)
         return "refused" if fragment in str(e) and not out.any() else f"UNCLEAR: {e}"
 
 

@@ -1,6 +1,7 @@
 //! `MpiComm`: a private duplicate of an MPI communicator (ours or mpi4py's)
 //! implementing `ddstore_core::comm::Comm`.
 
+use ddstore_core::fork::CreatedBy;
 use std::any::Any;
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,7 +20,7 @@ pub struct MpiComm {
     rank: usize,
     size: usize,
     /// The process that created the handle; a forked child must not free it.
-    pid: u32,
+    pid: CreatedBy,
     /// A bounded barrier gave up: messages may still be in flight, so later
     /// collectives refuse instead of matching stale ones.
     broken: AtomicBool,
@@ -220,7 +221,7 @@ impl MpiComm {
             handle,
             rank: 0,
             size: 1,
-            pid: std::process::id(),
+            pid: CreatedBy::this_process(),
             broken: AtomicBool::new(false),
             timeout: ddstore_core::Config::from_env()
                 .map(|c| c.handshake_timeout)
@@ -428,7 +429,7 @@ impl MpiComm {
 impl Drop for MpiComm {
     fn drop(&mut self) {
         // A forked child or a finalised MPI must leave the handle alone.
-        if self.pid != std::process::id() || !is_usable() {
+        if !self.pid.is_this_process() || !is_usable() {
             return;
         }
         let _g = serialize();

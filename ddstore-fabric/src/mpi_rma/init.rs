@@ -68,6 +68,7 @@ pub(crate) fn check(call: &'static str, code: c_int) -> FabricResult<()> {
         call,
         code,
         message: error_string(code),
+        peer: None,
     })
 }
 

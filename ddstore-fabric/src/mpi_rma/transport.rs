@@ -5,6 +5,7 @@
 //! Dropping the last handle of an exposed share frees its windows, which is
 //! collective: for method 0 the store's `free()` must be called on every rank.
 
+use ddstore_core::fork::CreatedBy;
 use std::os::raw::c_int;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -68,6 +69,7 @@ fn usable_ptr(ptr: *mut u8, len: usize) -> FabricResult<*mut u8> {
             call: "MPI window allocation",
             code: 0,
             message: format!("MPI returned a null address for a share of {len} bytes"),
+            peer: None,
         });
     }
     Ok(ptr)
@@ -255,7 +257,7 @@ impl Transport for MpiRma {
             inner: Arc::new(SharesInner {
                 windows,
                 sizes,
-                pid: std::process::id(),
+                pid: CreatedBy::this_process(),
                 forked: AtomicBool::new(false),
             }),
         });
@@ -285,13 +287,13 @@ struct SharesInner {
     windows: Arc<ShareWindows>,
     /// Share size of every rank, gathered at expose.
     sizes: Vec<usize>,
-    pid: u32,
+    pid: CreatedBy,
     forked: AtomicBool,
 }
 
 impl SharesInner {
     fn check_not_forked(&self) -> FabricResult<()> {
-        if self.forked.load(Ordering::Relaxed) || self.pid != std::process::id() {
+        if self.forked.load(Ordering::Relaxed) || !self.pid.is_this_process() {
             return Err(FabricError::Unavailable(FORKED.into()));
         }
         Ok(())
@@ -300,7 +302,7 @@ impl SharesInner {
     fn validate(&self, reads: &[RemoteRead], dst_len: usize) -> FabricResult<()> {
         for r in reads {
             let Some(&share) = self.sizes.get(r.owner) else {
-                return Err(FabricError::Invalid(format!(
+                return Err(FabricError::OutOfRange(format!(
                     "read from rank {} but the communicator has {} ranks",
                     r.owner,
                     self.sizes.len()
@@ -311,7 +313,7 @@ impl SharesInner {
                 .checked_add(r.len as u64)
                 .is_some_and(|end| end <= share as u64);
             if !in_share {
-                return Err(FabricError::Invalid(format!(
+                return Err(FabricError::OutOfRange(format!(
                     "read of {} bytes at offset {} is outside rank {}'s share of {share} bytes",
                     r.len, r.offset, r.owner
                 )));
@@ -328,7 +330,7 @@ impl SharesInner {
                 .checked_add(r.len)
                 .is_some_and(|end| end <= dst_len);
             if !in_dst {
-                return Err(FabricError::Invalid(format!(
+                return Err(FabricError::OutOfRange(format!(
                     "read of {} bytes to offset {} overflows the destination of {dst_len} bytes",
                     r.len, r.dst_offset
                 )));

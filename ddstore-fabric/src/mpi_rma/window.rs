@@ -1,6 +1,7 @@
 //! `Window`: one MPI window, locked for passive-target reads (`MPI_Win_lock_all`)
 //! from creation until drop, when it is unlocked and freed (collective).
 
+use ddstore_core::fork::CreatedBy;
 use std::os::raw::{c_int, c_void};
 
 use mpi::ffi;
@@ -17,7 +18,7 @@ pub(crate) struct Window {
     len: usize,
     locked: bool,
     /// The creating process; a forked child must never touch the window.
-    pid: u32,
+    pid: CreatedBy,
 }
 
 // SAFETY: an MPI_Win is an opaque handle; every call on it goes through
@@ -121,7 +122,7 @@ impl Window {
             base,
             len,
             locked: false,
-            pid: std::process::id(),
+            pid: CreatedBy::this_process(),
         };
         {
             let _g = serialize();
@@ -191,7 +192,7 @@ impl Window {
                 self.win,
             )
         };
-        check("MPI_Get", rc)
+        check("MPI_Get", rc).map_err(|e| e.with_peer(target as usize))
     }
 
     /// Completes every operation this process posted to `target`; the caller
@@ -201,6 +202,7 @@ impl Window {
         check("MPI_Win_flush", unsafe {
             ffi::MPI_Win_flush(target, self.win)
         })
+        .map_err(|e| e.with_peer(target as usize))
     }
 
     /// Completes every operation this process posted on the window.
@@ -214,7 +216,7 @@ impl Window {
 
 impl Drop for Window {
     fn drop(&mut self) {
-        if self.pid != std::process::id() || !is_usable() {
+        if !self.pid.is_this_process() || !is_usable() {
             return;
         }
         let _g = serialize();

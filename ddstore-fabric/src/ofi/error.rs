@@ -21,6 +21,7 @@ pub fn ofi_error(call: &'static str, code: i64) -> FabricError {
         call,
         code,
         message: strerror(code),
+        peer: None,
     }
 }
 
@@ -33,18 +34,7 @@ pub fn check(call: &'static str, rc: i64) -> FabricResult<()> {
     }
 }
 
-/// The process that opened a libfabric object. After `fork()` the child has
-/// copies of every handle, but the objects belong to the parent's provider
-/// state: the child must abandon them, never close them.
-#[derive(Clone, Copy, Debug)]
-pub struct OpenedBy(u32);
-
-impl OpenedBy {
-    pub fn this_process() -> OpenedBy {
-        OpenedBy(std::process::id())
-    }
-    /// False in a forked child for objects the parent opened.
-    pub fn is_this_process(self) -> bool {
-        self.0 == std::process::id()
-    }
-}
+/// The process that opened a libfabric object: after `fork()` the child
+/// abandons its parent's objects, never closes them (the rule:
+/// [`ddstore_core::fork`]).
+pub use ddstore_core::fork::CreatedBy as OpenedBy;

@@ -14,7 +14,7 @@
 //! status (0 = data, else a [`Refusal`] and no payload), the request's
 //! 20-bit sequence number and the message's index in the request.
 
-use crate::error::FabricError;
+use crate::error::{FabricError, RefusedFor};
 
 /// The tag of every request (owners receive exactly this tag).
 pub const REQUEST_TAG: u64 = 1 << 58;
@@ -383,6 +383,13 @@ pub fn bad_reply(owner: usize, status: u64, got: usize, want: usize) -> FabricEr
     if status != 0 {
         FabricError::Refused {
             peer: owner,
+            reason: match Refusal::from_status(status) {
+                Some(Refusal::UnknownKey) => RefusedFor::Key,
+                Some(Refusal::OutOfRange) => RefusedFor::Range,
+                _ => RefusedFor::Other,
+            },
+            call: None,
+            code: None,
             detail: format!(
                 "rank {owner} refused the request: {}",
                 Refusal::describe(status)

@@ -121,6 +121,7 @@ impl Info {
                     call: "fi_getinfo",
                     code: rc as i64,
                     message: format!("{} ({})", strerror(rc as i64), describe(req)),
+                    peer: None,
                 });
             }
             Ok(Info {

@@ -19,7 +19,7 @@ use super::endpoint::Endpoint;
 use super::gather::{self, Landing};
 use super::mr::MemoryRegion;
 use super::record::ShareRecord;
-use crate::error::{FabricError, FabricResult};
+use crate::error::{FabricError, FabricResult, RefusedFor};
 
 /// Destination ranges registered once through `register_dst`; each reader
 /// registers a range with its own endpoint the first time it reads into it.
@@ -217,10 +217,12 @@ impl Live {
                     call,
                     code,
                     message,
+                    ..
                 }) => FabricError::Ofi {
                     call,
                     code,
                     message: format!("read from rank {}: {message}", r.owner),
+                    peer: Some(r.owner),
                 },
                 Err(other) => other,
             };
@@ -735,10 +737,12 @@ impl OfiReader {
                                 call,
                                 code,
                                 message,
+                                ..
                             } => FabricError::Ofi {
                                 call,
                                 code,
                                 message: format!("request to rank {}: {message}", req.owner),
+                                peer: Some(req.owner),
                             },
                             other => other,
                         });
@@ -1013,10 +1017,12 @@ fn completion_error(op: Op, peer: Option<usize>, err: &CqError) -> FabricError {
                 err.message
             ),
         },
-        Some(peer) if key_refused(err.code) => FabricError::Ofi {
-            call,
-            code: err.code,
-            message: format!(
+        Some(peer) if key_refused(err.code) => FabricError::Refused {
+            peer,
+            reason: RefusedFor::Key,
+            call: Some(call),
+            code: Some(err.code),
+            detail: format!(
                 "rank {peer} refused the read ({}): the memory key or address is not one \
                  it issued (a share record from another job, or altered)",
                 err.message
@@ -1030,6 +1036,7 @@ fn completion_error(op: Op, peer: Option<usize>, err: &CqError) -> FabricError {
                 call,
                 code: err.code,
                 message: format!("{call} with {who} failed: {}", err.message),
+                peer,
             }
         }
     }

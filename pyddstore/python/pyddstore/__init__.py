@@ -16,6 +16,7 @@ from . import _native  # noqa: E402
 from ._comm import FileComm, TorchComm  # noqa: E402
 from ._errors import (  # noqa: E402
     DDStoreAccessError,
+    DDStoreBorrowError,
     DDStoreError,
     DDStoreFileError,
     DDStoreFreedError,
@@ -36,6 +37,7 @@ __all__ = [
     "TorchComm",
     "DDStoreError",
     "DDStoreAccessError",
+    "DDStoreBorrowError",
     "DDStoreValueError",
     "DDStoreIndexError",
     "DDStoreTypeError",

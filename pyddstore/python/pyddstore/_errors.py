@@ -11,18 +11,29 @@ Example:
     ```
 """
 
+from __future__ import annotations
+
 
 class DDStoreError(Exception):
     """Root of every pyddstore error.
+
+    Attributes:
+        call: the libfabric or MPI call that failed (e.g. `"fi_read"`, `"MPI_Get"`), else None.
+        code: that call's return code, else None.
+        peer: the rank involved (a read's owner, a rank that did not answer in time), else None.
 
     Example:
         ```python
         try:
             ds = DistDataset(src, "train")
         except pyddstore.DDStoreError as e:
-            log.error("pyddstore: %s", e)
+            log.error("pyddstore: %s (call %s, code %s, peer %s)", e, e.call, e.code, e.peer)
         ```
     """
+
+    call: str | None = None
+    code: int | None = None
+    peer: int | None = None
 
 
 class DDStoreValueError(DDStoreError, ValueError):
@@ -41,6 +52,19 @@ class DDStoreIndexError(DDStoreError, IndexError):
     Example:
         ```python
         ds[len(ds)]  # DDStoreIndexError: index ... is out of range
+        ```
+    """
+
+
+class DDStoreBorrowError(DDStoreValueError):
+    """An array whose memory another pyddstore call in progress is using: two threads
+    reading into the same array (or overlapping views of it) at once; also a `ValueError`.
+    The second call is refused before any byte moves; the first completes.
+
+    Example:
+        ```python
+        # thread A: store.get_batch("x", out, idx_a)   while   thread B: store.get_batch("x", out, idx_b)
+        # one of them raises DDStoreBorrowError: give each thread its own out array
         ```
     """
 
@@ -113,6 +137,7 @@ __all__ = [
     "DDStoreError",
     "DDStoreValueError",
     "DDStoreIndexError",
+    "DDStoreBorrowError",
     "DDStoreTypeError",
     "DDStoreKeyError",
     "DDStoreTimeoutError",

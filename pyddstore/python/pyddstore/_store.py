@@ -444,14 +444,14 @@ class PyDDStore:
 
     # -- processes and jobs ---------------------------------------------------
     def fork_reader(self) -> None:
-        """In a forked child (methods 1, 2): open fresh readers instead of the inherited ones.
-        pyddstore.torch calls it in forked DataLoader workers.
+        """Not needed any more: a forked child's first read notices the fork and opens fresh
+        readers instead of the inherited ones (methods 1, 2; method 0 children read same-node
+        shares only). Calling it does the same at once and is kept for compatibility.
 
         Example:
             ```python
             if os.fork() == 0:
-                store.fork_reader()
-                store.get_batch("x", out, idx)
+                store.get_batch("x", out, idx)  # fresh readers, opened on this first read
                 os._exit(0)
             ```
         """
