@@ -90,6 +90,12 @@ fn libfabric_env(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     Ok(d)
 }
 
+/// Whether process `pid` exists on this machine (the one check, ddstore_core's).
+#[pyfunction]
+fn pid_alive(pid: u32) -> bool {
+    ddstore_core::private_dir::pid_alive(pid)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Before anything can start libfabric or a pyddstore thread: the one
@@ -104,12 +110,20 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(finalize_mpi, m)?)?;
     m.add_function(wrap_pyfunction!(setting, m)?)?;
     m.add_function(wrap_pyfunction!(libfabric_env, m)?)?;
+    m.add_function(wrap_pyfunction!(pid_alive, m)?)?;
     m.add_function(wrap_pyfunction!(system_info, m)?)?;
     m.add_function(wrap_pyfunction!(provider_candidates, m)?)?;
     // A list of ints (a Vec<u8> would become bytes).
     let methods: Vec<u32> = methods::METHODS.iter().map(|&m| u32::from(m)).collect();
     m.add("METHODS", methods)?;
     m.add("HAS_MPI", cfg!(feature = "mpi"))?;
+    // The element dtypes a variable can hold: the one table (ddstore_core::dtype), for Python.
+    let dtypes: Vec<&str> = ddstore_core::DType::ALL
+        .iter()
+        .filter(|d| **d != ddstore_core::DType::Bytes)
+        .map(|d| d.name())
+        .collect();
+    m.add("DTYPES", dtypes)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

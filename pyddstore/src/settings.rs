@@ -141,7 +141,11 @@ impl PySettings {
         let set: Vec<String> = self
             .inner
             .iter()
-            .map(|(k, v)| format!("{k}={v:?}"))
+            // The job token is a secret: never in a repr (logs, tracebacks).
+            .map(|(k, v)| match k {
+                "DDSTORE_JOB_TOKEN" => format!("{k}=<set>"),
+                _ => format!("{k}={v:?}"),
+            })
             .collect();
         format!("Settings({})", set.join(", "))
     }

@@ -26,21 +26,12 @@ def _at_exit_all() -> None:
         store._at_exit()
 
 
-_SUPPORTED = {
-    "bool": "bool",
-    "uint8": "uint8",
-    "int32": "int32",
-    "int64": "int64",
-    "float32": "float32",
-    "float64": "float64",
-}
-
-
 def _dtype_name(dtype) -> str | None:
     """The stored dtype tag for a numpy dtype; None stores raw bytes."""
     if dtype is None:
         return None
-    return _SUPPORTED.get(np.dtype(dtype).name)
+    name = np.dtype(dtype).name
+    return name if name in _native.DTYPES else None
 
 
 class PyDDStore:
