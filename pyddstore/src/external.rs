@@ -86,6 +86,14 @@ pub fn share_of_tensor(
 /// this rank's own rows gathered on the device by torch. Other ranks' rows
 /// come through the transport; in a forked process (which cannot use the
 /// device) every row does, the own ones from the parent's registered share.
+///
+/// Example:
+///     ```python
+///     t = torch.empty((n, 64), dtype=torch.uint8, device="cuda")
+///     share = store.init_device("x", n, 64, t, "cuda", 0)  # collective
+///     share.write(my_rows, 0)
+///     share.read(out, [0, 17, 5])  # any rows; own ones gathered on the GPU
+///     ```
 #[pyclass(name = "DeviceShare", module = "pyddstore._native", frozen)]
 pub struct PyDeviceShare {
     store: Py<crate::store::PyStore>,

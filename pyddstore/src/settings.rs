@@ -14,6 +14,13 @@ use crate::errors::{type_error, IntoPyResult};
 /// checked against ddstore_core's one table. Attributes are the variable
 /// names without `DDSTORE_`, lower case, typed: flags bool, integers int,
 /// seconds float, words and text str, None when unset without a default.
+///
+/// Example:
+///     ```python
+///     s = pyddstore.Settings.from_env(timeout_s=5)  # the environment, plus timeout_s
+///     s.timeout_s, s.shm, s.fabric  # (5.0, True, None)
+///     store = pyddstore.PyDDStore(comm, method=1, settings=s)
+///     ```
 #[pyclass(name = "Settings", module = "pyddstore._native", frozen)]
 #[derive(Clone)]
 pub struct PySettings {

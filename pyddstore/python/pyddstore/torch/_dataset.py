@@ -309,8 +309,8 @@ class _StoredDataset(Dataset):
             if f.is_ragged:
                 if dst is not None:
                     dst = f.check_ragged_out(dst)
-                flat, offsets = self._store.get_batch(f.var, indices=rows, out=dst)
-                v = f.ragged_values(flat, offsets)
+                values, offsets = self._store.get_batch(f.var, indices=rows, out=dst)
+                v = f.ragged_values(values.reshape(-1), offsets)  # flat elements (a view)
                 got[f.key] = (
                     v._replace(values=v.values.to(dev)) if dev is not None and f.kind == TENSOR else v
                 )
