@@ -238,16 +238,16 @@ CHOICES = ["DDSTORE_COMM", "DDSTORE_MPI_THREAD_LEVEL"]
 
 
 def test_fabric_setting_refuses_what_cannot_be_a_provider_name(monkeypatch):
-    # Any provider name passes check_env (efa, opx, psm3, ucx, ...); a name that no provider
+    # Any provider name passes the settings check (efa, opx, psm3, ucx, ...); a name that no provider
     # here has is refused when a store is made (tests/test_providers.py).
     for value in ["-1", "1e23", "2", "a b", "tcp;", "x/y"]:
         monkeypatch.setenv("DDSTORE_FABRIC", value)
         with pytest.raises(DDStoreValueError, match="DDSTORE_FABRIC") as e:
-            _native.check_env()
+            _native.Settings.from_env()
         assert "expected a libfabric provider name" in str(e.value)
     for value in ["psm3", "tcp;ofi_rxm", "EFA", "udp;ofi_rxd"]:
         monkeypatch.setenv("DDSTORE_FABRIC", value)
-        _native.check_env()
+        _native.Settings.from_env()
 
 
 @pytest.mark.parametrize("key", FLAGS + INTS + NUMBERS + CHOICES)
@@ -259,10 +259,10 @@ def test_every_setting_refuses_bad_values_naming_the_variable(monkeypatch, key):
             continue
         monkeypatch.setenv(key, value)
         with pytest.raises(DDStoreValueError, match=key) as e:
-            _native.check_env()
+            _native.Settings.from_env()
         assert "expected" in str(e.value)
     monkeypatch.setenv(key, "")
-    _native.check_env()  # empty means unset
+    _native.Settings.from_env()  # empty means unset
     if key in FLAGS:
         for ok in ("0", "1", "true", "false"):
             monkeypatch.setenv(key, ok)
@@ -270,7 +270,7 @@ def test_every_setting_refuses_bad_values_naming_the_variable(monkeypatch, key):
         for no in ("yes", "on", "01"):
             monkeypatch.setenv(key, no)
             with pytest.raises(DDStoreValueError, match="0, 1, true or false"):
-                _native.check_env()
+                _native.Settings.from_env()
 
 
 def run_file_comm_job(hs, n=2, extra_env=None):

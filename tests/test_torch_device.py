@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from conftest import core_group_and_reader, run_mpi
 
+import pyddstore
+
 torch = pytest.importorskip("torch")
 _native = pytest.importorskip("pyddstore._native")
 
@@ -91,12 +93,27 @@ def test_one_process_store_reads_its_share_on_the_device(monkeypatch):
             assert torch.equal(got[0], x[i]) and bool(got[1]) == (i % 3 == 0)
         got = ds.read_rows([9, 0, 9])
         assert torch.equal(got[0], x[[9, 0, 9]])
-        # Own rows are the caller's to fill when skipped: the native layer leaves them alone.
+        # The DeviceShare owns the tensor and reads: own rows gathered on the device, or left to
+        # gather_own (device to device) with own=False.
+        assert isinstance(share, pyddstore.DeviceShare) and share.start == 0 and share.row_bytes == 32
         buf = np.full((2, 4), -1.0)
-        ds.ddstore.get_batch(f"{ds.name}/0", buf, np.array([1, 2]), own_rows="skip")
+        share.read(buf, np.array([1, 2]), own=False)
         assert (buf == -1).all()
-        with pytest.raises(ValueError, match="own_rows"):
-            ds.ddstore.get_batch(f"{ds.name}/0", buf, np.array([1, 2]), own_rows="bogus")
+        share.read(buf, np.array([1, 2]))
+        assert (buf == x[[1, 2]].numpy()).all()
+        t = torch.full((3, 4), -1.0, dtype=torch.float64)
+        share.gather_own(t, np.array([7, 0, 7]))
+        assert torch.equal(t, x[[7, 0, 7]])
+        share.write(np.full((1, 4), 5.0), 3)
+        assert torch.equal(ds[3][0], torch.full((4,), 5.0))
+        with pytest.raises(pyddstore.DDStoreIndexError, match="do not fit"):
+            share.write(np.zeros((2, 4)), 9)
+        with pytest.raises(pyddstore.DDStoreIndexError):
+            share.read(buf, np.array([1, 10]))
+        # The torch layer reads through the share only: the store refuses no host read here
+        # (system memory), and there is no private own_rows switch any more.
+        with pytest.raises(TypeError):
+            ds.ddstore.get_batch(f"{ds.name}/0", buf, np.array([1, 2]), own_rows="skip")
         assert ds.get_profile()["local_rows"] >= 10
     finally:
         ds.free()

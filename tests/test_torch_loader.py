@@ -343,3 +343,50 @@ def test_timeout():
     with pytest.raises(RuntimeError, match="timed out"):
         list(loader)
     loader.close()
+
+
+IMPORT_LEAVES_TORCH = r"""
+import threading
+import torch.utils.data as tud
+from torch.utils.data import dataloader
+from torch.utils.data._utils import worker
+torchs = tud.get_worker_info
+import pyddstore.torch as pt
+from pyddstore.torch import ThreadDataLoader
+def untouched():
+    return all(m.get_worker_info is torchs for m in (tud, worker, dataloader))
+assert untouched(), "importing pyddstore.torch replaced torch's get_worker_info"
+seen = {}
+class Info(tud.Dataset):
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        a, b = tud.get_worker_info(), pt.get_worker_info()
+        seen[i] = (a.id, a.num_workers, b.id, threading.current_thread().name)
+        return i
+loader = ThreadDataLoader(Info(), batch_size=2, num_workers=2)
+assert untouched(), "a loader that has not started changes nothing"
+batches = [b.tolist() for b in loader]
+assert batches == [[0, 1], [2, 3], [4, 5], [6, 7]], batches
+for i, (wid, nw, wid2, name) in seen.items():
+    assert (wid, nw, wid2) == ((i // 2) % 2, 2, (i // 2) % 2) and name == f"ddstore-loader-{wid}", seen
+assert tud.get_worker_info() is None and pt.get_worker_info() is None
+assert untouched(), "torch's get_worker_info not restored once the loader's threads stopped"
+# Persistent workers keep the hook while they live, for their threads only.
+loader = ThreadDataLoader(Info(), batch_size=4, num_workers=1, persistent_workers=True)
+list(loader); list(loader)
+assert not untouched() and tud.get_worker_info() is None
+loader.close()
+assert untouched()
+print("ok")
+"""
+
+
+def test_import_leaves_torch_untouched_and_worker_threads_get_their_info():
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORT_LEAVES_TORCH], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]

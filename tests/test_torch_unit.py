@@ -213,11 +213,11 @@ def test_affinity_sets(monkeypatch):
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("no sched_getaffinity")
     cpus = sorted(os.sched_getaffinity(0))
+    from pyddstore import Settings
+
     monkeypatch.delenv("DDSTORE_AFFINITY_WIDTH", raising=False)
-    assert _affinity_sets(2) == [None, None]
-    monkeypatch.setenv("DDSTORE_AFFINITY_WIDTH", "2")
-    monkeypatch.setenv("DDSTORE_AFFINITY_OFFSET", "1")
-    sets = _affinity_sets(3)
+    assert _affinity_sets(2, Settings.from_env()) == [None, None]
+    sets = _affinity_sets(3, Settings.from_env(affinity_width=2, affinity_offset=1))
     for w, s in enumerate(sets):
         assert s == {cpus[(1 + 2 * w + k) % len(cpus)] for k in range(2)}
 

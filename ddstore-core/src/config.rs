@@ -1,5 +1,12 @@
 //! Settings read from the environment once, when a store is created.
+//!
+//! One table ([`SETTINGS`]) lists every `DDSTORE_*` variable with what it
+//! accepts and its default; [`Settings`] is one validated snapshot of them
+//! (the environment plus a store constructor's arguments), taken once per
+//! store, and [`Config`] the typed part the core and transports use. Nothing
+//! below reads a `DDSTORE_*` variable on the read path.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::{Error, Result};
@@ -21,6 +28,15 @@ pub struct Config {
     pub thread_readers: bool,
     /// Remote batches through the owner-side gather path (`DDSTORE_REMOTE_GATHER`).
     pub remote_gather: RemoteGather,
+    /// The libfabric provider asked for (`DDSTORE_FABRIC`; None: the default list).
+    pub fabric: Option<String>,
+    /// Per-local-rank NIC map (`DDSTORE_NIC_MAP`), unless the store's argument gives one.
+    pub nic_map: Option<String>,
+    /// Register every read destination (`DDSTORE_OFI_LOCAL_MR`; tests).
+    pub ofi_local_mr: bool,
+    /// Open the `FI_HMEM` domain even for host memory given as an external share
+    /// (`DDSTORE_OFI_HMEM`; tests run the device path on a CPU with it).
+    pub ofi_hmem: bool,
 }
 
 /// `DDSTORE_REMOTE_GATHER`: how remote rows are read over libfabric.
@@ -67,6 +83,10 @@ impl Default for Config {
             node_sharing: true,
             thread_readers: true,
             remote_gather: RemoteGather::Auto,
+            fabric: None,
+            nic_map: None,
+            ofi_local_mr: false,
+            ofi_hmem: false,
         }
     }
 }
@@ -94,6 +114,10 @@ impl Config {
             node_sharing: parse_flag(&get, "DDSTORE_SHM")?.unwrap_or(d.node_sharing),
             thread_readers: parse_flag(&get, "DDSTORE_THREAD_READERS")?.unwrap_or(d.thread_readers),
             remote_gather: RemoteGather::from_lookup(&get)?,
+            fabric: setting(&get, "DDSTORE_FABRIC")?,
+            nic_map: setting(&get, "DDSTORE_NIC_MAP")?,
+            ofi_local_mr: parse_flag(&get, "DDSTORE_OFI_LOCAL_MR")?.unwrap_or(d.ofi_local_mr),
+            ofi_hmem: parse_flag(&get, "DDSTORE_OFI_HMEM")?.unwrap_or(d.ofi_hmem),
         })
         .and_then(|c| {
             check_env(&get)?;
@@ -279,9 +303,158 @@ pub fn check_env(get: &impl Fn(&str) -> Option<String>) -> Result<()> {
     Ok(())
 }
 
-/// A flag setting from the process environment (`SETTINGS` rules).
-pub fn env_flag(key: &str, default: bool) -> Result<bool> {
-    Ok(setting(&|k| std::env::var(k).ok(), key)?.map_or(default, |v| v == "1"))
+/// Defaults of the settings that have one (what an unset variable means);
+/// the others are "unset" (None) and their users decide.
+pub const DEFAULTS: &[(&str, &str)] = &[
+    ("DDSTORE_MPI", "1"),
+    ("DDSTORE_HANDSHAKE_TIMEOUT_S", "300"),
+    ("DDSTORE_N_CORE", "0"),
+    ("DDSTORE_MAX_READ_BYTES", "67108864"),
+    ("DDSTORE_MAX_INFLIGHT", "64"),
+    ("DDSTORE_TIMEOUT_S", "60"),
+    ("DDSTORE_SHM", "1"),
+    ("DDSTORE_THREAD_READERS", "1"),
+    ("DDSTORE_BATCH_GET", "1"),
+    ("DDSTORE_FAST_COLLATE", "1"),
+    ("DDSTORE_AFFINITY_WIDTH", "0"),
+    ("DDSTORE_AFFINITY_OFFSET", "0"),
+    ("DDSTORE_CORE_GROUP", "0"),
+    ("DDSTORE_MPI_THREAD_LEVEL", "multiple"),
+    ("DDSTORE_REMOTE_GATHER", "auto"),
+];
+
+/// What a setting of `kind` is once checked, for typed access.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    /// A switch.
+    Flag(bool),
+    /// An integer (`Int`, and `Positive` counts and bytes).
+    Int(i64),
+    /// Seconds.
+    Seconds(f64),
+    /// A word, text or provider name.
+    Text(String),
+}
+
+/// One validated snapshot of every `DDSTORE_*` setting: the environment,
+/// read once, with the values a store's constructor arguments give on top
+/// (an argument wins over its variable). Each value was checked against
+/// [`SETTINGS`]; a bad one is an error naming the variable (or the argument).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Settings {
+    /// Checked, normalised values of the settings that are set (flags as "0"/"1").
+    values: BTreeMap<&'static str, String>,
+}
+
+impl Settings {
+    /// Reads and checks every `DDSTORE_*` variable of the process environment.
+    pub fn from_env() -> Result<Settings> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// As [`Settings::from_env`] with the environment given by `get`.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Settings> {
+        let mut values = BTreeMap::new();
+        for (key, _) in SETTINGS {
+            if let Some(v) = setting(&get, key)? {
+                values.insert(*key, v);
+            }
+        }
+        let settings = Settings { values };
+        settings.config()?; // the typed part parses too (one error, naming the variable)
+        Ok(settings)
+    }
+
+    /// These settings with `key` set to `value` (a constructor argument:
+    /// `source` names it in the error, e.g. "method"). An empty value unsets it.
+    pub fn with(&self, key: &str, value: &str, source: &str) -> Result<Settings> {
+        let key = Self::known(key)?;
+        let mut values = self.values.clone();
+        match setting(&|k| (k == key).then(|| value.to_string()), key) {
+            Ok(Some(v)) => {
+                values.insert(key, v);
+            }
+            Ok(None) => {
+                values.remove(key);
+            }
+            Err(e) => {
+                let msg = e.to_string().replace(
+                    &format!("environment variable {key}="),
+                    &format!("{source}= (for {key}) "),
+                );
+                return Err(Error::invalid(msg));
+            }
+        }
+        let settings = Settings { values };
+        settings.config()?;
+        Ok(settings)
+    }
+
+    fn known(key: &str) -> Result<&'static str> {
+        SETTINGS
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(k, _)| *k)
+            .ok_or_else(|| Error::invalid(format!("{key} is not a pyddstore setting")))
+    }
+
+    /// The checked value of `key` as set (flags "0"/"1"), None when unset.
+    pub fn raw(&self, key: &str) -> Option<&str> {
+        self.values.get(key).map(String::as_str)
+    }
+
+    /// Whether `key` was set (in the environment or by an argument).
+    pub fn is_set(&self, key: &str) -> bool {
+        self.values.contains_key(key)
+    }
+
+    /// The value of `key`, else its default ([`DEFAULTS`]; flags default to
+    /// off), typed by its kind; None when unset without a default.
+    pub fn value(&self, key: &str) -> Result<Option<Value>> {
+        let key = Self::known(key)?;
+        let kind = SETTINGS.iter().find(|(k, _)| *k == key).expect("known").1;
+        let raw = self
+            .raw(key)
+            .or_else(|| DEFAULTS.iter().find(|(k, _)| *k == key).map(|(_, v)| *v));
+        let Some(raw) = raw else {
+            return Ok(matches!(kind, Kind::Flag).then_some(Value::Flag(false)));
+        };
+        let bad = || Error::invalid(format!("{key}={raw:?} does not parse as its kind"));
+        Ok(Some(match kind {
+            Kind::Flag => Value::Flag(raw == "1"),
+            Kind::Int { .. } => Value::Int(raw.parse().map_err(|_| bad())?),
+            Kind::Positive => Value::Int(raw.parse::<f64>().map_err(|_| bad())? as i64),
+            Kind::Seconds => Value::Seconds(raw.parse().map_err(|_| bad())?),
+            Kind::Choice(_) | Kind::Text | Kind::Provider => Value::Text(raw.to_string()),
+        }))
+    }
+
+    /// A switch's value (its default when unset).
+    pub fn flag(&self, key: &str) -> bool {
+        matches!(self.value(key), Ok(Some(Value::Flag(true))))
+    }
+
+    /// A lookup serving the snapshot for `DDSTORE_*` names and the process
+    /// environment for anything else (launcher and libfabric variables).
+    pub fn lookup(&self) -> impl Fn(&str) -> Option<String> + '_ {
+        move |k: &str| {
+            if k.starts_with("DDSTORE_") {
+                self.raw(k).map(str::to_string)
+            } else {
+                std::env::var(k).ok()
+            }
+        }
+    }
+
+    /// The typed settings the core and the transports use.
+    pub fn config(&self) -> Result<Config> {
+        Config::from_lookup(|k| self.raw(k).map(str::to_string))
+    }
+
+    /// Every setting that is set, as (variable, checked value).
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &str)> + '_ {
+        self.values.iter().map(|(k, v)| (*k, v.as_str()))
+    }
 }
 
 fn parse_positive(get: &impl Fn(&str) -> Option<String>, key: &str) -> Result<Option<f64>> {
@@ -357,5 +530,50 @@ mod tests {
             err.contains("DDSTORE_REMOTE_GATHER") && err.contains("auto, 0 or 1"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn settings_snapshot_and_arguments() {
+        let s = Settings::from_lookup(|k| match k {
+            "DDSTORE_SHM" => Some("false".into()),
+            "DDSTORE_TIMEOUT_S" => Some("2.5".into()),
+            "DDSTORE_FABRIC" => Some("TCP".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(s.raw("DDSTORE_SHM"), Some("0"));
+        assert!(!s.flag("DDSTORE_SHM"));
+        assert!(s.flag("DDSTORE_THREAD_READERS"), "default on");
+        assert!(!s.flag("DDSTORE_QUIET"), "flags default off");
+        assert_eq!(
+            s.value("DDSTORE_TIMEOUT_S").unwrap(),
+            Some(Value::Seconds(2.5))
+        );
+        assert_eq!(
+            s.value("DDSTORE_MAX_INFLIGHT").unwrap(),
+            Some(Value::Int(64))
+        );
+        assert_eq!(s.value("DDSTORE_N_CORE").unwrap(), Some(Value::Int(0)));
+        assert_eq!(s.value("DDSTORE_JOB_ID").unwrap(), None);
+        let c = s.config().unwrap();
+        assert_eq!(c.fabric.as_deref(), Some("tcp"));
+        assert!(!c.node_sharing);
+        // An argument wins over the variable, and is checked with its name.
+        let s2 = s.with("DDSTORE_METHOD", "2", "method").unwrap();
+        assert_eq!(s2.value("DDSTORE_METHOD").unwrap(), Some(Value::Int(2)));
+        let err = s
+            .with("DDSTORE_METHOD", "7", "method")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("method=") && err.contains("DDSTORE_METHOD"),
+            "{err}"
+        );
+        assert!(s.with("DDSTORE_NOPE", "1", "x").is_err());
+        // A bad value anywhere names its variable.
+        let err = Settings::from_lookup(|k| (k == "DDSTORE_QUIET").then(|| "yes".into()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("DDSTORE_QUIET=\"yes\""), "{err}");
     }
 }

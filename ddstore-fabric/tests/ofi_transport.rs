@@ -97,8 +97,11 @@ fn lists_providers_and_rejects_unknown_fabric() {
         .find(|p| p.provider == "shm")
         .expect("shm listed");
     assert!(shm.mr_mode_names.contains(&"FI_MR_VIRT_ADDR") && shm.manual_progress);
-    let get = |k: &str| (k == "DDSTORE_FABRIC").then(|| "infiniband".to_string());
-    let err = OfiTransport::from_lookup(&Config::default(), None, 0, get)
+    let config = Config {
+        fabric: Some("infiniband".into()),
+        ..Config::default()
+    };
+    let err = OfiTransport::from_lookup(&config, None, 0, |_| None)
         .err()
         .unwrap();
     assert!(err.to_string().contains("DDSTORE_FABRIC"), "{err}");

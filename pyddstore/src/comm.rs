@@ -22,11 +22,21 @@ pub struct PyComm {
 #[pymethods]
 impl PyComm {
     /// MPI: from an mpi4py communicator's `py2f()` handle, or MPI_COMM_WORLD
-    /// (initialising MPI if nobody has).
+    /// (initialising MPI if nobody has, at `settings.mpi_thread_level`);
+    /// collectives bounded by `settings.handshake_timeout_s` (default: the
+    /// environment's settings).
     #[staticmethod]
-    #[pyo3(signature = (fortran_handle=None))]
-    fn mpi(py: Python<'_>, fortran_handle: Option<i64>) -> PyResult<PyComm> {
-        crate::methods::mpi_comm(fortran_handle)
+    #[pyo3(signature = (fortran_handle=None, settings=None))]
+    fn mpi(
+        py: Python<'_>,
+        fortran_handle: Option<i64>,
+        settings: Option<PyRef<'_, crate::settings::PySettings>>,
+    ) -> PyResult<PyComm> {
+        let settings = match settings {
+            Some(s) => s.inner.clone(),
+            None => ddstore_core::config::Settings::from_env().py(py)?,
+        };
+        crate::methods::mpi_comm(fortran_handle, &settings)
             .py(py)
             .map(|inner| PyComm { inner })
     }

@@ -78,3 +78,256 @@ pub fn share_of_tensor(
     // the tensor is not resized).
     Ok(unsafe { ExternalShare::new(ptr as *mut u8, len, iface, device, owner) })
 }
+
+/// One rank's share of a variable in device memory (`DistDataset(add_device=)`):
+/// the one object that owns the tensor (keeping it alive), stands for its
+/// registration with the store (made by `Store.init_device`, released with
+/// the store), writes rows into it and reads batches of the variable with
+/// this rank's own rows gathered on the device by torch. Other ranks' rows
+/// come through the transport; in a forked process (which cannot use the
+/// device) every row does, the own ones from the parent's registered share.
+///
+/// Example:
+///     ```python
+///     t = torch.empty((n, 64), dtype=torch.uint8, device="cuda")
+///     share = store.init_device("x", n, 64, t, "cuda", 0)  # collective
+///     share.write(my_rows, 0)
+///     share.read(out, [0, 17, 5])  # any rows; own ones gathered on the GPU
+///     ```
+#[pyclass(name = "DeviceShare", module = "pyddstore._native", frozen)]
+pub struct PyDeviceShare {
+    store: Py<crate::store::PyStore>,
+    name: String,
+    tensor: Py<PyAny>,
+    start: u64,
+    count: u64,
+    row_bytes: usize,
+    /// The process that made the share: only it can use the device.
+    pid: u32,
+}
+
+impl PyDeviceShare {
+    /// Made by `Store.init_device` once the variable exists.
+    pub fn new(
+        store: Py<crate::store::PyStore>,
+        name: String,
+        tensor: Py<PyAny>,
+        start: u64,
+        count: u64,
+        row_bytes: usize,
+    ) -> PyDeviceShare {
+        PyDeviceShare {
+            store,
+            name,
+            tensor,
+            start,
+            count,
+            row_bytes,
+            pid: std::process::id(),
+        }
+    }
+
+    /// Positions in `rows` of this rank's rows, and their indices in the share.
+    fn mine(&self, rows: &[i64]) -> (Vec<i64>, Vec<i64>) {
+        let (lo, hi) = (self.start as i64, (self.start + self.count) as i64);
+        rows.iter()
+            .enumerate()
+            .filter(|(_, &r)| (lo..hi).contains(&r))
+            .map(|(i, &r)| (i as i64, r - lo))
+            .unzip()
+    }
+
+    /// `values` as an int64 tensor on the share's device.
+    fn index_tensor<'py>(&self, py: Python<'py>, values: Vec<i64>) -> PyResult<Bound<'py, PyAny>> {
+        let torch = py.import("torch")?;
+        let kw = pyo3::types::PyDict::new(py);
+        kw.set_item("dtype", torch.getattr("int64")?)?;
+        kw.set_item("device", self.tensor.bind(py).getattr("device")?)?;
+        torch.call_method("tensor", (values,), Some(&kw))
+    }
+
+    /// This rank's rows among `local` (indices in the share), gathered on the device.
+    fn gathered<'py>(&self, py: Python<'py>, local: Vec<i64>) -> PyResult<Bound<'py, PyAny>> {
+        let idx = self.index_tensor(py, local)?;
+        self.tensor.bind(py).call_method1("index_select", (0, idx))
+    }
+}
+
+/// `arr` (n rows of `row_bytes`, C-contiguous) as an (n, row_bytes) uint8 view of the same memory.
+fn byte_rows<'py>(
+    arr: &Bound<'py, PyAny>,
+    n: usize,
+    row_bytes: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = arr.py();
+    let np = py.import("numpy")?;
+    let contiguous: bool = arr.getattr("flags")?.get_item("C_CONTIGUOUS")?.extract()?;
+    if !contiguous {
+        return Err(value_error(
+            py,
+            "the destination array must be C-contiguous".into(),
+        ));
+    }
+    arr.call_method1("reshape", (-1,))?
+        .call_method1("view", (np.getattr("uint8")?,))?
+        .call_method1("reshape", ((n, row_bytes),))
+}
+
+#[pymethods]
+impl PyDeviceShare {
+    /// The variable's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+    /// The (count, row_bytes) uint8 device tensor holding this rank's rows.
+    #[getter]
+    fn tensor(&self, py: Python<'_>) -> Py<PyAny> {
+        self.tensor.clone_ref(py)
+    }
+    /// The first global row of this rank's share.
+    #[getter]
+    fn start(&self) -> u64 {
+        self.start
+    }
+    /// How many rows this rank holds.
+    #[getter]
+    fn count(&self) -> u64 {
+        self.count
+    }
+    /// Bytes per row.
+    #[getter]
+    fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+    /// The torch device of the share.
+    #[getter]
+    fn device<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.tensor.bind(py).getattr("device")
+    }
+
+    /// Writes `rows` (host rows of this variable) into the share from row
+    /// `offset` on: one host-to-device copy.
+    fn write(&self, py: Python<'_>, rows: Bound<'_, PyAny>, offset: i64) -> PyResult<()> {
+        let np = py.import("numpy")?;
+        let host = np.call_method1("ascontiguousarray", (rows,))?;
+        let n: usize = host.len()?;
+        if offset < 0 || offset as u64 + n as u64 > self.count {
+            return Err(crate::errors::to_py(
+                py,
+                ddstore_core::Error::IndexOutOfRange(format!(
+                    "write('{}'): rows {offset}..{} do not fit this rank's {} rows",
+                    self.name,
+                    offset + n as i64,
+                    self.count
+                )),
+            ));
+        }
+        let nbytes: usize = host.getattr("nbytes")?.extract()?;
+        if nbytes != n * self.row_bytes {
+            return Err(value_error(
+                py,
+                format!(
+                    "write('{}'): {n} rows of {nbytes} bytes in all, expected {} bytes per row",
+                    self.name, self.row_bytes
+                ),
+            ));
+        }
+        let src = py
+            .import("torch")?
+            .call_method1("from_numpy", (byte_rows(&host, n, self.row_bytes)?,))?;
+        self.tensor
+            .bind(py)
+            .call_method1("narrow", (0, offset, n))?
+            .call_method1("copy_", (src,))?;
+        Ok(())
+    }
+
+    /// Reads rows `rows` of the variable into `out` (host memory, len(rows)
+    /// rows): other ranks' rows through the transport, this rank's gathered
+    /// on the device and copied once (`own=False` leaves them untouched, for
+    /// `gather_own`). In a forked process every row comes through the transport.
+    #[pyo3(signature = (out, rows, own=true))]
+    fn read(
+        &self,
+        py: Python<'_>,
+        out: Bound<'_, PyAny>,
+        rows: Bound<'_, PyAny>,
+        own: bool,
+    ) -> PyResult<()> {
+        use ddstore_core::store::OwnRows;
+        let store = self.store.bind(py).get();
+        let forked = std::process::id() != self.pid;
+        let mode = if forked {
+            OwnRows::Transport
+        } else {
+            OwnRows::Skip
+        };
+        let indices = crate::store::indices_of(&rows)?;
+        store.read_indexed(
+            py,
+            "read",
+            self.name.clone(),
+            out.clone(),
+            rows,
+            move |s, v, r, o| s.read_var(v, r, o, mode),
+        )?;
+        if forked || !own {
+            return Ok(());
+        }
+        let (pos, local) = self.mine(&indices);
+        if pos.is_empty() {
+            return Ok(());
+        }
+        let got = self
+            .gathered(py, local)?
+            .call_method0("cpu")?
+            .call_method0("numpy")?;
+        let view = byte_rows(&out, indices.len(), self.row_bytes)?;
+        let np = py.import("numpy")?;
+        view.set_item(np.call_method1("asarray", (pos,))?, got)
+    }
+
+    /// Copies this rank's rows among `rows` into `dst` (a contiguous tensor
+    /// of len(rows) rows on the share's device), device to device; other
+    /// rows of `dst` are left as they are.
+    fn gather_own(
+        &self,
+        py: Python<'_>,
+        dst: Bound<'_, PyAny>,
+        rows: Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        if std::process::id() != self.pid {
+            return Err(crate::errors::to_py(
+                py,
+                ddstore_core::Error::Unsupported(format!(
+                    "gather_own('{}'): a forked process cannot use the device; read() reads every row \
+                     through the transport there",
+                    self.name
+                )),
+            ));
+        }
+        let indices = crate::store::indices_of(&rows)?;
+        let (pos, local) = self.mine(&indices);
+        if pos.is_empty() {
+            return Ok(());
+        }
+        let torch = py.import("torch")?;
+        let as_bytes = dst
+            .call_method1("view", (torch.getattr("uint8")?,))?
+            .call_method1("reshape", ((indices.len(), self.row_bytes),))?;
+        let pos = self.index_tensor(py, pos)?;
+        as_bytes.call_method1("index_copy_", (0, pos, self.gathered(py, local)?))?;
+        Ok(())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "DeviceShare('{}', rows {}..{}, {} bytes per row)",
+            self.name,
+            self.start,
+            self.start + self.count,
+            self.row_bytes
+        )
+    }
+}

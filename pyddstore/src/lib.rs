@@ -11,6 +11,7 @@ mod errors;
 mod external;
 mod handshake;
 mod methods;
+mod settings;
 mod store;
 
 /// Finalises MPI if this module initialised it (registered with atexit).
@@ -62,38 +63,71 @@ fn provider_candidates(py: Python<'_>, value: Option<&str>) -> PyResult<Vec<Stri
         .py(py)
 }
 
-/// The checked value of a `DDSTORE_*` setting (flags as "0"/"1"), None when
-/// unset; a bad value raises DDStoreValueError naming the variable.
+/// The checked value of one `DDSTORE_*` setting (flags as "0"/"1"), None when
+/// unset; a bad value raises DDStoreValueError naming the variable. For the
+/// import-time settings only (logging); everything else reads `Settings`.
 #[pyfunction]
 fn setting(py: Python<'_>, key: &str) -> PyResult<Option<String>> {
     use errors::IntoPyResult;
     ddstore_core::config::setting(&|k| std::env::var(k).ok(), key).py(py)
 }
 
-/// Validates every `DDSTORE_*` setting that is set (one table: ddstore_core::config::SETTINGS).
+/// The libfabric variables this module defaulted when it was imported:
+/// `{"variables": {name: (value, set_by_pyddstore)}, "started_after_defaults":
+/// True/False, or None while libfabric has not started in this process}`.
 #[pyfunction]
-fn check_env(py: Python<'_>) -> PyResult<()> {
-    use errors::IntoPyResult;
-    ddstore_core::config::check_env(&|k| std::env::var(k).ok()).py(py)
+fn libfabric_env(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    use pyo3::types::PyDict;
+    let applied = ddstore_fabric::ofi::apply_libfabric_defaults();
+    let vars = PyDict::new(py);
+    for (name, value, ours) in &applied.variables {
+        vars.set_item(*name, (value.as_str(), *ours))?;
+    }
+    let d = PyDict::new(py);
+    d.set_item("variables", vars)?;
+    d.set_item(
+        "started_after_defaults",
+        ddstore_fabric::ofi::started_after_defaults(),
+    )?;
+    Ok(d)
+}
+
+/// Whether process `pid` exists on this machine (the one check, ddstore_core's).
+#[pyfunction]
+fn pid_alive(pid: u32) -> bool {
+    ddstore_core::region::process_alive(pid)
 }
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    // Exception classes first: a missing one fails this import.
+    // Before anything can start libfabric or a pyddstore thread: the one
+    // place the libfabric variables pyddstore defaults are set.
+    ddstore_fabric::ofi::apply_libfabric_defaults();
+    // Exception classes next: a missing one fails this import.
     errors::bind(m.py())?;
+    m.add_class::<settings::PySettings>()?;
+    m.add_class::<external::PyDeviceShare>()?;
     m.add_class::<comm::PyComm>()?;
     m.add_class::<store::PyStore>()?;
     m.add_class::<handshake::PyHandshakeDir>()?;
     m.add_class::<handshake::PyNameLock>()?;
     m.add_function(wrap_pyfunction!(finalize_mpi, m)?)?;
     m.add_function(wrap_pyfunction!(setting, m)?)?;
-    m.add_function(wrap_pyfunction!(check_env, m)?)?;
+    m.add_function(wrap_pyfunction!(libfabric_env, m)?)?;
+    m.add_function(wrap_pyfunction!(pid_alive, m)?)?;
     m.add_function(wrap_pyfunction!(system_info, m)?)?;
     m.add_function(wrap_pyfunction!(provider_candidates, m)?)?;
     // A list of ints (a Vec<u8> would become bytes).
     let methods: Vec<u32> = methods::METHODS.iter().map(|&m| u32::from(m)).collect();
     m.add("METHODS", methods)?;
     m.add("HAS_MPI", cfg!(feature = "mpi"))?;
+    // The element dtypes a variable can hold: the one table (ddstore_core::dtype), for Python.
+    let dtypes: Vec<&str> = ddstore_core::DType::ALL
+        .iter()
+        .filter(|d| **d != ddstore_core::DType::Bytes)
+        .map(|d| d.name())
+        .collect();
+    m.add("DTYPES", dtypes)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

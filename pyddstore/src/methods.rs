@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use ddstore_core::config::Settings;
 #[cfg(feature = "mpi")]
 use ddstore_core::node_only::NodeOnlyTransport;
 use ddstore_core::transport::Transport;
@@ -20,17 +21,19 @@ or a pyddstore.FileComm (comm=None with DDSTORE_HANDSHAKE_DIR), or rebuild with 
 /// An MPI communicator from mpi4py's `py2f()` handle, or MPI_COMM_WORLD
 /// (initialising MPI here when no one has; `finalize_mpi` undoes that).
 #[cfg(feature = "mpi")]
-pub fn mpi_comm(fortran_handle: Option<i64>) -> Result<Arc<dyn Comm>> {
+pub fn mpi_comm(fortran_handle: Option<i64>, settings: &Settings) -> Result<Arc<dyn Comm>> {
     let comm = match fortran_handle {
         Some(h) => MpiComm::from_fortran(h)?,
-        None => MpiComm::world()?,
+        None => MpiComm::world_at(settings.raw("DDSTORE_MPI_THREAD_LEVEL"))?,
     };
-    Ok(Arc::new(comm))
+    Ok(Arc::new(
+        comm.with_timeout(settings.config()?.handshake_timeout),
+    ))
 }
 
 /// Without MPI in this build: a clear error (method 0 needs it).
 #[cfg(not(feature = "mpi"))]
-pub fn mpi_comm(_fortran_handle: Option<i64>) -> Result<Arc<dyn Comm>> {
+pub fn mpi_comm(_fortran_handle: Option<i64>, _settings: &Settings) -> Result<Arc<dyn Comm>> {
     Err(Error::Unsupported(NO_MPI.to_string()))
 }
 

@@ -16,10 +16,13 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use crate::buffer::Array;
 use crate::comm::PyComm;
 use crate::errors::{type_error, value_error, IntoPyResult};
+use crate::settings::PySettings;
 
 #[pyclass(name = "Store", module = "pyddstore._native", frozen)]
 pub struct PyStore {
     store: Arc<Store>,
+    /// What the store was made with (`store.settings`).
+    settings: PySettings,
     method: u8,
     /// Element size per variable as given to init/add (info() reports it).
     itemsizes: Mutex<HashMap<String, usize>>,
@@ -51,7 +54,7 @@ fn int_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
     })
 }
 
-fn indices_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+pub(crate) fn indices_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
     let py = obj.py();
     if let Ok(arr) = obj.extract::<PyReadonlyArray1<i64>>() {
         return Ok(arr
@@ -120,7 +123,7 @@ impl PyStore {
     /// Checks `arr` against `indices` and runs `read` with the GIL released.
     /// The variable is looked up once and handed to `read` (an `Arc`, no
     /// copy of its layout); indices are checked by the planner, once.
-    fn read_indexed(
+    pub(crate) fn read_indexed(
         &self,
         py: Python<'_>,
         call: &str,
@@ -205,22 +208,34 @@ fn check_out(
 #[pymethods]
 impl PyStore {
     #[new]
-    #[pyo3(signature = (comm, method, nic_map=None))]
+    #[pyo3(signature = (comm, method, nic_map=None, settings=None))]
     fn new(
         py: Python<'_>,
         comm: &PyComm,
         method: u8,
         nic_map: Option<String>,
+        settings: Option<PyRef<'_, PySettings>>,
     ) -> PyResult<PyStore> {
-        let config = ddstore_core::Config::from_env().py(py)?;
+        let settings = match settings {
+            Some(s) => s.inner.clone(),
+            None => ddstore_core::config::Settings::from_env().py(py)?,
+        };
+        let config = settings.config().py(py)?;
         let transport =
             crate::methods::transport_for(method, &comm.inner, &config, nic_map.as_deref())
                 .py(py)?;
         Ok(PyStore {
             store: Arc::new(Store::new(comm.inner.clone(), transport, config)),
+            settings: PySettings { inner: settings },
             method,
             itemsizes: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The settings this store was made with (read once, at creation).
+    #[getter]
+    fn settings(&self) -> PySettings {
+        self.settings.clone()
     }
 
     #[getter]
@@ -530,49 +545,29 @@ impl PyStore {
         py.detach(|| store.get(&name, start, out)).py(py)
     }
 
-    /// Row i of `arr` receives global row `indices[i]`. `own_rows`: what
-    /// happens to rows of this rank's share: "copy" (memcpy, the default),
-    /// "skip" (left untouched, for the caller to fill: device shares) or
-    /// "transport" (read like other ranks' rows: device shares in a forked
-    /// process).
-    #[pyo3(signature = (name, arr, indices, own_rows=None))]
+    /// Row i of `arr` receives global row `indices[i]`.
     fn get_batch(
         &self,
         py: Python<'_>,
         name: String,
         arr: Bound<'_, PyAny>,
         indices: Bound<'_, PyAny>,
-        own_rows: Option<&str>,
     ) -> PyResult<()> {
-        let own = match own_rows.unwrap_or("copy") {
-            "copy" => OwnRows::Copy,
-            "skip" => OwnRows::Skip,
-            "transport" => OwnRows::Transport,
-            other => {
-                return Err(value_error(
-                    py,
-                    format!(
-                        "get_batch('{name}'): own_rows={other:?} is not one of 'copy', 'skip', 'transport'"
-                    ),
-                ))
-            }
-        };
-        self.read_indexed(py, "get_batch", name, arr, indices, move |s, v, r, o| {
-            s.read_var(v, r, o, own)
+        self.read_indexed(py, "get_batch", name, arr, indices, |s, v, r, o| {
+            s.read_var(v, r, o, OwnRows::Copy)
         })
     }
 
-    /// Collective: creates `name` with this rank's share in `tensor`'s memory
-    /// (a contiguous tensor of exactly `nrows * row_bytes` bytes on device
-    /// `device` of interface `iface`: "cuda", "rocr", "ze", or "system" for
-    /// host memory). The store keeps a reference to the tensor; it must not be
-    /// resized. Rows are written by the caller; on a device, this rank reads
-    /// its own rows itself (`get_batch(..., own_rows="skip")`).
+    /// Collective: creates `name` with this rank's `nrows` rows of
+    /// `row_bytes` in `tensor`'s memory (a contiguous tensor of exactly
+    /// `nrows * row_bytes` bytes on device `device` of interface `iface`:
+    /// "cuda", "rocr", "ze", or "system" for host memory) and returns the
+    /// `DeviceShare` that owns it: the store and the share keep the tensor
+    /// alive; it must not be resized. Rows are written and read through the share.
     #[allow(clippy::too_many_arguments)] // init's arguments plus the share's memory
     #[pyo3(signature = (name, nrows, row_bytes, tensor, iface, device=0, itemsize=1, dtype=None))]
-    fn init_external(
-        &self,
-        py: Python<'_>,
+    fn init_device(
+        slf: &Bound<'_, Self>,
         name: String,
         nrows: i64,
         row_bytes: i64,
@@ -581,11 +576,13 @@ impl PyStore {
         device: i32,
         itemsize: usize,
         dtype: Option<&str>,
-    ) -> PyResult<()> {
+    ) -> PyResult<crate::external::PyDeviceShare> {
+        let py = slf.py();
+        let this = slf.get();
         if nrows < 0 || row_bytes <= 0 {
             return Err(value_error(
                 py,
-                format!("init_external('{name}'): nrows={nrows} must be >= 0 and row_bytes={row_bytes} >= 1"),
+                format!("init_device('{name}'): nrows={nrows} must be >= 0 and row_bytes={row_bytes} >= 1"),
             ));
         }
         let dtype = match dtype {
@@ -594,12 +591,24 @@ impl PyStore {
         };
         let iface = HmemIface::parse(iface).py(py)?;
         let share = crate::external::share_of_tensor(&tensor, iface, device)?;
-        let store = self.store.clone();
+        let store = this.store.clone();
         let n = name.clone();
         py.detach(move || store.init_external(&n, nrows as u64, row_bytes as usize, dtype, share))
             .py(py)?;
-        self.itemsizes.lock().unwrap().insert(name, itemsize.max(1));
-        Ok(())
+        this.itemsizes
+            .lock()
+            .unwrap()
+            .insert(name.clone(), itemsize.max(1));
+        let layout = this.store.var(&name).py(py)?.info.layout.clone();
+        let rank = this.store.comm().rank();
+        Ok(crate::external::PyDeviceShare::new(
+            slf.clone().unbind(),
+            name,
+            tensor.unbind(),
+            layout.start(rank),
+            layout.count(rank),
+            row_bytes as usize,
+        ))
     }
 
     /// Benchmark ceiling: `get_batch` without planning, each row one

@@ -137,16 +137,20 @@ def check_loaders():
                 f"reuse_buffers {cls.__name__}",
             )
         for env in ("DDSTORE_FAST_COLLATE", "DDSTORE_BATCH_GET"):
+            # Settings are read once, when a store is made: a dataset made with the variable set.
             os.environ[env] = "0"
             try:
-                assert not iter(ThreadDataLoader(ds, batch_size=4))._direct or env == "DDSTORE_BATCH_GET"
-                tc.same(
-                    want,
-                    tc.distributed_batches(W, ThreadDataLoader, ds, num_workers=1),
-                    f"{env}=0 {cls.__name__}",
-                )
+                ds0 = make(src)
             finally:
                 del os.environ[env]
+            assert not iter(ThreadDataLoader(ds0, batch_size=4))._direct or env == "DDSTORE_BATCH_GET"
+            assert iter(ThreadDataLoader(ds, batch_size=4))._direct, "the first dataset keeps its settings"
+            tc.same(
+                want,
+                tc.distributed_batches(W, ThreadDataLoader, ds0, num_workers=1),
+                f"{env}=0 {cls.__name__}",
+            )
+            ds0.free()
         prof = ds.get_profile()
         assert isinstance(prof, dict)
         ds.free()

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use ddstore_core::comm::Comm;
 use mpi::ffi;
 
-use super::init::{check, ensure_initialized, is_usable, serialize};
+use super::init::{check, ensure_initialized_at, is_usable, serialize};
 use crate::error::{FabricError, FabricResult};
 
 /// An MPI communicator this process owns: freed on drop while MPI is usable.
@@ -168,6 +168,10 @@ impl std::fmt::Debug for MpiComm {
     }
 }
 
+/// How long a collective waits for peers unless the caller says
+/// ([`MpiComm::with_timeout`]): `DDSTORE_HANDSHAKE_TIMEOUT_S`'s default.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
 impl MpiComm {
     /// Duplicates the communicator mpi4py hands over as `comm.py2f()`, so our
     /// traffic never mixes with the user's. Collective over that communicator.
@@ -197,7 +201,13 @@ impl MpiComm {
 
     /// A duplicate of `MPI_COMM_WORLD`, initialising MPI first if nobody did.
     pub fn world() -> FabricResult<MpiComm> {
-        ensure_initialized()?;
+        Self::world_at(None)
+    }
+
+    /// As [`MpiComm::world`], asking for thread `level` if this call initialises
+    /// MPI (see [`super::ensure_initialized_at`]).
+    pub fn world_at(level: Option<&str>) -> FabricResult<MpiComm> {
+        ensure_initialized_at(level)?;
         // SAFETY: reading a link-time constant exported by the MPI shim.
         Self::dup_of(unsafe { ffi::RSMPI_COMM_WORLD })
     }
@@ -223,9 +233,7 @@ impl MpiComm {
             size: 1,
             pid: CreatedBy::this_process(),
             broken: AtomicBool::new(false),
-            timeout: ddstore_core::Config::from_env()
-                .map(|c| c.handshake_timeout)
-                .unwrap_or(Duration::from_secs(300)),
+            timeout: DEFAULT_TIMEOUT,
         };
         let (mut rank, mut size): (c_int, c_int) = (0, 0);
         let _g = serialize();
@@ -263,7 +271,7 @@ impl MpiComm {
         };
         check("MPI_Comm_split_type", rc)?;
         // SAFETY: the split succeeded and every rank has a color, so the handle is set.
-        Self::adopt(unsafe { node.assume_init() })
+        Self::adopt(unsafe { node.assume_init() }).map(|c| c.with_timeout(self.timeout))
     }
 
     /// Splits by small non-negative color and key (both already dense). Collective.
@@ -276,7 +284,14 @@ impl MpiComm {
         };
         check("MPI_Comm_split", rc)?;
         // SAFETY: the split succeeded with a defined color, so the handle is set.
-        Self::adopt(unsafe { out.assume_init() })
+        Self::adopt(unsafe { out.assume_init() }).map(|c| c.with_timeout(self.timeout))
+    }
+
+    /// This communicator with its barriers and allgathers bounded by `timeout`
+    /// (the store's `DDSTORE_HANDSHAKE_TIMEOUT_S`; default 300 s).
+    pub fn with_timeout(mut self, timeout: Duration) -> MpiComm {
+        self.timeout = timeout;
+        self
     }
 
     /// The raw handle, for windows created over this communicator. It stays

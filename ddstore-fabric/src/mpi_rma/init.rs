@@ -105,12 +105,18 @@ pub(crate) fn is_usable() -> bool {
     is_initialized() && !is_finalized()
 }
 
-/// Initialises MPI asking for `MPI_THREAD_MULTIPLE` (or the level named by
-/// `DDSTORE_MPI_THREAD_LEVEL`: single, funneled, serialized, multiple) unless
+/// Initialises MPI asking for `MPI_THREAD_MULTIPLE` unless
 /// someone already did (mpi4py, the user's code). Returns true when this library initialised
 /// MPI (now or in an earlier call), that is when `finalize_if_ours` will
 /// finalise it. Never initialises twice.
 pub fn ensure_initialized() -> FabricResult<bool> {
+    ensure_initialized_at(None)
+}
+
+/// As [`ensure_initialized`], asking for thread level `level` (single,
+/// funneled, serialized, multiple; None: multiple) when this call initialises MPI.
+/// The level comes from the caller's settings (`DDSTORE_MPI_THREAD_LEVEL`).
+pub fn ensure_initialized_at(level: Option<&str>) -> FabricResult<bool> {
     let _guard = MPI_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     if is_finalized() {
         return Err(FabricError::Unavailable(
@@ -118,7 +124,7 @@ pub fn ensure_initialized() -> FabricResult<bool> {
         ));
     }
     if !is_initialized() {
-        let wanted = requested_level()?;
+        let wanted = requested_level(level.unwrap_or(""))?;
         let mut provided: c_int = 0;
         // SAFETY: MPI is not initialised (checked under our lock); null argc/argv are allowed.
         let rc = unsafe {
@@ -136,8 +142,7 @@ pub fn ensure_initialized() -> FabricResult<bool> {
     Ok(INITIALISED_BY_US.load(Ordering::SeqCst))
 }
 
-fn requested_level() -> FabricResult<c_int> {
-    let raw = std::env::var("DDSTORE_MPI_THREAD_LEVEL").unwrap_or_default();
+fn requested_level(raw: &str) -> FabricResult<c_int> {
     // SAFETY: reading link-time constants exported by the MPI shim.
     let level = unsafe {
         match raw.trim().to_ascii_lowercase().as_str() {

@@ -15,12 +15,6 @@ use libfabric_sys as sys;
 use super::{Info, InfoRequest, MemoryRegion, Node, OfiTransport, ShareRecord};
 use crate::error::{FabricError, FabricResult};
 
-/// `DDSTORE_OFI_HMEM=1` asks for FI_HMEM even for host memory given as an
-/// external share (tests run the device code path on a CPU with it).
-fn hmem_forced() -> bool {
-    ddstore_core::config::env_flag("DDSTORE_OFI_HMEM", false).unwrap_or(false)
-}
-
 fn iface_code(iface: HmemIface) -> sys::fi_hmem_iface {
     match iface {
         HmemIface::System => sys::FI_HMEM_SYSTEM,
@@ -134,7 +128,7 @@ impl OfiTransport {
     /// Registers the share (or, when empty, a host page nobody reads) and
     /// builds this rank's record.
     fn register_external(&self, share: &ExternalShare) -> FabricResult<Registered> {
-        let node = if share.iface().is_device() || hmem_forced() {
+        let node = if share.iface().is_device() || self.config.ofi_hmem {
             self.hmem_node()?
         } else {
             self.node()?

@@ -53,6 +53,8 @@ fn strdup(s: &str) -> FabricResult<*mut c_char> {
 impl Info {
     /// `fi_getinfo` for FI_EP_RDM with FI_RMA | FI_READ | FI_REMOTE_READ.
     pub fn query(req: &InfoRequest) -> FabricResult<Info> {
+        // libfabric reads its variables at its first fi_getinfo: pyddstore's defaults first.
+        super::env::before_first_query();
         let node = req
             .node
             .as_deref()

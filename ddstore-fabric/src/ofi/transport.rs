@@ -1,6 +1,6 @@
 //! `OfiTransport`: methods 1 and 2 over libfabric one-sided reads.
 
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex};
 
 use ddstore_core::comm::Comm;
 use ddstore_core::config::{Config, RemoteGather};
@@ -22,64 +22,6 @@ use super::record::ShareRecord;
 use super::select;
 use super::serve::{self, ServedShares};
 use crate::error::{FabricError, FabricResult};
-
-/// Over tcp, rxm gives each endpoint an internal completion queue of
-/// 4096 (shared receive queue) + 128 (transmit depth) × `FI_UNIVERSE_SIZE`
-/// entries, rounded up to a power of two; the universe defaults to 1024:
-/// 262,144 entries of 48 bytes, 12 MiB per endpoint. Completions are
-/// written round that ring, so every reader's resident memory climbs by
-/// 48 bytes per completed read until all of it has been touched (measured:
-/// +21 MiB, 7%, over 750,000 remote rows per rank). A reader keeps at most
-/// `max_inflight` reads outstanding, so 128 × universe ≥ `max_inflight` is
-/// enough (16: 8,192 entries, 384 KiB; an overflow would spill to
-/// libfabric's overflow list, not fail).
-fn universe_size_for(config: &Config) -> usize {
-    const RXM_MSG_QUEUE_DEPTH: usize = 128;
-    config.max_inflight.div_ceil(RXM_MSG_QUEUE_DEPTH).max(16)
-}
-
-/// Sets `FI_UNIVERSE_SIZE` (unless the user did) for rxm providers, before
-/// libfabric reads its settings, which it does once, at the process's first
-/// `fi_getinfo`. Only for rxm: other providers size peer tables from the
-/// universe (cxi's address vectors), where a small value could hurt at scale.
-///
-/// Also `FI_OFI_RXM_BUFFER_SIZE`: rxm posts thousands of receive buffers per
-/// endpoint (16 KiB each by default) for unexpected messages; reads go
-/// straight to the message endpoint, and gather replies (whose receives are
-/// always posted first) go eager into the posted buffer over tcp. 1 KiB buffers cut a 4-rank tcp
-/// process from 290 to 80 MiB resident with no loss of read speed (measured
-/// with `mpirun -n 4 python -m pyddstore.bench --configs ofi-tcp`).
-fn default_libfabric_settings(config: &Config, provider: &str) {
-    static FIRST_QUERY: Once = Once::new();
-    FIRST_QUERY.call_once(|| {
-        if !provider.contains("ofi_rxm") {
-            return;
-        }
-        let mut defaults = vec![
-            ("FI_UNIVERSE_SIZE", universe_size_for(config)),
-            ("FI_OFI_RXM_BUFFER_SIZE", RXM_BUFFER_BYTES),
-        ];
-        // Over tcp, rxm places eager messages straight into the posted
-        // receive (dynamic receive buffers) and sends them from the caller's
-        // memory; beyond the eager limit it segments through its 1 KiB
-        // buffers or runs a rendezvous. Gather replies (up to a read's
-        // length) go eager: 1 x 3 KB rows 130 -> 60 µs, 1 MB replies no
-        // longer read back by the reader (measured with python -m pyddstore.bench).
-        if provider.starts_with("tcp") {
-            defaults.push(("FI_OFI_RXM_EAGER_LIMIT", config.max_read_bytes));
-        }
-        for (name, value) in defaults {
-            if std::env::var_os(name).is_none() {
-                // glibc's setenv never frees an environment a concurrent getenv
-                // may be reading; this runs once, before libfabric initialises.
-                std::env::set_var(name, value.to_string());
-            }
-        }
-    });
-}
-
-/// rxm's receive buffer size for the (control-only) messages of a store.
-const RXM_BUFFER_BYTES: usize = 1024;
 
 // Shares in device memory (FI_HMEM); a child module, for this file's private items.
 #[path = "hmem.rs"]
@@ -175,15 +117,22 @@ impl OfiTransport {
         Self::from_lookup(config, nic_map, local_rank, |k| std::env::var(k).ok())
     }
 
-    /// As [`OfiTransport::from_env`] with the environment given by `get`.
+    /// As [`OfiTransport::from_env`] with the environment given by `get`
+    /// (for the interface; provider and NIC map are the `config`'s).
     pub fn from_lookup(
         config: &Config,
         nic_map: Option<&str>,
         local_rank: usize,
         get: impl Fn(&str) -> Option<String>,
     ) -> FabricResult<OfiTransport> {
-        let candidates = select::provider_candidates(get("DDSTORE_FABRIC").as_deref())?;
-        let iface = select::interface(&get, nic_map, local_rank)?;
+        // DDSTORE_* settings come from `config` (read once per store); the
+        // interface variable (FABRIC_IFACE) from `get`.
+        let candidates = select::provider_candidates(config.fabric.as_deref())?;
+        let lookup = |k: &str| match k {
+            "DDSTORE_NIC_MAP" => config.nic_map.clone(),
+            _ => get(k),
+        };
+        let iface = select::interface(&lookup, nic_map, local_rank)?;
         let mut failures = Vec::new();
         for provider in &candidates {
             match Self::with_provider(config, provider, iface.as_deref()) {
@@ -207,7 +156,6 @@ impl OfiTransport {
         iface: Option<&str>,
     ) -> FabricResult<OfiTransport> {
         let mut request = select::request(provider, iface)?;
-        default_libfabric_settings(config, provider);
         let mut info = Info::query(&request)?;
         let provider = info.first().provider();
         let want = match config.remote_gather {
@@ -488,7 +436,7 @@ impl RemoteShares for OfiShares {
                 window: self.config.max_inflight,
                 timeout: self.config.timeout,
                 max_read_bytes: self.config.max_read_bytes,
-                force_local_mr: ddstore_core::config::env_flag("DDSTORE_OFI_LOCAL_MR", false)?,
+                force_local_mr: self.config.ofi_local_mr,
                 gather: self.gather && self.peers.iter().any(|p| p.gather),
             },
         )?;
@@ -511,25 +459,5 @@ impl RemoteShares for OfiShares {
             *child = None;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn universe_covers_the_read_window_and_stays_small() {
-        let with = |max_inflight| Config {
-            max_inflight,
-            ..Config::default()
-        };
-        // Default window: 4096 + 16 × 128 → 8,192 CQ entries, 384 KiB.
-        assert_eq!(universe_size_for(&Config::default()), 16);
-        assert_eq!(universe_size_for(&with(1)), 16);
-        // rxm's ring has room for 128 × universe transmit completions: at least the window.
-        for w in [2048, 4096, 100_000] {
-            assert!(universe_size_for(&with(w)) * 128 >= w, "window {w}");
-        }
     }
 }

@@ -6,13 +6,13 @@ Slingshot, InfiniBand, TCP and shared memory). ``pyddstore.torch`` builds
 PyTorch datasets and loaders on top.
 """
 
-from ._env import apply_fabric_defaults as _apply_fabric_defaults
+# Importing the extension sets the libfabric variables pyddstore defaults, before any thread
+# of pyddstore or libfabric exists (see _env.py).
+from . import _native
 from ._log import configure as _configure_logging
 
-_apply_fabric_defaults()  # before libfabric starts: it reads these once
 _configure_logging()  # DDSTORE_LOG_LEVEL; otherwise only a NullHandler
 
-from . import _native  # noqa: E402
 from ._comm import FileComm, TorchComm  # noqa: E402
 from ._errors import (  # noqa: E402
     DDStoreAccessError,
@@ -30,9 +30,13 @@ from ._errors import (  # noqa: E402
 from ._store import PyDDStore  # noqa: E402
 
 __version__ = _native.__version__
+DeviceShare = _native.DeviceShare
+Settings = _native.Settings
 
 __all__ = [
     "PyDDStore",
+    "DeviceShare",
+    "Settings",
     "FileComm",
     "TorchComm",
     "DDStoreError",

@@ -76,10 +76,10 @@ def attach_store(handle: dict) -> Any:
             "this pickled store comes from another pyddstore version: use the same pyddstore in "
             "the parent and its workers"
         )
-    if handle.get("provider"):
-        # The parent's provider, whatever this process's DDSTORE_FABRIC would choose.
-        os.environ["DDSTORE_FABRIC"] = handle["provider"]
+    # The parent's provider, whatever this process's DDSTORE_FABRIC would choose.
+    settings = _native.Settings.from_env(fabric=handle.get("provider") or None, method=2)
     store = PyDDStore.__new__(PyDDStore)
+    store.settings = settings
     store.handshake_dir = ""
     store.n_core = len(handle["variables"][0]["counts"]) if handle["variables"] else 0
     store.is_extra = True
@@ -91,7 +91,7 @@ def attach_store(handle: dict) -> Any:
     store._py_times = {"py_get": 0.0, "py_gets": 0.0, "py_sync": 0.0}
     store._recv = set()
     store._ragged_units = {}
-    store._native = _native.Store(_native.Comm.single(), 2, None)
+    store._native = _native.Store(_native.Comm.single(), 2, None, settings)
     for v in handle["variables"]:
         store._native.attach(
             v["name"], v["dtype"], v["row_bytes"], v["itemsize"], v["counts"], v["records"], v["node"]

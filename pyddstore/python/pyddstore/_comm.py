@@ -22,7 +22,7 @@ import os
 import sys
 
 from . import _launch, _native, _wire
-from ._env import env_choice, env_flag, env_seconds
+from ._env import settings as _env_settings
 from ._errors import DDStoreTimeoutError, DDStoreValueError
 
 _MPI_LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_SIZE")
@@ -51,17 +51,20 @@ class FileComm:
         size: int | None = None,
         job_id: str | None = None,
         timeout_s: float | None = None,
+        *,
+        settings=None,
     ):
-        handshake_dir = handshake_dir or os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
+        settings = settings if settings is not None else _env_settings()
+        handshake_dir = handshake_dir or settings.handshake_dir or ""
         if not handshake_dir:
             raise DDStoreValueError(
                 "FileComm needs handshake_dir (a directory every rank can reach): pass handshake_dir= "
                 "or set DDSTORE_HANDSHAKE_DIR"
             )
         if timeout_s is None:
-            timeout_s = env_seconds("DDSTORE_HANDSHAKE_TIMEOUT_S", 300.0)
+            timeout_s = settings.handshake_timeout_s
         self.handshake_dir = os.fspath(handshake_dir)
-        self._native = _native.Comm.file(self.handshake_dir, rank, size, job_id, timeout_s)
+        self._native = _native.Comm.file(self.handshake_dir, rank, size, job_id or settings.job_id, timeout_s)
 
     @classmethod
     def _wrap(cls, native) -> FileComm:
@@ -201,8 +204,10 @@ def _mpi_comm(comm) -> _native.Comm:
     return _native.Comm.mpi(comm.py2f())
 
 
-def resolve_comm(comm_or_none, handshake_dir: str = "") -> _native.Comm:
-    """The native communicator for a user's `comm` argument."""
+def resolve_comm(comm_or_none, settings=None) -> _native.Comm:
+    """The native communicator for a user's `comm` argument (DDSTORE_COMM, DDSTORE_MPI and
+    DDSTORE_HANDSHAKE_DIR from `settings`, default the environment's)."""
+    settings = settings if settings is not None else _env_settings()
     if isinstance(comm_or_none, _native.Comm):
         return comm_or_none
     if isinstance(comm_or_none, FileComm):
@@ -219,8 +224,8 @@ def resolve_comm(comm_or_none, handshake_dir: str = "") -> _native.Comm:
             f"comm={comm_or_none!r} is not a communicator: pass an mpi4py communicator, "
             "a torch.distributed group, a pyddstore.FileComm, or None"
         )
-    forced = env_choice("DDSTORE_COMM", ("mpi", "torch", "file"))
-    use_mpi = env_flag("DDSTORE_MPI", True)
+    forced = settings.comm
+    use_mpi = settings.mpi
     # A build without MPI goes on to torch or files under mpirun (DDSTORE_COMM=mpi raises).
     if forced == "mpi" or (forced is None and use_mpi and _native.HAS_MPI and _mpi_in_use()):
         if not use_mpi:
@@ -228,12 +233,12 @@ def resolve_comm(comm_or_none, handshake_dir: str = "") -> _native.Comm:
         return _mpi_comm(None)
     if forced == "torch" or (forced is None and _torch_initialized()):
         return _native.Comm.callback(TorchComm())
-    handshake_dir = handshake_dir or os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
+    handshake_dir = settings.handshake_dir or ""
     launcher = _launch.detect()
     if forced == "file" or handshake_dir or int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1:
         if launcher is not None and launcher.name == "torchrun":
-            return FileComm(handshake_dir, rank=launcher.rank, size=launcher.size)._native
-        return FileComm(handshake_dir)._native
+            return FileComm(handshake_dir, rank=launcher.rank, size=launcher.size, settings=settings)._native
+        return FileComm(handshake_dir, settings=settings)._native
     if launcher is not None and launcher.size > 1:
         raise _launch.no_group_error(launcher)
     return _native.Comm.single()

@@ -97,7 +97,8 @@ class DDStoreTimeoutError(DDStoreError, TimeoutError):
 
     Example:
         ```python
-        os.environ["DDSTORE_TIMEOUT_S"] = "30"  # a dead owner raises after 30 s
+        settings = pyddstore.Settings.from_env(timeout_s=30)  # a dead owner raises after 30 s
+        store = pyddstore.PyDDStore(comm, settings=settings)
         ```
     """
 

@@ -32,7 +32,6 @@ import time
 import urllib.parse
 
 from . import _native
-from ._env import env_int, env_seconds
 from ._errors import DDStoreAccessError, DDStoreError, DDStoreTimeoutError, DDStoreValueError
 
 FORMAT_VERSION = 2
@@ -145,7 +144,7 @@ class Publisher:
                 clean_dead(self.hdir)
             except DDStoreError as e:
                 problem = str(e)
-        given = os.environ.get(TOKEN_ENV, "")
+        given = store.settings.job_token or ""
         # One token per core job, known to every core rank; the same exchange tells every
         # rank whether rank 0 could use the directory.
         key = (os.path.realpath(directory), store.group_id)
@@ -212,7 +211,7 @@ class Publisher:
         }
         body["mac"] = record_mac(self.token, body)
         stem = record_stem(name, self.store.group_id)
-        if not os.environ.get(TOKEN_ENV):
+        if not self.store.settings.job_token:
             self.hdir.write("." + stem + ".token", self.token.encode())
         self.hdir.write(stem + ".json", json.dumps(body).encode())
         self.published.append(name)
@@ -249,13 +248,9 @@ def wait_and_read(path: str, timeout_s: float, missing: str, cap: int = RECORD_C
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """The one liveness check (ddstore_core::private_dir::pid_alive); a pid outside 1..2^31 is
+    no process."""
+    return 0 < pid < 2**31 and _native.pid_alive(pid)
 
 
 def load_json_object(raw: bytes, what: str) -> dict:
@@ -318,13 +313,13 @@ def parse_record(raw: bytes, path: str, n_core: int) -> dict:
     return body
 
 
-def presented_token(directory: str, name: str, group_id: int, token: str | None) -> tuple[str, str]:
+def presented_token(directory: str, name: str, group_id: int, token: str | None, settings) -> tuple[str, str]:
     """The token this extra job presents and where it came from: the argument,
-    DDSTORE_JOB_TOKEN, else the token file beside the core job's record."""
+    DDSTORE_JOB_TOKEN (from `settings`), else the token file beside the core job's record."""
     if token is not None:
         return str(token), "the token= argument"
-    if os.environ.get(TOKEN_ENV):
-        return os.environ[TOKEN_ENV], TOKEN_ENV
+    if settings.job_token:
+        return settings.job_token, TOKEN_ENV
     path = token_path(directory, name, group_id)
     raw = open_dir(directory).read(os.path.basename(path), TOKEN_CAP)
     if raw is None:
@@ -352,8 +347,8 @@ def check_access(body: dict, path: str, name: str, token: str, source: str) -> N
 def join(store, name: str, timeout_s: float | None = None, token: str | None = None) -> dict:
     """Extra side: waits for ``name``'s record, checks it and the job token, attaches."""
     if timeout_s is None:
-        timeout_s = env_seconds("DDSTORE_HANDSHAKE_TIMEOUT_S", 300.0)
-    group = env_int("DDSTORE_CORE_GROUP", 0)
+        timeout_s = store.settings.handshake_timeout_s
+    group = store.settings.core_group
     check_name_length(name, group)
     path = record_path(store.handshake_dir, name, group)
     raw = wait_and_read(
@@ -364,7 +359,7 @@ def join(store, name: str, timeout_s: float | None = None, token: str | None = N
     )
     body = parse_record(raw, path, store.n_core)
     signed = dict(body, records=[r.hex() for r in body["records"]])
-    presented, source = presented_token(store.handshake_dir, name, group, token)
+    presented, source = presented_token(store.handshake_dir, name, group, token, store.settings)
     check_access(signed, path, name, presented, source)
     if body["name"] != name:
         raise DDStoreValueError(f"handshake record {path} is for {body['name']!r}, not {name!r}")

@@ -43,11 +43,13 @@ def _parse(raw: str) -> int:
         ) from None
 
 
-def configure(environ=os.environ) -> None:
+def configure() -> None:
     """Applies DDSTORE_LOG_LEVEL (called on import): a level and one stderr handler."""
     global _handler
-    raw = environ.get("DDSTORE_LOG_LEVEL", "").strip()
-    if not raw and environ.get("DDSTORE_PROFILE", "").strip().lower() in ("1", "true", "yes", "on"):
+    from ._env import import_time_setting
+
+    raw = (import_time_setting("DDSTORE_LOG_LEVEL") or "").strip()
+    if not raw and import_time_setting("DDSTORE_PROFILE") == "1":
         raw = "info"
     if not raw:
         return
@@ -83,7 +85,7 @@ def report_choice(store) -> None:
             f"transport {transport}, communicator {store.comm_kind}"
         )
     provider = transport.split(":", 1)[1] if transport.startswith("ofi:") else ""
-    if provider.split(";")[0] in ("tcp", "sockets", "udp", "net") and not os.environ.get("DDSTORE_FABRIC"):
+    if provider.split(";")[0] in ("tcp", "sockets", "udp", "net") and not store.settings.is_set("fabric"):
         devices = _rdma_devices()
         if devices and store.rank == 0:
             logger.warning(

@@ -13,7 +13,8 @@ import numpy as np
 
 from . import _handshake, _log, _native, _wire
 from ._comm import resolve_comm
-from ._env import check_env, check_fabric, env_flag, resolve_method
+from ._env import check_fabric, resolve_method
+from ._env import settings as _env_settings
 from ._errors import DDStoreTimeoutError, DDStoreTypeError, DDStoreUnsupportedError, DDStoreValueError
 
 _live_stores: weakref.WeakSet = weakref.WeakSet()
@@ -25,21 +26,12 @@ def _at_exit_all() -> None:
         store._at_exit()
 
 
-_SUPPORTED = {
-    "bool": "bool",
-    "uint8": "uint8",
-    "int32": "int32",
-    "int64": "int64",
-    "float32": "float32",
-    "float64": "float64",
-}
-
-
 def _dtype_name(dtype) -> str | None:
     """The stored dtype tag for a numpy dtype; None stores raw bytes."""
     if dtype is None:
         return None
-    return _SUPPORTED.get(np.dtype(dtype).name)
+    name = np.dtype(dtype).name
+    return name if name in _native.DTYPES else None
 
 
 class PyDDStore:
@@ -63,6 +55,12 @@ class PyDDStore:
             `DDSTORE_NIC_MAP`).
         ddstore_width: split the group into independent stores of that many consecutive
             ranks (each group holds a whole copy).
+        settings: a `pyddstore.Settings` to use instead of the environment's
+            (`Settings.from_env(timeout_s=5)`); the arguments above go on top.
+
+    The store reads every `DDSTORE_*` setting once, here: `store.settings` holds them,
+    typed (`store.settings.timeout_s`), with `method`, `handshake_dir`, `n_core` and
+    `nic_map` as given.
 
     Collective calls (`add`, `init`, `free`) must be made by every rank of the group in the
     same order. A store pickles to a handle that spawn/forkserver processes re-attach
@@ -93,17 +91,30 @@ class PyDDStore:
         ddstore_width=None,
         *,
         comm_or_none=None,
+        settings=None,
     ):
         if comm is not None and comm_or_none is not None:
             raise DDStoreTypeError("pass the communicator once: comm= (or its older name comm_or_none=)")
         comm_or_none = comm if comm is not None else comm_or_none
-        method = resolve_method(method)
-        # Settings are checked even where this store does not use them: a typo must not pass silently.
-        check_env()
-        check_fabric()
-        self.handshake_dir = os.fspath(handshake_dir or os.environ.get("DDSTORE_HANDSHAKE_DIR", ""))
-        if not isinstance(n_core, int) or n_core < 0:
+        # Every setting is read and checked once, here, even where this store does not use it: a
+        # typo must not pass silently.
+        if settings is None:
+            settings = _env_settings()
+        elif not isinstance(settings, _native.Settings):
+            raise DDStoreTypeError(f"settings={settings!r} is not a pyddstore.Settings")
+        method = resolve_method(method, settings)
+        if isinstance(n_core, bool) or not isinstance(n_core, int) or n_core < 0:
             raise DDStoreValueError(f"n_core={n_core!r} is not valid: expected a non-negative integer")
+        if nic_map is not None and not isinstance(nic_map, str):
+            nic_map = ",".join(f"{k}:{v}" for k, v in dict(nic_map).items())
+        given = {
+            "method": method,
+            "handshake_dir": os.fspath(handshake_dir) if handshake_dir else None,
+            "nic_map": nic_map,
+        }
+        settings = settings.replace(**{k: v for k, v in given.items() if v is not None})
+        check_fabric(settings)
+        self.handshake_dir = settings.handshake_dir or ""
         self.n_core = n_core
         self.is_extra = method == 2 and n_core > 0 and comm_or_none is None
         if self.is_extra:
@@ -113,7 +124,7 @@ class PyDDStore:
                 )
             comm = _native.Comm.single()
         else:
-            comm = resolve_comm(comm_or_none, self.handshake_dir)
+            comm = resolve_comm(comm_or_none, settings)
         if method is None:
             method = 0 if comm.kind == "mpi" else 1
         if method == 0 and comm.kind not in ("mpi", "single"):
@@ -138,13 +149,9 @@ class PyDDStore:
         else:
             self.group_id = 0
         self.method = method
-        self._native = _native.Store(
-            comm,
-            method,
-            nic_map
-            if isinstance(nic_map, (str, type(None)))
-            else ",".join(f"{k}:{v}" for k, v in dict(nic_map).items()),
-        )
+        #: The settings this store was made with (`pyddstore.Settings`, typed attributes).
+        self.settings = settings.replace(method=method)
+        self._native = _native.Store(comm, method, settings.nic_map, self.settings)
         self._in_epoch = False
         # Upstream get_profile() keys: seconds in get/get_batch/epoch syncs, live registrations.
         self._py_times = {"py_get": 0.0, "py_gets": 0.0, "py_sync": 0.0}
@@ -213,6 +220,40 @@ class PyDDStore:
         self._native.init(name, nrows, disp * itemsize, itemsize, _dtype_name(dtype))
         self._published(name)
 
+    def init_device(
+        self,
+        name: str,
+        nrows: int,
+        row_bytes: int,
+        tensor,
+        iface: str,
+        device: int = 0,
+        *,
+        itemsize=1,
+        dtype=None,
+    ):
+        """Collective: creates `name` with this rank's `nrows` rows of `row_bytes` bytes in
+        `tensor`'s memory (a contiguous torch tensor of exactly that many bytes on device `device`
+        of memory interface `iface`: "cuda", "rocr", "ze", or "system" for host memory registered
+        like device memory) and returns its `pyddstore.DeviceShare`, the one object that owns the
+        tensor and its registration: write rows with `share.write(rows, offset)`, read batches
+        with `share.read(out, rows)` (this rank's rows gathered on the device). Needs a
+        transport that registers device memory (method 1 or 2 with FI_HMEM; a one-process store
+        works with any method).
+
+        Example:
+            ```python
+            t = torch.empty((n, 64), dtype=torch.uint8, device="cuda")
+            share = store.init_device("x", n, 64, t, "cuda", 0)
+            share.write(my_rows, 0)
+            ```
+        """
+        self._check_name(name)
+        self._reserve(name)
+        share = self._native.init_device(name, nrows, row_bytes, tensor, iface, device, itemsize, dtype)
+        self._published(name)
+        return share
+
     def add(self, name: str, arr, lengths=None) -> None:
         """Collective: creates `name` from this rank's rows (first axis of `arr`); returns once
         every rank's rows are readable.
@@ -262,12 +303,12 @@ class PyDDStore:
         finally:
             self._py_times["py_get"] += time.perf_counter() - t
 
-    def get_batch(self, name: str, arr=None, indices=None, own_rows=None, *, out=None):
+    def get_batch(self, name: str, arr=None, indices=None, *, out=None):
         """Reads rows ``indices`` (any ranks, any order, repeats) of ``name``.
 
         Fixed rows: ``get_batch(name, arr, indices)`` fills ``arr`` (row i =
-        global row ``indices[i]``) and returns None. ``own_rows`` ("copy",
-        "skip", "transport") says what happens to this rank's own rows.
+        global row ``indices[i]``) and returns None. (Variables with a share in device memory
+        are read through their `DeviceShare`.)
 
         Ragged variables: ``get_batch(name, indices)`` (or ``indices=``)
         returns ``(values, offsets)``: row i is ``values[offsets[i]:offsets[i + 1]]``
@@ -295,7 +336,7 @@ class PyDDStore:
                 if unit:
                     values = values.reshape((-1,) + unit)
                 return values, offsets
-            self._native.get_batch(name, arr, indices, own_rows)
+            self._native.get_batch(name, arr, indices)
             return None
         finally:
             self._py_times["py_gets"] += time.perf_counter() - t
@@ -474,12 +515,12 @@ class PyDDStore:
             raise DDStoreUnsupportedError(
                 "join() is for method=2 extra members: PyDDStore(None, method=2, n_core=N)"
             )
-        group = int(os.environ.get("DDSTORE_CORE_GROUP", "0") or 0)
+        group = self.settings.core_group
         plain = _handshake.record_path(self.handshake_dir, name, group)
         ends = _handshake.record_path(self.handshake_dir, name + "#ends", group)
         # Whichever record appears first tells a fixed-row variable from a ragged one.
         if timeout_s is None:
-            timeout_s = float(os.environ.get("DDSTORE_HANDSHAKE_TIMEOUT_S", "") or 300)
+            timeout_s = self.settings.handshake_timeout_s
         deadline = time.monotonic() + timeout_s
         while not (os.path.exists(plain) or os.path.exists(ends)):
             if time.monotonic() >= deadline:
@@ -520,7 +561,7 @@ class PyDDStore:
 
     def _report_profile(self) -> None:
         """DDSTORE_PROFILE=1: one line of read counters per variable on stderr."""
-        if not env_flag("DDSTORE_PROFILE", False):
+        if not self.settings.profile:
             return
         for name in self._native.names():
             p = self._native.get_profile(name)

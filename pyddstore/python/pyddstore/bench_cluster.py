@@ -39,9 +39,9 @@ PLACEMENTS = {
 def load_harness():
     """scripts/vcluster.py of the source tree this package was built from (editable install),
     or the file DDSTORE_VCLUSTER_HARNESS names."""
-    path = os.environ.get("DDSTORE_VCLUSTER_HARNESS") or str(
-        Path(__file__).resolve().parents[3] / "scripts" / "vcluster.py"
-    )
+    from ._env import settings
+
+    path = settings().vcluster_harness or str(Path(__file__).resolve().parents[3] / "scripts" / "vcluster.py")
     if not os.path.isfile(path):
         raise SystemExit(
             f"--vcluster needs the virtual-cluster harness; {path} does not exist: run from a source "

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import os
 
-# Forked DataLoader workers need DDSTORE_FORK_WORKERS=1 before libfabric starts. Under
-# `python -m pyddstore.bench_torch` the package's __init__ has already applied the libfabric
-# defaults by now, so they are applied again below (libfabric has not started yet).
+# The stores this benchmark makes have forked DataLoader workers read (DDSTORE_FORK_WORKERS=1 in
+# their settings). The libfabric default that goes with it (FI_MR_CACHE_MONITOR=memhooks where
+# kdreg2 is the default, Cray) is set when the extension is imported, which
+# `python -m pyddstore.bench_torch` has done by now: export DDSTORE_FORK_WORKERS=1 before
+# starting Python there.
 os.environ.setdefault("DDSTORE_FORK_WORKERS", "1")
 
 import argparse  # noqa: E402
@@ -43,9 +45,6 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 
 from . import _native  # noqa: E402
-from ._env import apply_fabric_defaults  # noqa: E402
-
-apply_fabric_defaults()
 
 MIB = 1 << 20
 _LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "MPI_LOCALNRANKS", "MV2_", "SLURM_")

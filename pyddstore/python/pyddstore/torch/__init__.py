@@ -5,7 +5,7 @@ ThreadDataLoader, DistributedSampler (no torch.distributed needed), and FileComm
 Import torch before MPI starts; with forked DataLoader workers set DDSTORE_FORK_WORKERS=1
 before pyddstore is imported (see the README).
 
-Environment read by this package:
+Settings this package uses (read once, with the store's: ``ds.ddstore.settings``):
 
 - DDSTORE_QUIET=1: no progress bar (tqdm, when installed) and no load summary.
 - DDSTORE_BATCH_GET=0: read sample by sample instead of one get_batch per field.
@@ -24,7 +24,7 @@ Environment read by this package:
 from pyddstore import FileComm
 
 from ._dataset import Buffers, DistDataset, DistDatasetReader, ForkedWorkerError
-from ._loader import ThreadDataLoader
+from ._loader import ThreadDataLoader, get_worker_info
 from ._sampler import DistributedSampler
 from ._schema import RaggedRows, SchemaError, SchemaTypeError, share_of
 from ._snapshot import SnapshotError
@@ -43,6 +43,7 @@ __all__ = [
     "SnapshotError",
     "ThreadDataLoader",
     "WindowedDataset",
+    "get_worker_info",
     "row_of",
     "share_of",
 ]

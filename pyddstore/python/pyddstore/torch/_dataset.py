@@ -27,7 +27,7 @@ from pyddstore import (
     DDStoreValueError,
     PyDDStore,
 )
-from pyddstore._env import env_flag, env_int, env_seconds
+from pyddstore._env import settings as _env_settings
 from pyddstore._handshake import load_json_object, wait_and_read, write_private
 from pyddstore._log import get_logger
 from pyddstore._sources import file_rows_of, is_npy_list, npy_files
@@ -39,7 +39,6 @@ from ._schema import (
     NDARRAY,
     TENSOR,
     Field,
-    RaggedRows,
     Schema,
     SchemaError,
     SchemaTypeError,
@@ -61,30 +60,12 @@ class ForkedWorkerError(DDStoreUnsupportedError):
     """
 
 
-def _env_flag(name: str, default: str) -> bool:
-    return env_flag(name, default == "1")
-
-
-def _quiet() -> bool:
-    return _env_flag("DDSTORE_QUIET", "0")
-
-
-class _DeviceShare:
-    """This rank's share of one field in device memory (add_device=): a (rows, row_bytes)
-    uint8 tensor the native store registered with the fabric, holding global rows
-    [start, start + count)."""
-
-    def __init__(self, tensor: torch.Tensor, start: int, count: int):
-        self.tensor = tensor
-        self.start = start
-        self.count = count
-
-
-def _resolve_add_device(add_device: Any) -> tuple[torch.device, str, int] | None:
+def _resolve_add_device(add_device: Any, host_as_device: bool) -> tuple[torch.device, str, int] | None:
     """(device, memory interface, device index) for add_device=, or None for host storage.
 
-    DDSTORE_TEST_HOST_AS_DEVICE=1 (tests) takes add_device="cpu" as device memory of interface
-    "system": the share is a CPU tensor registered and read exactly like a GPU share."""
+    host_as_device (DDSTORE_TEST_HOST_AS_DEVICE=1, for tests) takes add_device="cpu" as device
+    memory of interface "system": the share is a CPU tensor registered and read exactly like a
+    GPU share."""
     if add_device is None or add_device is False:
         return None
     try:
@@ -92,7 +73,7 @@ def _resolve_add_device(add_device: Any) -> tuple[torch.device, str, int] | None
     except (RuntimeError, TypeError) as e:
         raise DDStoreValueError(f"add_device={add_device!r} is not a device: {e}") from None
     if dev.type == "cpu":
-        if _env_flag("DDSTORE_TEST_HOST_AS_DEVICE", "0"):
+        if host_as_device:
             return dev, "system", 0
         raise DDStoreValueError(
             f"add_device={add_device!r} needs a GPU device (e.g. 'cuda'); shares are on the host without it"
@@ -112,13 +93,6 @@ def _resolve_add_device(add_device: Any) -> tuple[torch.device, str, int] | None
     raise DDStoreValueError(
         f"add_device={add_device!r}: device type {dev.type!r} is not supported (cuda, xpu)"
     )
-
-
-def _row_bytes_view(arr: np.ndarray, n: int, row_bytes: int) -> np.ndarray:
-    """arr (n rows, C-contiguous) as an (n, row_bytes) uint8 view of the same memory."""
-    if not arr.flags.c_contiguous:
-        raise DDStoreValueError("the destination buffer must be C-contiguous")
-    return arr.reshape(-1).view(np.uint8).reshape(n, row_bytes)
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:
@@ -192,8 +166,10 @@ class _StoredDataset(Dataset):
         self._reader_pid = self._pid
         self._buffer_sets: list[Buffers] = []
         self._freed = False
+        # Read once: no setting is looked up per batch.
+        self._batch_get = store.settings.batch_get
         if not hasattr(self, "_device_shares"):
-            self._device_shares: dict[str, _DeviceShare] = {}
+            self._device_shares: dict[str, Any] = {}  # field var -> pyddstore.DeviceShare
 
     # -- description ----------------------------------------------------------------------
 
@@ -308,73 +284,83 @@ class _StoredDataset(Dataset):
                 f"no stored field {e.args[0]!r}; stored fields: {self._schema.keys!r}"
             ) from None
 
-    def _read_ragged(self, f: Field, rows: np.ndarray, out: Any = None) -> RaggedRows:
-        """One ragged read of f's rows: their lengths, then their values (into out if given)."""
-        if out is not None:
-            out = f.check_ragged_out(out)
-        flat, offsets = self._store._native.get_ragged(f.var, rows, out)
-        return f.ragged_values(flat, offsets)
+    # The one read path: item, batch, row and collated reads are views of _read().
+
+    def _read(
+        self,
+        rows: np.ndarray,
+        fields: list[Field],
+        out: Any = None,
+        *,
+        collate: bool = False,
+        pin: bool = False,
+    ) -> dict:
+        """Rows `rows` (checked global rows) of `fields` as {key: (len(rows), *shape) values}: one
+        read per field (one ragged read for a ragged field), into `out`'s buffers where given,
+        moved to device= (not in a forked process, which cannot use the device). With
+        `collate`, fixed fields land straight in torch tensors (pinned with `pin`), as
+        default_collate would stack them."""
+        self._ensure_reader()
+        n = len(rows)
+        dev = self._device_now()
+        got = {}
+        for f in fields:
+            dst = out.get(f.key) if out is not None else None
+            if f.is_ragged:
+                if dst is not None:
+                    dst = f.check_ragged_out(dst)
+                values, offsets = self._store.get_batch(f.var, indices=rows, out=dst)
+                v = f.ragged_values(values.reshape(-1), offsets)  # flat elements (a view)
+                got[f.key] = (
+                    v._replace(values=v.values.to(dev)) if dev is not None and f.kind == TENSOR else v
+                )
+                continue
+            share = self._device_shares.get(f.var)
+            if not collate:
+                buf = f.check_out(dst, n) if dst is not None else f.alloc(n)
+                self._read_into(f, buf, rows)
+                v = f.values(buf)
+                got[f.key] = v.to(dev) if dev is not None and f.kind == TENSOR else v
+                continue
+            t = torch.empty((n, *f.shape), dtype=f.torch_dtype, pin_memory=pin)
+            if dst is None and share is not None and dev is not None and _same_device(share.device, dev):
+                # Own rows go device to device: no trip through host memory.
+                share.read(t.numpy(), rows, own=False)
+                t = t.to(dev, non_blocking=pin)
+                share.gather_own(t, rows)
+            else:
+                if dst is not None:
+                    buf = f.check_out(dst, n)
+                    self._read_into(f, buf, rows)
+                    t.numpy()[...] = buf
+                else:
+                    self._read_into(f, t.numpy(), rows)
+                if dev is not None:
+                    t = t.to(dev, non_blocking=pin)
+            got[f.key] = t
+        return got
 
     def _read_into(self, f: Field, buf: np.ndarray, rows: np.ndarray) -> None:
+        """Fixed rows of f into buf (store layout): through the field's DeviceShare, one
+        get_batch, or (DDSTORE_BATCH_GET=0) one read per row."""
         share = self._device_shares.get(f.var)
         if share is not None:
-            self._read_device_share(f, share, buf, rows)
-        elif _env_flag("DDSTORE_BATCH_GET", "1"):
+            share.read(buf, rows)
+        elif self._batch_get:
             self._store.get_batch(f.var, buf, rows)
         else:
             for j, r in enumerate(rows.tolist()):
                 self._store.get(f.var, buf[j : j + 1], start=r)
 
-    def _read_device_share(self, f: Field, share: _DeviceShare, buf: np.ndarray, rows: np.ndarray) -> None:
-        """Other ranks' rows through the fabric; this rank's own rows gathered on the device and
-        copied once into buf. A forked process cannot use the device: it reads its own rows
-        through the fabric too (from the parent's registered share)."""
-        if self._in_forked_child():
-            self._store.get_batch(f.var, buf, rows, own_rows="transport")
-            return
-        self._store.get_batch(f.var, buf, rows, own_rows="skip")
-        mine = (rows >= share.start) & (rows < share.start + share.count)
-        if not mine.any():
-            return
-        local = torch.from_numpy(rows[mine] - share.start).to(share.tensor.device)
-        gathered = share.tensor.index_select(0, local).cpu().numpy()
-        _row_bytes_view(buf, len(rows), f.row_bytes)[np.flatnonzero(mine)] = gathered
-
-    @staticmethod
-    def _own_rows_to(f: Field, share: _DeviceShare, t: torch.Tensor, rows: np.ndarray) -> None:
-        """Copies this rank's rows of f into t (a batch of len(rows) rows on the share's
-        device) on the device."""
-        mine = (rows >= share.start) & (rows < share.start + share.count)
-        if not mine.any():
-            return
-        dev = share.tensor.device
-        local = torch.from_numpy(rows[mine] - share.start).to(dev)
-        pos = torch.from_numpy(np.flatnonzero(mine)).to(dev)
-        as_bytes = t.view(torch.uint8).reshape(len(rows), f.row_bytes)
-        as_bytes.index_copy_(0, pos, share.tensor.index_select(0, local))
-
-    def _read_raw(self, rows: np.ndarray, fields: list[Field], out: Any) -> dict:
-        self._ensure_reader()
-        n = len(rows)
-        raw = {}
-        for f in fields:
-            if f.is_ragged:
-                raw[f.key] = self._read_ragged(f, rows, out.get(f.key) if out is not None else None)
-                continue
-            buf = f.check_out(out[f.key], n) if out is not None and f.key in out else f.alloc(n)
-            self._read_into(f, buf, rows)
-            raw[f.key] = buf
-        return raw
-
-    def _values(self, f: Field, buf: Any, device: torch.device | None) -> Any:
-        if isinstance(buf, RaggedRows):
-            if device is not None and f.kind == TENSOR:
-                return buf._replace(values=buf.values.to(device))
-            return buf
-        v = f.values(buf)
-        if device is not None and f.kind == TENSOR:
-            v = v.to(device)
-        return v
+    def _samples(self, rows: np.ndarray, out: Any = None) -> list:
+        """Samples (decoded) of rows, from one _read of every field."""
+        sel = self._select(None)
+        got = self._read(rows, sel, out)
+        columns = {f.key: f.column(got[f.key]) for f in sel}
+        samples = self._schema.build(columns, len(rows))
+        if self._decode is not None:
+            samples = [self._decode(s, i) for s, i in zip(samples, rows.tolist())]
+        return samples
 
     def read_rows(self, rows: Any, fields: Any = None, out: Any = None) -> dict:
         """Stored rows (any order, repeats allowed) as {key: (len(rows), *shape) values}.
@@ -382,7 +368,7 @@ class _StoredDataset(Dataset):
         Tensors for tensor fields (on device= if set), numpy arrays otherwise, record arrays for
         records; a ragged field gives RaggedRows (flat values, per-row element offsets and
         shapes; ``.row(i)`` is row i). With out= (e.g. from alloc()) the results are views into
-        those buffers. decode= is not applied. Not collective: any rank reads any rows, alone.
+        those buffers. decode= is not applied. Local for every method (no other rank takes part).
 
         Example:
             ```python
@@ -390,85 +376,38 @@ class _StoredDataset(Dataset):
             cols["x"].shape  # (3, *x_shape)
             ```
         """
-        rows = self._rows(rows)
-        sel = self._select(fields)
-        raw = self._read_raw(rows, sel, out)
-        dev = self._device_now()
-        return {f.key: self._values(f, raw[f.key], dev) for f in sel}
+        return self._read(self._rows(rows), self._select(fields), out)
 
     def __getitem__(self, index: Any) -> Any:
-        i = self._index(index)
-        self._ensure_reader()
-        dev = self._device_now()
-        columns = {}
-        for f in self._select(None):
-            if f.is_ragged:
-                columns[f.key] = f.column(self._values(f, self._read_ragged(f, np.array([i])), dev))
-                continue
-            buf = f.alloc(1)
-            if f.var in self._device_shares:
-                self._read_into(f, buf, np.array([i], dtype=np.int64))
-            else:
-                self._store.get(f.var, buf, start=i)
-            columns[f.key] = f.column(self._values(f, buf, dev))
-        sample = self._schema.build(columns, 1)[0]
-        return self._decode(sample, i) if self._decode is not None else sample
+        return self._samples(np.array([self._index(index)], dtype=np.int64))[0]
 
     def __getitems__(self, indices: Any, out: Any = None) -> list:
-        """Samples for a batch of indices: one get_batch per field (DDSTORE_BATCH_GET=0: per
-        sample). With out= the samples' arrays are views into those buffers."""
-        if out is None and not _env_flag("DDSTORE_BATCH_GET", "1"):
-            return [self[i] for i in indices]
-        rows = self._rows(indices)
-        sel = self._select(None)
-        raw = self._read_raw(rows, sel, out)
-        dev = self._device_now()
-        columns = {f.key: f.column(self._values(f, raw[f.key], dev)) for f in sel}
-        samples = self._schema.build(columns, len(rows))
-        if self._decode is not None:
-            samples = [self._decode(s, i) for s, i in zip(samples, rows.tolist())]
-        return samples
-
-    # -- direct batch reads (ThreadDataLoader) ----------------------------------------------
+        """Samples for a batch of indices: one read per field (DDSTORE_BATCH_GET=0: fixed fields
+        row by row). With out= the samples' arrays are views into those buffers."""
+        return self._samples(self._rows(indices), out)
 
     @property
-    def _direct_collate_ok(self) -> bool:
-        """Whether batches can be read straight into collated tensors (same as default_collate)."""
+    def collates_directly(self) -> bool:
+        """Whether read_batch() gives default_collate's batches (no decode=, no record or
+        ragged fields)."""
         return self._decode is None and not any(f.is_record or f.is_ragged for f in self._schema.fields)
 
-    def _read_collated(self, indices: Any, out: Any = None, pin: bool = False) -> Any:
+    def read_batch(self, indices: Any, out: Any = None, pin: bool = False) -> Any:
         """A batch exactly as default_collate(self.__getitems__(indices)) would make it, read
-        straight into the batch tensors."""
-        rows = self._rows(indices)
-        self._ensure_reader()
-        n = len(rows)
-        dev = self._device_now()
-        batch = {}
-        for f in self._select(None):
-            t = torch.empty((n, *f.shape), dtype=f.torch_dtype, pin_memory=pin)
-            share = self._device_shares.get(f.var)
-            if (
-                out is None
-                and share is not None
-                and dev is not None
-                and _same_device(share.tensor.device, dev)
-            ):
-                # Own rows go device to device: no trip through host memory.
-                self._store.get_batch(f.var, t.numpy(), rows, own_rows="skip")
-                t = t.to(dev, non_blocking=pin)
-                self._own_rows_to(f, share, t, rows)
-                batch[f.key] = t
-                continue
-            if out is not None:
-                buf = f.check_out(out[f.key], n)
-                self._read_into(f, buf, rows)
-                t.numpy()[...] = buf
-            else:
-                self._read_into(f, t.numpy(), rows)
-            if dev is not None:
-                t = t.to(dev, non_blocking=pin)
-            batch[f.key] = t
-        return self._schema.collate_like(batch)
+        straight into the batch tensors (pinned with pin=True); needs collates_directly.
+
+        Example:
+            ```python
+            x, y = ds.read_batch([4, 1, 9])  # tensors of 3 rows
+            ```
+        """
+        if not self.collates_directly:
+            raise DDStoreUnsupportedError(
+                "read_batch() needs a dataset without decode=, record or ragged fields "
+                "(collates_directly is False): use __getitems__ and a collate_fn"
+            )
+        got = self._read(self._rows(indices), self._select(None), out, collate=True, pin=pin)
+        return self._schema.collate_like(got)
 
     # -- buffers --------------------------------------------------------------------------
 
@@ -784,13 +723,19 @@ class DistDataset(_StoredDataset):
             )
         if is_npy_list(source):  # every rank reads the same headers: same result or same error
             source = npy_files(source)
-        self._share_device = _resolve_add_device(add_device)
+        settings = _env_settings()  # one snapshot: this dataset's and its store's
+        self._share_device = _resolve_add_device(add_device, settings.test_host_as_device)
         self._device_shares = {}
         self.name = name
         self._add_device = add_device
-        hs = handshake_dir if handshake_dir is not None else os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
-        self._handshake_dir = hs
-        store = PyDDStore(comm, method=method, handshake_dir=hs, ddstore_width=ddstore_width)
+        store = PyDDStore(
+            comm,
+            method=method,
+            handshake_dir=handshake_dir or "",
+            ddstore_width=ddstore_width,
+            settings=settings,
+        )
+        hs = self._handshake_dir = store.handshake_dir
         try:
             world = getattr(store, "world_size", store.size)
             if store.method == 2 and store.size != world:
@@ -872,10 +817,9 @@ class DistDataset(_StoredDataset):
         self._device_shares = {}
         self._add_device = None
         self._load_workers = None
-        hs = handshake_dir if handshake_dir is not None else os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
-        self._handshake_dir = hs
         path = os.fspath(path)
-        store = PyDDStore(comm, method=method, handshake_dir=hs, ddstore_width=ddstore_width)
+        store = PyDDStore(comm, method=method, handshake_dir=handshake_dir or "", ddstore_width=ddstore_width)
+        hs = self._handshake_dir = store.handshake_dir
         try:
             manifest, digest, err = None, None, None
             try:
@@ -893,7 +837,7 @@ class DistDataset(_StoredDataset):
             for f in schema.fields:
                 f.var = f"{name}/{f.key}"
             n = manifest["num_samples"]
-            direct = _load.load_direct()
+            direct = _load.load_direct(store.settings)
 
             def fill(start, count, depth, progress):
                 stats = _load.LoadStats("snapshot", depth)
@@ -1013,13 +957,13 @@ class DistDataset(_StoredDataset):
                 store.init(f.var, count, disp, itemsize=itemsize, dtype=dtype)
             else:
                 self._init_device_share(store, f, start, count)
-        quiet = _quiet()
+        quiet = store.settings.quiet
         err, payload = None, None
         ragged: dict = {}
         stats = _load.LoadStats("samples", 1)
         progress = None
         try:
-            depth = _load.load_depth()
+            depth = _load.load_depth(store.settings)
             fixed_bytes = count * sum(f.row_bytes for f in schema.fixed_fields)
             progress = _load.Progress(
                 fixed_bytes if not schema.ragged_fields else 0,
@@ -1067,7 +1011,16 @@ class DistDataset(_StoredDataset):
         if rows_src is not None and _bulk_fits(rows_src, f0) and self._share_device is None:
             stats = _load.LoadStats("files", depth)
             _load.load_file_rows(
-                rows_src, f0, start, count, put, depth, _load.load_direct(), stats, progress, chunk_size
+                rows_src,
+                f0,
+                start,
+                count,
+                put,
+                depth,
+                _load.load_direct(store.settings),
+                stats,
+                progress,
+                chunk_size,
             )
         else:
             arrays = _bulk_arrays(source) if plain else None
@@ -1112,31 +1065,27 @@ class DistDataset(_StoredDataset):
         return stats
 
     def _init_device_share(self, store: Any, f: Field, start: int, count: int) -> None:
-        """Collective: allocates this rank's share of f on the device and registers it."""
+        """Collective: allocates this rank's share of f on the device; the store registers it and
+        returns the DeviceShare that owns it."""
         dev, iface, index = self._share_device
         tensor = torch.empty((count, f.row_bytes), dtype=torch.uint8, device=dev)
         disp, itemsize, dtype = f.init_args()
         if dtype is not None:
             itemsize = np.dtype(dtype).itemsize
-        store._reserve(f.var)
-        store._native.init_external(
+        share = store.init_device(
             f.var, count, f.row_bytes, tensor, iface, index, itemsize=itemsize, dtype=_dtype_name(dtype)
         )
-        store._published(f.var)
-        self._device_shares[f.var] = _DeviceShare(tensor, start, count)
+        assert share.start == start and share.count == count, (share, start, count)
+        self._device_shares[f.var] = share
 
     def _put(self, store: Any, f: Field, rows: np.ndarray, offset: int) -> None:
-        """Writes rows of this rank's share from offset: to the store, or (add_device=) one
-        host-to-device copy into the registered device share."""
+        """Writes rows of this rank's share from offset: to the store, or (add_device=) through
+        the field's DeviceShare (one host-to-device copy)."""
         share = self._device_shares.get(f.var)
         if share is None:
             store.update(f.var, rows, offset=offset)
-            return
-        host = np.ascontiguousarray(rows)
-        n = len(host)
-        if offset < 0 or offset + n > share.count:
-            raise DDStoreIndexError(f"rows {offset}..{offset + n} do not fit this rank's {share.count} rows")
-        share.tensor[offset : offset + n].copy_(torch.from_numpy(_row_bytes_view(host, n, f.row_bytes)))
+        else:
+            share.write(rows, offset)
 
     @staticmethod
     def _write_meta(hs: str, name: str, n_core: int, n: int, schema: Schema) -> None:
@@ -1194,18 +1143,17 @@ class DistDatasetReader(_StoredDataset):
         decode: Any = None,
     ):
         super().__init__()
-        hs = handshake_dir if handshake_dir is not None else os.environ.get("DDSTORE_HANDSHAKE_DIR", "")
+        settings = _env_settings()  # one snapshot: this reader's and its store's
+        hs = handshake_dir or settings.handshake_dir
         if not hs:
             raise DDStoreValueError("DistDatasetReader needs handshake_dir= (or DDSTORE_HANDSHAKE_DIR)")
-        timeout = env_seconds("DDSTORE_HANDSHAKE_TIMEOUT_S", 300.0)
-        meta = read_meta(os.path.join(hs, f"{name}.meta.json"), timeout)
+        meta = read_meta(os.path.join(hs, f"{name}.meta.json"), settings.handshake_timeout_s)
         if n_core is None:
-            env = env_int("DDSTORE_N_CORE", None)
-            n_core = env if env is not None else int(meta["n_core"])
+            n_core = settings.n_core if settings.is_set("n_core") else int(meta["n_core"])
         self.name = name
         self.meta = meta
         schema = Schema.from_json(meta)
-        store = PyDDStore(None, method=2, handshake_dir=hs, n_core=int(n_core))
+        store = PyDDStore(None, method=2, handshake_dir=hs, n_core=int(n_core), settings=settings)
         for f in schema.fields:
             store.join(f.var)
         n = int(meta["num_samples"])

@@ -20,7 +20,6 @@ from typing import Any, Callable
 import numpy as np
 
 from pyddstore import DDStoreError
-from pyddstore._env import env_flag, env_int
 from pyddstore._sources import AlignedReader, FileRows, open_regular
 
 from ._schema import ChunkFiller, Field, Schema
@@ -36,18 +35,18 @@ MAX_READ_BYTES = 8 << 20  # one read of a file source
 MIN_WINDOW_BYTES = 16 << 20
 
 
-def load_depth() -> int:
-    """DDSTORE_LOAD_DEPTH (reads in flight while loading; DDSTORE_LOAD_THREADS is the older
-    name), default 32."""
-    depth = env_int("DDSTORE_LOAD_DEPTH", None)
+def load_depth(settings) -> int:
+    """DDSTORE_LOAD_DEPTH of `settings` (a store's: reads in flight while loading;
+    DDSTORE_LOAD_THREADS is the older name), default 32."""
+    depth = settings.load_depth
     if depth is None:
-        depth = env_int("DDSTORE_LOAD_THREADS", None)
+        depth = settings.load_threads
     return DEFAULT_DEPTH if depth is None else depth
 
 
-def load_direct() -> bool:
-    """DDSTORE_LOAD_DIRECT=1: read file sources and snapshots with O_DIRECT."""
-    return env_flag("DDSTORE_LOAD_DIRECT", False)
+def load_direct(settings) -> bool:
+    """DDSTORE_LOAD_DIRECT=1 (of `settings`): read file sources and snapshots with O_DIRECT."""
+    return settings.load_direct
 
 
 class LoadStats:

@@ -30,36 +30,62 @@ from torch.utils.data._utils import worker as _worker
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
 from pyddstore import DDStoreTypeError, DDStoreValueError
-from pyddstore._env import env_int
-
-from ._dataset import _env_flag, _StoredDataset
+from pyddstore._env import settings as _env_settings
 
 _STATUS_INTERVAL = 1.0  # seconds between checks that worker threads are alive
 
 # -- get_worker_info() per thread --------------------------------------------------------------
+#
+# Importing pyddstore.torch changes nothing in torch. While a ThreadDataLoader has worker threads
+# (from its iterator's start to its shutdown), torch.utils.data.get_worker_info answers in those
+# threads with their WorkerInfo; every other thread and process gets torch's own answer, and the
+# last loader to stop puts torch's function back. pyddstore.torch.get_worker_info answers the
+# same way at any time (for code that bound torch's function by name before a loader started).
 
 _thread_info = threading.local()
-_original_get_worker_info = _worker.get_worker_info
-_patch_lock = threading.Lock()
+_torch_get_worker_info = _worker.get_worker_info
+_hook_lock = threading.Lock()
+_hook_users = 0
+_HOOKED_MODULES = (tud, _worker, tud.dataloader)
 
 
-@functools.wraps(_original_get_worker_info)
+@functools.wraps(_torch_get_worker_info)
 def get_worker_info() -> Any:
-    """torch.utils.data.get_worker_info(), aware of ThreadDataLoader worker threads."""
+    """torch.utils.data.get_worker_info(), aware of ThreadDataLoader worker threads: in a worker
+    thread its WorkerInfo (id, num_workers, seed, dataset), elsewhere torch's own answer.
+
+    Example:
+        ```python
+        from pyddstore.torch import get_worker_info
+
+        info = get_worker_info()  # None in the main thread, the worker's info in a worker
+        ```
+    """
     info = getattr(_thread_info, "info", None)
-    return info if info is not None else _original_get_worker_info()
+    return info if info is not None else _torch_get_worker_info()
 
 
-def _install_worker_info_patch() -> None:
-    """Makes torch.utils.data.get_worker_info() answer per thread. Other threads and processes
-    see torch's own answer; only module attributes still pointing at torch's function change."""
-    with _patch_lock:
-        for mod in (tud, _worker, tud.dataloader):
-            if getattr(mod, "get_worker_info", None) is _original_get_worker_info:
-                mod.get_worker_info = get_worker_info
+def _hook_worker_info() -> None:
+    """A loader's worker threads start: torch.utils.data.get_worker_info answers per thread
+    (module attributes still pointing at torch's function only)."""
+    global _hook_users
+    with _hook_lock:
+        if _hook_users == 0:
+            for mod in _HOOKED_MODULES:
+                if getattr(mod, "get_worker_info", None) is _torch_get_worker_info:
+                    mod.get_worker_info = get_worker_info
+        _hook_users += 1
 
 
-_install_worker_info_patch()  # at import, so later `from torch.utils.data import get_worker_info` sees it
+def _unhook_worker_info() -> None:
+    """A loader's worker threads stopped: the last one puts torch's function back."""
+    global _hook_users
+    with _hook_lock:
+        _hook_users -= 1
+        if _hook_users == 0:
+            for mod in _HOOKED_MODULES:
+                if getattr(mod, "get_worker_info", None) is get_worker_info:
+                    mod.get_worker_info = _torch_get_worker_info
 
 
 def _make_worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: Any) -> Any:
@@ -92,13 +118,13 @@ def _stack_tensors(batch: Any, *, collate_fn_map: Any = None) -> torch.Tensor:
     return torch.stack(batch, 0)
 
 
-def _affinity_sets(num_workers: int) -> list[set[int] | None]:
+def _affinity_sets(num_workers: int, settings: Any) -> list[set[int] | None]:
     """DDSTORE_AFFINITY_WIDTH CPUs per worker from the process's affinity, from
-    DDSTORE_AFFINITY_OFFSET on (wrapping around)."""
-    width = env_int("DDSTORE_AFFINITY_WIDTH", 0)
+    DDSTORE_AFFINITY_OFFSET on (wrapping around); both from `settings`."""
+    width = settings.affinity_width
     if width <= 0 or not hasattr(os, "sched_getaffinity"):
         return [None] * num_workers
-    offset = env_int("DDSTORE_AFFINITY_OFFSET", 0)
+    offset = settings.affinity_offset
     cpus = sorted(os.sched_getaffinity(0))
     return [{cpus[(offset + w * width + k) % len(cpus)] for k in range(width)} for w in range(num_workers)]
 
@@ -191,7 +217,7 @@ class _Fetcher:
             if self.pool is not None:
                 out = self.bufs = self.pool.fit(self.bufs, len(index))
             if it._direct:
-                data = self.dataset._read_collated(index, out=out, pin=it._pin_memory)
+                data = self.dataset.read_batch(index, out=out, pin=it._pin_memory)
                 return data
             if out is not None:
                 samples = self.dataset.__getitems__(index, out=out)
@@ -217,9 +243,8 @@ class _ThreadIterBase(_BaseDataLoaderIter):
             collate_fn is _collate.default_collate
             and self._auto_collation
             and self._dataset_kind == _DatasetKind.Map
-            and isinstance(self._dataset, _StoredDataset)
-            and self._dataset._direct_collate_ok
-            and _env_flag("DDSTORE_FAST_COLLATE", "1")
+            and getattr(self._dataset, "collates_directly", False) is True
+            and loader._settings.fast_collate
         )
         self._device_index = None
         if torch.accelerator.is_available():
@@ -258,7 +283,6 @@ class _ThreadIter(_ThreadIterBase):
 
     def __init__(self, loader: ThreadDataLoader):
         super().__init__(loader)
-        _install_worker_info_patch()  # again, in case torch.utils.data was reloaded
         self._prefetch_factor = loader.prefetch_factor
         self._in_order = loader.in_order
         self._result_queue: queue.Queue = queue.Queue()
@@ -266,7 +290,9 @@ class _ThreadIter(_ThreadIterBase):
         self._workers: list[threading.Thread] = []
         self._done = threading.Event()
         self._shutdown = False
-        cpus = _affinity_sets(self._num_workers)
+        cpus = _affinity_sets(self._num_workers, loader._settings)
+        _hook_worker_info()  # undone in _shutdown_workers
+        self._hooked = True
         for wid in range(self._num_workers):
             q: queue.Queue = queue.Queue()
             t = threading.Thread(
@@ -384,6 +410,9 @@ class _ThreadIter(_ThreadIterBase):
         if self._shutdown:
             return
         self._shutdown = True
+        if getattr(self, "_hooked", False):
+            self._hooked = False
+            _unhook_worker_info()
         self._done.set()
         for q in self._index_queues:
             q.put(_StopWorker())
@@ -467,8 +496,9 @@ class ThreadDataLoader(DataLoader):
 
     Takes every DataLoader argument; random draws (sampler, base seed) match DataLoader's.
     Fetch, collate and pin_memory run in the worker threads; num_workers=0 reads in the calling
-    thread. torch.utils.data.get_worker_info() works inside the worker threads (its rng holds
-    per-thread generators; the global random generators are not reseeded, as they are shared).
+    thread. torch.utils.data.get_worker_info() works inside the worker threads while they run (its
+    rng holds per-thread generators; the global random generators are not reseeded, as they are
+    shared); importing pyddstore.torch leaves torch untouched (see pyddstore.torch.get_worker_info).
 
     reuse_buffers=True: each worker reads into one dataset.alloc(batch_size) buffer set,
     registered once; the collate must copy, so it needs batch_size with the default collate_fn,
@@ -492,6 +522,9 @@ class ThreadDataLoader(DataLoader):
         self.collate_copies = bool(collate_copies)
         self._live_iterators: weakref.WeakSet = weakref.WeakSet()
         self._buffer_pool: _BufferPool | None = None
+        # DDSTORE_FAST_COLLATE and DDSTORE_AFFINITY_*: the dataset's store's settings, else the
+        # environment's, read once here.
+        self._settings = getattr(getattr(dataset, "ddstore", None), "settings", None) or _env_settings()
         super().__init__(dataset, **kwargs)
         if self.reuse_buffers:
             if not hasattr(dataset, "alloc") or not hasattr(dataset, "release"):

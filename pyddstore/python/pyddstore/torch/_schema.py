@@ -14,20 +14,15 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from pyddstore import DDStoreTypeError, DDStoreValueError
+from pyddstore import DDStoreTypeError, DDStoreValueError, _native
 
 META_VERSION = 1
 
-SUPPORTED_DTYPES = ("bool", "uint8", "int32", "int64", "float32", "float64")
+# The element dtypes a store holds: the one table, ddstore_core's DType (numpy and torch share
+# the names).
+SUPPORTED_DTYPES = tuple(_native.DTYPES)
 _SUPPORTED_NP = {np.dtype(name) for name in SUPPORTED_DTYPES}
-_TORCH_TO_NP = {
-    torch.bool: np.dtype("bool"),
-    torch.uint8: np.dtype("uint8"),
-    torch.int32: np.dtype("int32"),
-    torch.int64: np.dtype("int64"),
-    torch.float32: np.dtype("float32"),
-    torch.float64: np.dtype("float64"),
-}
+_TORCH_TO_NP = {getattr(torch, name): np.dtype(name) for name in SUPPORTED_DTYPES}
 _NP_TO_TORCH = {v: k for k, v in _TORCH_TO_NP.items()}
 
 # Field kinds: how a field's values look in a sample.

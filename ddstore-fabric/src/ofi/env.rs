@@ -1,0 +1,192 @@
+//! The libfabric variables pyddstore defaults, set in one place.
+//!
+//! libfabric reads its variables once, when it initialises (the process's
+//! first `fi_getinfo`), and `setenv` is not safe while another thread may
+//! call `getenv`. So [`apply_libfabric_defaults`] runs once, before anything
+//! else: the Python extension calls it when it is imported (before any
+//! pyddstore or libfabric thread exists), and [`super::Info::query`] calls it
+//! before the first `fi_getinfo` for programs that use this crate directly.
+//! A variable the user set is never changed. Nothing else in pyddstore sets
+//! an environment variable.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
+
+use ddstore_core::config::Settings;
+use ddstore_core::Config;
+
+use super::select;
+
+/// rxm's receive buffer size for the (control-only) messages of a store.
+pub(crate) const RXM_BUFFER_BYTES: usize = 1024;
+
+/// What [`apply_libfabric_defaults`] did, for `python -m pyddstore info` and tests.
+#[derive(Clone, Debug, Default)]
+pub struct Applied {
+    /// (variable, value, set here: false when the user had set it).
+    pub variables: Vec<(&'static str, String, bool)>,
+}
+
+static APPLIED: OnceLock<Applied> = OnceLock::new();
+
+/// 0: no `fi_getinfo` yet; 1: the first one ran after the defaults; 2: before them.
+static FIRST_QUERY: AtomicU8 = AtomicU8::new(0);
+
+/// Over tcp, rxm gives each endpoint an internal completion queue of
+/// 4096 (shared receive queue) + 128 (transmit depth) × `FI_UNIVERSE_SIZE`
+/// entries, rounded up to a power of two; the universe defaults to 1024:
+/// 262,144 entries of 48 bytes, 12 MiB per endpoint. Completions are
+/// written round that ring, so every reader's resident memory climbs by
+/// 48 bytes per completed read until all of it has been touched (measured:
+/// +21 MiB, 7%, over 750,000 remote rows per rank). A reader keeps at most
+/// `max_inflight` reads outstanding, so 128 × universe ≥ `max_inflight` is
+/// enough (16: 8,192 entries, 384 KiB; an overflow would spill to
+/// libfabric's overflow list, not fail).
+pub(crate) fn universe_size_for(config: &Config) -> usize {
+    const RXM_MSG_QUEUE_DEPTH: usize = 128;
+    config.max_inflight.div_ceil(RXM_MSG_QUEUE_DEPTH).max(16)
+}
+
+/// The defaults for an environment (`get`), as (variable, value):
+///
+/// - `FI_CXI_DISABLE_HOST_REGISTER=1`: skips GPU-runtime registration of CXI
+///   host buffers, which fails after fork.
+/// - `DDSTORE_FORK_WORKERS=1`: `FI_MR_CACHE_MONITOR=memhooks` (kdreg2, Frontier's
+///   default, does not work in forked processes; memhooks does at the same speed),
+///   replacing an unset or `kdreg2` value.
+/// - rxm providers (`DDSTORE_FABRIC` tcp, hsn, verbs or `*;ofi_rxm`):
+///   `FI_UNIVERSE_SIZE` (see [`universe_size_for`]; only for rxm: other
+///   providers size peer tables from it, cxi's address vectors) and
+///   `FI_OFI_RXM_BUFFER_SIZE` (rxm posts thousands of 16 KiB receive buffers
+///   for unexpected messages; reads and gather replies never use them: 1 KiB
+///   cut a 4-rank tcp process from 290 to 80 MiB resident at the same speed).
+/// - over tcp, `FI_OFI_RXM_EAGER_LIMIT` = `DDSTORE_MAX_READ_BYTES`: gather
+///   replies go eager, straight into the reader's posted buffer (1 x 3 KB
+///   rows 130 -> 60 µs, measured with `python -m pyddstore.bench`).
+///
+/// Invalid `DDSTORE_*` values count as unset here: the store reports them.
+pub fn defaults_for(get: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, String)> {
+    let settings = Settings::from_lookup(&get).unwrap_or_default();
+    let config = settings.config().unwrap_or_default();
+    let mut out = vec![("FI_CXI_DISABLE_HOST_REGISTER", "1".to_string())];
+    if settings.flag("DDSTORE_FORK_WORKERS")
+        && matches!(
+            get("FI_MR_CACHE_MONITOR").as_deref(),
+            None | Some("" | "kdreg2")
+        )
+    {
+        out.push(("FI_MR_CACHE_MONITOR", "memhooks".into()));
+    }
+    let provider = select::provider_candidates(config.fabric.as_deref())
+        .ok()
+        .filter(|c| c.len() == 1)
+        .map(|mut c| c.remove(0));
+    if let Some(p) = provider.filter(|p| p.contains("ofi_rxm")) {
+        out.push(("FI_UNIVERSE_SIZE", universe_size_for(&config).to_string()));
+        out.push(("FI_OFI_RXM_BUFFER_SIZE", RXM_BUFFER_BYTES.to_string()));
+        if p.starts_with("tcp") {
+            out.push(("FI_OFI_RXM_EAGER_LIMIT", config.max_read_bytes.to_string()));
+        }
+    }
+    out
+}
+
+/// Sets the libfabric variables pyddstore defaults (see [`defaults_for`]),
+/// once per process; later calls return what the first did. Call it before
+/// any thread that may read the environment exists.
+pub fn apply_libfabric_defaults() -> &'static Applied {
+    APPLIED.get_or_init(|| {
+        let mut variables = Vec::new();
+        for (name, value) in defaults_for(|k| std::env::var(k).ok()) {
+            let forced = name == "FI_MR_CACHE_MONITOR"; // replaces kdreg2, see defaults_for
+            let user = std::env::var(name).ok().filter(|v| !v.is_empty());
+            if user.is_some() && !forced {
+                variables.push((name, user.unwrap_or_default(), false));
+                continue;
+            }
+            // glibc's setenv never frees an environment a concurrent getenv may
+            // be reading; this runs once, before pyddstore or libfabric starts threads.
+            std::env::set_var(name, &value);
+            variables.push((name, value, true));
+        }
+        Applied { variables }
+    })
+}
+
+/// Records the first `fi_getinfo` (after making sure the defaults are set).
+pub(crate) fn before_first_query() {
+    let before = APPLIED.get().is_some();
+    let _ = FIRST_QUERY.compare_exchange(
+        0,
+        if before { 1 } else { 2 },
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    apply_libfabric_defaults();
+}
+
+/// Whether libfabric started after the defaults were set: None when it has
+/// not started in this process.
+pub fn started_after_defaults() -> Option<bool> {
+    match FIRST_QUERY.load(Ordering::SeqCst) {
+        0 => None,
+        v => Some(v == 1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(env: &[(&str, &str)]) -> Vec<(&'static str, String)> {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        defaults_for(move |k| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn defaults_follow_the_provider_and_settings() {
+        let plain = names(&[]);
+        assert_eq!(plain, vec![("FI_CXI_DISABLE_HOST_REGISTER", "1".into())]);
+        let tcp = names(&[
+            ("DDSTORE_FABRIC", "tcp"),
+            ("DDSTORE_MAX_READ_BYTES", "4096"),
+        ]);
+        assert!(tcp.contains(&("FI_UNIVERSE_SIZE", "16".into())));
+        assert!(tcp.contains(&("FI_OFI_RXM_BUFFER_SIZE", "1024".into())));
+        assert!(tcp.contains(&("FI_OFI_RXM_EAGER_LIMIT", "4096".into())));
+        let verbs = names(&[("DDSTORE_FABRIC", "verbs")]);
+        assert!(verbs.iter().any(|(k, _)| *k == "FI_UNIVERSE_SIZE"));
+        assert!(!verbs.iter().any(|(k, _)| *k == "FI_OFI_RXM_EAGER_LIMIT"));
+        let fork = names(&[
+            ("DDSTORE_FORK_WORKERS", "1"),
+            ("FI_MR_CACHE_MONITOR", "kdreg2"),
+        ]);
+        assert!(fork.contains(&("FI_MR_CACHE_MONITOR", "memhooks".into())));
+        let user = names(&[
+            ("DDSTORE_FORK_WORKERS", "1"),
+            ("FI_MR_CACHE_MONITOR", "uffd"),
+        ]);
+        assert!(!user.iter().any(|(k, _)| *k == "FI_MR_CACHE_MONITOR"));
+        // A bad setting counts as unset here (the store names it).
+        let bad = names(&[("DDSTORE_FABRIC", "tcp"), ("DDSTORE_MAX_INFLIGHT", "lots")]);
+        assert_eq!(bad, plain);
+    }
+
+    #[test]
+    fn universe_covers_the_read_window_and_stays_small() {
+        let with = |max_inflight| Config {
+            max_inflight,
+            ..Config::default()
+        };
+        // Default window: 4096 + 16 × 128 → 8,192 CQ entries, 384 KiB.
+        assert_eq!(universe_size_for(&Config::default()), 16);
+        assert_eq!(universe_size_for(&with(1)), 16);
+        // rxm's ring has room for 128 × universe transmit completions: at least the window.
+        for w in [2048, 4096, 100_000] {
+            assert!(universe_size_for(&with(w)) * 128 >= w, "window {w}");
+        }
+    }
+}
