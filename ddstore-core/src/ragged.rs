@@ -21,10 +21,12 @@
 
 use std::collections::HashMap;
 
+use crate::comm::gather_u64;
 use crate::dtype::DType;
 use crate::layout::Layout;
 use crate::plan::{validate_rows, Plan, RepeatCopy, Segment};
 use crate::store::{OwnRows, Store, Variable};
+use crate::transport::RaggedRequest;
 use crate::{Error, Result};
 use std::sync::Arc;
 
@@ -63,6 +65,18 @@ pub(crate) struct RaggedVar {
     pub(crate) info: RaggedInfo,
     values: Arc<Variable>,
     ends: Arc<Variable>,
+    /// Longest row of each rank in bytes, agreed at `add_ragged`: bounds the
+    /// reply of a one-round-trip ragged read (`None` for an attached
+    /// variable, which reads ends first, then values).
+    max_row_bytes: Option<Vec<u64>>,
+}
+
+/// Rows read in one round trip per owner through the gather path.
+struct Gathered {
+    /// The reader's staging buffer: the rows' values somewhere in it.
+    data: Vec<u8>,
+    /// Global row -> (length in units, offset of its values in `data`).
+    by_row: HashMap<u64, (u64, usize)>,
 }
 
 /// A batch whose row lengths are known (the `ends` were read) and whose
@@ -74,6 +88,10 @@ pub struct RaggedBatch {
     offsets: Vec<u64>,
     unit_bytes: usize,
     dtype: DType,
+    /// Values already read through the gather path (reader-staged), and
+    /// their copies into the destination: (staged offset, dst offset, len).
+    staged: Vec<u8>,
+    staged_copies: Vec<(usize, usize, usize)>,
 }
 
 impl RaggedBatch {
@@ -101,7 +119,7 @@ impl RaggedBatch {
     /// Reads and memory copies the values need (after coalescing): one per
     /// owner for consecutive rows of one share.
     pub fn reads(&self) -> usize {
-        self.plan.segments.len()
+        self.plan.segments.len() + self.staged_copies.len()
     }
 }
 
@@ -154,13 +172,19 @@ impl Store {
         }
         self.write_local(&ends_name(name), 0, &ends)?;
         self.write_local(&values_name(name), 0, data)?;
-        self.link_ragged(name)?;
+        let longest = lengths.iter().max().copied().unwrap_or(0);
+        let max_row_bytes = gather_u64(self.comm().as_ref(), longest * unit_bytes as u64)?;
+        self.link_ragged_with(name, Some(max_row_bytes))?;
         self.comm().barrier()
     }
 
     /// Registers `name` as ragged once its two variables exist here (after
     /// `add_ragged`, or after a method-2 extra job attached both).
     pub fn link_ragged(&self, name: &str) -> Result<()> {
+        self.link_ragged_with(name, None)
+    }
+
+    fn link_ragged_with(&self, name: &str, max_row_bytes: Option<Vec<u64>>) -> Result<()> {
         let values = self.var(&values_name(name))?;
         let ends = self.var(&ends_name(name))?;
         if ends.info.row_bytes != END_BYTES
@@ -176,7 +200,12 @@ impl Store {
             rows: ends.info.layout.clone(),
             units: values.info.layout.clone(),
         };
-        let var = RaggedVar { info, values, ends };
+        let var = RaggedVar {
+            info,
+            values,
+            ends,
+            max_row_bytes,
+        };
         self.ragged
             .write()
             .unwrap()
@@ -215,9 +244,19 @@ impl Store {
             .iter()
             .map(|&r| info.rows.locate(r))
             .collect::<Result<_>>()?;
+        // Remote owners serving the gather path: whole rows in one round trip each.
+        let gathered = self.gather_ragged(&var, &rows, &located)?;
+        let is_gathered = |row: u64| {
+            gathered
+                .as_ref()
+                .is_some_and(|g| g.by_row.contains_key(&row))
+        };
         // Each row needs its own end and, unless first in its share, the previous one.
         let mut need: Vec<u64> = Vec::with_capacity(rows.len() * 2);
         for (&row, &(_, local)) in rows.iter().zip(&located) {
+            if is_gathered(row) {
+                continue;
+            }
             need.push(row);
             if local > 0 {
                 need.push(row - 1);
@@ -259,7 +298,9 @@ impl Store {
             buf_len += len;
         }
         let mut ends = vec![0u8; buf_len];
-        self.watch(ends_var.execute(&plan, &mut ends, buf_len / END_BYTES, OwnRows::Copy))?;
+        if !plan.segments.is_empty() {
+            self.watch(ends_var.execute(&plan, &mut ends, buf_len / END_BYTES, OwnRows::Copy))?;
+        }
         let end_of = |row: u64| -> u64 {
             let k = spans.partition_point(|s| s.0 <= row) - 1;
             let at = spans[k].2 + (row - spans[k].0) as usize * END_BYTES;
@@ -273,8 +314,19 @@ impl Store {
         let mut first_seen: HashMap<u64, u64> = HashMap::new();
         let mut open: Option<Segment> = None;
         let mut dst = 0u64;
+        let mut staged_copies: Vec<(usize, usize, usize)> = Vec::new();
         for (&row, &(owner, local)) in rows.iter().zip(&located) {
             offsets.push(dst);
+            if let Some(&(units, at)) = gathered.as_ref().and_then(|g| g.by_row.get(&row)) {
+                let (bytes, dst_b) = (units as usize * ub, dst as usize * ub);
+                match staged_copies.last_mut() {
+                    Some(c) if c.0 + c.2 == at && c.1 + c.2 == dst_b => c.2 += bytes,
+                    _ if bytes > 0 => staged_copies.push((at, dst_b, bytes)),
+                    _ => {}
+                }
+                dst += units;
+                continue;
+            }
             let end = end_of(row);
             let start = if local == 0 { 0 } else { end_of(row - 1) };
             let share_units = info.units.count(owner);
@@ -335,7 +387,72 @@ impl Store {
             offsets,
             unit_bytes: ub,
             dtype: info.dtype,
+            staged: gathered.map(|g| g.data).unwrap_or_default(),
+            staged_copies,
         })
+    }
+
+    /// Reads the rows of `rows` whose owners serve the gather path (remote,
+    /// both parts keyed) in one request per owner, each row once; `None`
+    /// when there are none or the transport cannot (then ends, then values).
+    fn gather_ragged(
+        &self,
+        var: &RaggedVar,
+        rows: &[u64],
+        located: &[(usize, u64)],
+    ) -> Result<Option<Gathered>> {
+        let Some(max_row_bytes) = &var.max_row_bytes else {
+            return Ok(None);
+        };
+        let (values, ends) = (&var.values, &var.ends);
+        // Owner -> index in `owners` (usize::MAX: not served), owners with their rows.
+        let mut index: HashMap<usize, usize> = HashMap::new();
+        let mut owners: Vec<(usize, u64, Vec<u64>)> = Vec::new();
+        let mut seen: HashMap<u64, ()> = HashMap::new();
+        for (&row, &(owner, local)) in rows.iter().zip(located) {
+            if !values.is_remote(owner) {
+                continue;
+            }
+            let i = *index.entry(owner).or_insert_with(|| {
+                match values.gather_key(owner).zip(ends.gather_key(owner)) {
+                    Some((_, ends_key)) => {
+                        owners.push((owner, ends_key, Vec::new()));
+                        owners.len() - 1
+                    }
+                    None => usize::MAX,
+                }
+            });
+            if i != usize::MAX && seen.insert(row, ()).is_none() {
+                owners[i].2.push(local);
+            }
+        }
+        if owners.is_empty() {
+            return Ok(None);
+        }
+        let requests: Vec<RaggedRequest<'_>> = owners
+            .iter()
+            .map(|(owner, ends_key, rows)| RaggedRequest {
+                owner: *owner,
+                ends_key: *ends_key,
+                rows,
+                max_row_bytes: max_row_bytes[*owner],
+            })
+            .collect();
+        let ub = var.info.unit_bytes;
+        let Some(read) = self.watch(values.read_ragged_rows(ub, &requests))? else {
+            return Ok(None);
+        };
+        let mut by_row = HashMap::with_capacity(seen.len());
+        for ((owner, _, locals), got) in owners.iter().zip(&read.rows) {
+            let first = var.info.rows.start(*owner);
+            for (&local, &entry) in locals.iter().zip(got) {
+                by_row.insert(first + local, entry);
+            }
+        }
+        Ok(Some(Gathered {
+            data: read.data,
+            by_row,
+        }))
     }
 
     /// Reads a planned batch's values into `out` (exactly `batch.bytes()`
@@ -353,7 +470,13 @@ impl Store {
             )));
         }
         let units = batch.units() as usize;
-        self.watch(batch.values.execute(&batch.plan, out, units, OwnRows::Copy))
+        if !batch.plan.segments.is_empty() || !batch.plan.repeats.is_empty() {
+            self.watch(batch.values.execute(&batch.plan, out, units, OwnRows::Copy))?;
+        }
+        for &(from, to, len) in &batch.staged_copies {
+            out[to..to + len].copy_from_slice(&batch.staged[from..from + len]);
+        }
+        Ok(())
     }
 
     /// Lengths, then values, of `rows`: `(values, offsets)` as

@@ -13,7 +13,10 @@ use crate::plan::{validate_rows, Plan, Segment};
 use crate::profile::{Counters, Profile};
 use crate::ragged::{ends_name, values_name, RaggedVar};
 use crate::region::{map_node_peers, process_alive, Memory, NodeLocator};
-use crate::transport::{ExposeOptions, Exposed, RemoteRead, RemoteShares, ShareReader, Transport};
+use crate::transport::{
+    ExposeOptions, Exposed, RaggedRequest, RaggedRows, RemoteRead, RemoteShares, ShareReader,
+    Transport,
+};
 use crate::{Config, Error, Result};
 
 /// Bytes of same-node copies in one batch above which copies run on several threads.
@@ -683,6 +686,35 @@ impl Variable {
             }
         }
         Ok(())
+    }
+
+    /// The gather key `owner` serves this share under (`None`: one-sided).
+    pub(crate) fn gather_key(&self, owner: usize) -> Option<u64> {
+        self.remote.gather_key(owner)
+    }
+
+    /// Whole ragged rows through a pooled reader (see
+    /// [`ShareReader::read_ragged_rows`]); `Ok(None)` when it cannot.
+    pub(crate) fn read_ragged_rows(
+        &self,
+        unit_bytes: usize,
+        requests: &[RaggedRequest<'_>],
+    ) -> Result<Option<RaggedRows>> {
+        let _serial = self.shared_reader_lock.as_ref().map(|l| l.lock().unwrap());
+        let pooled = self.readers.lock().unwrap().pop();
+        let mut reader = match pooled {
+            Some(r) => r,
+            None => self.remote.open_reader()?,
+        };
+        let started = Instant::now();
+        // A reader that failed may have reads outstanding: it is dropped, not pooled.
+        let rows = reader.read_ragged_rows(unit_bytes, requests)?;
+        self.readers.lock().unwrap().push(reader);
+        Counters::add(
+            &self.counters.remote_ns,
+            started.elapsed().as_nanos() as u64,
+        );
+        Ok(rows)
     }
 
     fn read_remote(&self, reads: &[RemoteRead], out: &mut [u8]) -> Result<()> {

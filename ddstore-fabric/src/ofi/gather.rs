@@ -15,6 +15,7 @@
 //! 20-bit sequence number and the message's index in the request.
 
 use crate::error::FabricError;
+use ddstore_core::region::Memory;
 
 /// The tag of every request (owners receive exactly this tag).
 pub const REQUEST_TAG: u64 = 1 << 58;
@@ -50,6 +51,9 @@ pub enum Refusal {
     Malformed = 3,
     /// The owner could not address a reply to this reader.
     NoRoute = 4,
+    /// The requested ragged rows hold more bytes than the receives the
+    /// reader posted (its bound on their lengths was wrong).
+    TooLarge = 5,
 }
 
 impl Refusal {
@@ -59,6 +63,7 @@ impl Refusal {
             2 => Refusal::OutOfRange,
             3 => Refusal::Malformed,
             4 => Refusal::NoRoute,
+            5 => Refusal::TooLarge,
             _ => return None,
         })
     }
@@ -73,6 +78,9 @@ impl Refusal {
             Some(Refusal::OutOfRange) => "a requested range lies outside its share",
             Some(Refusal::Malformed) => "the request was malformed",
             Some(Refusal::NoRoute) => "it cannot address a reply to this reader",
+            Some(Refusal::TooLarge) => {
+                "the requested ragged rows hold more bytes than the reader's bound on them"
+            }
             None => "an unknown status",
         }
     }
@@ -215,6 +223,9 @@ pub struct RequestPlan {
     pub msg_ranges: Vec<u32>,
     pub ranges: Vec<(u64, u64)>,
     pub msgs: Vec<Message>,
+    /// A ragged request (whole rows, lengths resolved by the owner) instead
+    /// of byte ranges: its replies may be shorter than their receives.
+    pub ragged: Option<RaggedPart>,
 }
 
 /// Everything a batch needs: requests, bounce scatter, repeated ranges.
@@ -356,6 +367,103 @@ fn close(out: &mut Plan, req: &mut RequestPlan, list: &[(u64, usize, usize)], o:
     req.msgs.push(Message { len: o.bytes, land });
 }
 
+/// One owner's rows for a ragged gather ([`plan_ragged`]).
+pub struct RaggedOwner<'a> {
+    pub owner: usize,
+    /// Memory key of the owner's ends share.
+    pub ends_key: u64,
+    /// Distinct local row numbers, in reply order.
+    pub rows: &'a [u64],
+    /// Longest row the owner holds, in bytes (agreed when the variable was added).
+    pub max_row_bytes: u64,
+    /// Bytes of the owner's values share.
+    pub share_bytes: u64,
+}
+
+/// One planned ragged request: its rows are `rows` of its owner's list, its
+/// reply stream lands at `at` of the staging buffer (`len` bytes posted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RaggedSlot {
+    /// Index into the owners given to [`plan_ragged`].
+    pub owner_index: usize,
+    /// Rows `rows.0 .. rows.1` of that owner's list.
+    pub rows: (usize, usize),
+    pub at: usize,
+    pub len: usize,
+}
+
+/// Plans ragged requests: per owner, rows in order, cut so that a request
+/// fits [`MAX_REQUEST_BYTES`] and a bound on its reply (8 bytes plus the
+/// owner's longest row per row, at most its share) fits the receives one
+/// request may post. Every message lands straight in a staging buffer of the
+/// returned length. `None` when a single row's bound exceeds what one
+/// request may receive (the caller reads those rows another way).
+pub fn plan_ragged(
+    owners: &[RaggedOwner<'_>],
+    unit_bytes: usize,
+    limits: Limits,
+) -> Option<(Plan, Vec<RaggedSlot>, usize)> {
+    let msg_cap = limits
+        .chunk
+        .clamp(1, MAX_PACKED_BYTES)
+        .min(u32::MAX as usize) as u64;
+    let per_request = limits.msgs_per_request.clamp(1, MAX_RAGGED_MSGS) as u64;
+    let budget = msg_cap * per_request;
+    if unit_bytes == 0 || unit_bytes > u32::MAX as usize {
+        return None;
+    }
+    let mut plan = Plan::default();
+    let mut slots = Vec::new();
+    let mut staging = 0usize;
+    for (oi, o) in owners.iter().enumerate() {
+        let row_bound = o.max_row_bytes.min(o.share_bytes) + END_BYTES as u64;
+        if row_bound > budget {
+            return None;
+        }
+        let mut first = 0;
+        while first < o.rows.len() {
+            let mut end = first;
+            let bound = |k: usize| (k as u64 * row_bound).min(o.share_bytes + 8 * k as u64);
+            while end < o.rows.len()
+                && bound(end + 1 - first) <= budget
+                && ragged_request_bytes(limits.name_len, end + 1 - first) <= MAX_REQUEST_BYTES
+            {
+                end += 1;
+            }
+            let b = bound(end - first);
+            let n_msgs = b.div_ceil(msg_cap).max(1);
+            let m = b.div_ceil(n_msgs) as usize;
+            let msgs = (0..n_msgs as usize)
+                .map(|i| Message {
+                    len: m,
+                    land: Landing::Direct(staging + i * m),
+                })
+                .collect();
+            plan.requests.push(RequestPlan {
+                owner: o.owner,
+                msgs,
+                ragged: Some(RaggedPart {
+                    ends_key: o.ends_key,
+                    unit_bytes: unit_bytes as u32,
+                    msg_bytes: m as u32,
+                    rows: o.rows[first..end].to_vec(),
+                }),
+                ..Default::default()
+            });
+            let len = m * n_msgs as usize;
+            slots.push(RaggedSlot {
+                owner_index: oi,
+                rows: (first, end),
+                at: staging,
+                len,
+            });
+            staging += len;
+            first = end;
+        }
+    }
+    Some((plan, slots, staging))
+}
+
 /// Checks a request against the share it names (`share_len` bytes) and the
 /// owner's longest message: every range inside, every message within limits.
 pub fn check_request(req: &Request, share_len: u64, max_msg: usize) -> Result<(), Refusal> {
@@ -393,6 +501,241 @@ pub fn bad_reply(owner: usize, status: u64, got: usize, want: usize) -> FabricEr
             "rank {owner} answered a gather request with {got} bytes where {want} were asked"
         ))
     }
+}
+
+// ---------------------------------------------------------------------------
+// Ragged requests: whole rows of a ragged variable in one round trip.
+//
+// The reader names the owner's values and ends shares (by memory key), the
+// unit size, local row numbers, and the receives it posted (`n_msgs`
+// messages of `msg_bytes` each, sized from a bound on the rows' lengths
+// agreed when the variable was added). The owner resolves each row's byte
+// range from its own ends and answers with one stream, cut into the posted
+// messages: the rows' lengths in units (one little-endian u64 each, in
+// request order), then their values back to back. Message i carries stream
+// bytes `i * msg_bytes ..`; messages past the end of the stream are empty.
+
+const RAGGED_MAGIC: u32 = u32::from_le_bytes(*b"DDR1");
+const RAGGED_HEADER_BYTES: usize = 4 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 2;
+/// Most reply messages one ragged request may ask for.
+pub const MAX_RAGGED_MSGS: usize = 256;
+
+/// The ragged part of a request: what the owner needs beyond the values key.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RaggedPart {
+    /// Memory key of the owner's row-ends share.
+    pub ends_key: u64,
+    /// Bytes of one unit of the values.
+    pub unit_bytes: u32,
+    /// Bytes of each posted reply receive.
+    pub msg_bytes: u32,
+    /// Local row numbers in the owner's share, in reply order.
+    pub rows: Vec<u64>,
+}
+
+/// A ragged request as the owner reads it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct RaggedRequest {
+    pub seq: u32,
+    /// Memory key of the values share.
+    pub key: u64,
+    pub reply_to: Vec<u8>,
+    pub n_msgs: u32,
+    pub part: RaggedPart,
+}
+
+/// Bytes a ragged request of `n_rows` rows takes.
+pub fn ragged_request_bytes(name_len: usize, n_rows: usize) -> usize {
+    RAGGED_HEADER_BYTES + name_len + 8 * n_rows
+}
+
+/// Whether `bytes` is a ragged request (by its magic).
+pub fn is_ragged(bytes: &[u8]) -> bool {
+    bytes.len() >= 4 && bytes[..4] == RAGGED_MAGIC.to_le_bytes()
+}
+
+/// Encodes a ragged request into `out` (cleared first).
+pub fn encode_ragged(
+    out: &mut Vec<u8>,
+    seq: u32,
+    key: u64,
+    reply_to: &[u8],
+    n_msgs: u32,
+    part: &RaggedPart,
+) {
+    out.clear();
+    out.extend_from_slice(&RAGGED_MAGIC.to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&key.to_le_bytes());
+    out.extend_from_slice(&part.ends_key.to_le_bytes());
+    out.extend_from_slice(&part.unit_bytes.to_le_bytes());
+    out.extend_from_slice(&part.msg_bytes.to_le_bytes());
+    out.extend_from_slice(&n_msgs.to_le_bytes());
+    out.extend_from_slice(&(part.rows.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(reply_to.len() as u16).to_le_bytes());
+    out.extend_from_slice(reply_to);
+    for r in &part.rows {
+        out.extend_from_slice(&r.to_le_bytes());
+    }
+}
+
+/// Parses a ragged request; as [`decode`] for what is malformed.
+pub fn decode_ragged(bytes: &[u8]) -> Result<RaggedRequest, Option<u32>> {
+    let mut c = Cursor(bytes);
+    let magic = c.u32().ok_or(None)?;
+    let seq = c.u32().ok_or(None)?;
+    if magic != RAGGED_MAGIC {
+        return Err(None);
+    }
+    let bad = Some(seq);
+    let key = c.u64().ok_or(bad)?;
+    let ends_key = c.u64().ok_or(bad)?;
+    let unit_bytes = c.u32().ok_or(bad)?;
+    let msg_bytes = c.u32().ok_or(bad)?;
+    let n_msgs = c.u32().ok_or(bad)?;
+    let n_rows = c.u32().ok_or(bad)? as usize;
+    let name_len = c.u16().ok_or(bad)? as usize;
+    if bytes.len() != ragged_request_bytes(name_len, n_rows)
+        || n_msgs == 0
+        || n_msgs as usize > MAX_RAGGED_MSGS
+        || msg_bytes == 0
+        || unit_bytes == 0
+    {
+        return Err(bad);
+    }
+    let reply_to = c.take(name_len).ok_or(bad)?.to_vec();
+    let rows = (0..n_rows)
+        .map(|_| c.u64())
+        .collect::<Option<Vec<u64>>>()
+        .ok_or(bad)?;
+    Ok(RaggedRequest {
+        seq,
+        key,
+        reply_to,
+        n_msgs,
+        part: RaggedPart {
+            ends_key,
+            unit_bytes,
+            msg_bytes,
+            rows,
+        },
+    })
+}
+
+/// The owner's answer to a ragged request: the reply messages (`n_msgs` of
+/// them, each at most `msg_bytes`), or why it is refused. `ends` and
+/// `values` are the owner's shares the request's keys named; every row and
+/// every range is checked against them, and the stream must fit the
+/// receives the reader posted (at most `max_msg` bytes each).
+pub fn answer_ragged(
+    req: &RaggedRequest,
+    ends: &dyn Memory,
+    values: &dyn Memory,
+    max_msg: usize,
+) -> Result<Vec<Vec<u8>>, Refusal> {
+    let part = &req.part;
+    let m = part.msg_bytes as usize;
+    if m > max_msg || ends.len() % END_BYTES != 0 {
+        return Err(Refusal::Malformed);
+    }
+    let n_rows = (ends.len() / END_BYTES) as u64;
+    let capacity = m as u64 * req.n_msgs as u64;
+    let ub = part.unit_bytes as u64;
+    // Each row's byte range, from its end and its predecessor's.
+    let mut spans = Vec::with_capacity(part.rows.len());
+    let mut total = (END_BYTES * part.rows.len()) as u64;
+    for &row in &part.rows {
+        if row >= n_rows {
+            return Err(Refusal::OutOfRange);
+        }
+        let mut pair = [0u8; 2 * END_BYTES];
+        let (at, dst) = if row == 0 {
+            (0, &mut pair[END_BYTES..])
+        } else {
+            ((row as usize - 1) * END_BYTES, &mut pair[..])
+        };
+        ends.read_at(at, dst).map_err(|_| Refusal::OutOfRange)?;
+        let start = u64::from_le_bytes(pair[..END_BYTES].try_into().unwrap());
+        let end = u64::from_le_bytes(pair[END_BYTES..].try_into().unwrap());
+        let range = start
+            .checked_mul(ub)
+            .zip(end.checked_mul(ub))
+            .filter(|&(s, e)| s <= e && e <= values.len() as u64)
+            .ok_or(Refusal::OutOfRange)?;
+        total = total.saturating_add(range.1 - range.0);
+        spans.push((end - start, range.0 as usize, (range.1 - range.0) as usize));
+    }
+    if total > capacity {
+        return Err(Refusal::TooLarge);
+    }
+    let mut stream = Vec::with_capacity(total as usize);
+    for &(units, _, _) in &spans {
+        stream.extend_from_slice(&units.to_le_bytes());
+    }
+    for &(_, off, len) in &spans {
+        let at = stream.len();
+        stream.resize(at + len, 0);
+        values
+            .read_at(off, &mut stream[at..])
+            .map_err(|_| Refusal::OutOfRange)?;
+    }
+    // Cut into the posted messages, from the back (each tail copied once).
+    let mut msgs = Vec::with_capacity(req.n_msgs as usize);
+    for i in (1..req.n_msgs as usize).rev() {
+        let at = (i * m).min(stream.len());
+        msgs.push(stream.split_off(at));
+    }
+    msgs.push(stream);
+    msgs.reverse();
+    Ok(msgs)
+}
+
+/// Bytes of one row end in a ragged variable's ends share.
+const END_BYTES: usize = 8;
+
+/// Parses a ragged reply stream of `n_rows` rows (the received bytes, back
+/// to back): each row's length in units and the offset of its values in the
+/// stream. Checks that the lengths account for every byte and that no row
+/// exceeds `max_row_bytes`.
+pub fn parse_ragged_reply(
+    stream: &[u8],
+    n_rows: usize,
+    unit_bytes: usize,
+    max_row_bytes: u64,
+) -> Result<Vec<(u64, usize)>, String> {
+    let head = n_rows * END_BYTES;
+    if stream.len() < head {
+        return Err(format!(
+            "a ragged reply of {} bytes is shorter than the {n_rows} row lengths",
+            stream.len()
+        ));
+    }
+    let mut at = head;
+    let mut out = Vec::with_capacity(n_rows);
+    for i in 0..n_rows {
+        let units = u64::from_le_bytes(
+            stream[i * END_BYTES..(i + 1) * END_BYTES]
+                .try_into()
+                .unwrap(),
+        );
+        let bytes = units
+            .checked_mul(unit_bytes as u64)
+            .filter(|&b| b <= max_row_bytes);
+        let Some(bytes) = bytes else {
+            return Err(format!(
+                "a ragged reply gives row {i} {units} units, more than the longest row of {max_row_bytes} bytes"
+            ));
+        };
+        out.push((units, at));
+        at += bytes as usize;
+    }
+    if at != stream.len() {
+        return Err(format!(
+            "a ragged reply of {} bytes does not match its row lengths ({at} bytes)",
+            stream.len()
+        ));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
