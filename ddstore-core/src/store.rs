@@ -714,6 +714,10 @@ impl Variable {
             &self.counters.remote_ns,
             started.elapsed().as_nanos() as u64,
         );
+        if rows.is_some() {
+            // One request per owner (more only past a request's limits).
+            Counters::add(&self.counters.remote_reads, requests.len() as u64);
+        }
         Ok(rows)
     }
 

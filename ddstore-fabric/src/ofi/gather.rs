@@ -876,4 +876,210 @@ mod tests {
             );
         }
     }
+
+    fn region(bytes: &[u8]) -> ddstore_core::region::Region {
+        let r = ddstore_core::region::Region::anonymous(bytes.len().max(1)).unwrap();
+        r.write_at(0, bytes).unwrap();
+        r
+    }
+
+    /// Ends of rows of lengths `lens`, as an owner stores them.
+    fn ends_of(lens: &[u64]) -> Vec<u8> {
+        let mut end = 0;
+        lens.iter()
+            .flat_map(|l| {
+                end += l;
+                end.to_le_bytes()
+            })
+            .collect()
+    }
+
+    fn ragged_req(rows: Vec<u64>, n_msgs: u32, msg_bytes: u32) -> RaggedRequest {
+        RaggedRequest {
+            seq: 5,
+            key: 11,
+            reply_to: b"rdr".to_vec(),
+            n_msgs,
+            part: RaggedPart {
+                ends_key: 12,
+                unit_bytes: 2,
+                msg_bytes,
+                rows,
+            },
+        }
+    }
+
+    #[test]
+    fn ragged_requests_round_trip_and_reject_garbage() {
+        let part = RaggedPart {
+            ends_key: 0xbeef,
+            unit_bytes: 12,
+            msg_bytes: 4096,
+            rows: vec![9, 0, 9, 3],
+        };
+        let mut buf = Vec::new();
+        encode_ragged(&mut buf, 77, 0xdead, b"reader", 3, &part);
+        assert!(is_ragged(&buf));
+        assert_eq!(buf.len(), ragged_request_bytes(6, 4));
+        let req = decode_ragged(&buf).unwrap();
+        assert_eq!((req.seq, req.key, req.n_msgs), (77, 0xdead, 3));
+        assert_eq!(req.reply_to, b"reader");
+        assert_eq!(req.part, part);
+        // A plain request is not ragged and the other way round.
+        let mut plain = Vec::new();
+        encode(&mut plain, 1, 2, b"r", &[1], &[(0, 8)]);
+        assert!(!is_ragged(&plain) && decode_ragged(&plain).is_err() && decode(&buf).is_err());
+        assert_eq!(decode_ragged(&buf[..buf.len() - 3]), Err(Some(77)));
+        let mut zero = part.clone();
+        zero.unit_bytes = 0;
+        encode_ragged(&mut buf, 78, 1, b"r", 1, &zero);
+        assert_eq!(decode_ragged(&buf), Err(Some(78)));
+        encode_ragged(&mut buf, 79, 1, b"r", MAX_RAGGED_MSGS as u32 + 1, &part);
+        assert_eq!(decode_ragged(&buf), Err(Some(79)));
+        encode_ragged(&mut buf, 80, 1, b"r", 0, &part);
+        assert_eq!(decode_ragged(&buf), Err(Some(80)));
+    }
+
+    #[test]
+    fn owners_answer_ragged_rows_or_refuse() {
+        // Rows of 3, 0, 5 and 1 units of 2 bytes.
+        let lens = [3u64, 0, 5, 1];
+        let values: Vec<u8> = (0..18).collect();
+        let (ends, vals) = (region(&ends_of(&lens)), region(&values));
+        let stream = |msgs: Vec<Vec<u8>>| msgs.concat();
+        // Rows 2, 1, 0, 2: lengths first, then values, in request order.
+        let got =
+            answer_ragged(&ragged_req(vec![2, 1, 0, 2], 1, 64), &ends, &vals, 1 << 20).unwrap();
+        assert_eq!(got.len(), 1);
+        let s = stream(got);
+        let lens_back: Vec<u64> = s[..32]
+            .chunks(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(lens_back, vec![5, 0, 3, 5]);
+        let want: Vec<u8> = [&values[6..16], &values[0..6], &values[6..16]].concat();
+        assert_eq!(&s[32..], &want[..]);
+        assert_eq!(
+            parse_ragged_reply(&s, 4, 2, 10).unwrap(),
+            vec![(5, 32), (0, 42), (3, 42), (5, 48)]
+        );
+        // Cut into 3 messages of 20 bytes: 20, 20, 18 (58 bytes), or with room to spare.
+        let got =
+            answer_ragged(&ragged_req(vec![2, 1, 0, 2], 3, 20), &ends, &vals, 1 << 20).unwrap();
+        assert_eq!(
+            got.iter().map(Vec::len).collect::<Vec<_>>(),
+            vec![20, 20, 18]
+        );
+        assert_eq!(stream(got), s);
+        let got = answer_ragged(&ragged_req(vec![1], 4, 20), &ends, &vals, 1 << 20).unwrap();
+        assert_eq!(
+            got.iter().map(Vec::len).collect::<Vec<_>>(),
+            vec![8, 0, 0, 0]
+        );
+        // Refusals: a row past the share, a reply larger than the receives, a
+        // message over the owner's limit, an owner's own corrupt ends.
+        let refuse = |req: RaggedRequest, ends: &dyn Memory| answer_ragged(&req, ends, &vals, 64);
+        assert_eq!(
+            refuse(ragged_req(vec![4], 1, 64), &ends),
+            Err(Refusal::OutOfRange)
+        );
+        assert_eq!(
+            refuse(ragged_req(vec![u64::MAX], 1, 64), &ends),
+            Err(Refusal::OutOfRange)
+        );
+        assert_eq!(
+            refuse(ragged_req(vec![2, 2], 1, 30), &ends),
+            Err(Refusal::TooLarge)
+        );
+        assert_eq!(
+            refuse(ragged_req(vec![0], 1, 65), &ends),
+            Err(Refusal::Malformed)
+        );
+        let corrupt = region(&ends_of(&[3, 100]));
+        assert_eq!(
+            refuse(ragged_req(vec![1], 1, 64), &corrupt),
+            Err(Refusal::OutOfRange)
+        );
+        let mut backwards = ends_of(&[3, 0]);
+        backwards[8..16].copy_from_slice(&1u64.to_le_bytes());
+        assert_eq!(
+            refuse(ragged_req(vec![1], 1, 64), &region(&backwards)),
+            Err(Refusal::OutOfRange)
+        );
+        assert_eq!(
+            refuse(ragged_req(vec![0], 1, 64), &region(&[1, 2, 3])),
+            Err(Refusal::Malformed)
+        );
+    }
+
+    #[test]
+    fn ragged_replies_are_checked_by_the_reader() {
+        let mut s = 2u64.to_le_bytes().to_vec();
+        s.extend_from_slice(&[1, 2, 3, 4]);
+        assert_eq!(parse_ragged_reply(&s, 1, 2, 4).unwrap(), vec![(2, 8)]);
+        assert!(parse_ragged_reply(&s, 1, 2, 3).is_err()); // longer than the owner's longest row
+        assert!(parse_ragged_reply(&s[..10], 1, 2, 4).is_err()); // bytes missing
+        assert!(parse_ragged_reply(&s[..4], 1, 2, 4).is_err()); // lengths missing
+        s.push(9);
+        assert!(parse_ragged_reply(&s, 1, 2, 4).is_err()); // a byte too many
+        let huge = u64::MAX.to_le_bytes();
+        assert!(parse_ragged_reply(&huge, 1, 2, u64::MAX).is_err());
+    }
+
+    #[test]
+    fn ragged_plans_bound_each_request() {
+        let rows: Vec<u64> = (0..1000).collect();
+        let owners = [
+            RaggedOwner {
+                owner: 1,
+                ends_key: 4,
+                rows: &rows,
+                max_row_bytes: 992,
+                share_bytes: 1 << 30,
+            },
+            RaggedOwner {
+                owner: 2,
+                ends_key: 5,
+                rows: &rows[..3],
+                max_row_bytes: 1 << 20,
+                share_bytes: 100, // the share bounds the reply better than its longest row
+            },
+        ];
+        let l = Limits {
+            chunk: 64 << 10,
+            msgs_per_request: 3,
+            name_len: 20,
+        };
+        let (plan, slots, staging) = plan_ragged(&owners, 4, l).unwrap();
+        assert_eq!(plan.requests.len(), slots.len());
+        let mut at = 0;
+        let mut covered = vec![0; 2];
+        for (req, slot) in plan.requests.iter().zip(&slots) {
+            let part = req.ragged.as_ref().unwrap();
+            let n = slot.rows.1 - slot.rows.0;
+            assert_eq!(part.rows.len(), n);
+            assert_eq!(slot.at, at);
+            assert!(req.msgs.len() <= 3 && ragged_request_bytes(20, n) <= MAX_REQUEST_BYTES);
+            let bound = (n as u64 * (owners[slot.owner_index].max_row_bytes + 8))
+                .min(owners[slot.owner_index].share_bytes + 8 * n as u64);
+            let posted: usize = req.msgs.iter().map(|m| m.len).sum();
+            assert!(posted as u64 >= bound && posted == slot.len);
+            for (i, m) in req.msgs.iter().enumerate() {
+                assert_eq!(m.land, Landing::Direct(at + i * part.msg_bytes as usize));
+                assert!(m.len <= 64 << 10);
+            }
+            covered[slot.owner_index] += n;
+            at += slot.len;
+        }
+        assert_eq!(at, staging);
+        assert_eq!(covered, vec![1000, 3]);
+        assert_eq!(slots.last().unwrap().len, 124); // 100 bytes + 3 lengths
+                                                    // A single row that cannot fit one request's receives: not planned.
+        let too_long = [RaggedOwner {
+            max_row_bytes: 1 << 30,
+            share_bytes: 1 << 31,
+            ..owners.into_iter().next().unwrap()
+        }];
+        assert!(plan_ragged(&too_long, 4, l).is_none());
+    }
 }
