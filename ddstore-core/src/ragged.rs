@@ -251,12 +251,30 @@ impl Store {
                 .as_ref()
                 .is_some_and(|g| g.by_row.contains_key(&row))
         };
-        // Each row needs its own end and, unless first in its share, the previous one.
-        let mut need: Vec<u64> = Vec::with_capacity(rows.len() * 2);
-        for (&row, &(_, local)) in rows.iter().zip(&located) {
+        // Each row's (start, end) in units: read in place where the owner's ends are
+        // mapped here (own share, same-node peers: no planned copy), else collected
+        // for one read per remote owner below.
+        let mut bounds: Vec<Option<(u64, u64)>> = Vec::with_capacity(rows.len());
+        // Each remote row needs its own end and, unless first in its share, the previous one.
+        let mut need: Vec<u64> = Vec::new();
+        for (&row, &(owner, local)) in rows.iter().zip(&located) {
             if is_gathered(row) {
+                bounds.push(None);
                 continue;
             }
+            if let Some(mem) = ends_var.mapped(owner) {
+                let mut pair = [0u8; 2 * END_BYTES];
+                if local == 0 {
+                    mem.read_at(0, &mut pair[END_BYTES..])?;
+                } else {
+                    mem.read_at((local as usize - 1) * END_BYTES, &mut pair)?;
+                }
+                let start = u64::from_le_bytes(pair[..END_BYTES].try_into().unwrap());
+                let end = u64::from_le_bytes(pair[END_BYTES..].try_into().unwrap());
+                bounds.push(Some((start, end)));
+                continue;
+            }
+            bounds.push(None);
             need.push(row);
             if local > 0 {
                 need.push(row - 1);
@@ -315,7 +333,7 @@ impl Store {
         let mut open: Option<Segment> = None;
         let mut dst = 0u64;
         let mut staged_copies: Vec<(usize, usize, usize)> = Vec::new();
-        for (&row, &(owner, local)) in rows.iter().zip(&located) {
+        for (i, (&row, &(owner, local))) in rows.iter().zip(&located).enumerate() {
             offsets.push(dst);
             if let Some(&(units, at)) = gathered.as_ref().and_then(|g| g.by_row.get(&row)) {
                 let (bytes, dst_b) = (units as usize * ub, dst as usize * ub);
@@ -327,8 +345,11 @@ impl Store {
                 dst += units;
                 continue;
             }
-            let end = end_of(row);
-            let start = if local == 0 { 0 } else { end_of(row - 1) };
+            let (start, end) = match bounds[i] {
+                Some(known) => known,
+                None if local == 0 => (0, end_of(row)),
+                None => (end_of(row - 1), end_of(row)),
+            };
             let share_units = info.units.count(owner);
             if start > end || end > share_units {
                 return Err(Error::Transport(format!(

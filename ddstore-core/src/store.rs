@@ -688,6 +688,19 @@ impl Variable {
         Ok(())
     }
 
+    /// `owner`'s share where this process reads it by memory copy (its own,
+    /// or a same-node peer's mapping); `None` for remote owners and in extra
+    /// jobs (whose mapped owners are checked alive on every planned read).
+    pub(crate) fn mapped(&self, owner: usize) -> Option<&dyn Memory> {
+        if !self.node_owner_pids.is_empty() {
+            return None;
+        }
+        if Some(owner) == self.my_rank {
+            return self.local.as_deref();
+        }
+        self.node_peers.get(owner).and_then(|p| p.as_deref())
+    }
+
     /// The gather key `owner` serves this share under (`None`: one-sided).
     pub(crate) fn gather_key(&self, owner: usize) -> Option<u64> {
         self.remote.gather_key(owner)
