@@ -483,7 +483,7 @@ fn stopped_peer(comm: Arc<FileComm>) {
 
 /// Units (3 bytes each) of ragged row `row` of rank `rank`: 0 for every fifth.
 fn ragged_len(rank: usize, row: u64) -> u64 {
-    if row % 5 == 0 {
+    if row.is_multiple_of(5) {
         0
     } else {
         (row * 7 + rank as u64) % 40 + 1

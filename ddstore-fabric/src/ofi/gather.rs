@@ -635,7 +635,7 @@ pub fn answer_ragged(
 ) -> Result<Vec<Vec<u8>>, Refusal> {
     let part = &req.part;
     let m = part.msg_bytes as usize;
-    if m > max_msg || ends.len() % END_BYTES != 0 {
+    if m > max_msg || !ends.len().is_multiple_of(END_BYTES) {
         return Err(Refusal::Malformed);
     }
     let n_rows = (ends.len() / END_BYTES) as u64;
