@@ -28,7 +28,7 @@ use crate::plan::{validate_rows, Plan, RepeatCopy, Segment};
 use crate::store::{OwnRows, Store, Variable};
 use crate::transport::RaggedRequest;
 use crate::{Error, Result};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Bytes of one stored row offset.
 pub const END_BYTES: usize = 8;
@@ -69,7 +69,15 @@ pub(crate) struct RaggedVar {
     /// reply of a one-round-trip ragged read (`None` for an attached
     /// variable, which reads ends first, then values).
     max_row_bytes: Option<Vec<u64>>,
+    /// Staging buffers of finished gathered batches, reused by the next ones.
+    staging: StagingPool,
 }
+
+/// Reader-filled staging buffers, handed back when their batch drops.
+type StagingPool = Arc<Mutex<Vec<Vec<u8>>>>;
+
+/// Staging buffers a ragged variable keeps for reuse (more threads allocate).
+const STAGING_KEPT: usize = 4;
 
 /// Rows read in one round trip per owner through the gather path.
 struct Gathered {
@@ -92,6 +100,19 @@ pub struct RaggedBatch {
     /// their copies into the destination: (staged offset, dst offset, len).
     staged: Vec<u8>,
     staged_copies: Vec<(usize, usize, usize)>,
+    /// Where `staged` goes back to when the batch drops.
+    pool: Option<StagingPool>,
+}
+
+impl Drop for RaggedBatch {
+    fn drop(&mut self) {
+        if let Some(pool) = &self.pool {
+            let mut kept = pool.lock().unwrap_or_else(|p| p.into_inner());
+            if kept.len() < STAGING_KEPT {
+                kept.push(std::mem::take(&mut self.staged));
+            }
+        }
+    }
 }
 
 impl RaggedBatch {
@@ -205,6 +226,7 @@ impl Store {
             values,
             ends,
             max_row_bytes,
+            staging: StagingPool::default(),
         };
         self.ragged
             .write()
@@ -408,6 +430,7 @@ impl Store {
             offsets,
             unit_bytes: ub,
             dtype: info.dtype,
+            pool: gathered.is_some().then(|| var.staging.clone()),
             staged: gathered.map(|g| g.data).unwrap_or_default(),
             staged_copies,
         })
@@ -460,7 +483,9 @@ impl Store {
             })
             .collect();
         let ub = var.info.unit_bytes;
-        let Some(read) = self.watch(values.read_ragged_rows(ub, &requests))? else {
+        let staging = var.staging.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let read = values.read_ragged_rows(ub, &requests, staging.unwrap_or_default());
+        let Some(read) = self.watch(read)? else {
             return Ok(None);
         };
         let mut by_row = HashMap::with_capacity(seen.len());
@@ -503,10 +528,10 @@ impl Store {
     /// Lengths, then values, of `rows`: `(values, offsets)` as
     /// [`Store::plan_ragged`] and [`Store::read_ragged`] give them.
     pub fn get_ragged(&self, name: &str, rows: &[i64]) -> Result<(Vec<u8>, Vec<u64>)> {
-        let batch = self.plan_ragged(name, rows)?;
+        let mut batch = self.plan_ragged(name, rows)?;
         let mut out = vec![0u8; batch.bytes()];
         self.read_ragged(&batch, &mut out)?;
-        Ok((out, batch.offsets))
+        Ok((out, std::mem::take(&mut batch.offsets)))
     }
 }
 

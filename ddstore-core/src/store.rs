@@ -712,6 +712,7 @@ impl Variable {
         &self,
         unit_bytes: usize,
         requests: &[RaggedRequest<'_>],
+        staging: Vec<u8>,
     ) -> Result<Option<RaggedRows>> {
         let _serial = self.shared_reader_lock.as_ref().map(|l| l.lock().unwrap());
         let pooled = self.readers.lock().unwrap().pop();
@@ -721,7 +722,7 @@ impl Variable {
         };
         let started = Instant::now();
         // A reader that failed may have reads outstanding: it is dropped, not pooled.
-        let rows = reader.read_ragged_rows(unit_bytes, requests)?;
+        let rows = reader.read_ragged_rows(unit_bytes, requests, staging)?;
         self.readers.lock().unwrap().push(reader);
         Counters::add(
             &self.counters.remote_ns,

@@ -127,11 +127,14 @@ pub trait ShareReader: Send {
     /// Reads whole ragged rows (values of `unit_bytes`-byte units) with one
     /// request per owner, the owners resolving the rows' lengths themselves.
     /// `Ok(None)`: this reader cannot (no gather path, or a row too long for
-    /// one request); the caller reads row ends, then values.
+    /// one request); the caller reads row ends, then values. `staging` is a
+    /// buffer to land the replies in (grown as needed, its contents
+    /// replaced): it comes back as [`RaggedRows::data`], so callers reuse it.
     fn read_ragged_rows(
         &mut self,
         _unit_bytes: usize,
         _requests: &[RaggedRequest<'_>],
+        _staging: Vec<u8>,
     ) -> Result<Option<RaggedRows>> {
         Ok(None)
     }

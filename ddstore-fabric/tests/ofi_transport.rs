@@ -541,7 +541,7 @@ fn ragged_gather(comm: Arc<FileComm>) {
                 max_row_bytes,
             };
             let got = reader
-                .read_ragged_rows(UNIT, &[req])
+                .read_ragged_rows(UNIT, &[req], vec![0xee; 1000]) // a reused buffer: junk replaced
                 .unwrap()
                 .expect("gathered");
             assert_eq!(got.rows.len(), 1);
@@ -572,7 +572,7 @@ fn ragged_gather(comm: Arc<FileComm>) {
                 rows,
                 max_row_bytes,
             };
-            let err = match reader.read_ragged_rows(UNIT, &[req]) {
+            let err = match reader.read_ragged_rows(UNIT, &[req], Vec::new()) {
                 Err(err) => err,
                 Ok(_) => panic!("{why}: served, expected a refusal"),
             };
@@ -623,7 +623,7 @@ fn ragged_gather(comm: Arc<FileComm>) {
             rows: &[1],
             max_row_bytes,
         };
-        if let Ok(Some(got)) = reader.read_ragged_rows(UNIT, &[req]) {
+        if let Ok(Some(got)) = reader.read_ragged_rows(UNIT, &[req], Vec::new()) {
             assert!(got.rows[0][0].0 * UNIT as u64 <= max_row_bytes);
         }
         // Refusals leave the reader usable.

@@ -626,12 +626,14 @@ pub fn decode_ragged(bytes: &[u8]) -> Result<RaggedRequest, Option<u32>> {
 /// them, each at most `msg_bytes`), or why it is refused. `ends` and
 /// `values` are the owner's shares the request's keys named; every row and
 /// every range is checked against them, and the stream must fit the
-/// receives the reader posted (at most `max_msg` bytes each).
+/// receives the reader posted (at most `max_msg` bytes each). `stream` is a
+/// buffer to reuse for the first message (its contents are replaced).
 pub fn answer_ragged(
     req: &RaggedRequest,
     ends: &dyn Memory,
     values: &dyn Memory,
     max_msg: usize,
+    mut stream: Vec<u8>,
 ) -> Result<Vec<Vec<u8>>, Refusal> {
     let part = &req.part;
     let m = part.msg_bytes as usize;
@@ -668,16 +670,18 @@ pub fn answer_ragged(
     if total > capacity {
         return Err(Refusal::TooLarge);
     }
-    let mut stream = Vec::with_capacity(total as usize);
+    // Every byte is overwritten below: a reused buffer is only zeroed where it grows.
+    stream.resize(total as usize, 0);
+    let mut at = 0;
     for &(units, _, _) in &spans {
-        stream.extend_from_slice(&units.to_le_bytes());
+        stream[at..at + END_BYTES].copy_from_slice(&units.to_le_bytes());
+        at += END_BYTES;
     }
     for &(_, off, len) in &spans {
-        let at = stream.len();
-        stream.resize(at + len, 0);
         values
-            .read_at(off, &mut stream[at..])
+            .read_at(off, &mut stream[at..at + len])
             .map_err(|_| Refusal::OutOfRange)?;
+        at += len;
     }
     // Cut into the posted messages, from the back (each tail copied once).
     let mut msgs = Vec::with_capacity(req.n_msgs as usize);
@@ -948,8 +952,14 @@ mod tests {
         let (ends, vals) = (region(&ends_of(&lens)), region(&values));
         let stream = |msgs: Vec<Vec<u8>>| msgs.concat();
         // Rows 2, 1, 0, 2: lengths first, then values, in request order.
-        let got =
-            answer_ragged(&ragged_req(vec![2, 1, 0, 2], 1, 64), &ends, &vals, 1 << 20).unwrap();
+        let got = answer_ragged(
+            &ragged_req(vec![2, 1, 0, 2], 1, 64),
+            &ends,
+            &vals,
+            1 << 20,
+            Vec::new(),
+        )
+        .unwrap();
         assert_eq!(got.len(), 1);
         let s = stream(got);
         let lens_back: Vec<u64> = s[..32]
@@ -964,21 +974,36 @@ mod tests {
             vec![(5, 32), (0, 42), (3, 42), (5, 48)]
         );
         // Cut into 3 messages of 20 bytes: 20, 20, 18 (58 bytes), or with room to spare.
-        let got =
-            answer_ragged(&ragged_req(vec![2, 1, 0, 2], 3, 20), &ends, &vals, 1 << 20).unwrap();
+        let got = answer_ragged(
+            &ragged_req(vec![2, 1, 0, 2], 3, 20),
+            &ends,
+            &vals,
+            1 << 20,
+            Vec::new(),
+        )
+        .unwrap();
         assert_eq!(
             got.iter().map(Vec::len).collect::<Vec<_>>(),
             vec![20, 20, 18]
         );
         assert_eq!(stream(got), s);
-        let got = answer_ragged(&ragged_req(vec![1], 4, 20), &ends, &vals, 1 << 20).unwrap();
+        let got = answer_ragged(
+            &ragged_req(vec![1], 4, 20),
+            &ends,
+            &vals,
+            1 << 20,
+            Vec::new(),
+        )
+        .unwrap();
         assert_eq!(
             got.iter().map(Vec::len).collect::<Vec<_>>(),
             vec![8, 0, 0, 0]
         );
         // Refusals: a row past the share, a reply larger than the receives, a
         // message over the owner's limit, an owner's own corrupt ends.
-        let refuse = |req: RaggedRequest, ends: &dyn Memory| answer_ragged(&req, ends, &vals, 64);
+        let refuse = |req: RaggedRequest, ends: &dyn Memory| {
+            answer_ragged(&req, ends, &vals, 64, vec![1, 2, 3])
+        };
         assert_eq!(
             refuse(ragged_req(vec![4], 1, 64), &ends),
             Err(Refusal::OutOfRange)

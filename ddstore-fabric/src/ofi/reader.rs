@@ -1002,6 +1002,7 @@ impl ShareReader for OfiReader {
         &mut self,
         unit_bytes: usize,
         requests: &[RaggedRequest<'_>],
+        staging: Vec<u8>,
     ) -> ddstore_core::Result<Option<RaggedRows>> {
         if let Some(why) = &self.broken {
             return Err(ddstore_core::Error::Transport(format!(
@@ -1012,7 +1013,7 @@ impl ShareReader for OfiReader {
         if !self.settings.gather || !requests.iter().all(served) {
             return Ok(None);
         }
-        self.gather_ragged(unit_bytes, requests)
+        self.gather_ragged(unit_bytes, requests, staging)
     }
 }
 
@@ -1025,6 +1026,7 @@ impl OfiReader {
         &mut self,
         unit_bytes: usize,
         requests: &[RaggedRequest<'_>],
+        staging: Vec<u8>,
     ) -> ddstore_core::Result<Option<RaggedRows>> {
         let owners: Vec<gather::RaggedOwner<'_>> = requests
             .iter()
@@ -1036,14 +1038,19 @@ impl OfiReader {
                 share_bytes: self.peers[r.owner].len,
             })
             .collect();
+        let staging_buf = staging;
         let Some((plan, slots, staging)) =
             gather::plan_ragged(&owners, unit_bytes, self.gather_limits())
         else {
             return Ok(None);
         };
-        let mut data = vec![0u8; staging];
+        // A reused buffer is only zeroed where it grows; every byte read back was received.
+        let mut data = staging_buf;
+        if data.len() < staging {
+            data.resize(staging, 0);
+        }
         let mut got = Vec::new();
-        let result = self.exchange(&plan, &mut data, &mut got);
+        let result = self.exchange(&plan, &mut data[..staging], &mut got);
         if self.broken.is_some() {
             // Receives may still target it (the endpoint may outlive us in a
             // bound MR): never free it under the provider.

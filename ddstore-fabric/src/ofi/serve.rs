@@ -260,7 +260,9 @@ impl Server {
         let answer = match shares {
             None => Err(Refusal::UnknownKey),
             Some((values, ends)) => {
-                gather::answer_ragged(&req, ends.as_ref(), values.as_ref(), self.max_msg)
+                // A packing buffer of an earlier reply: no fresh pages per reply.
+                let stream = self.spare.pop().unwrap_or_default();
+                gather::answer_ragged(&req, ends.as_ref(), values.as_ref(), self.max_msg, stream)
             }
         };
         match answer {
