@@ -20,6 +20,7 @@
 //! of a batch are posted together, then all the `values` reads.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::comm::gather_u64;
 use crate::dtype::DType;
@@ -29,6 +30,33 @@ use crate::store::{OwnRows, Store, Variable};
 use crate::transport::RaggedRequest;
 use crate::{Error, Result};
 use std::sync::{Arc, Mutex};
+
+/// Hashes row numbers and ranks with one multiplication: the per-row maps of
+/// a batch are on the read path, where SipHash costs more than the lookups.
+#[derive(Default)]
+struct RowHasher(u64);
+
+impl Hasher for RowHasher {
+    fn finish(&self) -> u64 {
+        // The product's high bits depend on every bit of the key: fold them into
+        // the low bits that pick the bucket (strided rows would collide otherwise).
+        self.0 ^ (self.0 >> 29)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+}
+
+/// A map keyed by row numbers or ranks.
+type RowMap<K, V> = HashMap<K, V, BuildHasherDefault<RowHasher>>;
 
 /// Bytes of one stored row offset.
 pub const END_BYTES: usize = 8;
@@ -84,7 +112,7 @@ struct Gathered {
     /// The reader's staging buffer: the rows' values somewhere in it.
     data: Vec<u8>,
     /// Global row -> (length in units, offset of its values in `data`).
-    by_row: HashMap<u64, (u64, usize)>,
+    by_row: RowMap<u64, (u64, usize)>,
 }
 
 /// A batch whose row lengths are known (the `ends` were read) and whose
@@ -351,7 +379,7 @@ impl Store {
         let max_read = self.config().max_read_bytes.max(ub);
         let mut plan = Plan::default();
         let mut offsets = Vec::with_capacity(rows.len() + 1);
-        let mut first_seen: HashMap<u64, u64> = HashMap::new();
+        let mut first_seen: RowMap<u64, u64> = RowMap::default();
         let mut open: Option<Segment> = None;
         let mut dst = 0u64;
         let mut staged_copies: Vec<(usize, usize, usize)> = Vec::new();
@@ -449,10 +477,15 @@ impl Store {
             return Ok(None);
         };
         let (values, ends) = (&var.values, &var.ends);
+        // Transports without the gather path (MPI, one-sided fabrics) skip the bookkeeping.
+        let served = |owner: usize| values.is_remote(owner) && values.gather_key(owner).is_some();
+        if !located.iter().any(|&(owner, _)| served(owner)) {
+            return Ok(None);
+        }
         // Owner -> index in `owners` (usize::MAX: not served), owners with their rows.
-        let mut index: HashMap<usize, usize> = HashMap::new();
+        let mut index: RowMap<usize, usize> = RowMap::default();
         let mut owners: Vec<(usize, u64, Vec<u64>)> = Vec::new();
-        let mut seen: HashMap<u64, ()> = HashMap::new();
+        let mut seen: RowMap<u64, ()> = RowMap::default();
         for (&row, &(owner, local)) in rows.iter().zip(located) {
             if !values.is_remote(owner) {
                 continue;
@@ -488,7 +521,7 @@ impl Store {
         let Some(read) = self.watch(read)? else {
             return Ok(None);
         };
-        let mut by_row = HashMap::with_capacity(seen.len());
+        let mut by_row = RowMap::with_capacity_and_hasher(seen.len(), Default::default());
         for ((owner, _, locals), got) in owners.iter().zip(&read.rows) {
             let first = var.info.rows.start(*owner);
             for (&local, &entry) in locals.iter().zip(got) {
@@ -538,6 +571,16 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn row_hashes_spread_strided_rows() {
+        use std::hash::BuildHasher;
+        let b = BuildHasherDefault::<RowHasher>::default();
+        // Rows 1024 apart land in different buckets of a 1024-bucket table.
+        let buckets: std::collections::HashSet<u64> =
+            (0..128u64).map(|i| b.hash_one(i * 1024) & 1023).collect();
+        assert!(buckets.len() > 100, "{}", buckets.len());
+    }
 
     #[test]
     fn names_do_not_collide() {
