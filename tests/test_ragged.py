@@ -60,6 +60,21 @@ def test_one_round_trip_gather_mixed_rows(n, extra):
     assert "ragged gather mixed ok" in out, out
 
 
+@pytest.mark.parametrize(
+    "method,env",
+    [
+        (0, {"DDSTORE_SHM": "0"}),
+        (1, {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0", "DDSTORE_REMOTE_GATHER": "0"}),
+    ],
+    ids=["mpi-get", "tcp-one-sided"],
+)
+def test_two_step_reads_of_far_apart_rows(method, env):
+    """Without the gather path a batch reads row ends (one span per owner, or several for rows
+    far apart), then values."""
+    out = run_mpi(2, "ragged_gather.py", "spread", str(method), env=env).stdout
+    assert "ragged spread ok" in out, out
+
+
 def test_one_round_trip_gather_stopped_owner(handshake_dir):
     env = {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0", "DDSTORE_TIMEOUT_S": "3"}
     env["DDSTORE_HANDSHAKE_DIR"] = str(handshake_dir)

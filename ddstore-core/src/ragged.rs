@@ -307,6 +307,9 @@ impl Store {
         let mut bounds: Vec<Option<(u64, u64)>> = Vec::with_capacity(rows.len());
         // Each remote row needs its own end and, unless first in its share, the previous one.
         let mut need: Vec<u64> = Vec::new();
+        // Per remote owner: (owner, lowest and highest row whose end is needed, rows).
+        let mut per_owner: Vec<(usize, u64, u64, u64)> = Vec::new();
+        let mut owner_index: RowMap<usize, usize> = RowMap::default();
         for (&row, &(owner, local)) in rows.iter().zip(&located) {
             if is_gathered(row) {
                 bounds.push(None);
@@ -326,12 +329,19 @@ impl Store {
             }
             bounds.push(None);
             need.push(row);
-            if local > 0 {
+            let lo = if local > 0 {
                 need.push(row - 1);
-            }
+                row - 1
+            } else {
+                row
+            };
+            let k = *owner_index.entry(owner).or_insert_with(|| {
+                per_owner.push((owner, lo, row, 0));
+                per_owner.len() - 1
+            });
+            let e = &mut per_owner[k];
+            (e.1, e.2, e.3) = (e.1.min(lo), e.2.max(row), e.3 + 1);
         }
-        need.sort_unstable();
-        need.dedup();
         // Needed ends of a remote owner closer than END_GAP_ROWS are read as one span (gaps
         // included): a read costs about the same for 8 bytes as for a few KiB, so a batch
         // reads each owner's ends with one read, not one per row.
@@ -339,19 +349,7 @@ impl Store {
         let mut plan = Plan::default();
         let max_read = self.config().max_read_bytes.max(END_BYTES);
         let mut buf_len = 0usize;
-        let mut i = 0;
-        while i < need.len() {
-            let (owner, _) = info.rows.locate(need[i])?;
-            let owner_end = info.rows.start(owner) + info.rows.count(owner);
-            // Memory copies (own share, same-node peers) gain too: one copy of a span
-            // with its gaps costs less than a planned segment per row.
-            let gap = END_GAP_ROWS;
-            let (lo, mut hi) = (need[i], need[i]);
-            i += 1;
-            while i < need.len() && need[i] < owner_end && need[i] - hi <= gap {
-                hi = need[i];
-                i += 1;
-            }
+        let mut push_span = |owner: usize, lo: u64, hi: u64, plan: &mut Plan| {
             let len = (hi - lo + 1) as usize * END_BYTES;
             plan.push_split(
                 Segment {
@@ -364,6 +362,32 @@ impl Store {
             );
             spans.push((lo, hi, buf_len));
             buf_len += len;
+        };
+        // Usually every owner's needed ends lie in one span within that budget (a batch of
+        // random rows): one span each, without sorting the rows.
+        let compact = per_owner
+            .iter()
+            .all(|&(_, lo, hi, n)| hi - lo < n * END_GAP_ROWS);
+        if compact {
+            per_owner.sort_unstable_by_key(|e| e.1);
+            for &(owner, lo, hi, _) in &per_owner {
+                push_span(owner, lo, hi, &mut plan);
+            }
+        } else {
+            need.sort_unstable();
+            need.dedup();
+            let mut i = 0;
+            while i < need.len() {
+                let (owner, _) = info.rows.locate(need[i])?;
+                let owner_end = info.rows.start(owner) + info.rows.count(owner);
+                let (lo, mut hi) = (need[i], need[i]);
+                i += 1;
+                while i < need.len() && need[i] < owner_end && need[i] - hi <= END_GAP_ROWS {
+                    hi = need[i];
+                    i += 1;
+                }
+                push_span(owner, lo, hi, &mut plan);
+            }
         }
         let mut ends = vec![0u8; buf_len];
         if !plan.segments.is_empty() {
@@ -377,9 +401,15 @@ impl Store {
 
         let ub = info.unit_bytes;
         let max_read = self.config().max_read_bytes.max(ub);
-        let mut plan = Plan::default();
+        let mut plan = Plan {
+            segments: Vec::with_capacity(rows.len()),
+            repeats: Vec::new(),
+        };
         let mut offsets = Vec::with_capacity(rows.len() + 1);
-        let mut first_seen: RowMap<u64, u64> = RowMap::default();
+        // Repeats of remote rows are read once (only rows whose ends were read remotely).
+        let remote_rows = if need.is_empty() { 0 } else { rows.len() };
+        let mut first_seen: RowMap<u64, u64> =
+            RowMap::with_capacity_and_hasher(remote_rows, Default::default());
         let mut open: Option<Segment> = None;
         let mut dst = 0u64;
         let mut staged_copies: Vec<(usize, usize, usize)> = Vec::new();

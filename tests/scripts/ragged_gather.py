@@ -6,6 +6,8 @@ python ragged_gather.py mixed    (mpirun -n 3/4, tcp, DDSTORE_SHM=1)  ranks 0-1 
                                  copy and remote rows through the gather path in one batch; any
                                  order, repeats, rows of 0 units, the last rank's share empty; a
                                  batch of one remote owner is one request (no ends read)
+python ragged_gather.py spread M (mpirun -n 2, one-sided reads)  rows of a remote owner far apart
+                                 and close together through the two-step path (row ends, then values)
 python ragged_gather.py stopped  (3 plain procs)  rank 0 SIGSTOPs rank 1 and reads its rows into
                                  out=: DDStoreTimeoutError naming rank 1 within DDSTORE_TIMEOUT_S,
                                  out untouched then and after SIGCONT, and reads work again
@@ -110,6 +112,36 @@ def mixed():
     print(f"{rank_tag()} ragged gather mixed ok", flush=True)
 
 
+def spread():
+    """Two-step reads (row ends, then values; no gather path): rows of a remote owner far apart
+    (its ends read as several spans) and close together (one span), checked row by row."""
+    from mpi4py import MPI
+
+    method = int(sys.argv[2])
+    store = pyddstore.PyDDStore(comm=MPI.COMM_WORLD, method=method)
+    assert store.remote_path == "one-sided", store.remote_path
+    per = 3000
+    first = store.rank * per
+    lens = [(r * 7) % 5 for r in range(first, first + per)]
+    vals = [np.full(n, r, np.int32) for r, n in zip(range(first, first + per), lens)]
+    store.add("s", np.concatenate(vals), lengths=lens)
+    other = ((store.rank + 1) % store.size) * per
+    batches = [
+        np.array([other, other + per - 1, other + 1500]),  # far apart: a span each
+        np.array([other + per - 1, other + 2, other + 2, other]),
+        other + np.arange(0, per, 97),  # 31 rows, 97 apart: one span
+        np.array([other + 5, first + 3, other + per - 2, first + per - 1]),  # own rows too
+    ]
+    for b in batches:
+        v, off = store.get_batch("s", b)
+        for i, r in enumerate(b):
+            want = np.full((int(r) * 7) % 5, r, np.int32)
+            assert np.array_equal(v[off[i] : off[i + 1]], want), f"row {r} differs"
+    store.barrier()
+    store.free()
+    print(f"{rank_tag()} ragged spread ok", flush=True)
+
+
 def wait_stopped(pid):
     deadline = time.monotonic() + 30
     while True:
@@ -159,4 +191,4 @@ def stopped():
 
 
 if __name__ == "__main__":
-    main_guard({"mixed": mixed, "stopped": stopped}[sys.argv[1]])
+    main_guard({"mixed": mixed, "stopped": stopped, "spread": spread}[sys.argv[1]])
