@@ -22,10 +22,11 @@ def test_bench_graph_smoke(tmp_path):
     assert res["ranks"] == 2
     lines = {(r["config"], r["line"]): r for r in res["results"]}
     for config in ("node-shm", "ofi-tcp"):
-        for line in ("ragged", "padded", "records", "list"):
+        for line in ("ragged", "ragged-out", "padded", "records", "list"):
             r = lines[(config, line)]
             assert r["us_per_graph"] > 0 and r["graphs_per_s"] > 0 and r["bytes_per_batch"] > 0, r
         ratios = lines[(config, "ratios")]
         assert ratios["offset_bytes_per_row"] == 8
         assert ratios["ragged_vs_padded_per_byte"] > 0 and ratios["records_vs_ragged_per_graph"] > 0
+        assert ratios["ragged_out_vs_padded_per_byte"] > 0
         assert lines[(config, "range-get")]["ratio"] > 0

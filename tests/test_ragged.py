@@ -41,3 +41,43 @@ def test_file_comm_without_mpi(handshake_dir):
     env = {"DDSTORE_HANDSHAKE_DIR": handshake_dir, "DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0"}
     procs = run_procs(3, "ragged_store.py", "1", "none", env=env)
     assert all("ragged_store ok (method 1" in p.stdout for p in procs)
+
+
+@pytest.mark.parametrize(
+    "n,extra",
+    [
+        (4, {}),
+        # 4 KiB reply messages and a 4-deep window: replies cut over several messages and requests.
+        (3, {"DDSTORE_MAX_READ_BYTES": "4096", "DDSTORE_MAX_INFLIGHT": "4"}),
+    ],
+    ids=["4-ranks", "3-ranks-small-messages"],
+)
+def test_one_round_trip_gather_mixed_rows(n, extra):
+    """tcp's gather path reads whole ragged rows in one request per owner, beside own and
+    same-node rows (two pretend hosts); every row checked (tests/scripts/ragged_gather.py)."""
+    env = {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "1", "DDSTORE_REMOTE_GATHER": "auto", **extra}
+    out = run_mpi(n, "ragged_gather.py", "mixed", env=env).stdout
+    assert "ragged gather mixed ok" in out, out
+
+
+@pytest.mark.parametrize(
+    "method,env",
+    [
+        (0, {"DDSTORE_SHM": "0"}),
+        (1, {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0", "DDSTORE_REMOTE_GATHER": "0"}),
+    ],
+    ids=["mpi-get", "tcp-one-sided"],
+)
+def test_two_step_reads_of_far_apart_rows(method, env):
+    """Without the gather path a batch reads row ends (one span per owner, or several for rows
+    far apart), then values."""
+    out = run_mpi(2, "ragged_gather.py", "spread", str(method), env=env).stdout
+    assert "ragged spread ok" in out, out
+
+
+def test_one_round_trip_gather_stopped_owner(handshake_dir):
+    env = {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0", "DDSTORE_TIMEOUT_S": "3"}
+    env["DDSTORE_HANDSHAKE_DIR"] = str(handshake_dir)
+    procs = run_procs(3, "ragged_gather.py", "stopped", env=env, timeout=180)
+    out = procs[0].stdout
+    assert "stopped owner: DDStoreTimeoutError after" in out and "reads after SIGCONT ok" in out, out

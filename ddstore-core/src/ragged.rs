@@ -20,14 +20,43 @@
 //! of a batch are posted together, then all the `values` reads.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
+use crate::comm::gather_u64;
 use crate::dtype::DType;
 use crate::layout::Layout;
 use crate::plan::{validate_rows, Plan, RepeatCopy};
 use crate::store::{OwnRows, Store, Variable};
-use crate::transport::RemoteRead;
+use crate::transport::{RaggedRequest, RemoteRead};
 use crate::{Error, Result};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+/// Hashes row numbers and ranks with one multiplication: the per-row maps of
+/// a batch are on the read path, where SipHash costs more than the lookups.
+#[derive(Default)]
+struct RowHasher(u64);
+
+impl Hasher for RowHasher {
+    fn finish(&self) -> u64 {
+        // The product's high bits depend on every bit of the key: fold them into
+        // the low bits that pick the bucket (strided rows would collide otherwise).
+        self.0 ^ (self.0 >> 29)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+}
+
+/// A map keyed by row numbers or ranks.
+type RowMap<K, V> = HashMap<K, V, BuildHasherDefault<RowHasher>>;
 
 /// Bytes of one stored row offset.
 pub const END_BYTES: usize = 8;
@@ -64,6 +93,26 @@ pub(crate) struct RaggedVar {
     pub(crate) info: RaggedInfo,
     values: Arc<Variable>,
     ends: Arc<Variable>,
+    /// Longest row of each rank in bytes, agreed at `add_ragged`: bounds the
+    /// reply of a one-round-trip ragged read (`None` for an attached
+    /// variable, which reads ends first, then values).
+    max_row_bytes: Option<Vec<u64>>,
+    /// Staging buffers of finished gathered batches, reused by the next ones.
+    staging: StagingPool,
+}
+
+/// Reader-filled staging buffers, handed back when their batch drops.
+type StagingPool = Arc<Mutex<Vec<Vec<u8>>>>;
+
+/// Staging buffers a ragged variable keeps for reuse (more threads allocate).
+const STAGING_KEPT: usize = 4;
+
+/// Rows read in one round trip per owner through the gather path.
+struct Gathered {
+    /// The reader's staging buffer: the rows' values somewhere in it.
+    data: Vec<u8>,
+    /// Global row -> (length in units, offset of its values in `data`).
+    by_row: RowMap<u64, (u64, usize)>,
 }
 
 /// A batch whose row lengths are known (the `ends` were read) and whose
@@ -75,6 +124,23 @@ pub struct RaggedBatch {
     offsets: Vec<u64>,
     unit_bytes: usize,
     dtype: DType,
+    /// Values already read through the gather path (reader-staged), and
+    /// their copies into the destination: (staged offset, dst offset, len).
+    staged: Vec<u8>,
+    staged_copies: Vec<(usize, usize, usize)>,
+    /// Where `staged` goes back to when the batch drops.
+    pool: Option<StagingPool>,
+}
+
+impl Drop for RaggedBatch {
+    fn drop(&mut self) {
+        if let Some(pool) = &self.pool {
+            let mut kept = pool.lock().unwrap_or_else(|p| p.into_inner());
+            if kept.len() < STAGING_KEPT {
+                kept.push(std::mem::take(&mut self.staged));
+            }
+        }
+    }
 }
 
 impl RaggedBatch {
@@ -102,7 +168,7 @@ impl RaggedBatch {
     /// Reads and memory copies the values need (after coalescing): one per
     /// owner for consecutive rows of one share.
     pub fn reads(&self) -> usize {
-        self.plan.segments.len()
+        self.plan.segments.len() + self.staged_copies.len()
     }
 }
 
@@ -155,13 +221,19 @@ impl Store {
         }
         self.write_local(&ends_name(name), 0, &ends)?;
         self.write_local(&values_name(name), 0, data)?;
-        self.link_ragged(name)?;
+        let longest = lengths.iter().max().copied().unwrap_or(0);
+        let max_row_bytes = gather_u64(self.comm().as_ref(), longest * unit_bytes as u64)?;
+        self.link_ragged_with(name, Some(max_row_bytes))?;
         self.comm().barrier()
     }
 
     /// Registers `name` as ragged once its two variables exist here (after
     /// `add_ragged`, or after a method-2 extra job attached both).
     pub fn link_ragged(&self, name: &str) -> Result<()> {
+        self.link_ragged_with(name, None)
+    }
+
+    fn link_ragged_with(&self, name: &str, max_row_bytes: Option<Vec<u64>>) -> Result<()> {
         let values = self.var(&values_name(name))?;
         let ends = self.var(&ends_name(name))?;
         if ends.info.row_bytes != END_BYTES
@@ -177,7 +249,13 @@ impl Store {
             rows: ends.info.layout.clone(),
             units: values.info.layout.clone(),
         };
-        let var = RaggedVar { info, values, ends };
+        let var = RaggedVar {
+            info,
+            values,
+            ends,
+            max_row_bytes,
+            staging: StagingPool::default(),
+        };
         self.ragged
             .write()
             .unwrap()
@@ -216,16 +294,54 @@ impl Store {
             .iter()
             .map(|&r| info.rows.locate(r))
             .collect::<Result<_>>()?;
-        // Each row needs its own end and, unless first in its share, the previous one.
-        let mut need: Vec<u64> = Vec::with_capacity(rows.len() * 2);
-        for (&row, &(_, local)) in rows.iter().zip(&located) {
-            need.push(row);
-            if local > 0 {
-                need.push(row - 1);
+        // Remote owners serving the gather path: whole rows in one round trip each.
+        let gathered = self.gather_ragged(&var, &rows, &located)?;
+        let is_gathered = |row: u64| {
+            gathered
+                .as_ref()
+                .is_some_and(|g| g.by_row.contains_key(&row))
+        };
+        // Each row's (start, end) in units: read in place where the owner's ends are
+        // mapped here (own share, same-node peers: no planned copy), else collected
+        // for one read per remote owner below.
+        let mut bounds: Vec<Option<(u64, u64)>> = Vec::with_capacity(rows.len());
+        // Each remote row needs its own end and, unless first in its share, the previous one.
+        let mut need: Vec<u64> = Vec::new();
+        // Per remote owner: (owner, lowest and highest row whose end is needed, rows).
+        let mut per_owner: Vec<(usize, u64, u64, u64)> = Vec::new();
+        let mut owner_index: RowMap<usize, usize> = RowMap::default();
+        for (&row, &(owner, local)) in rows.iter().zip(&located) {
+            if is_gathered(row) {
+                bounds.push(None);
+                continue;
             }
+            if let Some(mem) = ends_var.mapped(owner) {
+                let mut pair = [0u8; 2 * END_BYTES];
+                if local == 0 {
+                    mem.read_at(0, &mut pair[END_BYTES..])?;
+                } else {
+                    mem.read_at((local as usize - 1) * END_BYTES, &mut pair)?;
+                }
+                let start = u64::from_le_bytes(pair[..END_BYTES].try_into().unwrap());
+                let end = u64::from_le_bytes(pair[END_BYTES..].try_into().unwrap());
+                bounds.push(Some((start, end)));
+                continue;
+            }
+            bounds.push(None);
+            need.push(row);
+            let lo = if local > 0 {
+                need.push(row - 1);
+                row - 1
+            } else {
+                row
+            };
+            let k = *owner_index.entry(owner).or_insert_with(|| {
+                per_owner.push((owner, lo, row, 0));
+                per_owner.len() - 1
+            });
+            let e = &mut per_owner[k];
+            (e.1, e.2, e.3) = (e.1.min(lo), e.2.max(row), e.3 + 1);
         }
-        need.sort_unstable();
-        need.dedup();
         // Needed ends of a remote owner closer than END_GAP_ROWS are read as one span (gaps
         // included): a read costs about the same for 8 bytes as for a few KiB, so a batch
         // reads each owner's ends with one read, not one per row.
@@ -233,19 +349,7 @@ impl Store {
         let mut plan = Plan::default();
         let max_read = ends_var.max_read.max(END_BYTES);
         let mut buf_len = 0usize;
-        let mut i = 0;
-        while i < need.len() {
-            let (owner, _) = info.rows.locate(need[i])?;
-            let owner_end = info.rows.start(owner) + info.rows.count(owner);
-            // Memory copies (own share, same-node peers) gain too: one copy of a span
-            // with its gaps costs less than a planned segment per row.
-            let gap = END_GAP_ROWS;
-            let (lo, mut hi) = (need[i], need[i]);
-            i += 1;
-            while i < need.len() && need[i] < owner_end && need[i] - hi <= gap {
-                hi = need[i];
-                i += 1;
-            }
+        let mut push_span = |owner: usize, lo: u64, hi: u64, plan: &mut Plan| {
             let len = (hi - lo + 1) as usize * END_BYTES;
             plan.push_split(
                 RemoteRead {
@@ -258,9 +362,37 @@ impl Store {
             );
             spans.push((lo, hi, buf_len));
             buf_len += len;
+        };
+        // Usually every owner's needed ends lie in one span within that budget (a batch of
+        // random rows): one span each, without sorting the rows.
+        let compact = per_owner
+            .iter()
+            .all(|&(_, lo, hi, n)| hi - lo < n * END_GAP_ROWS);
+        if compact {
+            per_owner.sort_unstable_by_key(|e| e.1);
+            for &(owner, lo, hi, _) in &per_owner {
+                push_span(owner, lo, hi, &mut plan);
+            }
+        } else {
+            need.sort_unstable();
+            need.dedup();
+            let mut i = 0;
+            while i < need.len() {
+                let (owner, _) = info.rows.locate(need[i])?;
+                let owner_end = info.rows.start(owner) + info.rows.count(owner);
+                let (lo, mut hi) = (need[i], need[i]);
+                i += 1;
+                while i < need.len() && need[i] < owner_end && need[i] - hi <= END_GAP_ROWS {
+                    hi = need[i];
+                    i += 1;
+                }
+                push_span(owner, lo, hi, &mut plan);
+            }
         }
         let mut ends = vec![0u8; buf_len];
-        self.watch(ends_var.execute(&plan, &mut ends, buf_len / END_BYTES, OwnRows::Copy))?;
+        if !plan.segments.is_empty() {
+            self.watch(ends_var.execute(&plan, &mut ends, buf_len / END_BYTES, OwnRows::Copy))?;
+        }
         let end_of = |row: u64| -> u64 {
             let k = spans.partition_point(|s| s.0 <= row) - 1;
             let at = spans[k].2 + (row - spans[k].0) as usize * END_BYTES;
@@ -269,15 +401,35 @@ impl Store {
 
         let ub = info.unit_bytes;
         let max_read = values.max_read.max(ub);
-        let mut plan = Plan::default();
+        let mut plan = Plan {
+            segments: Vec::with_capacity(rows.len()),
+            repeats: Vec::new(),
+        };
         let mut offsets = Vec::with_capacity(rows.len() + 1);
-        let mut first_seen: HashMap<u64, u64> = HashMap::new();
+        // Repeats of remote rows are read once (only rows whose ends were read remotely).
+        let remote_rows = if need.is_empty() { 0 } else { rows.len() };
+        let mut first_seen: RowMap<u64, u64> =
+            RowMap::with_capacity_and_hasher(remote_rows, Default::default());
         let mut open: Option<RemoteRead> = None;
         let mut dst = 0u64;
-        for (&row, &(owner, local)) in rows.iter().zip(&located) {
+        let mut staged_copies: Vec<(usize, usize, usize)> = Vec::new();
+        for (i, (&row, &(owner, local))) in rows.iter().zip(&located).enumerate() {
             offsets.push(dst);
-            let end = end_of(row);
-            let start = if local == 0 { 0 } else { end_of(row - 1) };
+            if let Some(&(units, at)) = gathered.as_ref().and_then(|g| g.by_row.get(&row)) {
+                let (bytes, dst_b) = (units as usize * ub, dst as usize * ub);
+                match staged_copies.last_mut() {
+                    Some(c) if c.0 + c.2 == at && c.1 + c.2 == dst_b => c.2 += bytes,
+                    _ if bytes > 0 => staged_copies.push((at, dst_b, bytes)),
+                    _ => {}
+                }
+                dst += units;
+                continue;
+            }
+            let (start, end) = match bounds[i] {
+                Some(known) => known,
+                None if local == 0 => (0, end_of(row)),
+                None => (end_of(row - 1), end_of(row)),
+            };
             let share_units = info.units.count(owner);
             if start > end || end > share_units {
                 return Err(Error::Transport(format!(
@@ -336,7 +488,80 @@ impl Store {
             offsets,
             unit_bytes: ub,
             dtype: info.dtype,
+            pool: gathered.is_some().then(|| var.staging.clone()),
+            staged: gathered.map(|g| g.data).unwrap_or_default(),
+            staged_copies,
         })
+    }
+
+    /// Reads the rows of `rows` whose owners serve the gather path (remote,
+    /// both parts keyed) in one request per owner, each row once; `None`
+    /// when there are none or the transport cannot (then ends, then values).
+    fn gather_ragged(
+        &self,
+        var: &RaggedVar,
+        rows: &[u64],
+        located: &[(usize, u64)],
+    ) -> Result<Option<Gathered>> {
+        let Some(max_row_bytes) = &var.max_row_bytes else {
+            return Ok(None);
+        };
+        let (values, ends) = (&var.values, &var.ends);
+        // Transports without the gather path (MPI, one-sided fabrics) skip the bookkeeping.
+        let served = |owner: usize| values.is_remote(owner) && values.gather_key(owner).is_some();
+        if !located.iter().any(|&(owner, _)| served(owner)) {
+            return Ok(None);
+        }
+        // Owner -> index in `owners` (usize::MAX: not served), owners with their rows.
+        let mut index: RowMap<usize, usize> = RowMap::default();
+        let mut owners: Vec<(usize, u64, Vec<u64>)> = Vec::new();
+        let mut seen: RowMap<u64, ()> = RowMap::default();
+        for (&row, &(owner, local)) in rows.iter().zip(located) {
+            if !values.is_remote(owner) {
+                continue;
+            }
+            let i = *index.entry(owner).or_insert_with(|| {
+                match values.gather_key(owner).zip(ends.gather_key(owner)) {
+                    Some((_, ends_key)) => {
+                        owners.push((owner, ends_key, Vec::new()));
+                        owners.len() - 1
+                    }
+                    None => usize::MAX,
+                }
+            });
+            if i != usize::MAX && seen.insert(row, ()).is_none() {
+                owners[i].2.push(local);
+            }
+        }
+        if owners.is_empty() {
+            return Ok(None);
+        }
+        let requests: Vec<RaggedRequest<'_>> = owners
+            .iter()
+            .map(|(owner, ends_key, rows)| RaggedRequest {
+                owner: *owner,
+                ends_key: *ends_key,
+                rows,
+                max_row_bytes: max_row_bytes[*owner],
+            })
+            .collect();
+        let ub = var.info.unit_bytes;
+        let staging = var.staging.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let read = values.read_ragged_rows(ub, &requests, staging.unwrap_or_default());
+        let Some(read) = self.watch(read)? else {
+            return Ok(None);
+        };
+        let mut by_row = RowMap::with_capacity_and_hasher(seen.len(), Default::default());
+        for ((owner, _, locals), got) in owners.iter().zip(&read.rows) {
+            let first = var.info.rows.start(*owner);
+            for (&local, &entry) in locals.iter().zip(got) {
+                by_row.insert(first + local, entry);
+            }
+        }
+        Ok(Some(Gathered {
+            data: read.data,
+            by_row,
+        }))
     }
 
     /// Reads a planned batch's values into `out` (exactly `batch.bytes()`
@@ -354,22 +579,38 @@ impl Store {
             )));
         }
         let units = batch.units() as usize;
-        self.watch(batch.values.execute(&batch.plan, out, units, OwnRows::Copy))
+        if !batch.plan.segments.is_empty() || !batch.plan.repeats.is_empty() {
+            self.watch(batch.values.execute(&batch.plan, out, units, OwnRows::Copy))?;
+        }
+        for &(from, to, len) in &batch.staged_copies {
+            out[to..to + len].copy_from_slice(&batch.staged[from..from + len]);
+        }
+        Ok(())
     }
 
     /// Lengths, then values, of `rows`: `(values, offsets)` as
     /// [`Store::plan_ragged`] and [`Store::read_ragged`] give them.
     pub fn get_ragged(&self, name: &str, rows: &[i64]) -> Result<(Vec<u8>, Vec<u64>)> {
-        let batch = self.plan_ragged(name, rows)?;
+        let mut batch = self.plan_ragged(name, rows)?;
         let mut out = vec![0u8; batch.bytes()];
         self.read_ragged(&batch, &mut out)?;
-        Ok((out, batch.offsets))
+        Ok((out, std::mem::take(&mut batch.offsets)))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn row_hashes_spread_strided_rows() {
+        use std::hash::BuildHasher;
+        let b = BuildHasherDefault::<RowHasher>::default();
+        // Rows 1024 apart land in different buckets of a 1024-bucket table.
+        let buckets: std::collections::HashSet<u64> =
+            (0..128u64).map(|i| b.hash_one(i * 1024) & 1023).collect();
+        assert!(buckets.len() > 100, "{}", buckets.len());
+    }
 
     #[test]
     fn names_do_not_collide() {

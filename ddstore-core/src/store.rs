@@ -14,7 +14,9 @@ use crate::plan::{validate_rows, Plan};
 use crate::profile::{Counters, Profile};
 use crate::ragged::{ends_name, values_name, RaggedVar};
 use crate::region::{map_node_peers, process_alive, Memory, NodeLocator};
-use crate::transport::{ExposeOptions, Exposed, RemoteRead, RemoteShares, Transport};
+use crate::transport::{
+    ExposeOptions, Exposed, RaggedRequest, RaggedRows, RemoteRead, RemoteShares, Transport,
+};
 use crate::{Config, Error, Result};
 
 /// Bytes of same-node copies in one batch above which copies run on several threads.
@@ -728,6 +730,49 @@ impl Variable {
             }
         }
         Ok(())
+    }
+
+    /// `owner`'s share where this process reads it by memory copy (its own,
+    /// or a same-node peer's mapping); `None` for remote owners and in extra
+    /// jobs (whose mapped owners are checked alive on every planned read).
+    pub(crate) fn mapped(&self, owner: usize) -> Option<&dyn Memory> {
+        if !self.node_owner_pids.is_empty() {
+            return None;
+        }
+        if Some(owner) == self.my_rank {
+            return self.local.as_deref();
+        }
+        self.node_peers.get(owner).and_then(|p| p.as_deref())
+    }
+
+    /// The gather key `owner` serves this share under (`None`: one-sided).
+    pub(crate) fn gather_key(&self, owner: usize) -> Option<u64> {
+        self.remote.gather_key(owner)
+    }
+
+    /// Whole ragged rows through a pooled reader (see
+    /// [`ShareReader::read_ragged_rows`]); `Ok(None)` when it cannot.
+    pub(crate) fn read_ragged_rows(
+        &self,
+        unit_bytes: usize,
+        requests: &[RaggedRequest<'_>],
+        staging: Vec<u8>,
+    ) -> Result<Option<RaggedRows>> {
+        let _serial = self.shared_reader_lock.as_ref().map(|l| l.lock().unwrap());
+        let mut reader = self.readers.take(self.remote.as_ref())?;
+        let started = Instant::now();
+        // A reader that failed may have reads outstanding: it is dropped, not pooled.
+        let rows = reader.read_ragged_rows(unit_bytes, requests, staging)?;
+        self.readers.give_back(reader);
+        Counters::add(
+            &self.counters.remote_ns,
+            started.elapsed().as_nanos() as u64,
+        );
+        if rows.is_some() {
+            // One request per owner (more only past a request's limits).
+            Counters::add(&self.counters.remote_reads, requests.len() as u64);
+        }
+        Ok(rows)
     }
 
     fn read_remote(&self, reads: &[RemoteRead], out: &mut [u8]) -> Result<()> {

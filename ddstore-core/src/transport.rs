@@ -102,6 +102,35 @@ pub trait RemoteShares: Send + Sync {
     fn forget_after_fork(&self) -> Result<()> {
         Ok(())
     }
+    /// The memory key under which `owner` serves this share to the gather
+    /// path (`None`: read it one-sided). A ragged read names the ends
+    /// share's key in its values request, so both go in one round trip.
+    fn gather_key(&self, _owner: usize) -> Option<u64> {
+        None
+    }
+}
+
+/// Whole rows of a ragged variable to read from one owner in one round
+/// trip (the owner resolves their lengths): see [`ShareReader::read_ragged_rows`].
+pub struct RaggedRequest<'a> {
+    /// The owning rank.
+    pub owner: usize,
+    /// The owner's gather key of the ragged variable's ends share.
+    pub ends_key: u64,
+    /// Distinct local row numbers in the owner's share.
+    pub rows: &'a [u64],
+    /// Longest row the owner holds, in bytes (bounds the reply).
+    pub max_row_bytes: u64,
+}
+
+/// Rows read by [`ShareReader::read_ragged_rows`]: their values back to back
+/// somewhere in `data`, and per request, per row (in request order) its
+/// length in units and the offset of its values in `data`.
+pub struct RaggedRows {
+    /// Reader-filled bytes (the caller copies rows out of it).
+    pub data: Vec<u8>,
+    /// Per request given, per row: (units, offset in `data`).
+    pub rows: Vec<Vec<(u64, usize)>>,
 }
 
 /// Reads ranges of remote shares; one per thread, pooled by the store.
@@ -109,4 +138,18 @@ pub trait ShareReader: Send {
     /// Reads every range into `dst`: all are posted (up to the in-flight
     /// window) before waiting. On error no guarantee is made about `dst`.
     fn read_many(&mut self, reads: &[RemoteRead], dst: &mut [u8]) -> Result<()>;
+    /// Reads whole ragged rows (values of `unit_bytes`-byte units) with one
+    /// request per owner, the owners resolving the rows' lengths themselves.
+    /// `Ok(None)`: this reader cannot (no gather path, or a row too long for
+    /// one request); the caller reads row ends, then values. `staging` is a
+    /// buffer to land the replies in (grown as needed, its contents
+    /// replaced): it comes back as [`RaggedRows::data`], so callers reuse it.
+    fn read_ragged_rows(
+        &mut self,
+        _unit_bytes: usize,
+        _requests: &[RaggedRequest<'_>],
+        _staging: Vec<u8>,
+    ) -> Result<Option<RaggedRows>> {
+        Ok(None)
+    }
 }

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use ddstore_core::comm::Comm;
 use ddstore_core::config::Config;
-use ddstore_core::transport::{ExposeOptions, RemoteRead, RemoteShares, Transport};
+use ddstore_core::transport::{
+    ExposeOptions, RaggedRequest, RemoteRead, RemoteShares, ShareReader, Transport,
+};
 use ddstore_fabric::ofi::{usable_providers, OfiTransport};
 use ofi_support::{fill, launch, pattern, FileComm};
 use rand::rngs::StdRng;
@@ -85,6 +87,24 @@ fn stopped_or_dead_peer_times_out() {
     assert!(ok[0], "rank 0 did not see a timeout as expected");
 }
 
+/// Ragged rows in one round trip per owner over the gather path: every row
+/// checked, replies split over several messages and requests, and requests
+/// a hostile reader could send (unknown key, row past the share, a bound the
+/// rows exceed, an owner's corrupt ends) refused, the reader still usable.
+#[test]
+fn tcp_ragged_gather() {
+    let ok = run_ranks(
+        "ragged-gather",
+        2,
+        "tcp",
+        &[
+            ("DDSTORE_REMOTE_GATHER", "1"),
+            ("DDSTORE_MAX_INFLIGHT", "4"),
+        ],
+    );
+    assert_eq!(ok, vec![true; 2]);
+}
+
 #[test]
 fn lists_providers_and_rejects_unknown_fabric() {
     let providers = usable_providers();
@@ -117,6 +137,7 @@ fn rank_worker() {
     match std::env::var("DDFI_SCENARIO").as_deref() {
         Ok("full") => full(comm),
         Ok("stopped-peer") => stopped_peer(comm),
+        Ok("ragged-gather") => ragged_gather(comm),
         other => panic!("unknown scenario {other:?}"),
     }
 }
@@ -462,4 +483,156 @@ fn stopped_peer(comm: Arc<FileComm>) {
     let mut reader = v.remote.open_reader().unwrap();
     reader.read_many(&[own], &mut dst).unwrap();
     verify(&[own], &dst, 1, "own share after peer death");
+}
+
+/// Units (3 bytes each) of ragged row `row` of rank `rank`: 0 for every fifth.
+fn ragged_len(rank: usize, row: u64) -> u64 {
+    if row.is_multiple_of(5) {
+        0
+    } else {
+        (row * 7 + rank as u64) % 40 + 1
+    }
+}
+
+const RAGGED_ROWS: u64 = 300;
+const UNIT: usize = 3;
+
+fn ragged_gather(comm: Arc<FileComm>) {
+    let rank = comm.rank();
+    let config = Config::from_env().unwrap();
+    let transport = OfiTransport::from_env(&config, None, rank).unwrap();
+    assert_eq!(transport.remote_path(), "gather");
+    let dyn_comm: Arc<dyn Comm> = comm.clone();
+    // Rank 1 holds the rows; rank 0 an empty share of both parts.
+    let rows = if rank == 1 { RAGGED_ROWS } else { 0 };
+    let mut ends = Vec::new();
+    let mut end = 0u64;
+    for r in 0..rows {
+        end += ragged_len(rank, r);
+        ends.extend_from_slice(&end.to_le_bytes());
+    }
+    if rank == 1 {
+        // Row 299's end before its start: the owner's own data is corrupt there.
+        let at = 298 * 8;
+        ends[at..at + 8].copy_from_slice(&(end + 5).to_le_bytes());
+    }
+    let values = fill(7, rank, end as usize * UNIT);
+    let expose = |name: &str, len: usize| {
+        let opts = ExposeOptions {
+            name: name.into(),
+            node_sharing: false,
+        };
+        transport.expose(&dyn_comm, len, &opts).unwrap()
+    };
+    let v = expose("r#values", values.len());
+    let e = expose("r#ends", ends.len());
+    v.local.write_at(0, &values).unwrap();
+    e.local.write_at(0, &ends).unwrap();
+    comm.barrier().unwrap();
+    if rank == 0 {
+        let ends_key = e
+            .remote
+            .gather_key(1)
+            .expect("rank 1 serves the gather path");
+        assert!(v.remote.gather_key(1).is_some());
+        let max_row_bytes = 40 * UNIT as u64;
+        let mut reader = v.remote.open_reader().unwrap();
+        let check = |reader: &mut dyn ShareReader, rows: &[u64]| {
+            let req = RaggedRequest {
+                owner: 1,
+                ends_key,
+                rows,
+                max_row_bytes,
+            };
+            let got = reader
+                .read_ragged_rows(UNIT, &[req], vec![0xee; 1000]) // a reused buffer: junk replaced
+                .unwrap()
+                .expect("gathered");
+            assert_eq!(got.rows.len(), 1);
+            assert_eq!(got.rows[0].len(), rows.len());
+            for (&row, &(units, at)) in rows.iter().zip(&got.rows[0]) {
+                assert_eq!(units, ragged_len(1, row), "row {row}");
+                let start: u64 = (0..row).map(|r| ragged_len(1, r)).sum();
+                for k in 0..units as usize * UNIT {
+                    let want = pattern(7, 1, start * UNIT as u64 + k as u64);
+                    assert_eq!(got.data[at + k], want, "row {row} byte {k}");
+                }
+            }
+        };
+        // Any order, repeats, zero-length rows; 298 rows of up to 120 B: with 4 KiB
+        // messages and a 4-deep window, several messages and several requests.
+        check(reader.as_mut(), &[3, 0, 5, 17, 3, 1]);
+        check(reader.as_mut(), &[0, 5, 10]);
+        let all: Vec<u64> = (0..298).rev().collect();
+        check(reader.as_mut(), &all);
+        let refused = |reader: &mut dyn ShareReader,
+                       ends_key: u64,
+                       rows: &[u64],
+                       max_row_bytes: u64,
+                       why: &str| {
+            let req = RaggedRequest {
+                owner: 1,
+                ends_key,
+                rows,
+                max_row_bytes,
+            };
+            let err = match reader.read_ragged_rows(UNIT, &[req], Vec::new()) {
+                Err(err) => err,
+                Ok(_) => panic!("{why}: served, expected a refusal"),
+            };
+            let msg = err.to_string();
+            assert!(msg.contains("rank 1 refused"), "{why}: {msg}");
+            eprintln!("{why}: {msg}");
+        };
+        refused(
+            reader.as_mut(),
+            ends_key ^ 0x5a5a_0000,
+            &[1, 2],
+            max_row_bytes,
+            "unknown key",
+        );
+        refused(
+            reader.as_mut(),
+            ends_key,
+            &[1, RAGGED_ROWS],
+            max_row_bytes,
+            "row past the share",
+        );
+        refused(
+            reader.as_mut(),
+            ends_key,
+            &[1, u64::MAX / 8],
+            max_row_bytes,
+            "row overflowing",
+        );
+        refused(
+            reader.as_mut(),
+            ends_key,
+            &[299],
+            max_row_bytes,
+            "corrupt ends",
+        );
+        refused(
+            reader.as_mut(),
+            ends_key,
+            &[1, 2, 3],
+            1,
+            "rows longer than the bound",
+        );
+        // The values key as the ends key: the owner reads its values as ends.
+        // Whatever it finds, the ranges are checked against the values share.
+        let req = RaggedRequest {
+            owner: 1,
+            ends_key: v.remote.gather_key(1).unwrap(),
+            rows: &[1],
+            max_row_bytes,
+        };
+        if let Ok(Some(got)) = reader.read_ragged_rows(UNIT, &[req], Vec::new()) {
+            assert!(got.rows[0][0].0 * UNIT as u64 <= max_row_bytes);
+        }
+        // Refusals leave the reader usable.
+        check(reader.as_mut(), &[9, 8, 7]);
+    }
+    comm.barrier().unwrap();
+    println!("rank {rank} ragged-gather ok");
 }

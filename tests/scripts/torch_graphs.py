@@ -32,7 +32,31 @@ def sizes(i: int) -> tuple[int, int]:
     return nodes, edges
 
 
+try:
+    from torch_geometric.data import Data
+
+    class Mol(Data):
+        """A Data subclass with batching of its own: `ring` holds node indices that, unlike
+        Data's default for an unknown key, are shifted by the nodes before it in a batch."""
+
+        def __inc__(self, key, value, *args, **kwargs):
+            if key == "ring":
+                return self.num_nodes
+            return super().__inc__(key, value, *args, **kwargs)
+
+        def atoms(self) -> int:
+            return self.x.size(0)
+
+except ImportError:  # the tests skip without torch_geometric
+    Mol = None
+
+
 class Graphs(Dataset):
+    """Graphs as torch_geometric Data, or as `Mol` (a subclass) with a `ring` field."""
+
+    def __init__(self, cls=None):
+        self.cls = cls
+
     def __len__(self):
         return N
 
@@ -41,6 +65,13 @@ class Graphs(Dataset):
 
         g = torch.Generator().manual_seed(i)
         nodes, edges = sizes(i)
+        if self.cls is Mol:
+            return Mol(
+                x=torch.randn(nodes, 3, generator=g),
+                edge_index=torch.randint(0, max(nodes, 1), (2, edges), generator=g),
+                ring=torch.arange(nodes) % max(nodes, 1),
+                y=torch.tensor([i * 0.5]),
+            )
         return Data(
             x=torch.randn(nodes, 3, generator=g),
             edge_index=torch.randint(0, max(nodes, 1), (2, edges), generator=g),
@@ -90,21 +121,30 @@ def same_batches(want, got, where):
             tc.same(a[k], b[k], f"{where} batch {j}.{k}")
 
 
-def check_graphs(ds, where, forked_ok):
+def check_graphs(ds, where, forked_ok, cls=None):
     from pyddstore.torch import ThreadDataLoader
     from torch_geometric.loader import DataLoader as GraphLoader
 
-    src = Graphs()
+    src = Graphs(cls)
     for i in range(N):
-        same_graph(src[i], ds[i], f"{where} graph {i}")
+        same_graph(src[i], ds[i], f"{where} graph {i}")  # the same class: Data, or Mol
+    if cls is Mol:
+        assert ds[4].atoms() == src[4].x.size(0), where
     idx = [5, 3, 3, 0, N - 1, 1]
     for i, g in zip(idx, ds.__getitems__(idx)):
         same_graph(src[i], g, f"{where} batch item {i}")
     want = list(GraphLoader(src, batch_size=5))
     same_batches(want, list(GraphLoader(ds, batch_size=5)), f"{where} GraphLoader")
+    if cls is Mol:  # Mol's own __inc__ shifted `ring` in the batches of both
+        assert not torch.equal(want[1].ring, torch.cat([src[i].ring for i in range(5, 10)])), where
     collate = GraphLoader(src, batch_size=5).collate_fn
     loader = ThreadDataLoader(ds, batch_size=5, num_workers=2, collate_fn=collate)
     same_batches(want, list(loader), f"{where} ThreadDataLoader")
+    loader.close()
+    loader = ThreadDataLoader(ds, batch_size=5, num_workers=2, collate_fn=list)
+    for j, batch in enumerate(loader):
+        for k, g in enumerate(batch):
+            same_graph(src[5 * j + k], g, f"{where} ThreadDataLoader sample {5 * j + k}")
     loader.close()
     loader = ThreadDataLoader(
         ds, batch_size=5, num_workers=2, collate_fn=collate, reuse_buffers=True, collate_copies=True
@@ -114,6 +154,11 @@ def check_graphs(ds, where, forked_ok):
     if forked_ok:
         got = list(GraphLoader(ds, batch_size=5, num_workers=2))
         same_batches(want, got, f"{where} forked workers")
+        if cls is not None:  # samples made in forked workers, sent back: still the class
+            plain = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=list)
+            got = [g for b in plain for g in b]
+            for i, g in enumerate(got):
+                same_graph(src[i], g, f"{where} forked worker sample {i}")
     # read_rows / alloc: one ragged read per field, views into registered buffers.
     bufs = ds.alloc(6)
     rows = ds.read_rows(idx, out=bufs)
@@ -172,9 +217,11 @@ def main():
     # --part methods01: methods 0 and 1 in one job (one start-up of torch and torch_geometric).
     methods = [0, 1] if A.part == "methods01" else [A.method]
     for method in methods:
-        ds = DistDataset(Graphs(), f"graphs{method}", comm=w.comm, method=method)
+        # Method 1: a Data subclass, which must come back as itself (method 0: Data).
+        cls = Mol if method == 1 else None
+        ds = DistDataset(Graphs(cls), f"graphs{method}", comm=w.comm, method=method)
         forked = method != 0 and os.environ.get("DDSTORE_FORK_WORKERS") == "1"
-        check_graphs(ds, f"method {method}", forked)
+        check_graphs(ds, f"method {method}", forked, cls)
         ds.free()
     if A.part in ("all", "methods01"):
         check_dicts(w.comm, methods[0])
@@ -185,7 +232,7 @@ def core():
     w = tc.World(A)
     from pyddstore.torch import DistDataset
 
-    ds = DistDataset(Graphs(), "m2g", comm=w.comm, method=2, handshake_dir=A.hs)
+    ds = DistDataset(Graphs(Mol), "m2g", comm=w.comm, method=2, handshake_dir=A.hs)
     deadline = time.monotonic() + 300
     while not os.path.exists(DONE):
         assert time.monotonic() < deadline, "the reader did not finish"
@@ -198,10 +245,17 @@ def core():
 def reader():
     from pyddstore.torch import DistDatasetReader
 
-    ds = DistDatasetReader("m2g", handshake_dir=A.hs)
+    from pyddstore import DDStoreTypeError
+
+    tc.raises(DDStoreTypeError, lambda: DistDatasetReader("m2g", handshake_dir=A.hs, data_cls=dict), "Data")
+    # The class comes from the caller (data_cls=), never from a name in the meta file.
+    ds = DistDatasetReader("m2g", handshake_dir=A.hs, data_cls=Mol)
     assert len(ds) == N
-    check_graphs(ds, "method 2 reader", os.environ.get("DDSTORE_FORK_WORKERS") == "1")
+    check_graphs(ds, "method 2 reader", os.environ.get("DDSTORE_FORK_WORKERS") == "1", Mol)
     ds.free()
+    plain = DistDatasetReader("m2g", handshake_dir=A.hs)  # without data_cls=: Data
+    assert type(plain[4]) is Data and torch.equal(plain[4].ring, Graphs(Mol)[4].ring)
+    plain.free()
     print("reader: ok", flush=True)
 
 

@@ -15,6 +15,7 @@
 //! 20-bit sequence number and the message's index in the request.
 
 use crate::error::{FabricError, RefusedFor};
+use ddstore_core::region::Memory;
 
 /// The tag of every request (owners receive exactly this tag).
 pub const REQUEST_TAG: u64 = 1 << 58;
@@ -50,6 +51,9 @@ pub enum Refusal {
     Malformed = 3,
     /// The owner could not address a reply to this reader.
     NoRoute = 4,
+    /// The requested ragged rows hold more bytes than the receives the
+    /// reader posted (its bound on their lengths was wrong).
+    TooLarge = 5,
 }
 
 impl Refusal {
@@ -59,6 +63,7 @@ impl Refusal {
             2 => Refusal::OutOfRange,
             3 => Refusal::Malformed,
             4 => Refusal::NoRoute,
+            5 => Refusal::TooLarge,
             _ => return None,
         })
     }
@@ -73,6 +78,9 @@ impl Refusal {
             Some(Refusal::OutOfRange) => "a requested range lies outside its share",
             Some(Refusal::Malformed) => "the request was malformed",
             Some(Refusal::NoRoute) => "it cannot address a reply to this reader",
+            Some(Refusal::TooLarge) => {
+                "the requested ragged rows hold more bytes than the reader's bound on them"
+            }
             None => "an unknown status",
         }
     }
@@ -215,6 +223,9 @@ pub struct RequestPlan {
     pub msg_ranges: Vec<u32>,
     pub ranges: Vec<(u64, u64)>,
     pub msgs: Vec<Message>,
+    /// A ragged request (whole rows, lengths resolved by the owner) instead
+    /// of byte ranges: its replies may be shorter than their receives.
+    pub ragged: Option<RaggedPart>,
 }
 
 /// Everything a batch needs: requests, bounce scatter, repeated ranges.
@@ -356,6 +367,103 @@ fn close(out: &mut Plan, req: &mut RequestPlan, list: &[(u64, usize, usize)], o:
     req.msgs.push(Message { len: o.bytes, land });
 }
 
+/// One owner's rows for a ragged gather ([`plan_ragged`]).
+pub struct RaggedOwner<'a> {
+    pub owner: usize,
+    /// Memory key of the owner's ends share.
+    pub ends_key: u64,
+    /// Distinct local row numbers, in reply order.
+    pub rows: &'a [u64],
+    /// Longest row the owner holds, in bytes (agreed when the variable was added).
+    pub max_row_bytes: u64,
+    /// Bytes of the owner's values share.
+    pub share_bytes: u64,
+}
+
+/// One planned ragged request: its rows are `rows` of its owner's list, its
+/// reply stream lands at `at` of the staging buffer (`len` bytes posted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RaggedSlot {
+    /// Index into the owners given to [`plan_ragged`].
+    pub owner_index: usize,
+    /// Rows `rows.0 .. rows.1` of that owner's list.
+    pub rows: (usize, usize),
+    pub at: usize,
+    pub len: usize,
+}
+
+/// Plans ragged requests: per owner, rows in order, cut so that a request
+/// fits [`MAX_REQUEST_BYTES`] and a bound on its reply (8 bytes plus the
+/// owner's longest row per row, at most its share) fits the receives one
+/// request may post. Every message lands straight in a staging buffer of the
+/// returned length. `None` when a single row's bound exceeds what one
+/// request may receive (the caller reads those rows another way).
+pub fn plan_ragged(
+    owners: &[RaggedOwner<'_>],
+    unit_bytes: usize,
+    limits: Limits,
+) -> Option<(Plan, Vec<RaggedSlot>, usize)> {
+    let msg_cap = limits
+        .chunk
+        .clamp(1, MAX_PACKED_BYTES)
+        .min(u32::MAX as usize) as u64;
+    let per_request = limits.msgs_per_request.clamp(1, MAX_RAGGED_MSGS) as u64;
+    let budget = msg_cap * per_request;
+    if unit_bytes == 0 || unit_bytes > u32::MAX as usize {
+        return None;
+    }
+    let mut plan = Plan::default();
+    let mut slots = Vec::new();
+    let mut staging = 0usize;
+    for (oi, o) in owners.iter().enumerate() {
+        let row_bound = o.max_row_bytes.min(o.share_bytes) + END_BYTES as u64;
+        if row_bound > budget {
+            return None;
+        }
+        let mut first = 0;
+        while first < o.rows.len() {
+            let mut end = first;
+            let bound = |k: usize| (k as u64 * row_bound).min(o.share_bytes + 8 * k as u64);
+            while end < o.rows.len()
+                && bound(end + 1 - first) <= budget
+                && ragged_request_bytes(limits.name_len, end + 1 - first) <= MAX_REQUEST_BYTES
+            {
+                end += 1;
+            }
+            let b = bound(end - first);
+            let n_msgs = b.div_ceil(msg_cap).max(1);
+            let m = b.div_ceil(n_msgs) as usize;
+            let msgs = (0..n_msgs as usize)
+                .map(|i| Message {
+                    len: m,
+                    land: Landing::Direct(staging + i * m),
+                })
+                .collect();
+            plan.requests.push(RequestPlan {
+                owner: o.owner,
+                msgs,
+                ragged: Some(RaggedPart {
+                    ends_key: o.ends_key,
+                    unit_bytes: unit_bytes as u32,
+                    msg_bytes: m as u32,
+                    rows: o.rows[first..end].to_vec(),
+                }),
+                ..Default::default()
+            });
+            let len = m * n_msgs as usize;
+            slots.push(RaggedSlot {
+                owner_index: oi,
+                rows: (first, end),
+                at: staging,
+                len,
+            });
+            staging += len;
+            first = end;
+        }
+    }
+    Some((plan, slots, staging))
+}
+
 /// Checks a request against the share it names (`share_len` bytes) and the
 /// owner's longest message: every range inside, every message within limits.
 pub fn check_request(req: &Request, share_len: u64, max_msg: usize) -> Result<(), Refusal> {
@@ -400,6 +508,245 @@ pub fn bad_reply(owner: usize, status: u64, got: usize, want: usize) -> FabricEr
             "rank {owner} answered a gather request with {got} bytes where {want} were asked"
         ))
     }
+}
+
+// ---------------------------------------------------------------------------
+// Ragged requests: whole rows of a ragged variable in one round trip.
+//
+// The reader names the owner's values and ends shares (by memory key), the
+// unit size, local row numbers, and the receives it posted (`n_msgs`
+// messages of `msg_bytes` each, sized from a bound on the rows' lengths
+// agreed when the variable was added). The owner resolves each row's byte
+// range from its own ends and answers with one stream, cut into the posted
+// messages: the rows' lengths in units (one little-endian u64 each, in
+// request order), then their values back to back. Message i carries stream
+// bytes `i * msg_bytes ..`; messages past the end of the stream are empty.
+
+const RAGGED_MAGIC: u32 = u32::from_le_bytes(*b"DDR1");
+const RAGGED_HEADER_BYTES: usize = 4 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 2;
+/// Most reply messages one ragged request may ask for.
+pub const MAX_RAGGED_MSGS: usize = 256;
+
+/// The ragged part of a request: what the owner needs beyond the values key.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RaggedPart {
+    /// Memory key of the owner's row-ends share.
+    pub ends_key: u64,
+    /// Bytes of one unit of the values.
+    pub unit_bytes: u32,
+    /// Bytes of each posted reply receive.
+    pub msg_bytes: u32,
+    /// Local row numbers in the owner's share, in reply order.
+    pub rows: Vec<u64>,
+}
+
+/// A ragged request as the owner reads it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct RaggedRequest {
+    pub seq: u32,
+    /// Memory key of the values share.
+    pub key: u64,
+    pub reply_to: Vec<u8>,
+    pub n_msgs: u32,
+    pub part: RaggedPart,
+}
+
+/// Bytes a ragged request of `n_rows` rows takes.
+pub fn ragged_request_bytes(name_len: usize, n_rows: usize) -> usize {
+    RAGGED_HEADER_BYTES + name_len + 8 * n_rows
+}
+
+/// Whether `bytes` is a ragged request (by its magic).
+pub fn is_ragged(bytes: &[u8]) -> bool {
+    bytes.len() >= 4 && bytes[..4] == RAGGED_MAGIC.to_le_bytes()
+}
+
+/// Encodes a ragged request into `out` (cleared first).
+pub fn encode_ragged(
+    out: &mut Vec<u8>,
+    seq: u32,
+    key: u64,
+    reply_to: &[u8],
+    n_msgs: u32,
+    part: &RaggedPart,
+) {
+    out.clear();
+    out.extend_from_slice(&RAGGED_MAGIC.to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&key.to_le_bytes());
+    out.extend_from_slice(&part.ends_key.to_le_bytes());
+    out.extend_from_slice(&part.unit_bytes.to_le_bytes());
+    out.extend_from_slice(&part.msg_bytes.to_le_bytes());
+    out.extend_from_slice(&n_msgs.to_le_bytes());
+    out.extend_from_slice(&(part.rows.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(reply_to.len() as u16).to_le_bytes());
+    out.extend_from_slice(reply_to);
+    for r in &part.rows {
+        out.extend_from_slice(&r.to_le_bytes());
+    }
+}
+
+/// Parses a ragged request; as [`decode`] for what is malformed.
+pub fn decode_ragged(bytes: &[u8]) -> Result<RaggedRequest, Option<u32>> {
+    let mut c = Cursor(bytes);
+    let magic = c.u32().ok_or(None)?;
+    let seq = c.u32().ok_or(None)?;
+    if magic != RAGGED_MAGIC {
+        return Err(None);
+    }
+    let bad = Some(seq);
+    let key = c.u64().ok_or(bad)?;
+    let ends_key = c.u64().ok_or(bad)?;
+    let unit_bytes = c.u32().ok_or(bad)?;
+    let msg_bytes = c.u32().ok_or(bad)?;
+    let n_msgs = c.u32().ok_or(bad)?;
+    let n_rows = c.u32().ok_or(bad)? as usize;
+    let name_len = c.u16().ok_or(bad)? as usize;
+    if bytes.len() != ragged_request_bytes(name_len, n_rows)
+        || n_msgs == 0
+        || n_msgs as usize > MAX_RAGGED_MSGS
+        || msg_bytes == 0
+        || unit_bytes == 0
+    {
+        return Err(bad);
+    }
+    let reply_to = c.take(name_len).ok_or(bad)?.to_vec();
+    let rows = (0..n_rows)
+        .map(|_| c.u64())
+        .collect::<Option<Vec<u64>>>()
+        .ok_or(bad)?;
+    Ok(RaggedRequest {
+        seq,
+        key,
+        reply_to,
+        n_msgs,
+        part: RaggedPart {
+            ends_key,
+            unit_bytes,
+            msg_bytes,
+            rows,
+        },
+    })
+}
+
+/// The owner's answer to a ragged request: the reply messages (`n_msgs` of
+/// them, each at most `msg_bytes`), or why it is refused. `ends` and
+/// `values` are the owner's shares the request's keys named; every row and
+/// every range is checked against them, and the stream must fit the
+/// receives the reader posted (at most `max_msg` bytes each). `stream` is a
+/// buffer to reuse for the first message (its contents are replaced).
+pub fn answer_ragged(
+    req: &RaggedRequest,
+    ends: &dyn Memory,
+    values: &dyn Memory,
+    max_msg: usize,
+    mut stream: Vec<u8>,
+) -> Result<Vec<Vec<u8>>, Refusal> {
+    let part = &req.part;
+    let m = part.msg_bytes as usize;
+    if m > max_msg || !ends.len().is_multiple_of(END_BYTES) {
+        return Err(Refusal::Malformed);
+    }
+    let n_rows = (ends.len() / END_BYTES) as u64;
+    let capacity = m as u64 * req.n_msgs as u64;
+    let ub = part.unit_bytes as u64;
+    // Each row's byte range, from its end and its predecessor's.
+    let mut spans = Vec::with_capacity(part.rows.len());
+    let mut total = (END_BYTES * part.rows.len()) as u64;
+    for &row in &part.rows {
+        if row >= n_rows {
+            return Err(Refusal::OutOfRange);
+        }
+        let mut pair = [0u8; 2 * END_BYTES];
+        let (at, dst) = if row == 0 {
+            (0, &mut pair[END_BYTES..])
+        } else {
+            ((row as usize - 1) * END_BYTES, &mut pair[..])
+        };
+        ends.read_at(at, dst).map_err(|_| Refusal::OutOfRange)?;
+        let start = u64::from_le_bytes(pair[..END_BYTES].try_into().unwrap());
+        let end = u64::from_le_bytes(pair[END_BYTES..].try_into().unwrap());
+        let range = start
+            .checked_mul(ub)
+            .zip(end.checked_mul(ub))
+            .filter(|&(s, e)| s <= e && e <= values.len() as u64)
+            .ok_or(Refusal::OutOfRange)?;
+        total = total.saturating_add(range.1 - range.0);
+        spans.push((end - start, range.0 as usize, (range.1 - range.0) as usize));
+    }
+    if total > capacity {
+        return Err(Refusal::TooLarge);
+    }
+    // Every byte is overwritten below: a reused buffer is only zeroed where it grows.
+    stream.resize(total as usize, 0);
+    let mut at = 0;
+    for &(units, _, _) in &spans {
+        stream[at..at + END_BYTES].copy_from_slice(&units.to_le_bytes());
+        at += END_BYTES;
+    }
+    for &(_, off, len) in &spans {
+        values
+            .read_at(off, &mut stream[at..at + len])
+            .map_err(|_| Refusal::OutOfRange)?;
+        at += len;
+    }
+    // Cut into the posted messages, from the back (each tail copied once).
+    let mut msgs = Vec::with_capacity(req.n_msgs as usize);
+    for i in (1..req.n_msgs as usize).rev() {
+        let at = (i * m).min(stream.len());
+        msgs.push(stream.split_off(at));
+    }
+    msgs.push(stream);
+    msgs.reverse();
+    Ok(msgs)
+}
+
+/// Bytes of one row end in a ragged variable's ends share.
+const END_BYTES: usize = 8;
+
+/// Parses a ragged reply stream of `n_rows` rows (the received bytes, back
+/// to back): each row's length in units and the offset of its values in the
+/// stream. Checks that the lengths account for every byte and that no row
+/// exceeds `max_row_bytes`.
+pub fn parse_ragged_reply(
+    stream: &[u8],
+    n_rows: usize,
+    unit_bytes: usize,
+    max_row_bytes: u64,
+) -> Result<Vec<(u64, usize)>, String> {
+    let head = n_rows * END_BYTES;
+    if stream.len() < head {
+        return Err(format!(
+            "a ragged reply of {} bytes is shorter than the {n_rows} row lengths",
+            stream.len()
+        ));
+    }
+    let mut at = head;
+    let mut out = Vec::with_capacity(n_rows);
+    for i in 0..n_rows {
+        let units = u64::from_le_bytes(
+            stream[i * END_BYTES..(i + 1) * END_BYTES]
+                .try_into()
+                .unwrap(),
+        );
+        let bytes = units
+            .checked_mul(unit_bytes as u64)
+            .filter(|&b| b <= max_row_bytes);
+        let Some(bytes) = bytes else {
+            return Err(format!(
+                "a ragged reply gives row {i} {units} units, more than the longest row of {max_row_bytes} bytes"
+            ));
+        };
+        out.push((units, at));
+        at += bytes as usize;
+    }
+    if at != stream.len() {
+        return Err(format!(
+            "a ragged reply of {} bytes does not match its row lengths ({at} bytes)",
+            stream.len()
+        ));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -539,5 +886,232 @@ mod tests {
                 r.ranges.len()
             );
         }
+    }
+
+    fn region(bytes: &[u8]) -> ddstore_core::region::Region {
+        let r = ddstore_core::region::Region::anonymous(bytes.len().max(1)).unwrap();
+        r.write_at(0, bytes).unwrap();
+        r
+    }
+
+    /// Ends of rows of lengths `lens`, as an owner stores them.
+    fn ends_of(lens: &[u64]) -> Vec<u8> {
+        let mut end = 0;
+        lens.iter()
+            .flat_map(|l| {
+                end += l;
+                end.to_le_bytes()
+            })
+            .collect()
+    }
+
+    fn ragged_req(rows: Vec<u64>, n_msgs: u32, msg_bytes: u32) -> RaggedRequest {
+        RaggedRequest {
+            seq: 5,
+            key: 11,
+            reply_to: b"rdr".to_vec(),
+            n_msgs,
+            part: RaggedPart {
+                ends_key: 12,
+                unit_bytes: 2,
+                msg_bytes,
+                rows,
+            },
+        }
+    }
+
+    #[test]
+    fn ragged_requests_round_trip_and_reject_garbage() {
+        let part = RaggedPart {
+            ends_key: 0xbeef,
+            unit_bytes: 12,
+            msg_bytes: 4096,
+            rows: vec![9, 0, 9, 3],
+        };
+        let mut buf = Vec::new();
+        encode_ragged(&mut buf, 77, 0xdead, b"reader", 3, &part);
+        assert!(is_ragged(&buf));
+        assert_eq!(buf.len(), ragged_request_bytes(6, 4));
+        let req = decode_ragged(&buf).unwrap();
+        assert_eq!((req.seq, req.key, req.n_msgs), (77, 0xdead, 3));
+        assert_eq!(req.reply_to, b"reader");
+        assert_eq!(req.part, part);
+        // A plain request is not ragged and the other way round.
+        let mut plain = Vec::new();
+        encode(&mut plain, 1, 2, b"r", &[1], &[(0, 8)]);
+        assert!(!is_ragged(&plain) && decode_ragged(&plain).is_err() && decode(&buf).is_err());
+        assert_eq!(decode_ragged(&buf[..buf.len() - 3]), Err(Some(77)));
+        let mut zero = part.clone();
+        zero.unit_bytes = 0;
+        encode_ragged(&mut buf, 78, 1, b"r", 1, &zero);
+        assert_eq!(decode_ragged(&buf), Err(Some(78)));
+        encode_ragged(&mut buf, 79, 1, b"r", MAX_RAGGED_MSGS as u32 + 1, &part);
+        assert_eq!(decode_ragged(&buf), Err(Some(79)));
+        encode_ragged(&mut buf, 80, 1, b"r", 0, &part);
+        assert_eq!(decode_ragged(&buf), Err(Some(80)));
+    }
+
+    #[test]
+    fn owners_answer_ragged_rows_or_refuse() {
+        // Rows of 3, 0, 5 and 1 units of 2 bytes.
+        let lens = [3u64, 0, 5, 1];
+        let values: Vec<u8> = (0..18).collect();
+        let (ends, vals) = (region(&ends_of(&lens)), region(&values));
+        let stream = |msgs: Vec<Vec<u8>>| msgs.concat();
+        // Rows 2, 1, 0, 2: lengths first, then values, in request order.
+        let got = answer_ragged(
+            &ragged_req(vec![2, 1, 0, 2], 1, 64),
+            &ends,
+            &vals,
+            1 << 20,
+            Vec::new(),
+        )
+        .unwrap();
+        assert_eq!(got.len(), 1);
+        let s = stream(got);
+        let lens_back: Vec<u64> = s[..32]
+            .chunks(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(lens_back, vec![5, 0, 3, 5]);
+        let want: Vec<u8> = [&values[6..16], &values[0..6], &values[6..16]].concat();
+        assert_eq!(&s[32..], &want[..]);
+        assert_eq!(
+            parse_ragged_reply(&s, 4, 2, 10).unwrap(),
+            vec![(5, 32), (0, 42), (3, 42), (5, 48)]
+        );
+        // Cut into 3 messages of 20 bytes: 20, 20, 18 (58 bytes), or with room to spare.
+        let got = answer_ragged(
+            &ragged_req(vec![2, 1, 0, 2], 3, 20),
+            &ends,
+            &vals,
+            1 << 20,
+            Vec::new(),
+        )
+        .unwrap();
+        assert_eq!(
+            got.iter().map(Vec::len).collect::<Vec<_>>(),
+            vec![20, 20, 18]
+        );
+        assert_eq!(stream(got), s);
+        let got = answer_ragged(
+            &ragged_req(vec![1], 4, 20),
+            &ends,
+            &vals,
+            1 << 20,
+            Vec::new(),
+        )
+        .unwrap();
+        assert_eq!(
+            got.iter().map(Vec::len).collect::<Vec<_>>(),
+            vec![8, 0, 0, 0]
+        );
+        // Refusals: a row past the share, a reply larger than the receives, a
+        // message over the owner's limit, an owner's own corrupt ends.
+        let refuse = |req: RaggedRequest, ends: &dyn Memory| {
+            answer_ragged(&req, ends, &vals, 64, vec![1, 2, 3])
+        };
+        assert_eq!(
+            refuse(ragged_req(vec![4], 1, 64), &ends),
+            Err(Refusal::OutOfRange)
+        );
+        assert_eq!(
+            refuse(ragged_req(vec![u64::MAX], 1, 64), &ends),
+            Err(Refusal::OutOfRange)
+        );
+        assert_eq!(
+            refuse(ragged_req(vec![2, 2], 1, 30), &ends),
+            Err(Refusal::TooLarge)
+        );
+        assert_eq!(
+            refuse(ragged_req(vec![0], 1, 65), &ends),
+            Err(Refusal::Malformed)
+        );
+        let corrupt = region(&ends_of(&[3, 100]));
+        assert_eq!(
+            refuse(ragged_req(vec![1], 1, 64), &corrupt),
+            Err(Refusal::OutOfRange)
+        );
+        let mut backwards = ends_of(&[3, 0]);
+        backwards[8..16].copy_from_slice(&1u64.to_le_bytes());
+        assert_eq!(
+            refuse(ragged_req(vec![1], 1, 64), &region(&backwards)),
+            Err(Refusal::OutOfRange)
+        );
+        assert_eq!(
+            refuse(ragged_req(vec![0], 1, 64), &region(&[1, 2, 3])),
+            Err(Refusal::Malformed)
+        );
+    }
+
+    #[test]
+    fn ragged_replies_are_checked_by_the_reader() {
+        let mut s = 2u64.to_le_bytes().to_vec();
+        s.extend_from_slice(&[1, 2, 3, 4]);
+        assert_eq!(parse_ragged_reply(&s, 1, 2, 4).unwrap(), vec![(2, 8)]);
+        assert!(parse_ragged_reply(&s, 1, 2, 3).is_err()); // longer than the owner's longest row
+        assert!(parse_ragged_reply(&s[..10], 1, 2, 4).is_err()); // bytes missing
+        assert!(parse_ragged_reply(&s[..4], 1, 2, 4).is_err()); // lengths missing
+        s.push(9);
+        assert!(parse_ragged_reply(&s, 1, 2, 4).is_err()); // a byte too many
+        let huge = u64::MAX.to_le_bytes();
+        assert!(parse_ragged_reply(&huge, 1, 2, u64::MAX).is_err());
+    }
+
+    #[test]
+    fn ragged_plans_bound_each_request() {
+        let rows: Vec<u64> = (0..1000).collect();
+        let owners = [
+            RaggedOwner {
+                owner: 1,
+                ends_key: 4,
+                rows: &rows,
+                max_row_bytes: 992,
+                share_bytes: 1 << 30,
+            },
+            RaggedOwner {
+                owner: 2,
+                ends_key: 5,
+                rows: &rows[..3],
+                max_row_bytes: 1 << 20,
+                share_bytes: 100, // the share bounds the reply better than its longest row
+            },
+        ];
+        let l = Limits {
+            chunk: 64 << 10,
+            msgs_per_request: 3,
+            name_len: 20,
+        };
+        let (plan, slots, staging) = plan_ragged(&owners, 4, l).unwrap();
+        assert_eq!(plan.requests.len(), slots.len());
+        let mut at = 0;
+        let mut covered = vec![0; 2];
+        for (req, slot) in plan.requests.iter().zip(&slots) {
+            let part = req.ragged.as_ref().unwrap();
+            let n = slot.rows.1 - slot.rows.0;
+            assert_eq!(part.rows.len(), n);
+            assert_eq!(slot.at, at);
+            assert!(req.msgs.len() <= 3 && ragged_request_bytes(20, n) <= MAX_REQUEST_BYTES);
+            let bound = (n as u64 * (owners[slot.owner_index].max_row_bytes + 8))
+                .min(owners[slot.owner_index].share_bytes + 8 * n as u64);
+            let posted: usize = req.msgs.iter().map(|m| m.len).sum();
+            assert!(posted as u64 >= bound && posted == slot.len);
+            for (i, m) in req.msgs.iter().enumerate() {
+                assert_eq!(m.land, Landing::Direct(at + i * part.msg_bytes as usize));
+                assert!(m.len <= 64 << 10);
+            }
+            covered[slot.owner_index] += n;
+            at += slot.len;
+        }
+        assert_eq!(at, staging);
+        assert_eq!(covered, vec![1000, 3]);
+        assert_eq!(slots.last().unwrap().len, 124); // 100 bytes + 3 lengths
+                                                    // A single row that cannot fit one request's receives: not planned.
+        let too_long = [RaggedOwner {
+            max_row_bytes: 1 << 30,
+            share_bytes: 1 << 31,
+            ..owners.into_iter().next().unwrap()
+        }];
+        assert!(plan_ragged(&too_long, 4, l).is_none());
     }
 }

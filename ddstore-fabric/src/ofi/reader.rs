@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ddstore_core::transport::{RemoteRead, ShareReader};
+use ddstore_core::transport::{RaggedRequest, RaggedRows, RemoteRead, ShareReader};
 use libfabric_sys as sys;
 
 use super::av::Av;
@@ -514,16 +514,30 @@ impl OfiReader {
         reads: &[(usize, u64, usize, usize)],
         dst: &mut [u8],
     ) -> FabricResult<()> {
+        let plan = gather::plan(reads, self.gather_limits());
+        self.exchange(&plan, dst, &mut Vec::new())
+    }
+
+    /// What gather plans of this reader respect.
+    fn gather_limits(&self) -> gather::Limits {
+        let window = self.live.as_ref().map_or(2, |l| l.slots.len());
+        gather::Limits {
+            chunk: self.chunk,
+            msgs_per_request: window - 1,
+            name_len: self.name.len(),
+        }
+    }
+
+    /// Sends a planned batch's requests and lands their replies in `dst`;
+    /// `got` receives each message's received length, in plan order (a
+    /// ragged request's replies may be shorter than their receives).
+    fn exchange(
+        &mut self,
+        plan: &gather::Plan,
+        dst: &mut [u8],
+        got: &mut Vec<usize>,
+    ) -> FabricResult<()> {
         let live = self.live.as_mut().expect("checked by read_many");
-        let window = live.slots.len();
-        let plan = gather::plan(
-            reads,
-            gather::Limits {
-                chunk: self.chunk,
-                msgs_per_request: window - 1,
-                name_len: self.name.len(),
-            },
-        );
         // Nothing is in flight between calls, so the buffers may move here.
         if live.bounce.len() < plan.bounce_len {
             live.bounce.resize(plan.bounce_len, 0);
@@ -545,6 +559,8 @@ impl OfiReader {
         let mut poisoned = false;
         let mut first_error: Option<FabricError> = None;
         let mut next_msg = 0usize;
+        got.clear();
+        got.resize(msgs.len(), 0);
         let settings = &self.settings;
 
         // Checks and scatters replies that arrived; a refusal cancels the
@@ -552,10 +568,20 @@ impl OfiReader {
         let settle = |live: &mut Live,
                       cancel: &mut Vec<bool>,
                       poisoned: &mut bool,
-                      first_error: &mut Option<FabricError>| {
+                      first_error: &mut Option<FabricError>,
+                      got: &mut Vec<usize>| {
             for a in std::mem::take(&mut live.arrived) {
                 let status = gather::reply_status(a.tag);
-                if status != 0 || a.got != a.want {
+                // A ragged reply fills at most its receive (the stream's tail is short).
+                let fits = if plan.requests[a.req].ragged.is_some() {
+                    a.got <= a.want
+                } else {
+                    a.got == a.want
+                };
+                if status == 0 && fits {
+                    got[a.msg] = a.got;
+                }
+                if status != 0 || !fits {
                     first_error.get_or_insert(gather::bad_reply(a.peer, status, a.got, a.want));
                     if status != 0 && a.got == 0 {
                         cancel[a.req] = true;
@@ -599,7 +625,7 @@ impl OfiReader {
                     if let Err(e) = reap(live, settings, &mut first_error) {
                         first_error.get_or_insert(e);
                     }
-                    settle(live, &mut cancel, &mut poisoned, &mut first_error);
+                    settle(live, &mut cancel, &mut poisoned, &mut first_error, got);
                     if first_error.is_some() {
                         break None;
                     }
@@ -642,7 +668,7 @@ impl OfiReader {
                             if let Err(e) = progress_once(live, &mut first_error) {
                                 first_error.get_or_insert(e);
                             }
-                            settle(live, &mut cancel, &mut poisoned, &mut first_error);
+                            settle(live, &mut cancel, &mut poisoned, &mut first_error, got);
                             if first_error.is_some() {
                                 live.free.push(slot);
                                 break 'posting;
@@ -675,14 +701,13 @@ impl OfiReader {
                 });
             }
             let body = &mut live.requests[ri];
-            gather::encode(
-                body,
-                seq,
-                self.peers[req.owner].key,
-                &self.name,
-                &req.msg_ranges,
-                &req.ranges,
-            );
+            let key = self.peers[req.owner].key;
+            match &req.ragged {
+                Some(part) => {
+                    gather::encode_ragged(body, seq, key, &self.name, req.msgs.len() as u32, part)
+                }
+                None => gather::encode(body, seq, key, &self.name, &req.msg_ranges, &req.ranges),
+            }
             let Some(slot) = slot!() else {
                 cancel[ri] = true;
                 break 'posting;
@@ -711,7 +736,7 @@ impl OfiReader {
                         if let Err(e) = progress_once(live, &mut first_error) {
                             first_error.get_or_insert(e);
                         }
-                        settle(live, &mut cancel, &mut poisoned, &mut first_error);
+                        settle(live, &mut cancel, &mut poisoned, &mut first_error, got);
                         if first_error.is_some() {
                             live.free.push(slot);
                             cancel[ri] = true;
@@ -763,7 +788,7 @@ impl OfiReader {
                 cancel[ri] = true;
             }
         }
-        settle(live, &mut cancel, &mut poisoned, &mut first_error);
+        settle(live, &mut cancel, &mut poisoned, &mut first_error, got);
         // Complete (or cancel) everything posted before dst is handed back;
         // a timeout here breaks the reader, which closes its endpoint.
         while live.free.len() < live.slots.len() {
@@ -771,7 +796,7 @@ impl OfiReader {
                 first_error.get_or_insert(e);
                 break;
             }
-            settle(live, &mut cancel, &mut poisoned, &mut first_error);
+            settle(live, &mut cancel, &mut poisoned, &mut first_error, got);
         }
         let outstanding = live.free.len() < live.slots.len();
         if outstanding || poisoned {
@@ -1096,6 +1121,101 @@ impl ShareReader for OfiReader {
             self.do_reads(&direct, dst)?;
         }
         Ok(())
+    }
+
+    fn read_ragged_rows(
+        &mut self,
+        unit_bytes: usize,
+        requests: &[RaggedRequest<'_>],
+        staging: Vec<u8>,
+    ) -> ddstore_core::Result<Option<RaggedRows>> {
+        if let Some(why) = &self.broken {
+            return Err(ddstore_core::Error::Transport(format!(
+                "this reader is unusable after an earlier failure ({why}); open a new one"
+            )));
+        }
+        let served = |r: &RaggedRequest<'_>| self.peers.get(r.owner).is_some_and(|p| p.gather);
+        if !self.settings.gather || !requests.iter().all(served) {
+            return Ok(None);
+        }
+        self.gather_ragged(unit_bytes, requests, staging)
+    }
+}
+
+impl OfiReader {
+    /// The ragged gather: plans [`gather::plan_ragged`] requests, lands every
+    /// reply in a staging buffer this call owns (never the caller's memory:
+    /// the reply sizes are only known once they arrive) and checks each
+    /// reply stream against its rows.
+    fn gather_ragged(
+        &mut self,
+        unit_bytes: usize,
+        requests: &[RaggedRequest<'_>],
+        staging: Vec<u8>,
+    ) -> ddstore_core::Result<Option<RaggedRows>> {
+        let owners: Vec<gather::RaggedOwner<'_>> = requests
+            .iter()
+            .map(|r| gather::RaggedOwner {
+                owner: r.owner,
+                ends_key: r.ends_key,
+                rows: r.rows,
+                max_row_bytes: r.max_row_bytes,
+                share_bytes: self.peers[r.owner].len,
+            })
+            .collect();
+        let staging_buf = staging;
+        let Some((plan, slots, staging)) =
+            gather::plan_ragged(&owners, unit_bytes, self.gather_limits())
+        else {
+            return Ok(None);
+        };
+        // A reused buffer is only zeroed where it grows; every byte read back was received.
+        let mut data = staging_buf;
+        if data.len() < staging {
+            data.resize(staging, 0);
+        }
+        let mut got = Vec::new();
+        let result = self.exchange(&plan, &mut data[..staging], &mut got);
+        if self.broken.is_some() {
+            // Receives may still target it (the endpoint may outlive us in a
+            // bound MR): never free it under the provider.
+            std::mem::forget(data);
+            result?;
+            return Err(ddstore_core::Error::Transport(
+                "the reader broke during a ragged gather".into(),
+            ));
+        }
+        result?;
+        let mut rows: Vec<Vec<(u64, usize)>> = requests
+            .iter()
+            .map(|r| Vec::with_capacity(r.rows.len()))
+            .collect();
+        let mut first_msg = 0;
+        for (req, slot) in plan.requests.iter().zip(&slots) {
+            let m = req.msgs.first().map_or(0, |x| x.len);
+            let gots = &got[first_msg..first_msg + req.msgs.len()];
+            first_msg += req.msgs.len();
+            // Full messages, then at most one short one, then empty ones.
+            let full = gots.iter().take_while(|&&g| g == m).count();
+            let tail_ok = gots[full..].iter().skip(1).all(|&g| g == 0);
+            let stream_len: usize = gots.iter().sum();
+            let parsed = if tail_ok {
+                gather::parse_ragged_reply(
+                    &data[slot.at..slot.at + stream_len],
+                    slot.rows.1 - slot.rows.0,
+                    unit_bytes,
+                    requests[slot.owner_index].max_row_bytes,
+                )
+            } else {
+                Err(format!(
+                    "ragged reply messages of {gots:?} bytes leave a gap"
+                ))
+            };
+            let parsed = parsed
+                .map_err(|e| ddstore_core::Error::Transport(format!("rank {}: {e}", req.owner)))?;
+            rows[slot.owner_index].extend(parsed.into_iter().map(|(u, off)| (u, slot.at + off)));
+        }
+        Ok(Some(RaggedRows { data, rows }))
     }
 }
 

@@ -171,6 +171,9 @@ impl Server {
     /// Turns a received request into replies (data, or one refusal).
     fn on_request(&mut self, slot: usize, len: usize) {
         let len = len.min(self.requests[slot].len());
+        if gather::is_ragged(&self.requests[slot][..len]) {
+            return self.on_ragged_request(slot, len);
+        }
         // A request we cannot parse carries no usable reply address: dropped
         // (its reader times out naming this rank).
         let Ok(req) = gather::decode(&self.requests[slot][..len]) else {
@@ -237,6 +240,52 @@ impl Server {
                 body,
                 queued: now,
             });
+        }
+    }
+
+    /// Answers a ragged request: its rows' lengths, then their values, cut
+    /// into the messages the reader posted (or one refusal).
+    fn on_ragged_request(&mut self, slot: usize, len: usize) {
+        let Ok(req) = gather::decode_ragged(&self.requests[slot][..len]) else {
+            return;
+        };
+        let Some(peer) = self.route(&req.reply_to) else {
+            return;
+        };
+        let now = Instant::now();
+        let shares = self
+            .shares
+            .get(req.key)
+            .zip(self.shares.get(req.part.ends_key));
+        let answer = match shares {
+            None => Err(Refusal::UnknownKey),
+            Some((values, ends)) => {
+                // A packing buffer of an earlier reply: no fresh pages per reply.
+                let stream = self.spare.pop().unwrap_or_default();
+                gather::answer_ragged(&req, ends.as_ref(), values.as_ref(), self.max_msg, stream)
+            }
+        };
+        match answer {
+            Ok(msgs) => {
+                for (index, body) in msgs.into_iter().enumerate() {
+                    self.backlog.push_back(Reply {
+                        peer,
+                        tag: gather::reply_tag(req.seq, index as u32, 0),
+                        body: if body.is_empty() {
+                            Body::Empty
+                        } else {
+                            Body::Packed(body)
+                        },
+                        queued: now,
+                    });
+                }
+            }
+            Err(r) => self.backlog.push_back(Reply {
+                peer,
+                tag: gather::reply_tag(req.seq, 0, r as u64),
+                body: Body::Empty,
+                queued: now,
+            }),
         }
     }
 

@@ -443,6 +443,11 @@ impl RemoteShares for OfiShares {
         Ok(Box::new(reader))
     }
 
+    fn gather_key(&self, owner: usize) -> Option<u64> {
+        let peer = self.peers.get(owner)?;
+        (self.gather && peer.gather).then_some(peer.key)
+    }
+
     fn register_dst(&self, addr: usize, len: usize) -> ddstore_core::Result<()> {
         Ok(self.registry.register(addr, len)?)
     }

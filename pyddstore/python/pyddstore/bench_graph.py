@@ -7,7 +7,10 @@ Each rank holds its share of generated graphs as byte records (node features and
 1 to 40 nodes, some without edges). Rank 0 reads random batches of graphs owned by the other
 ranks while they wait, as:
 
-- ragged: one ragged variable, ``get_batch(name, indices)`` (values + offsets);
+- ragged: one ragged variable, ``get_batch(name, indices)`` (values + offsets; a fresh values
+  array per batch);
+- ragged-out: the same into a preallocated buffer, ``get_batch(name, indices=..., out=buf)``
+  (as padded reads into preallocated rows);
 - padded: the same records padded to the longest one, fixed rows through ``get_batch``;
 - records: HydraGNN's way, one 1-byte-row variable and one ``get(name, buf, start)`` per graph
   (the record offsets replicated on every rank);
@@ -101,6 +104,11 @@ def measure_reads(args, store, label, size, per_rank, rec_offsets, max_len, mine
     for j, w in enumerate(want):
         if not np.array_equal(values[offsets[j] : offsets[j + 1]], w):
             raise SystemExit(f"{label}: ragged read of graph {batches[0][j]} differs")
+    rout = np.empty(b * max_len, np.uint8)
+    values, offsets = store.get_batch("graphs", indices=batches[0], out=rout)
+    for j, w in enumerate(want):
+        if not np.array_equal(values[offsets[j] : offsets[j + 1]], w):
+            raise SystemExit(f"{label}: ragged read (out=) of graph {batches[0][j]} differs")
     pad = np.empty((b, max_len), np.uint8)
     store.get_batch("padded", pad, batches[0])
     rec = [np.empty(int(rec_offsets[i + 1] - rec_offsets[i]), np.uint8) for i in batches[0]]
@@ -124,6 +132,7 @@ def measure_reads(args, store, label, size, per_rank, rec_offsets, max_len, mine
     recbuf = np.empty(max_len, np.uint8)
     lines = {
         "ragged": lambda: store.get_batch("graphs", nxt()),
+        "ragged-out": lambda: store.get_batch("graphs", indices=nxt(), out=rout),
         "padded": lambda: store.get_batch("padded", pad, nxt()),
         "records": per_sample,
         "list": lambda: [local[i - per_rank] for i in nxt()],
@@ -132,6 +141,7 @@ def measure_reads(args, store, label, size, per_rank, rec_offsets, max_len, mine
     moved_ragged = float(np.mean([sum(len(local[i - per_rank]) for i in bt) for bt in batches]))
     moved = {
         "ragged": moved_ragged,
+        "ragged-out": moved_ragged,
         "padded": float(b * max_len),
         "records": moved_ragged,
         "list": moved_ragged,
@@ -155,6 +165,7 @@ def measure_reads(args, store, label, size, per_rank, rec_offsets, max_len, mine
             "config": label,
             "line": "ratios",
             "ragged_vs_padded_per_byte": r["ragged"]["ns_per_byte"] / r["padded"]["ns_per_byte"],
+            "ragged_out_vs_padded_per_byte": r["ragged-out"]["ns_per_byte"] / r["padded"]["ns_per_byte"],
             "records_vs_ragged_per_graph": r["records"]["us_per_graph"] / r["ragged"]["us_per_graph"],
             "ragged_vs_list_per_graph": r["ragged"]["us_per_graph"] / r["list"]["us_per_graph"],
             "offset_bytes_per_row": store._native.row_bytes("graphs#ends"),
@@ -193,7 +204,8 @@ def print_table(results: list[dict], header: str) -> None:
     for r in results:
         if r["line"] == "ratios":
             print(
-                f"{r['config']:10s} ragged/padded per byte {r['ragged_vs_padded_per_byte']:.2f}x, "
+                f"{r['config']:10s} ragged/padded per byte {r['ragged_vs_padded_per_byte']:.2f}x "
+                f"(out= {r['ragged_out_vs_padded_per_byte']:.2f}x), "
                 f"records/ragged per graph {r['records_vs_ragged_per_graph']:.1f}x, "
                 f"ragged/list per graph {r['ragged_vs_list_per_graph']:.1f}x, "
                 f"offsets {r['offset_bytes_per_row']} B per own row"
@@ -205,7 +217,7 @@ def print_table(results: list[dict], header: str) -> None:
             )
         else:
             print(
-                f"{r['config']:10s} {r['line']:8s} batch {r['batch']}: {r['us_per_graph']:8.2f} us/graph "
+                f"{r['config']:10s} {r['line']:10s} batch {r['batch']}: {r['us_per_graph']:8.2f} us/graph "
                 f"{r['graphs_per_s']:10.0f} graphs/s {r['ns_per_byte']:7.3f} ns/byte"
             )
 

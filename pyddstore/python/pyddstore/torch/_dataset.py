@@ -37,11 +37,13 @@ from . import _load, _snapshot
 from ._schema import (
     META_VERSION,
     NDARRAY,
+    PYG,
     TENSOR,
     Field,
     Schema,
     SchemaError,
     SchemaTypeError,
+    is_pyg_data_class,
     share_of,
 )
 
@@ -649,7 +651,8 @@ class DistDataset(_StoredDataset):
     ragged= (fields whose size varies from sample to sample along one axis): {key: axis} for
     those fields, or "auto" (every rank scans the shapes of its share once; the axes that differ
     anywhere are agreed by all ranks). torch_geometric Data samples need none: each tensor field
-    is ragged along the axis Data batches it on, and samples come back as Data. Each ragged field
+    is ragged along the axis Data batches it on, and samples come back as their own class (a
+    Data subclass too, taken from each rank's own samples). Each ragged field
     is one ragged store variable (values plus per-row offsets kept by their owner); a batch is
     one ragged read per field. A rank holds its ragged fields' share in memory once more while
     loading. Not with add_device=.
@@ -901,7 +904,20 @@ class DistDataset(_StoredDataset):
         if agreed[0] == "err":
             raise local_err if local_err is not None else _rebuild_error(agreed[1])
         seq_type = schema.seq_type if store.rank == 0 else _type_from_name(agreed[2])
+        if store.rank != 0 and agreed[1].get("structure") == PYG:
+            seq_type = self._own_data_class(store, source, encode, n, agreed[2])
         return Schema.from_json(agreed[1], seq_type)
+
+    def _own_data_class(self, store: Any, source: Any, encode: Any, n: int, name: Any) -> Any:
+        """The Data (subclass) rank 0 found, as this rank's own samples give it: the class object
+        of the first sample of its share (else sample 0), when its name is the one rank 0 sent;
+        never imported or looked up by that name. None (plain Data) otherwise."""
+        start, count = share_of(n, store.size, store.rank)
+        try:
+            cls = type(self._sample(source, start if count else 0, encode))
+        except Exception:  # noqa: BLE001 - reading its own sample fails later, with context
+            return None
+        return cls if is_pyg_data_class(cls) and _type_name(cls) == name else None
 
     def _agree_ragged_axes(self, store: Any, source: Any, schema: Schema, encode: Any, n: int) -> None:
         """ragged='auto': every rank scans the shapes of its share (one extra pass over the
@@ -1124,7 +1140,9 @@ def read_meta(path: str, timeout: float) -> dict:
 
 class DistDatasetReader(_StoredDataset):
     """The dataset a method-2 core group (DistDataset(..., method=2)) holds, read from a
-    separate extra job. Fields come from {handshake_dir}/{name}.meta.json.
+    separate extra job. Fields come from {handshake_dir}/{name}.meta.json. Graph samples come
+    back as ``data_cls`` (a torch_geometric ``Data`` subclass the caller passes; else ``Data``:
+    no class is ever imported by a name read from the meta file).
 
     Example:
         ```python
@@ -1141,8 +1159,13 @@ class DistDatasetReader(_StoredDataset):
         n_core: int | None = None,
         device: Any = None,
         decode: Any = None,
+        data_cls: Any = None,
     ):
         super().__init__()
+        if data_cls is not None and not is_pyg_data_class(data_cls):
+            raise DDStoreTypeError(
+                f"DistDatasetReader(data_cls={data_cls!r}): expected torch_geometric.data.Data or a subclass"
+            )
         settings = _env_settings()  # one snapshot: this reader's and its store's
         hs = handshake_dir or settings.handshake_dir
         if not hs:
@@ -1153,6 +1176,14 @@ class DistDatasetReader(_StoredDataset):
         self.name = name
         self.meta = meta
         schema = Schema.from_json(meta)
+        if data_cls is not None:
+            if schema.structure != PYG:
+                raise DDStoreTypeError(
+                    f"DistDatasetReader('{name}', data_cls=...): the dataset's samples are "
+                    f"{schema.structure}s, not torch_geometric Data"
+                )
+            # The class comes from the caller, never from a name in the meta file.
+            schema.seq_type = data_cls
         store = PyDDStore(None, method=2, handshake_dir=hs, n_core=int(n_core), settings=settings)
         for f in schema.fields:
             store.join(f.var)

@@ -52,8 +52,15 @@ PYG = "pyg"  # torch_geometric.data.Data
 
 def _is_pyg_data(sample: Any) -> bool:
     """Whether sample is a torch_geometric Data (checked without importing torch_geometric)."""
-    for cls in type(sample).__mro__:
-        if cls.__name__ == "Data" and cls.__module__.startswith("torch_geometric."):
+    return is_pyg_data_class(type(sample))
+
+
+def is_pyg_data_class(cls: Any) -> bool:
+    """Whether cls is torch_geometric's Data or a subclass of it (without importing torch_geometric)."""
+    if not isinstance(cls, type):
+        return False
+    for c in cls.__mro__:
+        if c.__name__ == "Data" and c.__module__.startswith("torch_geometric."):
             return True
     return False
 
@@ -594,7 +601,8 @@ class Schema:
                     f.make_ragged(ragged[k], _where(0, k))
                 f.var = f"{name}/{k}"
                 out.append(f)
-        seq_type = type(sample) if structure in (TUPLE, LIST, DICT) else None
+        # Data subclasses come back as their own class: the class object of the sample itself.
+        seq_type = type(sample) if structure in (TUPLE, LIST, DICT, PYG) else None
         return cls(structure, out, keys, seq_type, None if structure == VALUE else len(items))
 
     # -- samples -> store -------------------------------------------------------------
@@ -639,8 +647,9 @@ class Schema:
             return list(columns[keys[0]])
         cols = [columns[k] for k in keys]
         if self.structure == PYG:
-            data = _pyg_data_class()
-            return [data(**dict(zip(keys, vals))) for vals in zip(*cols)]
+            # The samples' own class (a Data subclass too), else Data.
+            data = self.seq_type if self.seq_type is not None else _pyg_data_class()
+            return [_make_data(data, keys, vals) for vals in zip(*cols)]
         if self.structure == DICT:
             if self.seq_type is None or self.seq_type is dict:
                 return [dict(zip(keys, vals)) for vals in zip(*cols)]
@@ -688,6 +697,18 @@ class Schema:
     @classmethod
     def from_json(cls, d: dict, seq_type: Any = None) -> Schema:
         return cls(d["structure"], [Field.from_json(f) for f in d["fields"]], d.get("keys"), seq_type)
+
+
+def _make_data(cls: type, keys: list, vals: Any) -> Any:
+    """A Data (subclass) sample with these attributes: keyword arguments as Data takes them,
+    else as torch_geometric builds samples when it splits a batch (no arguments, then set)."""
+    try:
+        return cls(**dict(zip(keys, vals)))
+    except TypeError:
+        data = cls()
+        for k, v in zip(keys, vals):
+            data[k] = v
+        return data
 
 
 def _has(sample: Any, key: Any) -> bool:
