@@ -170,18 +170,18 @@ def part_sources(world, d: str) -> None:
 
     mm = np.load(os.path.join(d, "all.npy"), mmap_mode="r")
     ds = DistDataset(mm, "mm", world.comm)
-    assert stats_of(ds, world)["path"] == "files", stats_of(ds, world)
+    assert stats_of(ds, world)["path"] == "files (native)", stats_of(ds, world)
     check_all(ds, row, "memmap")
     ds.free()
     ds = DistDataset(mm[3:], "mm3", world.comm)  # a slice keeps its parent's offset attribute
-    assert stats_of(ds, world)["path"] == "files"
+    assert stats_of(ds, world)["path"] == "files (native)"
     check_all(ds, lambda i: row(i + 3), "memmap slice")
     ds.free()
     del mm
 
     parts = [os.path.join(d, f"part{k}.npy") for k in range(3)]
     ds = DistDataset(parts, "npy", world.comm)
-    assert stats_of(ds, world)["path"] == "files"
+    assert stats_of(ds, world)["path"] == "files (native)"
     check_all(ds, row, "npy list")
     ds.free()
 
@@ -209,7 +209,7 @@ def part_sources(world, d: str) -> None:
 
     with h5py.File(os.path.join(d, "data.h5"), "r") as h:
         ds = DistDataset(h["contig"], "h5c", world.comm)
-        assert stats_of(ds, world)["path"] == "files"
+        assert stats_of(ds, world)["path"] == "files (native)"
         check_all(ds, row, "h5py contiguous")
         ds.free()
         ds = DistDataset(h["chunked"], "h5z", world.comm)
@@ -298,7 +298,7 @@ def part_save(world, d: str) -> None:
     rg.save(os.path.join(d, "snap-ragged"))
     rg.free()
     back = DistDataset.restore(os.path.join(d, "snap-fixed"), comm=world.comm)
-    assert back.name == "fx" and stats_of(back, world)["path"] == "snapshot"
+    assert back.name == "fx" and stats_of(back, world)["path"] == "snapshot (native)"
     check_all(back, npz_want, "restored fixed, same ranks")
     back.free()
     back = DistDataset.restore(os.path.join(d, "snap-ragged"), "rg2", world.comm)

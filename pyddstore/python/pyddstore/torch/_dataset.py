@@ -908,6 +908,7 @@ class DistDataset(_StoredDataset):
                     direct,
                     stats,
                     progress,
+                    lambda f: functools.partial(store._native.load_file_ranges, f.var),
                 )
                 return stats
 
@@ -1067,7 +1068,17 @@ class DistDataset(_StoredDataset):
         if rows_src is not None and _bulk_fits(rows_src, f0) and self._share_device is None:
             stats = _load.LoadStats("files", depth)
             _load.load_file_rows(
-                rows_src, f0, start, count, put, depth, _load.load_direct(), stats, progress, chunk_size
+                rows_src,
+                f0,
+                start,
+                count,
+                put,
+                depth,
+                _load.load_direct(),
+                stats,
+                progress,
+                chunk_size,
+                functools.partial(store._native.load_file_ranges, f0.var),
             )
         else:
             arrays = _bulk_arrays(source) if plain else None

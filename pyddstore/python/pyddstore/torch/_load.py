@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pyddstore import DDStoreError
+from pyddstore import DDStoreError, DDStoreFileError
 from pyddstore._env import env_flag, env_int
 from pyddstore._sources import AlignedReader, FileRows, open_regular
 
@@ -34,6 +34,7 @@ class DDStoreChildError(DDStoreError, RuntimeError):
 
 MAX_READ_BYTES = 8 << 20  # one read of a file source
 MIN_WINDOW_BYTES = 16 << 20
+NATIVE_CALL_BYTES = 256 << 20  # bytes per native file-load call (progress is shown between calls)
 
 
 def load_depth() -> int:
@@ -312,6 +313,54 @@ def window(depth: int, share_bytes: int, row_bytes: int, stats: LoadStats, rows:
     return rows
 
 
+# Columns of a native file-load range (PyDDStore._native.load_file_ranges).
+R_FILE, R_OFF, R_LEN, R_CRC, R_SKIP, R_WLEN, R_DST = range(7)
+
+
+def load_ranges_native(
+    fill: Callable[..., tuple[int, bool]],
+    paths: list[str],
+    ranges: np.ndarray,
+    threads: int,
+    direct: bool,
+    stats: LoadStats,
+    progress: Progress,
+    error: type = DDStoreFileError,
+    nofollow: bool = False,
+    sizes: list[int] | None = None,
+) -> bool:
+    """Reads `ranges` (int64 rows of 7 columns, see R_*) of `paths` straight into a variable's
+    share in Rust (`fill` is its _native.load_file_ranges bound to the variable), `threads` reads
+    in flight with the GIL released, in calls of about NATIVE_CALL_BYTES so progress moves. A
+    file that cannot be read (missing, symbolic link with nofollow, not regular, truncated,
+    wrong size or checksum) raises `error` naming it. Returns whether every file was read with
+    O_DIRECT."""
+    ranges = np.ascontiguousarray(ranges, dtype=np.int64).reshape(-1, 7)
+    ends = np.cumsum(ranges[:, R_LEN])
+    all_direct = True
+    k = 0
+    while k < len(ranges):
+        base = int(ends[k - 1]) if k else 0
+        z = max(k + 1, int(np.searchsorted(ends, base + NATIVE_CALL_BYTES, side="right")))
+        batch = ranges[k:z]
+        t0 = time.perf_counter()
+        try:
+            moved, d = fill(paths, batch, max(1, threads), direct, nofollow, sizes)
+        except DDStoreError as e:
+            if isinstance(e, error):
+                raise
+            raise error(str(e)) from None
+        all_direct = all_direct and d
+        stats.add(int(moved), (time.perf_counter() - t0) * max(1, min(threads, len(batch))), 0.0)
+        progress.update(int(moved))
+        k = z
+    if direct:
+        stats.notes.append(
+            "O_DIRECT" if all_direct else "O_DIRECT not supported by this file system: buffered reads"
+        )
+    return all_direct
+
+
 def load_file_rows(
     rows_src: FileRows,
     f: Field,
@@ -323,13 +372,25 @@ def load_file_rows(
     stats: LoadStats,
     progress: Progress,
     rows_per_read: int | None = None,
+    native: Callable[..., tuple[int, bool]] | None = None,
 ) -> None:
     """Rows [start, start + count) of a file source into f's share: reads of whole rows (a few
-    MiB each), `depth` in flight, each landing in the share at its row."""
+    MiB each), `depth` in flight, each landing in the share at its row: in Rust straight into
+    the share when `native` (the variable's load_file_ranges) is given, else through Python."""
     step = window(depth, count * rows_src.row_bytes, rows_src.row_bytes, stats, rows_per_read)
     pieces = []
     for a in range(start, start + count, step):
         pieces.extend(rows_src.ranges(a, min(start + count, a + step)))
+    if native is not None:
+        stats.path = "files (native)"
+        index: dict[str, int] = {}
+        rb = rows_src.row_bytes
+        table = np.empty((len(pieces), 7), np.int64)
+        for t, (path, off, first, n) in enumerate(pieces):
+            table[t] = (index.setdefault(path, len(index)), off, n * rb, -1, 0, n * rb, (first - start) * rb)
+        stats.workers = min(depth, max(1, len(pieces)))
+        load_ranges_native(native, list(index), table, stats.workers, direct, stats, progress)
+        return
     fds: dict[str, tuple[int, bool]] = {}
     try:
         for path, *_ in pieces:

@@ -467,10 +467,31 @@ def restore_share(
     direct: bool,
     stats: _load.LoadStats,
     progress: _load.Progress,
+    native_for: Callable[[Field], Callable[..., tuple[int, bool]]] | None = None,
 ) -> dict:
     """Rows [start, start + count) of every field from the snapshot: fixed fields into the
-    share with `depth` reads in flight; ragged fields gathered into one array per field
-    (returned as {key: (values, lengths)})."""
+    share with `depth` reads in flight (in Rust, straight into the share with each block's
+    checksum verified, when `native_for(field)` gives the variable's load_file_ranges);
+    ragged fields gathered into one array per field (returned as {key: (values, lengths)})."""
+    if native_for is not None:
+        for f in schema.fixed_fields:
+            _restore_fixed_native(
+                manifest,
+                directory,
+                f,
+                schema.fields.index(f),
+                start,
+                count,
+                native_for(f),
+                depth,
+                direct,
+                stats,
+                progress,
+            )
+        stats.path = "snapshot (native)"
+        if not schema.ragged_fields:
+            return {}
+        schema = _RaggedOnly(schema)
     files = _Files(directory, direct)
     # Reads in flight stay within ~10% of the share (at least 16 MiB): depth x read_bytes.
     share_bytes = count * sum(f.row_bytes for f in schema.fixed_fields)
@@ -479,7 +500,10 @@ def restore_share(
     try:
         tasks = []  # (field index, entry, span, b0, b1, lo, hi)
         ragged_out = {}
+        done = getattr(schema, "done", set())
         for k, f in enumerate(schema.fields):
+            if id(f) in done:
+                continue
             for entry, lo, hi in _overlaps(manifest, start, count):
                 fe = entry["fields"][k]
                 if not f.is_ragged:
@@ -528,6 +552,65 @@ def restore_share(
         }
     finally:
         files.close()
+
+
+class _RaggedOnly:
+    """A schema seen through restore_share with its fixed fields already restored: `fields`
+    keeps every field (manifest entries are per field index), fixed ones marked done."""
+
+    def __init__(self, schema: Schema):
+        self.fields = schema.fields
+        self.fixed_fields: list = []
+        self.ragged_fields = schema.ragged_fields
+        self.by_key = schema.by_key
+        self.done = {id(f) for f in schema.fixed_fields}
+
+
+def _restore_fixed_native(
+    manifest: dict,
+    directory: str,
+    f: Field,
+    k: int,
+    start: int,
+    count: int,
+    fill: Callable[..., tuple[int, bool]],
+    depth: int,
+    direct: bool,
+    stats: _load.LoadStats,
+    progress: _load.Progress,
+) -> None:
+    """Field f's rows [start, start + count) from every rank file that holds some, one read
+    per checksum block, verified in Rust before the load succeeds; a block cut by this rank's
+    share is read and checked whole and written in part."""
+    paths, sizes, rows = [], [], []
+    for entry, lo, hi in _overlaps(manifest, start, count):
+        span = entry["fields"][k]["rows"]
+        bi, ib, e0 = span["block_items"], span["item_bytes"], entry["start"]
+        fidx = len(paths)
+        paths.append(os.path.join(directory, entry["file"]))
+        sizes.append(entry["size"])
+        b0, b1 = (lo - e0) // bi, -(-(hi - e0) // bi)
+        blocks = np.arange(b0, b1, dtype=np.int64)
+        first = blocks * bi
+        last = np.minimum(span["items"], first + bi)
+        a = np.maximum(first, lo - e0)
+        z = np.minimum(last, hi - e0)
+        t = np.empty((len(blocks), 7), np.int64)
+        t[:, _load.R_FILE] = fidx
+        t[:, _load.R_OFF] = span["offset"] + first * ib
+        t[:, _load.R_LEN] = (last - first) * ib
+        t[:, _load.R_CRC] = np.asarray(span["crc"][b0:b1], np.int64)
+        t[:, _load.R_SKIP] = (a - first) * ib
+        t[:, _load.R_WLEN] = (z - a) * ib
+        t[:, _load.R_DST] = (a + e0 - start) * ib
+        rows.append(t)
+    if not rows:
+        return
+    table = np.concatenate(rows)
+    stats.workers = max(stats.workers, min(depth, len(table)))
+    _load.load_ranges_native(
+        fill, paths, table, depth, direct, stats, progress, error=SnapshotError, nofollow=True, sizes=sizes
+    )
 
 
 def _plan_ragged(
