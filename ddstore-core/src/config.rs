@@ -175,6 +175,7 @@ pub const SETTINGS: &[(&str, Kind)] = &[
     ("DDSTORE_LOAD_THREADS", Kind::Int { min: 1, max: 1024 }),
     ("DDSTORE_LOAD_DEPTH", Kind::Int { min: 1, max: 1024 }),
     ("DDSTORE_LOAD_DIRECT", Kind::Flag),
+    ("DDSTORE_LOAD_TIMEOUT_S", Kind::Seconds),
     (
         "DDSTORE_CORE_GROUP",
         Kind::Int {

@@ -22,6 +22,7 @@ from pyddstore import (
     DDStoreFreedError,
     DDStoreIndexError,
     DDStoreKeyError,
+    DDStoreTimeoutError,
     DDStoreTypeError,
     DDStoreUnsupportedError,
     DDStoreValueError,
@@ -554,6 +555,8 @@ def _error_payload(e: BaseException, rank: int) -> tuple[str, str]:
         return "snapshot", f"rank {rank}: {e}"
     if isinstance(e, DDStoreFileError):
         return "file", f"rank {rank}: {e}"
+    if isinstance(e, DDStoreTimeoutError):
+        return "timeout", f"rank {rank}: {e}"
     if isinstance(e, SchemaTypeError):
         return "type", str(e)
     if isinstance(e, SchemaError):
@@ -571,6 +574,8 @@ def _rebuild_error(payload: tuple[str, str]) -> Exception:
         return _snapshot.SnapshotError(msg)
     if kind == "file":
         return DDStoreFileError(msg)
+    if kind == "timeout":
+        return DDStoreTimeoutError(f"loading timed out on another rank: {msg}")
     return DDStoreError(f"loading failed on another rank: {msg}")
 
 

@@ -10,8 +10,10 @@ samples. Progress shows MB/s and an ETA; the summary says what limited the load.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import signal
 import sys
 import threading
 import time
@@ -19,13 +21,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pyddstore import DDStoreError, DDStoreFileError
-from pyddstore._env import env_flag, env_int
+from pyddstore import DDStoreError, DDStoreFileError, DDStoreTimeoutError
+from pyddstore._env import env_flag, env_int, env_seconds
 from pyddstore._sources import AlignedReader, FileRows, open_regular
 
 from ._schema import ChunkFiller, Field, Schema
 
 DEFAULT_DEPTH = 32
+DEFAULT_LOAD_TIMEOUT_S = 600.0
 
 
 class DDStoreChildError(DDStoreError, RuntimeError):
@@ -481,12 +484,13 @@ def _staging_filler(schema: Schema, staging: Any, rows: int) -> ChunkFiller:
 
 def _child_loop(rfd: int, wfd: int, w: int, workers: int, source, schema, encode, start, filler) -> None:
     """A forked worker: for every chunk [a, b) the parent sends, fills rows a + w, a + w +
-    workers, ... of the staging area; answers "ok" or the error (JSON: kind and message)."""
+    workers, ... of the staging area, writing "." after each sample (the parent's deadline
+    counts from the last sign of life); then a line: "ok" or the error (JSON: kind, message)."""
     import json
 
     from pyddstore.torch._dataset import _error_payload
 
-    with os.fdopen(rfd, "r") as cmds, os.fdopen(wfd, "w") as answers:
+    with os.fdopen(rfd, "r") as cmds:
         for line in cmds:
             a, b = (int(x) for x in line.split())
             try:
@@ -496,10 +500,63 @@ def _child_loop(rfd: int, wfd: int, w: int, workers: int, source, schema, encode
                     if encode is not None:
                         sample = encode(sample)
                     filler.put(j - a, sample, i)
-                answers.write("ok\n")
+                    os.write(wfd, b".")
+                answer = b"ok\n"
             except BaseException as e:  # noqa: BLE001 - reported to the parent
-                answers.write(json.dumps(list(_error_payload(e, -1))) + "\n")
-            answers.flush()
+                answer = (json.dumps(list(_error_payload(e, -1))) + "\n").encode()
+            while answer:
+                answer = answer[os.write(wfd, answer) :]
+
+
+def load_timeout() -> float:
+    """DDSTORE_LOAD_TIMEOUT_S: how long a forked load worker may work on one sample, default
+    600 s."""
+    return env_seconds("DDSTORE_LOAD_TIMEOUT_S", DEFAULT_LOAD_TIMEOUT_S)
+
+
+def _await_children(children, a: int, b: int, start: int, workers: int, timeout: float) -> list:
+    """Each child's answer to chunk [a, b) (bytes without the dots; b"" if it died). A child
+    silent for `timeout` seconds (no sample finished) raises DDStoreTimeoutError naming the
+    sample it is stuck on."""
+    import select
+
+    fds = {pr.fileno(): k for k, (_, _, pr) in enumerate(children)}
+    bufs = {k: bytearray() for k in fds.values()}
+    dots = dict.fromkeys(fds.values(), 0)
+    last = dict.fromkeys(fds.values(), time.monotonic())
+    answers: list = [None] * len(children)
+    pending = set(fds)
+    while pending:
+        now = time.monotonic()
+        wait = min(last[fds[fd]] + timeout for fd in pending) - now
+        ready, _, _ = select.select(list(pending), [], [], max(0.0, min(wait, 5.0)))
+        now = time.monotonic()
+        for fd in ready:
+            k = fds[fd]
+            data = os.read(fd, 1 << 16)
+            last[k] = now
+            if not data:
+                answers[k] = b""
+                pending.discard(fd)
+                continue
+            buf = bufs[k]
+            buf += data
+            n = len(buf) - len(buf.lstrip(b"."))
+            dots[k] += n
+            del buf[:n]
+            if buf.endswith(b"\n"):
+                answers[k] = bytes(buf).strip()
+                pending.discard(fd)
+        for fd in list(pending):
+            k = fds[fd]
+            if now - last[k] >= timeout:
+                j = a + k + dots[k] * workers
+                raise DDStoreTimeoutError(
+                    f"load worker process {children[k][0]} has not finished sample {start + j} "
+                    f"(this rank's samples {start + a}..{start + b} were loading) within "
+                    f"{timeout:g} s (DDSTORE_LOAD_TIMEOUT_S): is source[{start + j}] stuck?"
+                )
+    return answers
 
 
 def load_samples_forked(
@@ -529,6 +586,7 @@ def load_samples_forked(
     staging = mmap.mmap(-1, max(1, rows * row_bytes))  # MAP_SHARED|MAP_ANONYMOUS: seen by the children
     filler = _staging_filler(schema, staging, rows)
     children = []
+    finished = False
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -552,6 +610,7 @@ def load_samples_forked(
             os.close(c_r)
             os.close(c_w)
             children.append((pid, os.fdopen(p_w, "w"), os.fdopen(p_r, "r")))
+        timeout = load_timeout()
         for a in range(0, count, rows):
             b = min(count, a + rows)
             t0 = time.perf_counter()
@@ -559,13 +618,13 @@ def load_samples_forked(
                 pw.write(f"{a} {b}\n")
                 pw.flush()
             error = None
-            for pid, _, pr in children:
-                answer = pr.readline()
+            answers = _await_children(children, a, b, start, workers, timeout)
+            for (pid, _, _), answer in zip(children, answers):
                 if not answer:
                     error = error or DDStoreChildError(
                         f"load worker process {pid} died while loading rows {a}..{b}"
                     )
-                elif answer.strip() != "ok" and error is None:
+                elif answer != b"ok" and error is None:
                     kind, msg = json.loads(answer)
                     if kind == "other":
                         msg = msg.replace("rank -1: ", "", 1)
@@ -579,8 +638,12 @@ def load_samples_forked(
                 put(f, view, a)
             stats.add((b - a) * row_bytes, (t1 - t0) * workers, time.perf_counter() - t1)
             progress.update((b - a) * row_bytes)
+        finished = True
     finally:
         for pid, pw, pr in children:
+            if not finished:  # a child may be stuck in source[i]: it will not read the pipe's end
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
             pw.close()  # the child's loop ends
             pr.close()
         for pid, _, _ in children:
