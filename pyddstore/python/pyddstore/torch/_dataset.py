@@ -908,12 +908,11 @@ class DistDataset(_StoredDataset):
                     schema,
                     start,
                     count,
-                    functools.partial(self._put, store),
+                    lambda f: functools.partial(store._native.load_file_ranges, f.var),
                     depth,
                     direct,
                     stats,
                     progress,
-                    lambda f: functools.partial(store._native.load_file_ranges, f.var),
                 )
                 return stats
 
@@ -1042,7 +1041,7 @@ class DistDataset(_StoredDataset):
         if err is None and self._share_device is not None:
             _sync_device(self._share_device[0])
         stats.finish()
-        max_lens = [int(lengths.max()) if len(lengths) else 0 for _, lengths in ragged.values()]
+        max_lens = [int(p.lengths.max()) if len(p.lengths) else 0 for p in ragged.values()]
         mine = {"error": payload, "max_lens": max_lens, "stats": stats.to_json()}
         st = mine["stats"]
         _LOG.debug(
@@ -1054,10 +1053,13 @@ class DistDataset(_StoredDataset):
         if failed:
             raise err if err is not None else _rebuild_error(tuple(failed[0]))
         # Collective, in schema order on every rank: each ragged field from this rank's share.
+        # Each is created from its lengths and filled in place (no second copy of the values).
         for j, f in enumerate(schema.ragged_fields):
-            values, lengths = ragged.pop(f.key)
-            store.add(f.var, values, lengths=lengths)
-            del values
+            part = ragged.pop(f.key)
+            _load.add_ragged_in_place(
+                store, f.var, f, part.lengths, lambda var, part=part: part.write(store, var), _agree
+            )
+            del part
             f.max_len = max(r["max_lens"][j] for r in results)
         self.load_stats = [r["stats"] for r in results]
         if rank == 0 and not quiet:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import mmap
 import os
 import signal
 import sys
@@ -237,6 +238,113 @@ def run_tasks(
     _run_workers(threads, work, stats)
 
 
+RAGGED_BLOCK_BYTES = 1 << 20  # a loading thread's block of ragged values
+
+
+class _Block:
+    """Ragged values of rows one thread loaded, back to back in an anonymous mapping (given
+    back to the system when closed, unlike small heap allocations)."""
+
+    def __init__(self, units: int, f: Field):
+        self.buf = mmap.mmap(-1, max(1, units * f.unit_count * f.dtype.itemsize))
+        self.arr = np.frombuffer(self.buf, f.dtype, units * f.unit_count).reshape(units, f.unit_count)
+        self.used = 0
+        self.rows: list[tuple[int, int, int]] = []  # (row in the share, first unit, units)
+
+    def close(self) -> None:
+        self.arr = None  # type: ignore[assignment]
+        with contextlib.suppress(BufferError):
+            self.buf.close()
+
+
+class RaggedParts:
+    """One ragged field's rows of this rank's share while loading: every row copied into its
+    loading thread's block (about RAGGED_BLOCK_BYTES), lengths kept per row. Once all ranks have
+    loaded, `add_to(store, ...)` creates the ragged variable from the lengths and writes each
+    block's rows into it, giving each block back as soon as it is written: the rank holds its
+    share plus about one block, never a second copy of the share."""
+
+    def __init__(self, f: Field, count: int):
+        self.f = f
+        self.lengths = np.zeros(count, np.int64)
+        self._blocks: list[_Block] = []
+        self._mine = threading.local()
+        self._lock = threading.Lock()
+
+    def put(self, j: int, values: np.ndarray) -> None:
+        """Row j's values (flat, whole units of f): copied into this thread's block."""
+        f = self.f
+        v = values.reshape(-1, f.unit_count)
+        n = len(v)
+        self.lengths[j] = n
+        if n == 0:
+            return
+        blk = getattr(self._mine, "block", None)
+        if blk is None or blk.used + n > len(blk.arr):
+            unit_bytes = max(1, f.unit_count * f.dtype.itemsize)
+            blk = _Block(max(n, RAGGED_BLOCK_BYTES // unit_bytes), f)
+            self._mine.block = blk
+            with self._lock:
+                self._blocks.append(blk)
+        blk.arr[blk.used : blk.used + n] = v
+        blk.rows.append((j, blk.used, n))
+        blk.used += n
+
+    def fill(self, update: Callable[[np.ndarray, int], None]) -> None:
+        """Writes every row through update(values, first unit), block by block, closing each."""
+        starts = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]) if len(self.lengths) else self.lengths
+        while self._blocks:
+            blk = self._blocks.pop()
+            for j, a, n in blk.rows:
+                update(blk.arr[a : a + n], int(starts[j]))
+            blk.close()
+
+    def write(self, store: Any, values_var: str) -> None:
+        """Fills the ragged variable's values (`values_var`, just created) from the blocks."""
+        native = store._native
+        self.fill(lambda arr, off: native.update(values_var, arr, offset=off))
+
+    def close(self) -> None:
+        while self._blocks:
+            self._blocks.pop().close()
+
+
+def add_ragged_in_place(
+    store: Any,
+    name: str,
+    f: Field,
+    lengths: np.ndarray,
+    fill: Callable[[str], None],
+    agree: Callable[[Any, BaseException | None], Any],
+) -> None:
+    """Collective: creates the ragged variable `name` (values `name#values`, ends `name#ends`)
+    from this rank's row lengths, then `fill(values_var)` writes the values straight into this
+    rank's share (no contiguous copy of them first); every rank learns whether all filled
+    (`agree`) before the variable is linked."""
+    from pyddstore._store import _dtype_name
+
+    native = store._native
+    values, ends = f"{name}#values", f"{name}#ends"
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    unit_bytes = max(1, f.unit_count * f.dtype.itemsize)
+    store._reserve(values)
+    store._reserve(ends)
+    native.init(values, int(lengths.sum()), unit_bytes, itemsize=f.dtype.itemsize, dtype=_dtype_name(f.dtype))
+    native.init(ends, len(lengths), 8, itemsize=8, dtype="int64")
+    err = None
+    try:
+        native.update(ends, np.cumsum(lengths, dtype=np.int64))
+        fill(values)
+    except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
+        err = e
+    agree(store, err)
+    native.link_ragged(name)
+    store.barrier()
+    store._ragged_units[name] = (f.unit_count,)
+    store._published(values)
+    store._published(ends)
+
+
 def load_samples(
     source: Any,
     schema: Schema,
@@ -250,10 +358,9 @@ def load_samples(
 ) -> dict:
     """Map-style source: `depth` threads each take the next sample, validate it and write its
     fixed fields into the share at its row (no chunk of samples in between). Ragged fields are
-    gathered per row; returns {key: (values, lengths)} of this rank's share."""
+    gathered per row into blocks; returns {key: RaggedParts} of this rank's share."""
     fixed, ragged = schema.fixed_fields, schema.ragged_fields
-    r_values: dict = {f.key: [None] * count for f in ragged}
-    r_lengths: dict = {f.key: np.zeros(count, np.int64) for f in ragged}
+    parts = {f.key: RaggedParts(f, count) for f in ragged}
     counter = itertools.count()
     failed = threading.Event()
 
@@ -279,9 +386,10 @@ def load_samples(
                     row_bytes += view.nbytes
                 for f in ragged:
                     chunks, lengths = filler.ragged[f.key]
-                    r_values[f.key][j] = chunks.pop()
-                    r_lengths[f.key][j] = lengths.pop()
-                    row_bytes += r_values[f.key][j].nbytes
+                    values = chunks.pop()
+                    lengths.pop()
+                    parts[f.key].put(j, values)
+                    row_bytes += values.nbytes
                 src_s += t1 - t0
                 put_s += time.perf_counter() - t1
                 nbytes += row_bytes
@@ -292,14 +400,13 @@ def load_samples(
         finally:
             stats.add(nbytes, src_s, put_s)
 
-    _run_workers(min(depth, max(1, count)), work, stats)
-    out = {}
-    for f in ragged:
-        vals = r_values.pop(f.key)
-        flat = np.concatenate(vals) if vals else np.empty(0, f.dtype)
-        vals.clear()
-        out[f.key] = (flat.reshape(-1, f.unit_count), r_lengths[f.key])
-    return out
+    try:
+        _run_workers(min(depth, max(1, count)), work, stats)
+    except BaseException:
+        for p in parts.values():
+            p.close()
+        raise
+    return parts
 
 
 def window(depth: int, share_bytes: int, row_bytes: int, stats: LoadStats, rows: int | None = None) -> int:
