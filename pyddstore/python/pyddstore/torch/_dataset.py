@@ -717,16 +717,19 @@ class DistDataset(_StoredDataset):
     anywhere are agreed by all ranks). torch_geometric Data samples need none: each tensor field
     is ragged along the axis Data batches it on, and samples come back as Data. Each ragged field
     is one ragged store variable (values plus per-row offsets kept by their owner); a batch is
-    one ragged read per field. A rank holds its ragged fields' share in memory once more while
-    loading. Not with add_device=.
+    one ragged read per field. While loading, ragged rows are gathered in blocks that are given
+    back as they are written into the variable (no second copy of the share). Not with
+    add_device=.
 
     Loading keeps DDSTORE_LOAD_DEPTH (default 32) reads in flight and writes rows straight into
     the share: threads calling source[i] (load_workers="threads", the default), or forked
     processes filling a shared staging area (load_workers="processes", the default for a source
-    with ``thread_safe = False``; use it when decoding holds the GIL). Sources whose rows lie in
-    files are read with large positional reads instead of per-sample calls: a list of .npy file
-    paths, an np.memmap, an h5py dataset stored contiguously; chunked h5py datasets and zarr
-    arrays are read in chunk-aligned slices. DDSTORE_LOAD_DIRECT=1 reads files with O_DIRECT.
+    with ``thread_safe = False``; a worker that finishes no sample for DDSTORE_LOAD_TIMEOUT_S is
+    killed and named). Sources whose rows lie in files are read in Rust straight into the share
+    (many preads in flight, the GIL released) instead of per-sample calls: a list of .npy file
+    paths, an np.memmap, an h5py dataset stored contiguously or in unfiltered chunks of whole
+    rows; compressed h5py datasets and zarr arrays are read in chunk-aligned slices.
+    DDSTORE_LOAD_DIRECT=1 reads files with O_DIRECT.
     chunk_size= sets the rows per read of array and file sources. ``ds.load_stats`` holds each
     rank's load figures; ``ds.save(path)`` / ``DistDataset.restore(path)`` snapshot the shares.
 
