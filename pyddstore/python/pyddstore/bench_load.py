@@ -7,8 +7,9 @@ where the machine allows dropping it, and the peak memory of each load as a mult
 
 Cases: a map-style dataset whose __getitem__ calls np.load on one .npz file per sample (the
 default load: DDSTORE_LOAD_DEPTH reads in flight), an np.memmap of one .npy file, a contiguous
-h5py dataset, a chunked+gzip h5py dataset (not in the ratios: decompression is CPU-bound), and a
-snapshot of the npz dataset restored with DistDataset.restore. The limit: every rank reads the
+h5py dataset, a chunked+gzip h5py dataset (not in the ratios: decompression is CPU-bound), a
+ragged map-style dataset generated in memory (for its peak memory against its ragged share; not
+in the ratios) and a snapshot of the npz dataset restored with DistDataset.restore. The limit: every rank reads the
 bytes of its share of the .npz files with 1 and with --limit-threads threads (whole files, pread).
 The page cache is dropped before every case (`sync; echo 3 > /proc/sys/vm/drop_caches`, root);
 where that is refused the figures are warm-cache ones and the output says so.
@@ -28,6 +29,23 @@ import numpy as np
 from torch.utils.data import Dataset
 
 MIB = 1 << 20
+
+
+class RaggedRows(Dataset):
+    """Sample i: a float32 array of 1 + (i * 7919) % max_len rows of 8 values (a point cloud or
+    graph-like field) and a label: what a ragged load holds twice without care."""
+
+    def __init__(self, n: int, max_len: int):
+        self.n, self.max_len = n, max_len
+
+    def __len__(self) -> int:
+        return self.n
+
+    def length(self, i: int) -> int:
+        return 1 + (i * 7919) % self.max_len
+
+    def __getitem__(self, i):
+        return {"pos": np.full((self.length(i), 8), i, np.float32), "y": np.int64(i)}
 
 
 class NpzFiles(Dataset):
@@ -193,7 +211,7 @@ def measure_load(args, comm) -> dict:
         rows: list[dict] = []
         cache = None
 
-        def timed(label: str, fn, check=None, ratio=True) -> None:
+        def timed(label: str, fn, check=None, ratio=True, share_bytes=None) -> None:
             nonlocal cache
             gc.collect()
             comm.Barrier()
@@ -220,7 +238,7 @@ def measure_load(args, comm) -> dict:
                         "case": label,
                         "total_mb_s": total / wall / 1e6,
                         "per_rank_mb_s": [e["nbytes"] / e["secs"] / 1e6 for e in everyone],
-                        "peak_x_share": max(e["peak"] for e in everyone) / max(1, share),
+                        "peak_x_share": max(e["peak"] for e in everyone) / max(1, share_bytes or share),
                         "secs": wall,
                         "ratio": ratio,
                         "cache": cache,
@@ -285,6 +303,22 @@ def _round(args, comm, d, n, my_files, timed, check_rows, DistDataset, h5py) -> 
     with h5py.File(os.path.join(d, "data.h5"), "r") as h:
         timed("DistDataset, h5py contiguous", lambda: load(h["contig"], "h5"), check_rows)
         timed("DistDataset, h5py chunked gzip", lambda: load(h["gzip"], "h5z"), check_rows, ratio=False)
+    # Ragged: ~the npz share in rows of 1..max_len units (peak against the ragged share).
+    rag = RaggedRows(n, 2 * max(1, os.path.getsize(my_files[0]) // 32) if my_files else 1)
+
+    def check_ragged(ds) -> None:
+        for i in (0, n // 2, n - 1):
+            got = np.asarray(ds[i]["pos"])
+            if got.shape != (rag.length(i), 8) or not (got == i).all():
+                raise SystemExit(f"bench load: wrong ragged data for sample {i}")
+
+    timed(
+        "DistDataset, ragged map-style",
+        lambda: load(rag, "rag", ragged={"pos": 0}),
+        check_ragged,
+        ratio=False,
+        share_bytes=sum(rag.length(i) * 32 + 8 for i in range(*_share(n, comm))),
+    )
     snap = os.path.join(d, f"snap-{os.getpid() if comm.rank == 0 else 0}-{time.time_ns()}")
     snap = comm.bcast(snap, root=0)
     ds = DistDataset(NpzFiles(d, n), "tosave", comm)
@@ -294,6 +328,14 @@ def _round(args, comm, d, n, my_files, timed, check_rows, DistDataset, h5py) -> 
     comm.Barrier()
     if comm.rank == 0:
         shutil.rmtree(snap, ignore_errors=True)
+
+
+def _share(n: int, comm) -> tuple[int, int]:
+    """(first, end) of this rank's rows."""
+    from pyddstore.torch._schema import share_of
+
+    start, count = share_of(n, comm.size, comm.rank)
+    return start, start + count
 
 
 def _restore(cls, path, comm):
