@@ -214,6 +214,26 @@ def _h5py_chunk_rows(ds: Any) -> FileRows | None:
     return FileRows(segments, ds.dtype, ds.shape[1:])
 
 
+def h5py_reopener(ds: Any) -> Any:
+    """For an h5py dataset of a file opened read-only: a function that opens the same dataset
+    again (a forked load worker's own handle), else None."""
+    if not type(ds).__module__.startswith("h5py"):
+        return None
+    try:
+        if ds.file.mode != "r":
+            return None
+        filename, name = ds.file.filename, ds.name
+    except (AttributeError, ValueError):
+        return None
+
+    def reopen() -> Any:
+        import h5py
+
+        return h5py.File(filename, "r")[name]
+
+    return reopen
+
+
 # -- reading ---------------------------------------------------------------------------------
 
 

@@ -31,7 +31,7 @@ from pyddstore import (
 from pyddstore._env import env_flag, env_int, env_seconds
 from pyddstore._handshake import load_json_object, wait_and_read, write_private
 from pyddstore._log import get_logger
-from pyddstore._sources import file_rows_of, is_npy_list, npy_files
+from pyddstore._sources import file_rows_of, h5py_reopener, is_npy_list, npy_files
 from pyddstore._store import _dtype_name
 
 from . import _load, _snapshot
@@ -1108,6 +1108,8 @@ class DistDataset(_StoredDataset):
                         progress,
                         _bulk_slice_of(f),
                         chunk_size,
+                        h5py_reopener(arrays[f.key]),
+                        min(depth, _cpus()),
                     )
             else:
                 mode = self._load_workers

@@ -540,10 +540,13 @@ def load_sliced(
     progress: Progress,
     convert: Callable[[Any, int, int], np.ndarray],
     rows_per_read: int | None = None,
+    reopen: Callable[[], Any] | None = None,
+    processes: int = 0,
 ) -> None:
     """An array-like read by slicing (chunked/compressed h5py, zarr, tensors, in-memory
     arrays): slices aligned to the array's chunks along rows (`.chunks[0]`), `depth` in flight
-    for thread-safe readers (h5py serialises reads in its own lock)."""
+    for thread-safe readers. With `reopen` and processes > 1 (h5py, which runs reads one at a
+    time under its own lock), forked processes each with their own handle read the slices."""
     row_bytes = max(1, f.row_bytes)
     step = window(depth, count * row_bytes, row_bytes, stats, rows_per_read)
     chunk_rows = _chunk_rows(arr)
@@ -557,6 +560,12 @@ def load_sliced(
             b = max(a + 1, b - b % chunk_rows)  # end on a chunk boundary
         bounds.append((a, b))
         a = b
+
+    if reopen is not None and processes > 1 and len(bounds) > 1:
+        stats.path = "arrays (processes)"
+        stats.workers = min(processes, len(bounds))
+        load_sliced_forked(reopen, f, bounds, start, put, convert, stats.workers, stats, progress)
+        return
 
     def handle(ab, _reader) -> tuple[float, float, int]:
         t0 = time.perf_counter()
@@ -621,10 +630,10 @@ def load_timeout() -> float:
     return env_seconds("DDSTORE_LOAD_TIMEOUT_S", DEFAULT_LOAD_TIMEOUT_S)
 
 
-def _await_children(children, a: int, b: int, start: int, workers: int, timeout: float) -> list:
-    """Each child's answer to chunk [a, b) (bytes without the dots; b"" if it died). A child
-    silent for `timeout` seconds (no sample finished) raises DDStoreTimeoutError naming the
-    sample it is stuck on."""
+def _await_children(children, timeout: float, stuck: Callable[[int, int], str]) -> list:
+    """Each child's answer to the chunk just sent (bytes without the dots; b"" if it died). A
+    child silent for `timeout` seconds (no sample or slice finished) raises DDStoreTimeoutError
+    with stuck(child, items it finished) in its message."""
     import select
 
     fds = {pr.fileno(): k for k, (_, _, pr) in enumerate(children)}
@@ -657,13 +666,160 @@ def _await_children(children, a: int, b: int, start: int, workers: int, timeout:
         for fd in list(pending):
             k = fds[fd]
             if now - last[k] >= timeout:
-                j = a + k + dots[k] * workers
                 raise DDStoreTimeoutError(
-                    f"load worker process {children[k][0]} has not finished sample {start + j} "
-                    f"(this rank's samples {start + a}..{start + b} were loading) within "
-                    f"{timeout:g} s (DDSTORE_LOAD_TIMEOUT_S): is source[{start + j}] stuck?"
+                    f"load worker process {children[k][0]} has not finished {stuck(k, dots[k])} "
+                    f"within {timeout:g} s (DDSTORE_LOAD_TIMEOUT_S)"
                 )
     return answers
+
+
+def _fork_children(workers: int, child: Callable[[int, int, int], None]) -> list:
+    """Forks `workers` processes, each running child(w, command fd, answer fd) then os._exit;
+    returns [(pid, command writer, answer reader)]."""
+    children: list = []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for w in range(workers):
+        c_r, p_w = os.pipe()
+        p_r, c_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child
+            code = 0
+            try:
+                os.close(p_w)
+                os.close(p_r)
+                for _, pw, pr in children:
+                    pw.close()
+                    pr.close()
+                child(w, c_r, c_w)
+            except BaseException:  # noqa: BLE001 - the parent sees the pipe close
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(c_r)
+        os.close(c_w)
+        children.append((pid, os.fdopen(p_w, "w"), os.fdopen(p_r, "r")))
+    return children
+
+
+def _end_children(children: list, finished: bool) -> None:
+    """Closes the pipes (each child's loop ends) and reaps the children; after a failure they
+    are killed first (one may be stuck in a read and never see its pipe close)."""
+    for pid, pw, pr in children:
+        if not finished:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        pw.close()
+        pr.close()
+    for pid, _, _ in children:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+def _child_error(pid: int, answer: bytes, what: str) -> Exception | None:
+    """The error a child's answer reports (None for "ok")."""
+    import json
+
+    from ._dataset import _rebuild_error
+
+    if not answer:
+        return DDStoreChildError(f"load worker process {pid} died while loading {what}")
+    if answer == b"ok":
+        return None
+    kind, msg = json.loads(answer)
+    if kind == "other":
+        return DDStoreError(f"a load worker process failed: {msg.replace('rank -1: ', '', 1)}")
+    return _rebuild_error((kind, msg))
+
+
+def load_sliced_forked(
+    reopen: Callable[[], Any],
+    f: Field,
+    bounds: list[tuple[int, int]],
+    start: int,
+    put: Callable[[Field, np.ndarray, int], None],
+    convert: Callable[[Any, int, int], np.ndarray],
+    workers: int,
+    stats: LoadStats,
+    progress: Progress,
+) -> None:
+    """Slices `bounds` of an array whose reads hold a lock (a compressed h5py dataset:
+    decompression runs one slice at a time in one process) read by `workers` forked processes,
+    each with its own handle (`reopen()` in the child), into a shared staging area of whole rows
+    (~10% of the share, at least 16 MiB), round after round; this process copies each round into
+    the share. Children never touch the store; a child that finishes no slice within
+    DDSTORE_LOAD_TIMEOUT_S is killed and named."""
+    import json
+
+    rb = max(1, f.row_bytes)
+    total = sum(b - a for a, b in bounds)
+    limit = max(MIN_WINDOW_BYTES, total * rb // 10, max((b - a) * rb for a, b in bounds) * workers)
+    rounds: list[list[tuple[int, int]]] = [[]]
+    used = 0
+    for a, b in bounds:
+        if rounds[-1] and used + (b - a) * rb > limit:
+            rounds.append([])
+            used = 0
+        rounds[-1].append((a, b))
+        used += (b - a) * rb
+    staging = mmap.mmap(-1, max(1, limit))
+    stats.window_bytes = limit
+    timeout = load_timeout()
+
+    def child(w: int, rfd: int, wfd: int) -> None:
+        from pyddstore.torch._dataset import _error_payload
+
+        arr = reopen()  # this process's own handle
+        dst = np.frombuffer(staging, np.uint8)
+        with os.fdopen(rfd, "r") as cmds:
+            for line in cmds:
+                k0, k1 = (int(x) for x in line.split())
+                base = rounds[k0][0][0]
+                try:
+                    for a, b in rounds[k0][w::workers]:
+                        rows = np.ascontiguousarray(convert(arr, a, b))
+                        if rows.nbytes != (b - a) * rb:
+                            raise DDStoreError(f"rows {a}..{b}: {rows.nbytes} bytes, expected {(b - a) * rb}")
+                        dst[(a - base) * rb : (b - base) * rb] = rows.reshape(-1).view(np.uint8)
+                        os.write(wfd, b".")
+                    answer = b"ok\n"
+                except BaseException as e:  # noqa: BLE001 - reported to the parent
+                    answer = (json.dumps(list(_error_payload(e, -1))) + "\n").encode()
+                while answer:
+                    answer = answer[os.write(wfd, answer) :]
+
+    children: list = []
+    finished = False
+    try:
+        children = _fork_children(workers, child)
+        for k, slices in enumerate(rounds):
+            a0, b0 = slices[0][0], slices[-1][1]
+            t0 = time.perf_counter()
+            for _, pw, _ in children:
+                pw.write(f"{k} {k + 1}\n")
+                pw.flush()
+
+            def stuck(w: int, done: int, slices=slices) -> str:
+                a, b = slices[w::workers][min(done, len(slices[w::workers]) - 1)]
+                return f"rows {a}..{b} of {f.key!r} (is the file system stuck?)"
+
+            answers = _await_children(children, timeout, stuck)
+            for (pid, _, _), answer in zip(children, answers):
+                err = _child_error(pid, answer, f"rows {a0}..{b0}")
+                if err is not None:
+                    raise err
+            t1 = time.perf_counter()
+            n = b0 - a0
+            rows = np.frombuffer(staging, f.store_dtype, n * rb // f.store_dtype.itemsize)
+            put(f, rows.reshape(n, *f.store_shape), a0 - start)
+            del rows
+            stats.add(n * rb, (t1 - t0) * workers, time.perf_counter() - t1)
+            progress.update(n * rb)
+        finished = True
+    finally:
+        _end_children(children, finished)
+        with contextlib.suppress(BufferError):
+            staging.close()
 
 
 def load_samples_forked(
@@ -681,42 +837,20 @@ def load_samples_forked(
     forked processes fill a shared staging area of whole rows (at most ~10% of the share, at
     least 16 MiB), chunk after chunk, and this process copies each chunk into the share.
     Children never touch the store; each sends "ok" or its error through a pipe, and a child
-    that dies is seen as the pipe's end."""
-    import json
-    import mmap
-
-    from ._dataset import _rebuild_error
-
+    that dies is seen as the pipe's end; one that finishes no sample within
+    DDSTORE_LOAD_TIMEOUT_S is killed and named."""
     row_bytes = max(1, sum(f.row_bytes for f in schema.fixed_fields))
     rows = max(workers, min(count, max(MIN_WINDOW_BYTES, count * row_bytes // 10) // row_bytes))
     stats.window_bytes = rows * row_bytes
     staging = mmap.mmap(-1, max(1, rows * row_bytes))  # MAP_SHARED|MAP_ANONYMOUS: seen by the children
     filler = _staging_filler(schema, staging, rows)
-    children = []
+    children: list = []
     finished = False
     try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for w in range(workers):
-            c_r, p_w = os.pipe()
-            p_r, c_w = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # child
-                code = 0
-                try:
-                    os.close(p_w)
-                    os.close(p_r)
-                    for _, pw, pr in children:
-                        pw.close()
-                        pr.close()
-                    _child_loop(c_r, c_w, w, workers, source, schema, encode, start, filler)
-                except BaseException:  # noqa: BLE001 - the parent sees the pipe close
-                    code = 1
-                finally:
-                    os._exit(code)
-            os.close(c_r)
-            os.close(c_w)
-            children.append((pid, os.fdopen(p_w, "w"), os.fdopen(p_r, "r")))
+        children = _fork_children(
+            workers,
+            lambda w, rfd, wfd: _child_loop(rfd, wfd, w, workers, source, schema, encode, start, filler),
+        )
         timeout = load_timeout()
         for a in range(0, count, rows):
             b = min(count, a + rows)
@@ -724,20 +858,18 @@ def load_samples_forked(
             for _, pw, _ in children:
                 pw.write(f"{a} {b}\n")
                 pw.flush()
+
+            def stuck(k: int, done: int, a=a, b=b) -> str:
+                i = start + a + k + done * workers
+                return (
+                    f"sample {i} (this rank's samples {start + a}..{start + b} were loading): "
+                    f"is source[{i}] stuck?"
+                )
+
+            answers = _await_children(children, timeout, stuck)
             error = None
-            answers = _await_children(children, a, b, start, workers, timeout)
             for (pid, _, _), answer in zip(children, answers):
-                if not answer:
-                    error = error or DDStoreChildError(
-                        f"load worker process {pid} died while loading rows {a}..{b}"
-                    )
-                elif answer != b"ok" and error is None:
-                    kind, msg = json.loads(answer)
-                    if kind == "other":
-                        msg = msg.replace("rank -1: ", "", 1)
-                        error = DDStoreError(f"a load worker process failed: {msg}")
-                    else:
-                        error = _rebuild_error((kind, msg))
+                error = error or _child_error(pid, answer, f"rows {a}..{b}")
             if error is not None:
                 raise error
             t1 = time.perf_counter()
@@ -747,17 +879,7 @@ def load_samples_forked(
             progress.update((b - a) * row_bytes)
         finished = True
     finally:
-        for pid, pw, pr in children:
-            if not finished:  # a child may be stuck in source[i]: it will not read the pipe's end
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            pw.close()  # the child's loop ends
-            pr.close()
-        for pid, _, _ in children:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
+        _end_children(children, finished)
         filler.bufs = []
         try:
             staging.close()
