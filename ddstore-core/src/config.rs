@@ -206,6 +206,7 @@ pub const SETTINGS: &[(&str, Kind)] = &[
     ("DDSTORE_LOAD_THREADS", Kind::Int { min: 1, max: 1024 }),
     ("DDSTORE_LOAD_DEPTH", Kind::Int { min: 1, max: 1024 }),
     ("DDSTORE_LOAD_DIRECT", Kind::Flag),
+    ("DDSTORE_LOAD_TIMEOUT_S", Kind::Seconds),
     (
         "DDSTORE_CORE_GROUP",
         Kind::Int {
@@ -321,6 +322,7 @@ pub const DEFAULTS: &[(&str, &str)] = &[
     ("DDSTORE_CORE_GROUP", "0"),
     ("DDSTORE_MPI_THREAD_LEVEL", "multiple"),
     ("DDSTORE_REMOTE_GATHER", "auto"),
+    ("DDSTORE_LOAD_TIMEOUT_S", "600"),
 ];
 
 /// What a setting of `kind` is once checked, for typed access.

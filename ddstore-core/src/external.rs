@@ -124,6 +124,18 @@ impl Memory for ExternalShare {
         }
         self.memory.write_at(offset, src)
     }
+    fn pread_into(
+        &self,
+        offset: usize,
+        len: usize,
+        file: &std::fs::File,
+        file_offset: u64,
+    ) -> Result<usize> {
+        if self.iface.is_device() {
+            return Err(self.refuse("read a file into"));
+        }
+        self.memory.pread_into(offset, len, file, file_offset)
+    }
 }
 
 /// A single rank's external share, with no peer to reach: what a transport

@@ -13,6 +13,7 @@ pub mod dtype;
 pub mod error;
 pub mod external;
 pub mod file_comm;
+pub mod file_load;
 pub mod fork;
 pub mod layout;
 pub mod node_only;

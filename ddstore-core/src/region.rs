@@ -33,6 +33,22 @@ pub trait Memory: Send + Sync {
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()>;
     /// Copies `src` to `offset`; out of range is an error.
     fn write_at(&self, offset: usize, src: &[u8]) -> Result<()>;
+    /// One `pread` of up to `len` bytes of `file` at `file_offset` straight
+    /// into the share at `offset` (no intermediate buffer); the bytes read
+    /// (0 at the end of the file). Memory that cannot take it (read-only,
+    /// device memory) says so.
+    fn pread_into(
+        &self,
+        offset: usize,
+        len: usize,
+        file: &File,
+        file_offset: u64,
+    ) -> Result<usize> {
+        let _ = (offset, len, file, file_offset);
+        Err(Error::Unsupported(
+            "this share cannot be filled from a file directly".into(),
+        ))
+    }
 }
 
 /// Memory described by a pointer and a length, kept alive by `owner`
@@ -100,6 +116,39 @@ impl Memory for RawMemory {
         // SAFETY: range checked above, memory writable per the constructor contract.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(offset), src.len()) };
         Ok(())
+    }
+    fn pread_into(
+        &self,
+        offset: usize,
+        len: usize,
+        file: &File,
+        file_offset: u64,
+    ) -> Result<usize> {
+        if !self.writable {
+            return Err(Error::Unsupported("this share is read-only here".into()));
+        }
+        check_range("file read", offset, len, self.len)?;
+        let file_offset = libc::off_t::try_from(file_offset)
+            .map_err(|_| Error::invalid(format!("file offset {file_offset} is too large")))?;
+        loop {
+            // SAFETY: range checked above and the memory is writable per the
+            // constructor contract; the kernel writes at most `len` bytes there.
+            let got = unsafe {
+                libc::pread(
+                    file.as_raw_fd(),
+                    self.ptr.add(offset).cast(),
+                    len,
+                    file_offset,
+                )
+            };
+            if got >= 0 {
+                return Ok(got as usize);
+            }
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                return Err(Error::io("pread", err));
+            }
+        }
     }
 }
 
@@ -219,6 +268,15 @@ impl Memory for Region {
     }
     fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
         self.memory.write_at(offset, src)
+    }
+    fn pread_into(
+        &self,
+        offset: usize,
+        len: usize,
+        file: &File,
+        file_offset: u64,
+    ) -> Result<usize> {
+        self.memory.pread_into(offset, len, file, file_offset)
     }
 }
 

@@ -433,6 +433,18 @@ impl Store {
         local.write_at(first_row as usize * rb, data)
     }
 
+    /// This rank's writable share of `name` (loading from files fills it
+    /// without a copy through Python).
+    pub(crate) fn local_share(&self, name: &str) -> Result<Arc<dyn Memory>> {
+        let var = self.var(name)?;
+        match (&var.local, var.my_rank) {
+            (Some(l), Some(_)) => Ok(l.clone()),
+            _ => Err(Error::Unsupported(format!(
+                "variable '{name}' is attached read-only here"
+            ))),
+        }
+    }
+
     /// Reads global rows (any order, repeats) into `out`, row i at `i * row_bytes`.
     /// Every index is checked before a byte moves.
     pub fn read_rows(&self, name: &str, rows: &[i64], out: &mut [u8]) -> Result<()> {

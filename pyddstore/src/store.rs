@@ -6,10 +6,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use ddstore_core::external::HmemIface;
+use ddstore_core::file_load::{FileRange, SourceFile};
 use ddstore_core::layout::Layout;
 use ddstore_core::store::{OwnRows, VarInfo, Variable};
 use ddstore_core::{DType, Error, Store};
-use numpy::{PyReadonlyArray1, PyUntypedArrayMethods};
+use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
@@ -508,6 +509,80 @@ impl PyStore {
         let data = src.bytes();
         py.detach(|| store.write_local(&name, offset as u64, data))
             .py(py)
+    }
+
+    /// Reads byte ranges of files straight into this rank's share of `name`
+    /// with up to `threads` reads in flight (threads spawned for the call,
+    /// the GIL released). `ranges` is an int64 array of rows (file index,
+    /// file offset, bytes read, CRC32 of them or -1, bytes skipped, bytes
+    /// written, byte offset in the share). Files open read-only, O_NONBLOCK,
+    /// O_CLOEXEC, O_NOFOLLOW with `nofollow`, O_DIRECT with `direct` where
+    /// the file system allows it; only regular files, of exactly `sizes[i]`
+    /// bytes where given (-1: any). Returns (bytes written, whether every
+    /// file was read with O_DIRECT).
+    #[pyo3(signature = (name, paths, ranges, threads=32, direct=false, nofollow=false, sizes=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn load_file_ranges(
+        &self,
+        py: Python<'_>,
+        name: String,
+        paths: Vec<String>,
+        ranges: PyReadonlyArray2<'_, i64>,
+        threads: usize,
+        direct: bool,
+        nofollow: bool,
+        sizes: Option<Vec<i64>>,
+    ) -> PyResult<(u64, bool)> {
+        let what = format!("load_file_ranges('{name}')");
+        let table = ranges.as_array();
+        if table.ncols() != 7 {
+            return Err(value_error(
+                py,
+                format!("{what}: ranges must have 7 columns, got {}", table.ncols()),
+            ));
+        }
+        if sizes.as_ref().is_some_and(|s| s.len() != paths.len()) {
+            return Err(value_error(
+                py,
+                format!("{what}: sizes must give one size per path"),
+            ));
+        }
+        let mut parsed = Vec::with_capacity(table.nrows());
+        for (i, row) in table.rows().into_iter().enumerate() {
+            let bad =
+                |col: &str| value_error(py, format!("{what}: range {i}: {col} is out of range"));
+            let file = usize::try_from(row[0]).map_err(|_| bad("file index"))?;
+            let file_offset = u64::try_from(row[1]).map_err(|_| bad("file offset"))?;
+            let len = usize::try_from(row[2]).map_err(|_| bad("length"))?;
+            let crc32 = match row[3] {
+                -1 => None,
+                c => Some(u32::try_from(c).map_err(|_| bad("crc32"))?),
+            };
+            let skip = usize::try_from(row[4]).map_err(|_| bad("skip"))?;
+            let write_len = usize::try_from(row[5]).map_err(|_| bad("write length"))?;
+            let dst_offset = usize::try_from(row[6]).map_err(|_| bad("share offset"))?;
+            parsed.push(FileRange {
+                file,
+                file_offset,
+                len,
+                crc32,
+                skip,
+                write_len,
+                dst_offset,
+            });
+        }
+        let store = self.store.clone();
+        py.detach(move || {
+            let mut files = Vec::with_capacity(paths.len());
+            for (i, p) in paths.iter().enumerate() {
+                let size = sizes.as_ref().and_then(|s| u64::try_from(s[i]).ok());
+                files.push(SourceFile::open(p, nofollow, direct, size)?);
+            }
+            let all_direct = !files.is_empty() && files.iter().all(|f| f.is_direct());
+            let n = store.load_file_ranges(&name, &files, &parsed, threads)?;
+            Ok((n, all_direct))
+        })
+        .py(py)
     }
 
     /// Reads rows `start .. start + len(arr)` (one owner's share) into `arr`.

@@ -46,6 +46,7 @@ def write_files(d: str) -> None:
     with h5py.File(os.path.join(d, "data.h5"), "w") as h:
         h.create_dataset("contig", data=allrows)
         h.create_dataset("chunked", data=allrows, chunks=(16, 6, 16), compression="gzip")
+        h.create_dataset("rawchunks", data=allrows, chunks=(16, 6, 16))  # unfiltered: read raw
 
 
 class NpzSource(Dataset):
@@ -68,6 +69,15 @@ class BadSource(UnsafeNpzSource):
     def __getitem__(self, i):
         if i == 150:
             raise ValueError(f"sample {i} is unreadable")
+        return super().__getitem__(i)
+
+
+class StuckSource(UnsafeNpzSource):
+    def __getitem__(self, i):
+        if i == 150:
+            import time
+
+            time.sleep(3600)  # a worker stuck on a dead mount: the parent kills it at its deadline
         return super().__getitem__(i)
 
 
@@ -133,7 +143,7 @@ def part_sources(world, d: str) -> None:
     import h5py
     from pyddstore.torch import DistDataset, _load
 
-    from pyddstore import DDStoreError
+    from pyddstore import DDStoreError, DDStoreTimeoutError
 
     ds = DistDataset(NpzSource(d), "npz", world.comm)
     st = stats_of(ds, world)
@@ -161,6 +171,16 @@ def part_sources(world, d: str) -> None:
     ds.free()
     # A failing sample in a worker process reaches every rank, named.
     raises(DDStoreError, lambda: DistDataset(BadSource(d), "bad", world.comm), "sample 150")
+    # A worker stuck in source[150] times out (DDSTORE_LOAD_TIMEOUT_S) on every rank, named.
+    e = raises(
+        DDStoreTimeoutError,
+        lambda: _with_env(
+            "DDSTORE_LOAD_TIMEOUT_S", "2", lambda: DistDataset(StuckSource(d), "stuck", world.comm)
+        ),
+        "sample 150",
+    )
+    if world.rank == 0:
+        print(f"stuck worker: {e}", flush=True)
 
     allrows = np.stack([row(i) for i in range(N)])
     ds = DistDataset(allrows, "mem", world.comm)
@@ -170,18 +190,18 @@ def part_sources(world, d: str) -> None:
 
     mm = np.load(os.path.join(d, "all.npy"), mmap_mode="r")
     ds = DistDataset(mm, "mm", world.comm)
-    assert stats_of(ds, world)["path"] == "files", stats_of(ds, world)
+    assert stats_of(ds, world)["path"] == "files (native)", stats_of(ds, world)
     check_all(ds, row, "memmap")
     ds.free()
     ds = DistDataset(mm[3:], "mm3", world.comm)  # a slice keeps its parent's offset attribute
-    assert stats_of(ds, world)["path"] == "files"
+    assert stats_of(ds, world)["path"] == "files (native)"
     check_all(ds, lambda i: row(i + 3), "memmap slice")
     ds.free()
     del mm
 
     parts = [os.path.join(d, f"part{k}.npy") for k in range(3)]
     ds = DistDataset(parts, "npy", world.comm)
-    assert stats_of(ds, world)["path"] == "files"
+    assert stats_of(ds, world)["path"] == "files (native)"
     check_all(ds, row, "npy list")
     ds.free()
 
@@ -209,11 +229,23 @@ def part_sources(world, d: str) -> None:
 
     with h5py.File(os.path.join(d, "data.h5"), "r") as h:
         ds = DistDataset(h["contig"], "h5c", world.comm)
-        assert stats_of(ds, world)["path"] == "files"
+        assert stats_of(ds, world)["path"] == "files (native)"
         check_all(ds, row, "h5py contiguous")
         ds.free()
-        ds = DistDataset(h["chunked"], "h5z", world.comm)
-        assert stats_of(ds, world)["path"] == "arrays"
+        ds = DistDataset(h["rawchunks"], "h5r", world.comm)  # unfiltered chunks: raw reads
+        assert stats_of(ds, world)["path"] == "files (native)", stats_of(ds, world)
+        check_all(ds, row, "h5py chunked, no filters")
+        ds.free()
+        # Compressed: forked workers with their own handles decompress in parallel (several
+        # rounds through a small staging area), or threads where one CPU is all there is.
+        saved = _load.MIN_WINDOW_BYTES
+        _load.MIN_WINDOW_BYTES = 40 * row(0).nbytes
+        try:
+            ds = DistDataset(h["chunked"], "h5z", world.comm, chunk_size=16)
+        finally:
+            _load.MIN_WINDOW_BYTES = saved
+        want = "arrays (processes)" if len(os.sched_getaffinity(0)) > 1 else "arrays"
+        assert stats_of(ds, world)["path"] == want, stats_of(ds, world)
         check_all(ds, row, "h5py chunked gzip")
         ds.free()
 
@@ -236,6 +268,33 @@ def part_sources(world, d: str) -> None:
         ds.free()
         if world.rank == 0:
             print("zarr checked", flush=True)
+
+    # Files that changed after the source was described: every rank names the file.
+    from pyddstore._sources import FileRows, Segment
+
+    from pyddstore import DDStoreFileError
+
+    short = os.path.join(d, "short.bin")
+    if world.rank == 0:
+        allrows[:100].tofile(short)  # 100 rows where the source says N
+        os.symlink(os.path.join(d, "all.npy"), os.path.join(d, "link.npy"))
+    world.barrier()
+    raises(
+        DDStoreFileError,
+        lambda: DistDataset(FileRows([Segment(short, 0, N)], np.float32, SHAPE), "short", world.comm),
+        "short.bin is truncated",
+    )
+    raises(
+        DDStoreFileError,
+        lambda: DistDataset(
+            FileRows([Segment(os.path.join(d, "gone.bin"), 0, N)], np.float32, SHAPE), "gone", world.comm
+        ),
+        "gone.bin cannot be opened",
+    )
+    # A symbolic link to a file source is followed (datasets are often linked into place).
+    ds = DistDataset(np.load(os.path.join(d, "link.npy"), mmap_mode="r"), "link", world.comm)
+    check_all(ds, row, "memmap through a symbolic link")
+    ds.free()
 
     # Bad input: a list of .npy files that do not match.
     from pyddstore import DDStoreValueError
@@ -298,7 +357,7 @@ def part_save(world, d: str) -> None:
     rg.save(os.path.join(d, "snap-ragged"))
     rg.free()
     back = DistDataset.restore(os.path.join(d, "snap-fixed"), comm=world.comm)
-    assert back.name == "fx" and stats_of(back, world)["path"] == "snapshot"
+    assert back.name == "fx" and stats_of(back, world)["path"] == "snapshot (native)"
     check_all(back, npz_want, "restored fixed, same ranks")
     back.free()
     back = DistDataset.restore(os.path.join(d, "snap-ragged"), "rg2", world.comm)

@@ -120,6 +120,16 @@ class Store:
     def link_ragged(self, name: str) -> None: ...
     def update(self, name: str, arr: np.ndarray, offset: int = 0) -> None: ...
     def get(self, name: str, arr: np.ndarray, start: int = 0) -> None: ...
+    def load_file_ranges(
+        self,
+        name: str,
+        paths: Sequence[str],
+        ranges: np.ndarray,
+        threads: int = 32,
+        direct: bool = False,
+        nofollow: bool = False,
+        sizes: Optional[Sequence[int]] = None,
+    ) -> tuple[int, bool]: ...
     def get_batch(
         self,
         name: str,

@@ -1,7 +1,8 @@
 """Sources whose rows lie in files as raw bytes, read with large positional reads many at a time
-instead of one Python call per sample: a list of ``.npy`` files, an ``np.memmap``, an uncompressed
-contiguous ``h5py`` dataset. Also the reading machinery (aligned buffers for ``O_DIRECT``) that
-snapshots use."""
+instead of one Python call per sample: a list of ``.npy`` files, an ``np.memmap``, an ``h5py``
+dataset stored contiguously or in unfiltered chunks of whole rows (DistDataset reads them in Rust,
+straight into the share: PyDDStore._native.load_file_ranges). Also the reading machinery (aligned
+buffers for ``O_DIRECT``) that the Python fallbacks use."""
 
 from __future__ import annotations
 
@@ -171,18 +172,66 @@ def _memmap_rows(arr: np.memmap) -> FileRows | None:
 
 def _h5py_rows(ds: Any) -> FileRows | None:
     try:
-        if ds.chunks is not None or ds.compression is not None or ds.ndim < 1:
+        if ds.compression is not None or ds.ndim < 1:
             return None
         if ds.file.driver != "sec2" or not ds.dtype.isnative or ds.dtype.hasobject:
             return None
         if ds.file.mode != "r":  # writes may still sit in HDF5's buffers, not in the file
             return None
+        if ds.chunks is not None:
+            return _h5py_chunk_rows(ds)
         offset = ds.id.get_offset()
         if offset is None:  # not allocated yet
             return None
         return FileRows([Segment(ds.file.filename, int(offset), ds.shape[0])], ds.dtype, ds.shape[1:])
-    except (AttributeError, TypeError, ValueError):
+    except (AttributeError, TypeError, ValueError, KeyError, RuntimeError):
         return None
+
+
+def _h5py_chunk_rows(ds: Any) -> FileRows | None:
+    """A chunked dataset without filters whose chunks span whole rows (chunks[1:] == shape[1:]):
+    each chunk is rows stored raw, so its rows are one segment at the chunk's byte offset.
+    None when a chunk is filtered or not allocated (its rows are fill values, not in the file)."""
+    if ds.id.get_create_plist().get_nfilters() or tuple(ds.chunks[1:]) != tuple(ds.shape[1:]):
+        return None
+    n, per = ds.shape[0], ds.chunks[0]
+    row_bytes = int(np.prod(ds.shape[1:], dtype=np.int64)) * ds.dtype.itemsize
+    found: dict[int, int] = {}
+
+    def visit(info: Any) -> None:
+        if info.filter_mask == 0 and info.byte_offset is not None and info.size == per * row_bytes:
+            found[info.chunk_offset[0] // per] = int(info.byte_offset)
+
+    if hasattr(ds.id, "chunk_iter"):
+        ds.id.chunk_iter(visit)
+    else:
+        for k in range(ds.id.get_num_chunks()):
+            visit(ds.id.get_chunk_info(k))
+    chunks = -(-n // per)
+    if sorted(found) != list(range(chunks)):
+        return None
+    segments = [Segment(ds.file.filename, found[c], min(per, n - c * per)) for c in range(chunks)]
+    return FileRows(segments, ds.dtype, ds.shape[1:])
+
+
+def h5py_reopener(ds: Any) -> Any:
+    """For an h5py dataset of a file opened read-only: a function that opens the same dataset
+    again (a forked load worker's own handle), else None."""
+    if not type(ds).__module__.startswith("h5py"):
+        return None
+    try:
+        if ds.file.mode != "r":
+            return None
+        filename, name = ds.file.filename, ds.name
+    except (AttributeError, ValueError):
+        return None
+
+    def reopen() -> Any:
+        import h5py
+
+        return h5py.File(filename, "r")[name]
+
+    return reopen
 
 
 # -- reading ---------------------------------------------------------------------------------

@@ -353,6 +353,22 @@ class PyDDStore:
         """
         self._native.update(name, _as_array(arr, f"update('{name}', arr)"), offset)
 
+    def load_file_ranges(self, name: str, paths, ranges, **options):
+        """Reads byte ranges of files straight into this rank's share of `name` (local, not
+        collective), many reads in flight with the GIL released. `ranges` is an int64 array
+        of rows (path index, file offset, length, share offset, ...) as the loaders build it;
+        `threads=`, `direct=` (O_DIRECT), `nofollow=` and `sizes=` (expected file sizes) are
+        passed through. Files are opened without blocking on FIFOs and must be regular.
+        Returns `(bytes read, whether O_DIRECT was used)`.
+
+        Example:
+            ```python
+            ranges = np.array([[0, 128, nbytes, 0, 0]], dtype=np.int64)  # see _load.py
+            store.load_file_ranges("x", ["/data/x.npy"], ranges)
+            ```
+        """
+        return self._native.load_file_ranges(name, paths, ranges, **options)
+
     def info(self, name: str):
         """`(total_rows, disp, itemsize)` of `name`: rows over all ranks, elements per row,
         bytes per element.

@@ -7,9 +7,11 @@ where the machine allows dropping it, and the peak memory of each load as a mult
 
 Cases: a map-style dataset whose __getitem__ calls np.load on one .npz file per sample (the
 default load: DDSTORE_LOAD_DEPTH reads in flight), an np.memmap of one .npy file, a contiguous
-h5py dataset, a chunked+gzip h5py dataset (not in the ratios: decompression is CPU-bound), and a
-snapshot of the npz dataset restored with DistDataset.restore. The limit: every rank reads the
-bytes of its share of the .npz files with 1 and with --limit-threads threads (whole files, pread).
+h5py dataset, a chunked+gzip h5py dataset (not in the ratios: decompression is CPU-bound), a
+ragged map-style dataset generated in memory (for its peak memory against its ragged share; not
+in the ratios) and a snapshot of the npz dataset restored with DistDataset.restore. The limit:
+every rank reads the bytes of its share of the .npz files with 1 and with --limit-threads threads
+(whole files, pread).
 The page cache is dropped before every case (`sync; echo 3 > /proc/sys/vm/drop_caches`, root);
 where that is refused the figures are warm-cache ones and the output says so.
 """
@@ -28,6 +30,23 @@ import numpy as np
 from torch.utils.data import Dataset
 
 MIB = 1 << 20
+
+
+class RaggedRows(Dataset):
+    """Sample i: a float32 array of 1 + (i * 7919) % max_len rows of 8 values (a point cloud or
+    graph-like field) and a label: what a ragged load holds twice without care."""
+
+    def __init__(self, n: int, max_len: int):
+        self.n, self.max_len = n, max_len
+
+    def __len__(self) -> int:
+        return self.n
+
+    def length(self, i: int) -> int:
+        return 1 + (i * 7919) % self.max_len
+
+    def __getitem__(self, i):
+        return {"pos": np.full((self.length(i), 8), i, np.float32), "y": np.int64(i)}
 
 
 class NpzFiles(Dataset):
@@ -193,9 +212,23 @@ def measure_load(args, comm) -> dict:
         rows: list[dict] = []
         cache = None
 
-        def timed(label: str, fn, check=None, ratio=True) -> None:
+        def paired_limit() -> float:
+            """The many-thread read of this rank's npz bytes, cold, just before a case: MB/s in
+            total (the machine is shared: its speed drifts between cases)."""
+            comm.Barrier()
+            if comm.rank == 0:
+                drop_caches()
+            comm.Barrier()
+            t0 = time.perf_counter()
+            got = read_limit(my_files, args.limit_threads)[0]
+            comm.Barrier()
+            wall = time.perf_counter() - t0
+            return sum(comm.allgather(got)) / wall / 1e6
+
+        def timed(label: str, fn, check=None, ratio=True, share_bytes=None) -> None:
             nonlocal cache
             gc.collect()
+            pair = paired_limit() if ratio else None
             comm.Barrier()
             if comm.rank == 0:
                 cache = drop_caches()
@@ -220,9 +253,11 @@ def measure_load(args, comm) -> dict:
                         "case": label,
                         "total_mb_s": total / wall / 1e6,
                         "per_rank_mb_s": [e["nbytes"] / e["secs"] / 1e6 for e in everyone],
-                        "peak_x_share": max(e["peak"] for e in everyone) / max(1, share),
+                        "peak_x_share": max(e["peak"] for e in everyone) / max(1, share_bytes or share),
                         "secs": wall,
                         "ratio": ratio,
+                        "paired_limit_mb_s": pair,
+                        "x_paired": (total / wall / 1e6 / pair) if pair else None,
                         "cache": cache,
                     }
                 )
@@ -244,6 +279,8 @@ def measure_load(args, comm) -> dict:
                 b.update({k: v for k, v in r.items() if k != "peak_x_share"})
             b["peak_x_share"] = max(b["peak_x_share"], r["peak_x_share"])
             b["rounds"] = b.get("rounds", 0) + 1
+            if r["x_paired"] is not None:
+                b.setdefault("x_paired_rounds", []).append(r["x_paired"])
         return {"rows": list(best.values()), "share_mib": share / MIB, "files": n, "file_kib": args.load_kib}
     finally:
         comm.Barrier()
@@ -285,6 +322,22 @@ def _round(args, comm, d, n, my_files, timed, check_rows, DistDataset, h5py) -> 
     with h5py.File(os.path.join(d, "data.h5"), "r") as h:
         timed("DistDataset, h5py contiguous", lambda: load(h["contig"], "h5"), check_rows)
         timed("DistDataset, h5py chunked gzip", lambda: load(h["gzip"], "h5z"), check_rows, ratio=False)
+    # Ragged: ~the npz share in rows of 1..max_len units (peak against the ragged share).
+    rag = RaggedRows(n, 2 * max(1, os.path.getsize(my_files[0]) // 32) if my_files else 1)
+
+    def check_ragged(ds) -> None:
+        for i in (0, n // 2, n - 1):
+            got = np.asarray(ds[i]["pos"])
+            if got.shape != (rag.length(i), 8) or not (got == i).all():
+                raise SystemExit(f"bench load: wrong ragged data for sample {i}")
+
+    timed(
+        "DistDataset, ragged map-style",
+        lambda: load(rag, "rag", ragged={"pos": 0}),
+        check_ragged,
+        ratio=False,
+        share_bytes=sum(rag.length(i) * 32 + 8 for i in range(*_share(n, comm))),
+    )
     snap = os.path.join(d, f"snap-{os.getpid() if comm.rank == 0 else 0}-{time.time_ns()}")
     snap = comm.bcast(snap, root=0)
     ds = DistDataset(NpzFiles(d, n), "tosave", comm)
@@ -294,6 +347,14 @@ def _round(args, comm, d, n, my_files, timed, check_rows, DistDataset, h5py) -> 
     comm.Barrier()
     if comm.rank == 0:
         shutil.rmtree(snap, ignore_errors=True)
+
+
+def _share(n: int, comm) -> tuple[int, int]:
+    """(first, end) of this rank's rows."""
+    from pyddstore.torch._schema import share_of
+
+    start, count = share_of(n, comm.size, comm.rank)
+    return start, start + count
 
 
 def _restore(cls, path, comm):
@@ -308,15 +369,21 @@ def print_load(res: dict, size: int) -> None:
         f"# load: {res['files']} files of {res['file_kib']} KiB, {size} ranks, "
         f"{res['share_mib']:.0f} MiB share per rank; page cache: {rows[0]['cache']}"
     )
-    print(f"{'case':<40} {'MB/s total':>10} {'MB/s per rank':>20} {'x limit':>7} {'peak/share':>10}")
+    print(
+        f"{'case':<40} {'MB/s total':>10} {'MB/s per rank':>20} {'x limit':>7} {'x paired':>14} "
+        f"{'peak/share':>10}"
+    )
     for r in rows:
         per = "/".join(f"{v:.0f}" for v in r["per_rank_mb_s"])
         x = f"{r['total_mb_s'] / limit:.2f}" if limit else "-"
+        paired = "/".join(f"{v:.2f}" for v in r.get("x_paired_rounds", [])) or "-"
         peak = "-" if not r["case"].startswith("DistDataset") else f"{r['peak_x_share']:.2f}"
-        print(f"{r['case']:<40} {r['total_mb_s']:>10.0f} {per:>20} {x:>7} {peak:>10}")
+        print(f"{r['case']:<40} {r['total_mb_s']:>10.0f} {per:>20} {x:>7} {paired:>14} {peak:>10}")
     print(f"# best of {rows[0].get('rounds', 1)} rounds (the cases alternate); peak: the worst round")
     print(
-        "# x limit: MB/s / the many-thread read of the same npz bytes (into a reused buffer), same run; "
+        "# x paired: per round, MB/s / the many-thread read measured cold just before that case (the "
+        "machine is shared, its speed drifts between cases); "
+        "x limit: MB/s / the best many-thread read of the same npz bytes (into a reused buffer), same run; "
         "fill: page faults + writes of a new share-sized array, what any load pays on top of the reads; "
         "peak/share: peak RssAnon+RssShmem above the RSS before the load (the share included), per rank, "
         "worst rank"

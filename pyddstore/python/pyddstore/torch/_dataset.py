@@ -22,6 +22,7 @@ from pyddstore import (
     DDStoreFreedError,
     DDStoreIndexError,
     DDStoreKeyError,
+    DDStoreTimeoutError,
     DDStoreTypeError,
     DDStoreUnsupportedError,
     DDStoreValueError,
@@ -30,7 +31,7 @@ from pyddstore import (
 from pyddstore._env import settings as _env_settings
 from pyddstore._handshake import load_json_object, wait_and_read, write_private
 from pyddstore._log import get_logger
-from pyddstore._sources import file_rows_of, is_npy_list, npy_files
+from pyddstore._sources import file_rows_of, h5py_reopener, is_npy_list, npy_files
 from pyddstore._store import _dtype_name
 
 from . import _load, _snapshot
@@ -495,6 +496,8 @@ def _error_payload(e: BaseException, rank: int) -> tuple[str, str]:
         return "snapshot", f"rank {rank}: {e}"
     if isinstance(e, DDStoreFileError):
         return "file", f"rank {rank}: {e}"
+    if isinstance(e, DDStoreTimeoutError):
+        return "timeout", f"rank {rank}: {e}"
     if isinstance(e, SchemaTypeError):
         return "type", str(e)
     if isinstance(e, SchemaError):
@@ -512,6 +515,8 @@ def _rebuild_error(payload: tuple[str, str]) -> Exception:
         return _snapshot.SnapshotError(msg)
     if kind == "file":
         return DDStoreFileError(msg)
+    if kind == "timeout":
+        return DDStoreTimeoutError(f"loading timed out on another rank: {msg}")
     return DDStoreError(f"loading failed on another rank: {msg}")
 
 
@@ -654,16 +659,19 @@ class DistDataset(_StoredDataset):
     is ragged along the axis Data batches it on, and samples come back as their own class (a
     Data subclass too, taken from each rank's own samples). Each ragged field
     is one ragged store variable (values plus per-row offsets kept by their owner); a batch is
-    one ragged read per field. A rank holds its ragged fields' share in memory once more while
-    loading. Not with add_device=.
+    one ragged read per field. While loading, ragged rows are gathered in blocks that are given
+    back as they are written into the variable (no second copy of the share). Not with
+    add_device=.
 
     Loading keeps DDSTORE_LOAD_DEPTH (default 32) reads in flight and writes rows straight into
     the share: threads calling source[i] (load_workers="threads", the default), or forked
     processes filling a shared staging area (load_workers="processes", the default for a source
-    with ``thread_safe = False``; use it when decoding holds the GIL). Sources whose rows lie in
-    files are read with large positional reads instead of per-sample calls: a list of .npy file
-    paths, an np.memmap, an h5py dataset stored contiguously; chunked h5py datasets and zarr
-    arrays are read in chunk-aligned slices. DDSTORE_LOAD_DIRECT=1 reads files with O_DIRECT.
+    with ``thread_safe = False``; a worker that finishes no sample for DDSTORE_LOAD_TIMEOUT_S is
+    killed and named). Sources whose rows lie in files are read in Rust straight into the share
+    (many preads in flight, the GIL released) instead of per-sample calls: a list of .npy file
+    paths, an np.memmap, an h5py dataset stored contiguously or in unfiltered chunks of whole
+    rows; compressed h5py datasets and zarr arrays are read in chunk-aligned slices.
+    DDSTORE_LOAD_DIRECT=1 reads files with O_DIRECT.
     chunk_size= sets the rows per read of array and file sources. ``ds.load_stats`` holds each
     rank's load figures; ``ds.save(path)`` / ``DistDataset.restore(path)`` snapshot the shares.
 
@@ -850,7 +858,7 @@ class DistDataset(_StoredDataset):
                     schema,
                     start,
                     count,
-                    functools.partial(self._put, store),
+                    lambda f: functools.partial(store.load_file_ranges, f.var),
                     depth,
                     direct,
                     stats,
@@ -996,7 +1004,7 @@ class DistDataset(_StoredDataset):
         if err is None and self._share_device is not None:
             _sync_device(self._share_device[0])
         stats.finish()
-        max_lens = [int(lengths.max()) if len(lengths) else 0 for _, lengths in ragged.values()]
+        max_lens = [int(p.lengths.max()) if len(p.lengths) else 0 for p in ragged.values()]
         mine = {"error": payload, "max_lens": max_lens, "stats": stats.to_json()}
         st = mine["stats"]
         _LOG.debug(
@@ -1008,10 +1016,13 @@ class DistDataset(_StoredDataset):
         if failed:
             raise err if err is not None else _rebuild_error(tuple(failed[0]))
         # Collective, in schema order on every rank: each ragged field from this rank's share.
+        # Each is created from its lengths and filled in place (no second copy of the values).
         for j, f in enumerate(schema.ragged_fields):
-            values, lengths = ragged.pop(f.key)
-            store.add(f.var, values, lengths=lengths)
-            del values
+            part = ragged.pop(f.key)
+            _load.add_ragged_in_place(
+                store, f.var, f, part.lengths, lambda var, part=part: part.write(store, var), _agree
+            )
+            del part
             f.max_len = max(r["max_lens"][j] for r in results)
         self.load_stats = [r["stats"] for r in results]
         if rank == 0 and not quiet:
@@ -1037,6 +1048,7 @@ class DistDataset(_StoredDataset):
                 stats,
                 progress,
                 chunk_size,
+                functools.partial(store.load_file_ranges, f0.var),
             )
         else:
             arrays = _bulk_arrays(source) if plain else None
@@ -1056,6 +1068,8 @@ class DistDataset(_StoredDataset):
                         progress,
                         _bulk_slice_of(f),
                         chunk_size,
+                        h5py_reopener(arrays[f.key]),
+                        min(depth, _cpus()),
                     )
             else:
                 mode = self._load_workers

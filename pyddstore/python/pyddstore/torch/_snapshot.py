@@ -13,11 +13,11 @@ CRC32 before a byte of it reaches the store. Files are written exclusively (O_EX
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import re
-import time
 import zlib
 from typing import Any, Callable
 
@@ -417,20 +417,6 @@ class _Files:
         self.fds = {}
 
 
-def _span_tasks(span: dict, lo: int, hi: int, read_bytes: int) -> list[tuple[int, int]]:
-    """Items [lo, hi) of a span as reads of whole checksum blocks of about read_bytes each:
-    (first block, end block)."""
-    bi = span["block_items"]
-    b0, b1 = lo // bi, -(-hi // bi)
-    per = max(1, read_bytes // max(1, bi * span["item_bytes"]))
-    return [(b, min(b1, b + per)) for b in range(b0, b1, per)]
-
-
-def _task_bytes(task: tuple) -> int:
-    _, _, span, b0, b1, *_ = task
-    return (b1 - b0) * span["block_items"] * span["item_bytes"] + 2 * ALIGN
-
-
 def _read_blocks(reader: AlignedReader, files: _Files, entry: dict, span: dict, b0: int, b1: int, what: str):
     """Blocks [b0, b1) of a span, checked: (first item, uint8 view of their bytes)."""
     fd, direct, path = files.get(entry)
@@ -462,115 +448,113 @@ def restore_share(
     schema: Schema,
     start: int,
     count: int,
-    put: Callable[[Field, np.ndarray, int], None],
+    native_for: Callable[[Field], Callable[..., tuple[int, bool]]],
     depth: int,
     direct: bool,
     stats: _load.LoadStats,
     progress: _load.Progress,
 ) -> dict:
-    """Rows [start, start + count) of every field from the snapshot: fixed fields into the
-    share with `depth` reads in flight; ragged fields gathered into one array per field
-    (returned as {key: (values, lengths)})."""
-    files = _Files(directory, direct)
-    # Reads in flight stay within ~10% of the share (at least 16 MiB): depth x read_bytes.
-    share_bytes = count * sum(f.row_bytes for f in schema.fixed_fields)
-    window = max(_load.MIN_WINDOW_BYTES, share_bytes // 10)
-    read_bytes = min(READ_BYTES, max(1, window // max(1, depth)))
-    try:
-        tasks = []  # (field index, entry, span, b0, b1, lo, hi)
-        ragged_out = {}
-        for k, f in enumerate(schema.fields):
+    """Rows [start, start + count) of every field from the snapshot, read in Rust straight
+    into the share (`native_for(field)` is the variable's load_file_ranges), one read per
+    checksum block, `depth` in flight, every block verified before the load succeeds. Fixed
+    fields are read now; ragged fields' lengths are read (and checked) now and their values
+    once their variable exists: returns {key: _RaggedRestore}."""
+    stats.path = "snapshot (native)"
+    for f in schema.fixed_fields:
+        k = schema.fields.index(f)
+        paths, sizes, tables = [], [], []
+        for entry, lo, hi in _overlaps(manifest, start, count):
+            e0 = entry["start"]
+            tables.append(_block_table(entry["fields"][k]["rows"], len(paths), lo - e0, hi - e0, lo - start))
+            paths.append(os.path.join(directory, entry["file"]))
+            sizes.append(entry["size"])
+        if tables:
+            _native_read(native_for(f), paths, sizes, np.concatenate(tables), depth, direct, stats, progress)
+    return {
+        f.key: _RaggedRestore(
+            manifest, directory, f, schema.fields.index(f), start, count, depth, direct, stats, progress
+        )
+        for f in schema.ragged_fields
+    }
+
+
+def _block_table(span: dict, fidx: int, lo: int, hi: int, dst_first: int) -> np.ndarray:
+    """Native ranges (see _load.R_*) reading items [lo, hi) of a span one checksum block at a
+    time, each block read and checked whole; item lo lands at item dst_first of the share."""
+    bi, ib = span["block_items"], span["item_bytes"]
+    b0, b1 = lo // bi, -(-hi // bi)
+    first = np.arange(b0, b1, dtype=np.int64) * bi
+    last = np.minimum(span["items"], first + bi)
+    a = np.maximum(first, lo)
+    z = np.minimum(last, hi)
+    t = np.empty((len(first), 7), np.int64)
+    t[:, _load.R_FILE] = fidx
+    t[:, _load.R_OFF] = span["offset"] + first * ib
+    t[:, _load.R_LEN] = (last - first) * ib
+    t[:, _load.R_CRC] = np.asarray(span["crc"][b0:b1], np.int64)
+    t[:, _load.R_SKIP] = (a - first) * ib
+    t[:, _load.R_WLEN] = (z - a) * ib
+    t[:, _load.R_DST] = (a - lo + dst_first) * ib
+    return t
+
+
+def _native_read(fill, paths, sizes, table, depth, direct, stats, progress) -> None:
+    stats.workers = max(stats.workers, min(depth, max(1, len(table))))
+    _load.load_ranges_native(
+        fill, paths, table, depth, direct, stats, progress, error=SnapshotError, nofollow=True, sizes=sizes
+    )
+
+
+class _RaggedRestore:
+    """A ragged field of a snapshot: the lengths of this rank's rows read (and checked) up
+    front; `write` reads the values straight into the ragged variable once it exists (every
+    block checked in Rust), so the values are never held twice."""
+
+    def __init__(self, manifest, directory, f, k, start, count, depth, direct, stats, progress):
+        self.depth, self.direct, self.stats, self.progress = depth, direct, stats, progress
+        self.lengths = np.zeros(count, np.int64)
+        self.paths, self.sizes, tables = [], [], []
+        files = _Files(directory, False)
+        reader = AlignedReader()
+        dst_first = 0
+        try:
             for entry, lo, hi in _overlaps(manifest, start, count):
                 fe = entry["fields"][k]
-                if not f.is_ragged:
-                    for b0, b1 in _span_tasks(
-                        fe["rows"], lo - entry["start"], hi - entry["start"], read_bytes
-                    ):
-                        tasks.append((k, entry, fe["rows"], b0, b1, lo, hi, 0))
-            if f.is_ragged:
-                ragged_out[f.key] = _plan_ragged(files, manifest, f, k, start, count, tasks, read_bytes)
-        if direct:
-            notes = {
-                "O_DIRECT" if d else "O_DIRECT not supported by this file system: buffered reads"
-                for _, d in files.fds.values()
-            }
-            stats.notes.extend(sorted(notes))
-
-        def handle(task, reader) -> tuple[float, float, int]:
-            k, entry, span, b0, b1, lo, hi, dst_first = task
-            f = schema.fields[k]
-            t0 = time.perf_counter()
-            first, data = _read_blocks(reader, files, entry, span, b0, b1, f"field {f.key!r}")
-            t1 = time.perf_counter()
-            ib = span["item_bytes"]
-            n_items = len(data) // ib
-            if f.is_ragged:  # values: items are units, lo/hi unit bounds in this file
-                a, z = max(first, lo), min(first + n_items, hi)
-                dst = ragged_out[f.key][0].reshape(-1).view(np.uint8)
-                o = (dst_first + a - lo) * ib
-                dst[o : o + (z - a) * ib] = np.frombuffer(data[(a - first) * ib : (z - first) * ib], np.uint8)
-            else:
+                span = fe["lengths"]
+                _, data = _read_blocks(
+                    reader, files, entry, span, 0, len(span["crc"]), f"field {f.key!r} lengths"
+                )
+                lens = np.frombuffer(data, np.int64).copy()
+                del data
+                path = os.path.join(directory, entry["file"])
+                if (lens < 0).any() or int(lens.sum()) != fe["values"]["items"]:
+                    raise SnapshotError(
+                        f"{path}: field {f.key!r}: lengths do not add up to the "
+                        f"{fe['values']['items']} values recorded"
+                    )
+                if f.max_len and len(lens) and int(lens.max()) > f.max_len:
+                    raise SnapshotError(f"{path}: field {f.key!r}: a row is longer than max_len {f.max_len}")
+                ends = np.concatenate([[0], np.cumsum(lens)])
                 e0 = entry["start"]
-                a, z = max(first + e0, lo), min(first + e0 + n_items, hi)
-                rows = np.frombuffer(data[(a - e0 - first) * ib : (z - e0 - first) * ib], dtype=f.store_dtype)
-                put(f, rows.reshape(z - a, *f.store_shape), a - start)
-                del rows
-            return t1 - t0, time.perf_counter() - t1, (z - a) * ib
+                u0, u1 = int(ends[lo - e0]), int(ends[hi - e0])
+                self.lengths[lo - start : hi - start] = lens[lo - e0 : hi - e0]
+                if u1 > u0:
+                    tables.append(_block_table(fe["values"], len(self.paths), u0, u1, dst_first))
+                    self.paths.append(path)
+                    self.sizes.append(entry["size"])
+                dst_first += u1 - u0
+        finally:
+            reader.close()
+            files.close()
+        self.table = np.concatenate(tables) if tables else np.empty((0, 7), np.int64)
 
-        biggest = max((_task_bytes(t) for t in tasks), default=1)
-        threads = min(depth, max(1, len(tasks)), max(1, window // max(1, biggest)))
-        stats.window_bytes = threads * biggest
-        stats.window_capped = threads < depth and len(tasks) > threads
-        _load.run_tasks(tasks, threads, handle, stats, progress, file_reads=True)
-        return {
-            key: (vals.reshape(-1, schema.by_key[key].unit_count), lens)
-            for key, (vals, lens) in ragged_out.items()
-        }
-    finally:
-        files.close()
-
-
-def _plan_ragged(
-    files: _Files, manifest: dict, f: Field, k: int, start: int, count: int, tasks: list, read_bytes: int
-):
-    """A ragged field: reads each overlapping file's lengths (checked), allocates this rank's
-    values once, and adds reads of the value blocks to tasks; returns (values, lengths)."""
-    reader = AlignedReader()
-    try:
-        lengths = np.zeros(count, np.int64)
-        plans = []
-        total = 0
-        for entry, lo, hi in _overlaps(manifest, start, count):
-            fe = entry["fields"][k]
-            span = fe["lengths"]
-            _, data = _read_blocks(
-                reader, files, entry, span, 0, len(span["crc"]), f"field {f.key!r} lengths"
+    def write(self, store: Any, values_var: str) -> None:
+        """Reads the values into `values_var` (this rank's share of the ragged variable)."""
+        if len(self.table):
+            fill = functools.partial(store.load_file_ranges, values_var)
+            _native_read(
+                fill, self.paths, self.sizes, self.table, self.depth, self.direct, self.stats, self.progress
             )
-            lens = np.frombuffer(data, np.int64).copy()
-            del data
-            if (lens < 0).any() or int(lens.sum()) != fe["values"]["items"]:
-                raise SnapshotError(
-                    f"{os.path.join(files.directory, entry['file'])}: field {f.key!r}: lengths do not add up "
-                    f"to the {fe['values']['items']} values recorded"
-                )
-            if f.max_len and len(lens) and int(lens.max()) > f.max_len:
-                raise SnapshotError(
-                    f"{entry['file']}: field {f.key!r}: a row is longer than max_len {f.max_len}"
-                )
-            ends = np.concatenate([[0], np.cumsum(lens)])
-            e0 = entry["start"]
-            u0, u1 = int(ends[lo - e0]), int(ends[hi - e0])
-            lengths[lo - start : hi - start] = lens[lo - e0 : hi - e0]
-            plans.append((entry, fe["values"], u0, u1, total))
-            total += u1 - u0
-        values = np.empty(total * f.unit_count, f.dtype)
-        for entry, span, u0, u1, dst_first in plans:
-            if u1 > u0:
-                for b0, b1 in _span_tasks(span, u0, u1, read_bytes):
-                    tasks.append((k, entry, span, b0, b1, u0, u1, dst_first))
-        return values, lengths
-    finally:
-        reader.close()
 
 
 def check_restorable(manifest: dict, path: str, name: str | None) -> str:

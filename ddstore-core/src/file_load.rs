@@ -1,0 +1,348 @@
+//! Loading byte ranges of files straight into this rank's share: many
+//! `pread`s in flight, each landing in the registered region without an
+//! intermediate buffer; `O_DIRECT` through an aligned bounce buffer per
+//! thread; a CRC32 per range checked before the load succeeds (snapshots).
+//!
+//! The threads are spawned for the call and joined before it returns: no
+//! pool outlives it, so a process forked afterwards (a DataLoader worker)
+//! never inherits a pool whose threads it does not have (the same rule as
+//! `store::copy_in_threads`).
+//!
+//! No `unsafe` here: the one raw write (`pread` into the share) is
+//! [`Memory::pread_into`] in the region module.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use crate::region::Memory;
+use crate::store::Store;
+use crate::{Error, Result};
+
+/// What `O_DIRECT` needs aligned: file offsets, lengths and buffers.
+pub const DIRECT_ALIGN: usize = 4096;
+
+/// Most threads one call spawns, whatever the caller asks for.
+pub const MAX_THREADS: usize = 256;
+
+/// Bytes read back per piece when checking a range that went straight into
+/// the share (small enough to stay in cache between the copy and the hash).
+const CHECK_PIECE: usize = 256 << 10;
+
+/// One file a load reads from: opened read-only, closed when dropped.
+pub struct SourceFile {
+    file: File,
+    path: String,
+    direct: bool,
+}
+
+impl SourceFile {
+    /// Opens `path` read-only with `O_NONBLOCK` (a FIFO planted at the path is
+    /// refused, never waited on), `O_CLOEXEC`, and `O_NOFOLLOW` when
+    /// `nofollow` (a symbolic link is refused). Only a regular file is
+    /// accepted; with `size`, only one of exactly that many bytes. `direct`
+    /// asks for `O_DIRECT`; a file system that refuses it gives a buffered
+    /// file ([`SourceFile::is_direct`] says which).
+    pub fn open(path: &str, nofollow: bool, direct: bool, size: Option<u64>) -> Result<SourceFile> {
+        let mut flags = libc::O_NONBLOCK | libc::O_CLOEXEC;
+        if nofollow {
+            flags |= libc::O_NOFOLLOW;
+        }
+        let open = |extra: i32| {
+            OpenOptions::new()
+                .read(true)
+                .custom_flags(flags | extra)
+                .open(path)
+        };
+        let file = open(0).map_err(|e| {
+            if nofollow && e.raw_os_error() == Some(libc::ELOOP) {
+                Error::Access(format!("{path} is a symbolic link"))
+            } else {
+                Error::Access(format!("{path} cannot be opened ({e})"))
+            }
+        })?;
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::io(format!("{path}: fstat"), e))?;
+        if !meta.file_type().is_file() {
+            return Err(Error::Access(format!("{path} is not a regular file")));
+        }
+        if let Some(want) = size {
+            if meta.len() != want {
+                let what = if meta.len() < want {
+                    "truncated"
+                } else {
+                    "longer than expected"
+                };
+                return Err(Error::invalid(format!(
+                    "{path} is {what}: {} bytes, expected {want}",
+                    meta.len()
+                )));
+            }
+        }
+        let mut out = SourceFile {
+            file,
+            path: path.to_string(),
+            direct: false,
+        };
+        if direct {
+            // tmpfs and some overlay file systems refuse O_DIRECT: stay buffered.
+            if let Ok(dfile) = open(libc::O_DIRECT) {
+                let dmeta = dfile
+                    .metadata()
+                    .map_err(|e| Error::io(format!("{path}: fstat"), e))?;
+                if (dmeta.dev(), dmeta.ino()) != (meta.dev(), meta.ino()) {
+                    return Err(Error::Access(format!("{path} changed while it was opened")));
+                }
+                out.file = dfile;
+                out.direct = true;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether reads bypass the page cache (`O_DIRECT` was granted).
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// The path it was opened as (named in every error).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn truncated(&self, at: u64, need: u64) -> Error {
+        Error::invalid(format!(
+            "{} is truncated: it ends at byte {at}, the rows need {need}",
+            self.path
+        ))
+    }
+}
+
+/// One read of a load: `len` bytes of a file from `file_offset`, of which
+/// `write_len` bytes from `skip` on land in the share at `dst_offset`. With
+/// `crc32`, all `len` bytes read must have that CRC32 (zlib's polynomial).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileRange {
+    /// Index of the file in the call's list.
+    pub file: usize,
+    /// First byte read from the file.
+    pub file_offset: u64,
+    /// Bytes read (and checked).
+    pub len: usize,
+    /// Expected CRC32 of the bytes read.
+    pub crc32: Option<u32>,
+    /// Bytes read that are checked but not written (at the start).
+    pub skip: usize,
+    /// Bytes written after the skipped ones.
+    pub write_len: usize,
+    /// Byte offset in the share where the written bytes land.
+    pub dst_offset: usize,
+}
+
+impl FileRange {
+    /// A range read and written whole, unchecked.
+    pub fn whole(file: usize, file_offset: u64, len: usize, dst_offset: usize) -> FileRange {
+        FileRange {
+            file,
+            file_offset,
+            len,
+            crc32: None,
+            skip: 0,
+            write_len: len,
+            dst_offset,
+        }
+    }
+}
+
+/// A thread's buffer for reads that cannot go straight into the share
+/// (`O_DIRECT`, or a range written only in part); aligned for `O_DIRECT`.
+#[derive(Default)]
+struct Bounce {
+    buf: Vec<u8>,
+}
+
+impl Bounce {
+    fn aligned(&mut self, len: usize) -> &mut [u8] {
+        if self.buf.len() < len + DIRECT_ALIGN {
+            self.buf = vec![0u8; len + DIRECT_ALIGN];
+        }
+        let start = self.buf.as_ptr().align_offset(DIRECT_ALIGN);
+        &mut self.buf[start..start + len]
+    }
+}
+
+/// Reads every range of `files` into `mem` with up to `threads` reads in
+/// flight (threads spawned for this call); the first error stops the others
+/// and is returned. Every range is checked before a byte moves. Returns the
+/// bytes written.
+pub fn read_ranges(
+    mem: &dyn Memory,
+    files: &[SourceFile],
+    ranges: &[FileRange],
+    threads: usize,
+) -> Result<u64> {
+    for (i, r) in ranges.iter().enumerate() {
+        if r.file >= files.len() {
+            return Err(Error::invalid(format!(
+                "range {i}: file index {} is not below the {} files given",
+                r.file,
+                files.len()
+            )));
+        }
+        if r.skip.checked_add(r.write_len).is_none_or(|e| e > r.len) {
+            return Err(Error::invalid(format!(
+                "range {i}: {} bytes written after {} skipped do not fit the {} read",
+                r.write_len, r.skip, r.len
+            )));
+        }
+        if r.file_offset.checked_add(r.len as u64).is_none() {
+            return Err(Error::invalid(format!("range {i}: file offset overflows")));
+        }
+        if r.dst_offset
+            .checked_add(r.write_len)
+            .is_none_or(|e| e > mem.len())
+        {
+            return Err(Error::IndexOutOfRange(format!(
+                "range {i} ({}): {} bytes at byte {} of the share do not fit its {} bytes",
+                files[r.file].path,
+                r.write_len,
+                r.dst_offset,
+                mem.len()
+            )));
+        }
+    }
+    let threads = threads.clamp(1, MAX_THREADS).min(ranges.len().max(1));
+    let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let written = AtomicU64::new(0);
+    let failure: Mutex<Option<Error>> = Mutex::new(None);
+    let work = || {
+        let mut bounce = Bounce::default();
+        while !stop.load(Ordering::Relaxed) {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(r) = ranges.get(i) else { break };
+            match read_one(mem, &files[r.file], r, &mut bounce) {
+                Ok(()) => {
+                    written.fetch_add(r.write_len as u64, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    stop.store(true, Ordering::Relaxed);
+                    failure.lock().unwrap().get_or_insert(e);
+                    break;
+                }
+            }
+        }
+    };
+    if threads == 1 {
+        work();
+    } else {
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(work);
+            }
+        });
+    }
+    match failure.into_inner().unwrap() {
+        Some(e) => Err(e),
+        None => Ok(written.into_inner()),
+    }
+}
+
+fn check_crc(f: &SourceFile, r: &FileRange, got: u32) -> Result<()> {
+    match r.crc32 {
+        Some(want) if want != got => Err(Error::invalid(format!(
+            "{}: checksum mismatch in bytes {}..{} (CRC32 {got:#010x}, expected {want:#010x}): the file is corrupt",
+            f.path,
+            r.file_offset,
+            r.file_offset + r.len as u64
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn read_error(f: &SourceFile, at: u64, e: Error) -> Error {
+    match e {
+        Error::Io { source, .. } => Error::io(format!("{}: read at byte {at}", f.path), source),
+        other => other,
+    }
+}
+
+fn read_one(mem: &dyn Memory, f: &SourceFile, r: &FileRange, bounce: &mut Bounce) -> Result<()> {
+    let end = r.file_offset + r.len as u64;
+    if !f.direct && r.skip == 0 && r.write_len == r.len {
+        // Straight into the share: the kernel copies from the page cache.
+        let mut done = 0;
+        while done < r.len {
+            let at = r.file_offset + done as u64;
+            let got = mem
+                .pread_into(r.dst_offset + done, r.len - done, &f.file, at)
+                .map_err(|e| read_error(f, at, e))?;
+            if got == 0 {
+                return Err(f.truncated(at, end));
+            }
+            done += got;
+        }
+        if r.crc32.is_some() {
+            let mut hasher = crc32fast::Hasher::new();
+            let piece = bounce.aligned(CHECK_PIECE.min(r.len));
+            let mut pos = 0;
+            while pos < r.len {
+                let n = piece.len().min(r.len - pos);
+                mem.read_at(r.dst_offset + pos, &mut piece[..n])?;
+                hasher.update(&piece[..n]);
+                pos += n;
+            }
+            check_crc(f, r, hasher.finalize())?;
+        }
+        return Ok(());
+    }
+    // Through the bounce buffer: O_DIRECT reads whole aligned blocks around the range.
+    let align = if f.direct { DIRECT_ALIGN as u64 } else { 1 };
+    let a0 = r.file_offset - r.file_offset % align;
+    let a1 = end.div_ceil(align) * align;
+    let buf = bounce.aligned((a1 - a0) as usize);
+    let need = (end - a0) as usize;
+    let mut pos = 0usize;
+    while pos < need {
+        let at = a0 + pos as u64;
+        let got = match f.file.read_at(&mut buf[pos..], at) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Error::io(format!("{}: read at byte {at}", f.path), e)),
+        };
+        if got == 0 {
+            return Err(f.truncated(at, end));
+        }
+        pos += got;
+        if f.direct && !pos.is_multiple_of(DIRECT_ALIGN) && pos < need {
+            return Err(Error::invalid(format!(
+                "{}: unaligned short read at byte {} with O_DIRECT",
+                f.path,
+                a0 + pos as u64
+            )));
+        }
+    }
+    let data = &buf[(r.file_offset - a0) as usize..need];
+    if r.crc32.is_some() {
+        check_crc(f, r, crc32fast::hash(data))?;
+    }
+    mem.write_at(r.dst_offset, &data[r.skip..r.skip + r.write_len])
+}
+
+impl Store {
+    /// Reads `ranges` of `files` straight into this rank's share of `name`
+    /// (destination offsets in bytes of the share) with up to `threads`
+    /// reads in flight; see [`read_ranges`]. Returns the bytes written.
+    pub fn load_file_ranges(
+        &self,
+        name: &str,
+        files: &[SourceFile],
+        ranges: &[FileRange],
+        threads: usize,
+    ) -> Result<u64> {
+        let mem = self.local_share(name)?;
+        read_ranges(mem.as_ref(), files, ranges, threads)
+    }
+}
