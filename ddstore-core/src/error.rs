@@ -3,10 +3,12 @@
 
 use std::time::Duration;
 
-/// The result of every fallible call of this crate.
+/// A result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Every failure of the store, one variant per Python exception class.
+/// Every failure of the store and its transports. The binding maps each
+/// variant to one Python class (`pyddstore/src/errors.rs`); `call`, `code`
+/// and `peer` say which libfabric or MPI call failed, how, and for which rank.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A bad argument value (maps to `ValueError`).
@@ -36,7 +38,7 @@ pub enum Error {
     Timeout {
         /// The rank that did not answer.
         peer: usize,
-        /// How long the caller waited (zero: known unreachable at once).
+        /// How long it was waited for (zero: known gone without waiting).
         waited: Duration,
         /// What was waited for.
         what: String,
@@ -52,11 +54,11 @@ pub enum Error {
     /// call was for where there is one.
     #[error("transport: {call} failed{}: {message} (code {code})", peer_part(*peer))]
     Call {
-        /// The failing function, e.g. `fi_read` or `MPI_Get`.
+        /// The failing call, e.g. `fi_read`, `MPI_Get`.
         call: &'static str,
-        /// Its return code.
+        /// Its return code (libfabric: negative `FI_E*`; MPI: the error code).
         code: i64,
-        /// The provider's or MPI's message for the code.
+        /// `fi_strerror` or `MPI_Error_string`, with context.
         message: String,
         /// The rank the call was for, where there is one.
         peer: Option<usize>,
@@ -67,15 +69,15 @@ pub enum Error {
     /// one-sided read or an owner-side gather request) met the refusal.
     #[error("{message}")]
     Refused {
-        /// The owner that refused.
+        /// The rank that refused.
         peer: usize,
-        /// Why it refused; decides the Python class.
+        /// What it refused; decides the Python class.
         reason: RefusedFor,
-        /// The call the refusal came back on, where one did.
+        /// The call the refusal came back on, where one did (one-sided reads).
         call: Option<&'static str>,
         /// That call's return code.
         code: Option<i64>,
-        /// The refusal in words.
+        /// What was refused and why.
         message: String,
     },
     /// Refused for safety: an untrusted directory or file, a wrong token, a name
@@ -85,10 +87,10 @@ pub enum Error {
     /// The operation is not possible in this configuration.
     #[error("{0}")]
     Unsupported(String),
-    /// An operating-system call failed (files, shared memory).
+    /// A file or shared-memory operation failed.
     #[error("{context}: {source}")]
     Io {
-        /// What was being done, e.g. the path opened.
+        /// What was being done, and to which file.
         context: String,
         /// The operating system's error.
         #[source]
@@ -148,11 +150,11 @@ impl Error {
         }
     }
 
-    /// An [`Error::InvalidArgument`] with this message.
+    /// An [`Error::InvalidArgument`].
     pub fn invalid(msg: impl Into<String>) -> Self {
         Error::InvalidArgument(msg.into())
     }
-    /// An [`Error::Io`] saying what was being done.
+    /// An [`Error::Io`] with what was being done.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {
             context: context.into(),

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use crate::comm::Comm;
@@ -54,8 +54,6 @@ pub struct Variable {
     /// Idle readers; a reading thread takes one (or opens one) and gives it
     /// back. Owned by one process: see [`crate::fork`].
     readers: ReaderPool,
-    /// Serialises reads when every thread shares one reader (`DDSTORE_THREAD_READERS=0`).
-    shared_reader_lock: Option<Mutex<()>>,
     /// Longest single read: `DDSTORE_MAX_READ_BYTES`, or less where the
     /// transport says so; the planner splits longer runs (the only split).
     pub(crate) max_read: usize,
@@ -319,8 +317,7 @@ impl Store {
             records: exposed.records,
             node_locators: exposed.node_locators,
             node_owner_pids: Vec::new(),
-            readers: ReaderPool::new(),
-            shared_reader_lock: self.shared_reader_lock(),
+            readers: self.reader_pool(),
             counters: Counters::default(),
         };
         self.insert(var);
@@ -340,9 +337,9 @@ impl Store {
         self.config.max_read_bytes.min(limit).max(1)
     }
 
-    /// One lock for all readers when threads share one (`DDSTORE_THREAD_READERS=0`).
-    fn shared_reader_lock(&self) -> Option<Mutex<()>> {
-        (!self.config.thread_readers).then(|| Mutex::new(()))
+    /// Readers of a new variable; serialised when threads share one (`DDSTORE_THREAD_READERS=0`).
+    fn reader_pool(&self) -> ReaderPool {
+        ReaderPool::new(!self.config.thread_readers)
     }
 
     /// Method 2 extra job: reads a variable another job published; shares
@@ -396,8 +393,7 @@ impl Store {
             records: records.to_vec(),
             node_locators: Vec::new(),
             node_owner_pids,
-            readers: ReaderPool::new(),
-            shared_reader_lock: self.shared_reader_lock(),
+            readers: self.reader_pool(),
             counters: Counters::default(),
         };
         self.insert(var);
@@ -770,12 +766,10 @@ impl Variable {
         requests: &[RaggedRequest<'_>],
         staging: Vec<u8>,
     ) -> Result<Option<RaggedRows>> {
-        let _serial = self.shared_reader_lock.as_ref().map(|l| l.lock().unwrap());
-        let mut reader = self.readers.take(self.remote.as_ref())?;
         let started = Instant::now();
-        // A reader that failed may have reads outstanding: it is dropped, not pooled.
-        let rows = reader.read_ragged_rows(unit_bytes, requests, staging)?;
-        self.readers.give_back(reader);
+        let rows = self.readers.read(self.remote.as_ref(), |reader| {
+            reader.read_ragged_rows(unit_bytes, requests, staging)
+        })?;
         Counters::add(
             &self.counters.remote_ns,
             started.elapsed().as_nanos() as u64,
@@ -788,12 +782,8 @@ impl Variable {
     }
 
     fn read_remote(&self, reads: &[RemoteRead], out: &mut [u8]) -> Result<()> {
-        let _serial = self.shared_reader_lock.as_ref().map(|l| l.lock().unwrap());
-        let mut reader = self.readers.take(self.remote.as_ref())?;
-        // A reader that failed may have reads outstanding: it is dropped, not pooled.
-        reader.read_many(reads, out)?;
-        self.readers.give_back(reader);
-        Ok(())
+        self.readers
+            .read(self.remote.as_ref(), |reader| reader.read_many(reads, out))
     }
 }
 

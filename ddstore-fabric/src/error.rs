@@ -5,18 +5,19 @@ use std::time::Duration;
 
 pub use ddstore_core::error::RefusedFor;
 
-/// Every failure of a transport; converted into `ddstore_core::Error`.
+/// Every failure of a transport. Converted into `ddstore_core::Error`
+/// keeping the call, its code and the peer (see `From` below).
 #[derive(Debug, thiserror::Error)]
 pub enum FabricError {
     /// A libfabric call failed: the call, its return code, `fi_strerror`,
     /// and the peer rank the call was for, where there is one.
     #[error("{call} failed: {message} (code {code})")]
     Ofi {
-        /// The libfabric function, e.g. `fi_read`.
+        /// The libfabric call, e.g. `fi_read`, `fi_cq_readerr`.
         call: &'static str,
-        /// Its return code (negative errno).
+        /// Its (negative) return code.
         code: i64,
-        /// `fi_strerror` of the code.
+        /// `fi_strerror`, with context.
         message: String,
         /// The rank the call was for, where there is one.
         peer: Option<usize>,
@@ -25,11 +26,11 @@ pub enum FabricError {
     /// the target rank, where there is one.
     #[error("{call} failed: {message} (MPI error {code})")]
     Mpi {
-        /// The MPI function, e.g. `MPI_Win_flush`.
+        /// The MPI call, e.g. `MPI_Get`.
         call: &'static str,
         /// Its error code.
         code: i32,
-        /// `MPI_Error_string` of the code.
+        /// `MPI_Error_string`, with context.
         message: String,
         /// The target rank, where there is one.
         peer: Option<usize>,
@@ -37,11 +38,11 @@ pub enum FabricError {
     /// A peer did not complete a read in time.
     #[error("read from rank {peer} did not complete within {waited:?}: {detail}")]
     Timeout {
-        /// The rank read from.
+        /// The rank that did not answer.
         peer: usize,
-        /// How long the reader waited.
+        /// How long it was waited for (zero: known gone without waiting).
         waited: Duration,
-        /// What was outstanding.
+        /// What was waited for.
         detail: String,
     },
     /// A peer refused a read: a gather request (unknown key, bad range),
@@ -49,15 +50,15 @@ pub enum FabricError {
     /// which call came back refused).
     #[error("{detail}")]
     Refused {
-        /// The owner that refused.
+        /// The rank that refused.
         peer: usize,
-        /// Why it refused.
+        /// What it refused.
         reason: RefusedFor,
-        /// The call that came back refused, for a one-sided read.
+        /// The call the refusal came back on (one-sided reads).
         call: Option<&'static str>,
         /// That call's return code.
         code: Option<i64>,
-        /// The owner's reason, in words.
+        /// What was refused and why.
         detail: String,
     },
     /// No provider or configuration matches what was asked for.
@@ -138,7 +139,7 @@ impl From<FabricError> for ddstore_core::Error {
     }
 }
 
-/// The result of every fallible call of this crate.
+/// A result with a [`FabricError`].
 pub type FabricResult<T> = Result<T, FabricError>;
 
 #[cfg(test)]

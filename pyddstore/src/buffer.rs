@@ -216,6 +216,8 @@ impl<'py> Array<'py> {
 
 /// Byte ranges of caller memory that calls in progress hold: (id, start,
 /// end, exclusive). A handful at a time (one per reading thread), so a scan is cheap.
+/// Locked only with the GIL held (claims are taken before and released after
+/// the GIL-free part of a call), so no thread holds it across `os.fork()`.
 static IN_USE: Mutex<Vec<(u64, usize, usize, bool)>> = Mutex::new(Vec::new());
 static NEXT_CLAIM: AtomicU64 = AtomicU64::new(0);
 
