@@ -77,3 +77,41 @@ def test_method1_dead_peer_times_out(fabric, handshake_dir):
     procs = run_procs(3, "fabric_extra.py", "dead_peer", "none", env=env, timeout=120)
     for rank in (0, 2):
         assert "dead peer -> TimeoutError" in procs[rank].stdout
+
+
+STALE_SHM_SCRIPT = r"""
+import os, numpy as np, pyddstore
+# What a killed earlier process with this pid left in /dev/shm: libfabric shm's default names.
+planted = [f"/dev/shm/{os.getpid()}:{os.getuid()}:{i}" for i in range(8)]
+for p in planted:
+    with open(p, "xb") as f:
+        f.write(b"stale")
+try:
+    store = pyddstore.PyDDStore(None, method=1)
+    store.add("x", np.arange(12, dtype=np.int64).reshape(6, 2))
+    out = np.empty((3, 2), np.int64)
+    store.get_batch("x", out, [5, 0, 5])
+    assert out.tolist() == [[10, 11], [0, 1], [10, 11]], out
+    store.free()
+    print("stale shm ok")
+finally:
+    for p in planted:
+        os.unlink(p)
+"""
+
+
+def test_shm_endpoints_ignore_files_a_killed_process_left(tmp_path):
+    """A process killed before closing its shm endpoints leaves files named after its pid in
+    /dev/shm; a later process given that pid must still open its endpoints (their names carry
+    a random part), not fail fi_enable with EBUSY."""
+    import os
+    import subprocess
+    import sys
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    env = dict(os.environ, DDSTORE_FABRIC="shm", DDSTORE_SHM="0", DDSTORE_HANDSHAKE_DIR=str(tmp_path / "hs"))
+    r = subprocess.run(
+        [sys.executable, "-c", STALE_SHM_SCRIPT], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0 and "stale shm ok" in r.stdout, r.stdout + r.stderr

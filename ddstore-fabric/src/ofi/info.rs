@@ -126,10 +126,56 @@ impl Info {
                     peer: None,
                 });
             }
-            Ok(Info {
+            let info = Info {
                 head: NonNull::new_unchecked(out),
-            })
+            };
+            info.unique_shm_names()?;
+            Ok(info)
         }
+    }
+
+    /// shm names its shared-memory files after `src_addr` ("fi_shm://<pid>"),
+    /// the uid and a per-process counter. A process killed before closing its
+    /// endpoints leaves those files in /dev/shm, and a later process given
+    /// the same pid then fails `fi_enable` with EBUSY. A random part after
+    /// the pid keeps every process's names its own.
+    fn unique_shm_names(&self) -> FabricResult<()> {
+        let nonce = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0),
+            );
+            h.finish() as u32
+        };
+        let mut cur = self.head.as_ptr();
+        while !cur.is_null() {
+            // SAFETY: cur is an entry of the list this value owns; src_addr is
+            // malloc'd by libfabric and freed by fi_freeinfo, so it is replaced
+            // by a malloc'd copy (strdup) and the old one freed here.
+            unsafe {
+                let e = &mut *cur;
+                let shm = !e.fabric_attr.is_null()
+                    && !(*e.fabric_attr).prov_name.is_null()
+                    && CStr::from_ptr((*e.fabric_attr).prov_name).to_bytes() == b"shm";
+                if shm && e.addr_format == sys::FI_ADDR_STR && !e.src_addr.is_null() {
+                    let old = CStr::from_ptr(e.src_addr as *const c_char)
+                        .to_string_lossy()
+                        .into_owned();
+                    if old.starts_with("fi_shm://") && !old.contains('-') {
+                        let name = strdup(&format!("{old}-{nonce:08x}"))?;
+                        libc::free(e.src_addr);
+                        e.src_addrlen = libc::strlen(name) + 1;
+                        e.src_addr = name.cast();
+                    }
+                }
+                cur = e.next;
+            }
+        }
+        Ok(())
     }
 
     /// Every entry of the list, in provider order.
