@@ -353,12 +353,14 @@ class PyDDStore:
         """
         self._native.update(name, _as_array(arr, f"update('{name}', arr)"), offset)
 
-    def load_file_ranges(self, name: str, paths, ranges, **options):
+    def load_file_ranges(
+        self, name: str, paths, ranges, threads: int = 32, direct: bool = False, nofollow: bool = False, sizes=None
+    ):
         """Reads byte ranges of files straight into this rank's share of `name` (local, not
         collective), many reads in flight with the GIL released. `ranges` is an int64 array
         of rows (path index, file offset, length, share offset, ...) as the loaders build it;
-        `threads=`, `direct=` (O_DIRECT), `nofollow=` and `sizes=` (expected file sizes) are
-        passed through. Files are opened without blocking on FIFOs and must be regular.
+        `threads` reads in flight, `direct` for O_DIRECT, `nofollow` to refuse symbolic links,
+        `sizes` the expected size of each file. Files are opened without blocking on FIFOs and must be regular.
         Returns `(bytes read, whether O_DIRECT was used)`.
 
         Example:
@@ -367,7 +369,7 @@ class PyDDStore:
             store.load_file_ranges("x", ["/data/x.npy"], ranges)
             ```
         """
-        return self._native.load_file_ranges(name, paths, ranges, **options)
+        return self._native.load_file_ranges(name, paths, ranges, threads, direct, nofollow, sizes)
 
     def info(self, name: str):
         """`(total_rows, disp, itemsize)` of `name`: rows over all ranks, elements per row,
