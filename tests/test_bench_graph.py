@@ -8,9 +8,6 @@ import json
 import pytest
 from conftest import run_mpi
 
-# Long runs: the slow tier (`pytest -m slow`), after the default one.
-pytestmark = pytest.mark.slow
-
 pytest.importorskip("mpi4py")
 
 
