@@ -563,7 +563,7 @@ mod tests {
             err.contains("method=") && err.contains("DDSTORE_METHOD"),
             "{err}"
         );
-        assert!(s.with("DDSTORE_NOPE", "1", "x").is_err());
+        assert!(s.with("NOT_A_SETTING", "1", "x").is_err());
         // A bad value anywhere names its variable.
         let err = Settings::from_lookup(|k| (k == "DDSTORE_QUIET").then(|| "yes".into()))
             .unwrap_err()
