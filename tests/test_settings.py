@@ -72,9 +72,14 @@ def test_bad_values_name_the_variable_or_argument(monkeypatch):
     with pytest.raises(DDStoreValueError, match="DDSTORE_MAX_INFLIGHT"):
         pyddstore.PyDDStore(pyddstore._native.Comm.single(), method=1)
     monkeypatch.delenv("DDSTORE_MAX_INFLIGHT")
-    with pytest.raises(DDStoreValueError, match=r"timeout_s= \(for DDSTORE_TIMEOUT_S\).*positive"):
+    with pytest.raises(
+        DDStoreValueError,
+        match=r"timeout_s=\"-1\" \(DDSTORE_TIMEOUT_S\) is not valid: expected a positive number",
+    ):
         Settings.from_env(timeout_s=-1)
-    with pytest.raises(DDStoreValueError, match=r"shm= \(for DDSTORE_SHM\).*0, 1, true or false"):
+    with pytest.raises(
+        DDStoreValueError, match=r"shm=\"maybe\" \(DDSTORE_SHM\) is not valid: expected 0, 1, true or false"
+    ):
         Settings.from_env(shm="maybe")
     with pytest.raises(DDStoreTypeError, match="bogus= is not a pyddstore setting"):
         Settings.from_env(bogus=1)

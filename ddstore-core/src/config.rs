@@ -239,43 +239,51 @@ pub const SETTINGS: &[(&str, Kind)] = &[
 /// The value of a flag or integer setting, checked against `SETTINGS`;
 /// `None` when unset or empty. Unknown keys are an error (a typo in code).
 pub fn setting(get: &impl Fn(&str) -> Option<String>, key: &str) -> Result<Option<String>> {
-    let kind = SETTINGS
-        .iter()
-        .find(|(k, _)| *k == key)
-        .map(|(_, kind)| *kind)
-        .ok_or_else(|| Error::invalid(format!("{key} is not a pyddstore setting")))?;
+    let kind = kind_of(key)?;
     let Some(raw) = get(key) else { return Ok(None) };
-    let raw = raw.trim().to_string();
+    let raw = raw.trim();
     if raw.is_empty() {
         return Ok(None);
     }
-    let bad = |expected: String| {
-        Err(Error::invalid(format!(
+    check_value(key, kind, raw).map(Some).map_err(|expected| {
+        Error::invalid(format!(
             "environment variable {key}={raw:?} is not valid: expected {expected}"
-        )))
-    };
+        ))
+    })
+}
+
+/// What `SETTINGS` says `key` accepts; an unknown key is an error (a typo in code).
+fn kind_of(key: &str) -> Result<Kind> {
+    SETTINGS
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, kind)| *kind)
+        .ok_or_else(|| Error::invalid(format!("{key} is not a pyddstore setting")))
+}
+
+/// `raw` (trimmed, not empty) checked as a value of `key`: its normalised
+/// form (flags "0"/"1", words lower case), or what was expected instead.
+fn check_value(key: &str, kind: Kind, raw: &str) -> std::result::Result<String, String> {
     match kind {
         Kind::Flag => match raw.to_ascii_lowercase().as_str() {
-            "1" | "true" => Ok(Some("1".into())),
-            "0" | "false" => Ok(Some("0".into())),
-            _ => bad("0, 1, true or false".into()),
+            "1" | "true" => Ok("1".into()),
+            "0" | "false" => Ok("0".into()),
+            _ => Err("0, 1, true or false".into()),
         },
         Kind::Int { min, max } => match raw.parse::<i64>() {
-            Ok(v) if (min..=max).contains(&v) => Ok(Some(v.to_string())),
-            _ => bad(format!("an integer from {min} to {max}")),
+            Ok(v) if (min..=max).contains(&v) => Ok(v.to_string()),
+            _ => Err(format!("an integer from {min} to {max}")),
         },
-        Kind::Positive | Kind::Seconds => {
-            parse_positive(get, key).map(|v| v.map(|v| v.to_string()))
-        }
+        Kind::Positive | Kind::Seconds => positive(key, raw).map(|v| v.to_string()),
         Kind::Choice(words) => {
             let low = raw.to_ascii_lowercase();
             if words.contains(&low.as_str()) {
-                Ok(Some(low))
+                Ok(low)
             } else {
-                bad(format!("one of {}", words.join(", ")))
+                Err(format!("one of {}", words.join(", ")))
             }
         }
-        Kind::Text => Ok(Some(raw)),
+        Kind::Text => Ok(raw.to_string()),
         Kind::Provider => {
             let low = raw.to_ascii_lowercase();
             let part_ok = |p: &str| {
@@ -285,13 +293,28 @@ pub fn setting(get: &impl Fn(&str) -> Option<String>, key: &str) -> Result<Optio
                         .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
             };
             if low.split(';').all(part_ok) {
-                Ok(Some(low))
+                Ok(low)
             } else {
-                bad("a libfabric provider name such as cxi, verbs, efa, opx, psm3, ucx, tcp, shm or \
+                Err("a libfabric provider name such as cxi, verbs, efa, opx, psm3, ucx, tcp, shm or \
                      tcp;ofi_rxm"
                     .into())
             }
         }
+    }
+}
+
+/// A positive number: seconds (`*_S`, 0.001 to a year) or a count (1 to 2^53).
+fn positive(key: &str, raw: &str) -> std::result::Result<f64, String> {
+    // Durations up to a year, counts up to 2^53: beyond that a value is a typo, not a setting.
+    let seconds = key.ends_with("_S");
+    let max = if seconds {
+        365.0 * 86400.0
+    } else {
+        (1u64 << 53) as f64
+    };
+    match raw.parse::<f64>() {
+        Ok(v) if v.is_finite() && v <= max && (v >= 1.0 || (seconds && v >= 1e-3)) => Ok(v),
+        _ => Err("a positive number".into()),
     }
 }
 
@@ -372,20 +395,16 @@ impl Settings {
     pub fn with(&self, key: &str, value: &str, source: &str) -> Result<Settings> {
         let key = Self::known(key)?;
         let mut values = self.values.clone();
-        match setting(&|k| (k == key).then(|| value.to_string()), key) {
-            Ok(Some(v)) => {
-                values.insert(key, v);
-            }
-            Ok(None) => {
-                values.remove(key);
-            }
-            Err(e) => {
-                let msg = e.to_string().replace(
-                    &format!("environment variable {key}="),
-                    &format!("{source}= (for {key}) "),
-                );
-                return Err(Error::invalid(msg));
-            }
+        let raw = value.trim();
+        if raw.is_empty() {
+            values.remove(key);
+        } else {
+            let v = check_value(key, kind_of(key)?, raw).map_err(|expected| {
+                Error::invalid(format!(
+                    "{source}={raw:?} ({key}) is not valid: expected {expected}"
+                ))
+            })?;
+            values.insert(key, v);
         }
         let settings = Settings { values };
         settings.config()?;
@@ -465,20 +484,11 @@ fn parse_positive(get: &impl Fn(&str) -> Option<String>, key: &str) -> Result<Op
     if raw.is_empty() {
         return Ok(None);
     }
-    // Durations up to a year, counts up to 2^53: beyond that a value is a typo, not a setting.
-    let max = if key.ends_with("_S") {
-        365.0 * 86400.0
-    } else {
-        (1u64 << 53) as f64
-    };
-    match raw.parse::<f64>() {
-        Ok(v) if v.is_finite() && v <= max && (v >= 1.0 || (key.ends_with("_S") && v >= 1e-3)) => {
-            Ok(Some(v))
-        }
-        _ => Err(Error::invalid(format!(
-            "environment variable {key}={raw:?} is not valid: expected a positive number"
-        ))),
-    }
+    positive(key, raw).map(Some).map_err(|expected| {
+        Error::invalid(format!(
+            "environment variable {key}={raw:?} is not valid: expected {expected}"
+        ))
+    })
 }
 
 /// Parses a switch: exactly `0`, `1`, `true` or `false`.
@@ -571,7 +581,7 @@ mod tests {
             err.contains("method=") && err.contains("DDSTORE_METHOD"),
             "{err}"
         );
-        assert!(s.with("DDSTORE_NOPE", "1", "x").is_err());
+        assert!(s.with("NOT_A_SETTING", "1", "x").is_err());
         // A bad value anywhere names its variable.
         let err = Settings::from_lookup(|k| (k == "DDSTORE_QUIET").then(|| "yes".into()))
             .unwrap_err()

@@ -72,6 +72,26 @@ fn text_of(name: &str, value: &Bound<'_, PyAny>) -> PyResult<String> {
     ))
 }
 
+/// `inner` with each override (`timeout_s=5`) applied and checked under its
+/// argument's name; `skip_none`: None keeps the variable's value (else unsets it).
+fn with_overrides(
+    py: Python<'_>,
+    mut inner: Settings,
+    overrides: Option<&Bound<'_, PyDict>>,
+    skip_none: bool,
+) -> PyResult<Settings> {
+    for (k, v) in overrides.into_iter().flat_map(|d| d.iter()) {
+        let name: String = k.extract()?;
+        let key = key_of(&name)
+            .ok_or_else(|| type_error(py, format!("{name}= is not a pyddstore setting")))?;
+        if skip_none && v.is_none() {
+            continue;
+        }
+        inner = inner.with(key, &text_of(&name, &v)?, &name).py(py)?;
+    }
+    Ok(inner)
+}
+
 #[pymethods]
 impl PySettings {
     /// The environment's settings, checked (DDStoreValueError naming the first
@@ -81,38 +101,22 @@ impl PySettings {
     #[staticmethod]
     #[pyo3(signature = (**overrides))]
     fn from_env(py: Python<'_>, overrides: Option<&Bound<'_, PyDict>>) -> PyResult<PySettings> {
-        let mut inner = Settings::from_env().py(py)?;
-        if let Some(overrides) = overrides {
-            for (k, v) in overrides.iter() {
-                let name: String = k.extract()?;
-                let key = key_of(&name)
-                    .ok_or_else(|| type_error(py, format!("{name}= is not a pyddstore setting")))?;
-                if v.is_none() {
-                    continue;
-                }
-                inner = inner.with(key, &text_of(&name, &v)?, &name).py(py)?;
-            }
-        }
-        Ok(PySettings { inner })
+        let inner = Settings::from_env().py(py)?;
+        Ok(PySettings {
+            inner: with_overrides(py, inner, overrides, true)?,
+        })
     }
 
-    /// These settings with `overrides` on top (as `from_env`'s).
+    /// These settings with `overrides` on top (as `from_env`'s; None here unsets a setting).
     #[pyo3(signature = (**overrides))]
     fn replace(
         &self,
         py: Python<'_>,
         overrides: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<PySettings> {
-        let mut inner = self.inner.clone();
-        if let Some(overrides) = overrides {
-            for (k, v) in overrides.iter() {
-                let name: String = k.extract()?;
-                let key = key_of(&name)
-                    .ok_or_else(|| type_error(py, format!("{name}= is not a pyddstore setting")))?;
-                inner = inner.with(key, &text_of(&name, &v)?, &name).py(py)?;
-            }
-        }
-        Ok(PySettings { inner })
+        Ok(PySettings {
+            inner: with_overrides(py, self.inner.clone(), overrides, false)?,
+        })
     }
 
     fn __getattr__(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyAny>> {

@@ -297,7 +297,7 @@ def part_sources(world, d: str) -> None:
     ds.free()
 
     # Bad input: a list of .npy files that do not match.
-    from pyddstore import DDStoreValueError
+    from pyddstore import DDStoreValueError, Settings
 
     if world.rank == 0:
         np.save(os.path.join(d, "odd.npy"), np.zeros((3, 5), np.float32))
@@ -309,12 +309,12 @@ def part_sources(world, d: str) -> None:
     )
     raises(
         DDStoreValueError,
-        lambda: _with_env("DDSTORE_LOAD_DEPTH", "0", _load.load_depth),
+        lambda: _with_env("DDSTORE_LOAD_DEPTH", "0", lambda: _load.load_depth(Settings.from_env())),
         "DDSTORE_LOAD_DEPTH",
     )
     raises(
         DDStoreValueError,
-        lambda: _with_env("DDSTORE_LOAD_DIRECT", "maybe", _load.load_direct),
+        lambda: _with_env("DDSTORE_LOAD_DIRECT", "maybe", lambda: _load.load_direct(Settings.from_env())),
         "DDSTORE_LOAD_DIRECT",
     )
     if world.rank == 0:

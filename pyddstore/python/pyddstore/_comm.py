@@ -192,16 +192,16 @@ def _torch_initialized() -> bool:
     return bool(dist is not None and dist.is_available() and dist.is_initialized())
 
 
-def _mpi_comm(comm) -> _native.Comm:
+def _mpi_comm(comm, settings) -> _native.Comm:
     if comm is None:
         mpi = sys.modules.get("mpi4py.MPI")
         if mpi is not None:
             comm = mpi.COMM_WORLD
         else:
-            comm = _native.Comm.mpi(None)  # initialises MPI here, finalised at exit
+            comm = _native.Comm.mpi(None, settings)  # initialises MPI here, finalised at exit
             atexit.register(_native.finalize_mpi)
             return comm
-    return _native.Comm.mpi(comm.py2f())
+    return _native.Comm.mpi(comm.py2f(), settings)
 
 
 def resolve_comm(comm_or_none, settings=None) -> _native.Comm:
@@ -216,7 +216,7 @@ def resolve_comm(comm_or_none, settings=None) -> _native.Comm:
         return _native.Comm.callback(comm_or_none)
     if comm_or_none is not None:
         if hasattr(comm_or_none, "py2f"):
-            return _mpi_comm(comm_or_none)
+            return _mpi_comm(comm_or_none, settings)
         dist = sys.modules.get("torch.distributed")
         if dist is not None and isinstance(comm_or_none, dist.ProcessGroup):
             return _native.Comm.callback(TorchComm(comm_or_none))
@@ -230,7 +230,7 @@ def resolve_comm(comm_or_none, settings=None) -> _native.Comm:
     if forced == "mpi" or (forced is None and use_mpi and _native.HAS_MPI and _mpi_in_use()):
         if not use_mpi:
             raise DDStoreValueError("DDSTORE_COMM=mpi contradicts DDSTORE_MPI=0")
-        return _mpi_comm(None)
+        return _mpi_comm(None, settings)
     if forced == "torch" or (forced is None and _torch_initialized()):
         return _native.Comm.callback(TorchComm())
     handshake_dir = settings.handshake_dir or ""

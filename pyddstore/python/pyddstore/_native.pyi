@@ -49,7 +49,7 @@ class DeviceShare:
 
 class Comm:
     @staticmethod
-    def mpi(fortran_handle: Optional[int] = None) -> Comm: ...
+    def mpi(fortran_handle: Optional[int] = None, settings: Optional[Settings] = None) -> Comm: ...
     @staticmethod
     def file(
         handshake_dir: str,

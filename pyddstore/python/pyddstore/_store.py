@@ -111,6 +111,7 @@ class PyDDStore:
             "method": method,
             "handshake_dir": os.fspath(handshake_dir) if handshake_dir else None,
             "nic_map": nic_map,
+            "n_core": n_core or None,
         }
         settings = settings.replace(**{k: v for k, v in given.items() if v is not None})
         check_fabric(settings)

@@ -9,7 +9,6 @@ arguments and seed give the same batches in the same order.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import queue
@@ -49,7 +48,6 @@ _hook_users = 0
 _HOOKED_MODULES = (tud, _worker, tud.dataloader)
 
 
-@functools.wraps(_torch_get_worker_info)
 def get_worker_info() -> Any:
     """torch.utils.data.get_worker_info(), aware of ThreadDataLoader worker threads: in a worker
     thread its WorkerInfo (id, num_workers, seed, dataset), elsewhere torch's own answer.
