@@ -369,6 +369,7 @@ fn close(out: &mut Plan, req: &mut RequestPlan, list: &[(u64, usize, usize)], o:
 
 /// One owner's rows for a ragged gather ([`plan_ragged`]).
 pub struct RaggedOwner<'a> {
+    /// The owning rank.
     pub owner: usize,
     /// Memory key of the owner's ends share.
     pub ends_key: u64,
@@ -388,7 +389,9 @@ pub struct RaggedSlot {
     pub owner_index: usize,
     /// Rows `rows.0 .. rows.1` of that owner's list.
     pub rows: (usize, usize),
+    /// Offset of its receives in the staging buffer.
     pub at: usize,
+    /// Bytes of its receives (a bound on its reply).
     pub len: usize,
 }
 
@@ -536,11 +539,15 @@ pub struct RaggedPart {
 /// A ragged request as the owner reads it.
 #[derive(Debug, PartialEq, Eq)]
 pub struct RaggedRequest {
+    /// The request's sequence number (in every reply tag).
     pub seq: u32,
     /// Memory key of the values share.
     pub key: u64,
+    /// Where replies go: the reader endpoint's name.
     pub reply_to: Vec<u8>,
+    /// Reply receives the reader posted, each of `part.msg_bytes`.
     pub n_msgs: u32,
+    /// Keys, unit size, message size and rows.
     pub part: RaggedPart,
 }
 
