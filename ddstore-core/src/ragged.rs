@@ -15,9 +15,17 @@
 //! demand. Replicating them would cost 8 B x every row on every rank: 8 GB
 //! per rank at 10^9 rows (80 TB over 10^4 ranks). On demand it costs 8 B per
 //! own row (800 KB per rank at 10^9 rows on 10^4 ranks) plus the row and
-//! unit counts per rank every layout keeps (2 x 8 B x 10^4 = 160 KB).
-//! A batch then costs one extra round trip per owner: all the `ends` reads
-//! of a batch are posted together, then all the `values` reads.
+//! unit counts per rank every layout keeps (2 x 8 B x 10^4 = 160 KB), and
+//! each rank's longest row (8 B per rank) agreed at `add_ragged`.
+//!
+//! Reading a batch: own and same-node rows read their ends in place from the
+//! mapped share. Remote owners serving the gather path (tcp) resolve their
+//! rows themselves: one request per owner names the rows and both shares'
+//! keys, the reply carries lengths then values into a staging buffer sized
+//! from the longest rows (see `ShareReader::read_ragged_rows`). Other remote
+//! owners (MPI passive target, one-sided fabrics, method-2 readers, which do
+//! not learn the longest rows) cost one extra round trip per owner: all the
+//! `ends` reads of a batch are posted together, then all the `values` reads.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -284,7 +292,9 @@ impl Store {
     }
 
     /// Reads the lengths of `rows` (any order, repeats; every index checked
-    /// first) and plans reading their values. One round trip per remote owner.
+    /// first) and plans reading their values: one round trip per remote
+    /// owner, which on the gather path also brings the values (staged for
+    /// [`Store::read_ragged`]).
     pub fn plan_ragged(&self, name: &str, rows: &[i64]) -> Result<RaggedBatch> {
         let var = self.ragged_var(name)?;
         let info = &var.info;

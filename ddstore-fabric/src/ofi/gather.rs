@@ -369,6 +369,7 @@ fn close(out: &mut Plan, req: &mut RequestPlan, list: &[(u64, usize, usize)], o:
 
 /// One owner's rows for a ragged gather ([`plan_ragged`]).
 pub struct RaggedOwner<'a> {
+    /// The owning rank.
     pub owner: usize,
     /// Memory key of the owner's ends share.
     pub ends_key: u64,
@@ -388,7 +389,9 @@ pub struct RaggedSlot {
     pub owner_index: usize,
     /// Rows `rows.0 .. rows.1` of that owner's list.
     pub rows: (usize, usize),
+    /// Offset of its receives in the staging buffer.
     pub at: usize,
+    /// Bytes of its receives (a bound on its reply).
     pub len: usize,
 }
 
@@ -543,11 +546,15 @@ pub struct RaggedPart {
 /// A ragged request as the owner reads it.
 #[derive(Debug, PartialEq, Eq)]
 pub struct RaggedRequest {
+    /// The request's sequence number (in every reply tag).
     pub seq: u32,
     /// Memory key of the values share.
     pub key: u64,
+    /// Where replies go: the reader endpoint's name.
     pub reply_to: Vec<u8>,
+    /// Reply receives the reader posted, each of `part.msg_bytes`.
     pub n_msgs: u32,
+    /// Keys, unit size, message size and rows.
     pub part: RaggedPart,
 }
 
@@ -644,7 +651,7 @@ pub fn answer_ragged(
 ) -> Result<Vec<Vec<u8>>, Refusal> {
     let part = &req.part;
     let m = part.msg_bytes as usize;
-    if m > max_msg || !ends.len().is_multiple_of(END_BYTES) {
+    if m > max_msg.min(MAX_PACKED_BYTES) || !ends.len().is_multiple_of(END_BYTES) {
         return Err(Refusal::Malformed);
     }
     let n_rows = (ends.len() / END_BYTES) as u64;
@@ -676,6 +683,11 @@ pub fn answer_ragged(
     }
     if total > capacity {
         return Err(Refusal::TooLarge);
+    }
+    // Readers ask for distinct rows, whose values fit in the share: what a
+    // request makes this owner allocate is bounded by its own share.
+    if total - (END_BYTES * part.rows.len()) as u64 > values.len() as u64 {
+        return Err(Refusal::Malformed);
     }
     // Every byte is overwritten below: a reused buffer is only zeroed where it grows.
     stream.resize(total as usize, 0);
@@ -958,9 +970,9 @@ mod tests {
         let values: Vec<u8> = (0..18).collect();
         let (ends, vals) = (region(&ends_of(&lens)), region(&values));
         let stream = |msgs: Vec<Vec<u8>>| msgs.concat();
-        // Rows 2, 1, 0, 2: lengths first, then values, in request order.
+        // Rows 2, 1, 0, 3: lengths first, then values, in request order.
         let got = answer_ragged(
-            &ragged_req(vec![2, 1, 0, 2], 1, 64),
+            &ragged_req(vec![2, 1, 0, 3], 1, 64),
             &ends,
             &vals,
             1 << 20,
@@ -973,16 +985,16 @@ mod tests {
             .chunks(8)
             .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
             .collect();
-        assert_eq!(lens_back, vec![5, 0, 3, 5]);
-        let want: Vec<u8> = [&values[6..16], &values[0..6], &values[6..16]].concat();
+        assert_eq!(lens_back, vec![5, 0, 3, 1]);
+        let want: Vec<u8> = [&values[6..16], &values[0..6], &values[16..18]].concat();
         assert_eq!(&s[32..], &want[..]);
         assert_eq!(
             parse_ragged_reply(&s, 4, 2, 10).unwrap(),
-            vec![(5, 32), (0, 42), (3, 42), (5, 48)]
+            vec![(5, 32), (0, 42), (3, 42), (1, 48)]
         );
-        // Cut into 3 messages of 20 bytes: 20, 20, 18 (58 bytes), or with room to spare.
+        // Cut into 3 messages of 20 bytes: 20, 20, 10 (50 bytes), or with room to spare.
         let got = answer_ragged(
-            &ragged_req(vec![2, 1, 0, 2], 3, 20),
+            &ragged_req(vec![2, 1, 0, 3], 3, 20),
             &ends,
             &vals,
             1 << 20,
@@ -991,7 +1003,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             got.iter().map(Vec::len).collect::<Vec<_>>(),
-            vec![20, 20, 18]
+            vec![20, 20, 10]
         );
         assert_eq!(stream(got), s);
         let got = answer_ragged(
@@ -1025,6 +1037,11 @@ mod tests {
         );
         assert_eq!(
             refuse(ragged_req(vec![0], 1, 65), &ends),
+            Err(Refusal::Malformed)
+        );
+        // Repeated rows whose values exceed the share (readers send distinct rows).
+        assert_eq!(
+            refuse(ragged_req(vec![2; 3], 1, 64), &ends),
             Err(Refusal::Malformed)
         );
         let corrupt = region(&ends_of(&[3, 100]));
