@@ -93,8 +93,9 @@ fn check_range(what: &str, offset: usize, n: usize, len: usize) -> Result<()> {
 impl RawMemory {
     /// Faults `offset..offset + len` in, writable, with one `madvise`
     /// (`MADV_POPULATE_WRITE`, Linux 5.14+) instead of one page fault per
-    /// page inside a `pread`: many threads faulting one mapping page by page
-    /// contend on its locks. Best effort: older kernels refuse it and the
+    /// page inside a `pread` or a copy: many loading threads faulting one
+    /// mapping page by page contend on its locks (ranges under 64 KiB are
+    /// left to fault as usual). Best effort: older kernels refuse it and the
     /// pages fault in as before.
     fn populate(&self, offset: usize, len: usize) {
         const PAGE: usize = 4096;
@@ -135,6 +136,7 @@ impl Memory for RawMemory {
             return Err(Error::Unsupported("this share is read-only here".into()));
         }
         check_range("write", offset, src.len(), self.len)?;
+        self.populate(offset, src.len());
         // SAFETY: range checked above, memory writable per the constructor contract.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(offset), src.len()) };
         Ok(())
