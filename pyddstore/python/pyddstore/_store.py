@@ -355,18 +355,29 @@ class PyDDStore:
         self._native.update(name, _as_array(arr, f"update('{name}', arr)"), offset)
 
     def load_file_ranges(
-        self, name: str, paths, ranges, threads: int = 32, direct: bool = False, nofollow: bool = False, sizes=None
+        self,
+        name: str,
+        paths,
+        ranges,
+        threads: int = 32,
+        direct: bool = False,
+        nofollow: bool = False,
+        sizes=None,
     ):
         """Reads byte ranges of files straight into this rank's share of `name` (local, not
-        collective), many reads in flight with the GIL released. `ranges` is an int64 array
-        of rows (path index, file offset, length, share offset, ...) as the loaders build it;
-        `threads` reads in flight, `direct` for O_DIRECT, `nofollow` to refuse symbolic links,
-        `sizes` the expected size of each file. Files are opened without blocking on FIFOs and must be regular.
-        Returns `(bytes read, whether O_DIRECT was used)`.
+        collective), up to `threads` reads in flight with the GIL released; the loaders of
+        `pyddstore.torch` use it for file sources and snapshots. `ranges` is an int64 array, one
+        row per read: file index (into `paths`), file offset, bytes read, their CRC32 or -1,
+        bytes skipped, bytes written, byte offset in the share. `direct` reads with O_DIRECT
+        where the file system allows it, `nofollow` refuses symbolic links, `sizes` (-1: any)
+        the exact size each file must have. Only regular files are read. Returns
+        `(bytes written, whether every file was read with O_DIRECT)`.
 
         Example:
             ```python
-            ranges = np.array([[0, 128, nbytes, 0, 0]], dtype=np.int64)  # see _load.py
+            # 1,000 rows of 4 float32 from an .npy file whose header is 128 bytes
+            n = 1000 * 16
+            ranges = np.array([[0, 128, n, -1, 0, n, 0]], dtype=np.int64)
             store.load_file_ranges("x", ["/data/x.npy"], ranges)
             ```
         """

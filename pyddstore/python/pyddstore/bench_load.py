@@ -12,6 +12,9 @@ ragged map-style dataset generated in memory (for its peak memory against its ra
 in the ratios) and a snapshot of the npz dataset restored with DistDataset.restore. The limit:
 every rank reads the bytes of its share of the .npz files with 1 and with --limit-threads threads
 (whole files, pread).
+Each ratio case is also paired with a cold many-thread read just before it (x paired), and
+rank 0 prints what np.load of one file costs in CPU alone (one thread, warm cache): the ceiling
+of a map-style npz load is about cores x file size / that.
 The page cache is dropped before every case (`sync; echo 3 > /proc/sys/vm/drop_caches`, root);
 where that is refused the figures are warm-cache ones and the output says so.
 """
@@ -184,6 +187,40 @@ def read_limit(paths: list[str], threads: int) -> tuple[int, float]:
     return total[0], time.perf_counter() - t0
 
 
+def npz_decode_cpu(paths: list[str]) -> dict:
+    """What decoding the npz files costs alone: CPU seconds per file of the bench's __getitem__
+    (np.load of x and y), of reading every zip member (CRC checked) and of a plain read, one
+    thread, warm cache (the files are read once first). The ceiling of a map-style load on a
+    machine is about cores x file size / (np.load + read + copy CPU per file)."""
+    import zipfile
+
+    for p in paths:
+        with open(p, "rb") as fh:
+            fh.read()
+
+    def npload(p: str) -> None:
+        with np.load(p) as z:
+            z["x"], int(z["y"])
+
+    def members(p: str) -> None:
+        with zipfile.ZipFile(p) as z:
+            for name in z.namelist():
+                z.read(name)
+
+    def plain(p: str) -> None:
+        with open(p, "rb") as fh:
+            fh.read()
+
+    out = {}
+    for label, fn in (("np.load", npload), ("zip members", members), ("read", plain)):
+        c0 = time.process_time()
+        for p in paths:
+            fn(p)
+        out[label] = (time.process_time() - c0) / max(1, len(paths))
+    out["file_bytes"] = os.path.getsize(paths[0]) if paths else 0
+    return out
+
+
 def measure_load(args, comm) -> dict:
     import h5py
 
@@ -281,7 +318,14 @@ def measure_load(args, comm) -> dict:
             b["rounds"] = b.get("rounds", 0) + 1
             if r["x_paired"] is not None:
                 b.setdefault("x_paired_rounds", []).append(r["x_paired"])
-        return {"rows": list(best.values()), "share_mib": share / MIB, "files": n, "file_kib": args.load_kib}
+        decode = npz_decode_cpu(my_files) if comm.rank == 0 else None
+        return {
+            "rows": list(best.values()),
+            "share_mib": share / MIB,
+            "files": n,
+            "file_kib": args.load_kib,
+            "npz_decode": decode,
+        }
     finally:
         comm.Barrier()
         if tmp is not None:
@@ -380,6 +424,14 @@ def print_load(res: dict, size: int) -> None:
         peak = "-" if not r["case"].startswith("DistDataset") else f"{r['peak_x_share']:.2f}"
         print(f"{r['case']:<40} {r['total_mb_s']:>10.0f} {per:>20} {x:>7} {paired:>14} {peak:>10}")
     print(f"# best of {rows[0].get('rounds', 1)} rounds (the cases alternate); peak: the worst round")
+    dec = res.get("npz_decode")
+    if dec:
+        per_core = dec["file_bytes"] / max(dec["np.load"], 1e-9) / 1e6
+        print(
+            f"# npz decode, one thread, warm cache (rank 0): np.load {dec['np.load'] * 1e3:.2f} ms CPU per "
+            f"file ({per_core:.0f} MB/s per core), zip members {dec['zip members'] * 1e3:.2f} ms, "
+            f"plain read {dec['read'] * 1e3:.2f} ms"
+        )
     print(
         "# x paired: per round, MB/s / the many-thread read measured cold just before that case (the "
         "machine is shared, its speed drifts between cases); "

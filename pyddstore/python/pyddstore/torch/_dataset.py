@@ -667,8 +667,10 @@ class DistDataset(_StoredDataset):
     the share: threads calling source[i] (load_workers="threads", the default), or forked
     processes filling a shared staging area (load_workers="processes", the default for a source
     with ``thread_safe = False``; a worker that finishes no sample for DDSTORE_LOAD_TIMEOUT_S is
-    killed and named). Sources whose rows lie in files are read in Rust straight into the share
-    (many preads in flight, the GIL released) instead of per-sample calls: a list of .npy file
+    killed and named; compressed h5py datasets are read by forked processes with their own
+    handles unless load_workers="threads"). Sources whose rows lie in files are read in Rust
+    straight into the share (many preads in flight, the GIL released) instead of per-sample
+    calls: a list of .npy file
     paths, an np.memmap, an h5py dataset stored contiguously or in unfiltered chunks of whole
     rows; compressed h5py datasets and zarr arrays are read in chunk-aligned slices.
     DDSTORE_LOAD_DIRECT=1 reads files with O_DIRECT.
@@ -1039,16 +1041,14 @@ class DistDataset(_StoredDataset):
             stats = _load.LoadStats("files", depth)
             _load.load_file_rows(
                 rows_src,
-                f0,
                 start,
                 count,
-                put,
+                functools.partial(store.load_file_ranges, f0.var),
                 depth,
                 _load.load_direct(store.settings),
                 stats,
                 progress,
                 chunk_size,
-                functools.partial(store.load_file_ranges, f0.var),
             )
         else:
             arrays = _bulk_arrays(source) if plain else None
@@ -1069,7 +1069,7 @@ class DistDataset(_StoredDataset):
                         _bulk_slice_of(f),
                         chunk_size,
                         h5py_reopener(arrays[f.key]),
-                        min(depth, _cpus()),
+                        0 if self._load_workers == "threads" else min(depth, _cpus()),
                     )
             else:
                 mode = self._load_workers

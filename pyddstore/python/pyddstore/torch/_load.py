@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from pyddstore import DDStoreError, DDStoreFileError, DDStoreTimeoutError
-from pyddstore._sources import AlignedReader, FileRows, open_regular
+from pyddstore._sources import FileRows
 
 from ._schema import ChunkFiller, Field, Schema
 
@@ -197,21 +197,18 @@ def _run_workers(n: int, work: Callable[[], None], stats: LoadStats | None = Non
 def run_tasks(
     tasks: list,
     threads: int,
-    handle: Callable[[Any, Any], tuple[float, float, int]],
+    handle: Callable[[Any], tuple[float, float, int]],
     stats: LoadStats,
     progress: Progress,
-    file_reads: bool = False,
 ) -> None:
-    """Runs `handle(task, reader)` for every task, `threads` at a time, each thread taking the
-    next task in order (an AlignedReader per thread when `file_reads`). `handle` returns
-    (seconds reading the source, seconds putting rows into the share, bytes moved). The first
-    error stops the other threads and is raised."""
+    """Runs `handle(task)` for every task, `threads` at a time, each thread taking the next
+    task in order. `handle` returns (seconds reading the source, seconds putting rows into the
+    share, bytes moved). The first error stops the other threads and is raised."""
     it = iter(tasks)
     lock = threading.Lock()
     failed = threading.Event()
 
     def work() -> None:
-        reader = AlignedReader() if file_reads else None
         src_s = put_s = 0.0
         nbytes = 0
         try:
@@ -220,7 +217,7 @@ def run_tasks(
                     task = next(it, None)
                 if task is None:
                     return
-                read_s, wrote_s, moved = handle(task, reader)
+                read_s, wrote_s, moved = handle(task)
                 src_s += read_s
                 put_s += wrote_s
                 nbytes += moved
@@ -229,8 +226,6 @@ def run_tasks(
             failed.set()
             raise
         finally:
-            if reader is not None:
-                reader.close()
             stats.add(nbytes, src_s, put_s)
 
     _run_workers(threads, work, stats)
@@ -471,60 +466,30 @@ def load_ranges_native(
 
 def load_file_rows(
     rows_src: FileRows,
-    f: Field,
     start: int,
     count: int,
-    put: Callable[[Field, np.ndarray, int], None],
+    native: Callable[..., tuple[int, bool]],
     depth: int,
     direct: bool,
     stats: LoadStats,
     progress: Progress,
     rows_per_read: int | None = None,
-    native: Callable[..., tuple[int, bool]] | None = None,
 ) -> None:
-    """Rows [start, start + count) of a file source into f's share: reads of whole rows (a few
-    MiB each), `depth` in flight, each landing in the share at its row: in Rust straight into
-    the share when `native` (the variable's load_file_ranges) is given, else through Python."""
+    """Rows [start, start + count) of a file source into a field's share, in Rust straight into
+    the share (`native` is the variable's load_file_ranges): reads of whole rows (a few MiB
+    each, `rows_per_read` rows with chunk_size=), `depth` in flight, the GIL released."""
     step = window(depth, count * rows_src.row_bytes, rows_src.row_bytes, stats, rows_per_read)
     pieces = []
     for a in range(start, start + count, step):
         pieces.extend(rows_src.ranges(a, min(start + count, a + step)))
-    if native is not None:
-        stats.path = "files (native)"
-        index: dict[str, int] = {}
-        rb = rows_src.row_bytes
-        table = np.empty((len(pieces), 7), np.int64)
-        for t, (path, off, first, n) in enumerate(pieces):
-            table[t] = (index.setdefault(path, len(index)), off, n * rb, -1, 0, n * rb, (first - start) * rb)
-        stats.workers = min(depth, max(1, len(pieces)))
-        load_ranges_native(native, list(index), table, stats.workers, direct, stats, progress)
-        return
-    fds: dict[str, tuple[int, bool]] = {}
-    try:
-        for path, *_ in pieces:
-            if path not in fds:
-                fds[path] = open_regular(path, direct)
-        if direct and not all(d for _, d in fds.values()):
-            stats.notes.append("O_DIRECT not supported by this file system: buffered reads")
-        elif direct:
-            stats.notes.append("O_DIRECT")
-        _read_pieces(pieces, fds, rows_src.row_bytes, f, start, put, depth, stats, progress)
-    finally:
-        for fd, _ in fds.values():
-            os.close(fd)
-
-
-def _read_pieces(pieces, fds, row_bytes, f, start, put, depth, stats, progress) -> None:
-    def handle(piece, reader) -> tuple[float, float, int]:
-        path, off, first, n = piece
-        fd, direct = fds[path]
-        t0 = time.perf_counter()
-        data = reader.read(fd, direct, off, n * row_bytes, path)
-        t1 = time.perf_counter()
-        put(f, np.frombuffer(data, dtype=f.store_dtype).reshape(n, *f.store_shape), first - start)
-        return t1 - t0, time.perf_counter() - t1, n * row_bytes
-
-    run_tasks(pieces, min(depth, max(1, len(pieces))), handle, stats, progress, file_reads=True)
+    stats.path = "files (native)"
+    index: dict[str, int] = {}
+    rb = rows_src.row_bytes
+    table = np.empty((len(pieces), 7), np.int64)
+    for t, (path, off, first, n) in enumerate(pieces):
+        table[t] = (index.setdefault(path, len(index)), off, n * rb, -1, 0, n * rb, (first - start) * rb)
+    stats.workers = min(depth, max(1, len(pieces)))
+    load_ranges_native(native, list(index), table, stats.workers, direct, stats, progress)
 
 
 def load_sliced(
@@ -565,7 +530,7 @@ def load_sliced(
         load_sliced_forked(reopen, f, bounds, start, put, convert, stats.workers, stats, progress)
         return
 
-    def handle(ab, _reader) -> tuple[float, float, int]:
+    def handle(ab) -> tuple[float, float, int]:
         t0 = time.perf_counter()
         rows = convert(arr, *ab)
         t1 = time.perf_counter()
