@@ -78,3 +78,26 @@ pub fn gather_u64(comm: &dyn Comm, value: u64) -> Result<Vec<u64>> {
         })
         .collect()
 }
+
+/// Every rank's `(color, key)` of a `split`, gathered in one allgather of
+/// 16-byte records (the one encoding every communicator's `split` uses); a
+/// record of another size is an error naming its rank.
+pub fn gather_split(comm: &dyn Comm, color: usize, key: usize) -> Result<Vec<(u64, u64)>> {
+    let mut record = [0u8; 16];
+    record[..8].copy_from_slice(&(color as u64).to_le_bytes());
+    record[8..].copy_from_slice(&(key as u64).to_le_bytes());
+    let all = comm.allgather(&record)?;
+    all.iter()
+        .enumerate()
+        .map(|(rank, bytes)| {
+            let arr: [u8; 16] = bytes.as_slice().try_into().map_err(|_| {
+                crate::Error::Comm(format!(
+                    "rank {rank} sent a split record of {} bytes, expected 16",
+                    bytes.len()
+                ))
+            })?;
+            let word = |i: usize| u64::from_le_bytes(arr[i..i + 8].try_into().expect("8 bytes"));
+            Ok((word(0), word(8)))
+        })
+        .collect()
+}

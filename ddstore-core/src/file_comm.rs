@@ -418,21 +418,12 @@ impl Comm for FileComm {
     }
 
     fn split(&self, color: usize, key: usize) -> Result<Arc<dyn Comm>> {
-        let mut rec = Vec::with_capacity(16);
-        rec.extend_from_slice(&(color as u64).to_le_bytes());
-        rec.extend_from_slice(&(key as u64).to_le_bytes());
-        let all = self.allgather(&rec)?;
-        let parse = |b: &[u8]| -> (u64, u64) {
-            (
-                u64::from_le_bytes(b[..8].try_into().unwrap()),
-                u64::from_le_bytes(b[8..16].try_into().unwrap()),
-            )
-        };
+        let all = crate::comm::gather_split(self, color, key)?;
         let mut members: Vec<(u64, usize)> = all
             .iter()
             .enumerate()
-            .filter(|(_, b)| b.len() == 16 && parse(b).0 == color as u64)
-            .map(|(rank, b)| (parse(b).1, rank))
+            .filter(|(_, &(c, _))| c == color as u64)
+            .map(|(rank, &(_, k))| (k, rank))
             .collect();
         members.sort_unstable();
         let new_rank = members

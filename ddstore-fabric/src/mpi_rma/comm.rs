@@ -475,23 +475,11 @@ impl Comm for MpiComm {
     /// Colors and keys may be any usize: one allgather turns them into the
     /// dense values MPI_Comm_split accepts, with the same grouping and order.
     fn split(&self, color: usize, key: usize) -> ddstore_core::Result<Arc<dyn Comm>> {
-        let mut record = [0u8; 16];
-        record[..8].copy_from_slice(&(color as u64).to_le_bytes());
-        record[8..].copy_from_slice(&(key as u64).to_le_bytes());
-        self.barrier_within(self.timeout)?;
-        let all = self.allgather_bytes(&record)?;
-        let mut pairs = Vec::with_capacity(all.len());
-        for (rank, bytes) in all.iter().enumerate() {
-            let arr: [u8; 16] = bytes.as_slice().try_into().map_err(|_| {
-                FabricError::Invalid(format!(
-                    "rank {rank} sent a split record of {} bytes",
-                    bytes.len()
-                ))
-            })?;
-            let c = u64::from_le_bytes(arr[..8].try_into().expect("8 bytes"));
-            let k = u64::from_le_bytes(arr[8..].try_into().expect("8 bytes"));
-            pairs.push((c, k, rank));
-        }
+        let pairs: Vec<(u64, u64, usize)> = ddstore_core::comm::gather_split(self, color, key)?
+            .into_iter()
+            .enumerate()
+            .map(|(rank, (c, k))| (c, k, rank))
+            .collect();
         let mut colors: Vec<u64> = pairs.iter().map(|p| p.0).collect();
         colors.sort_unstable();
         colors.dedup();
