@@ -236,6 +236,13 @@ pub const SETTINGS: &[(&str, Kind)] = &[
     ),
 ];
 
+/// One setting read from the process environment and checked against
+/// `SETTINGS` (for the few read where no store exists yet: job and host ids,
+/// test knobs); `None` when unset or empty.
+pub fn env_setting(key: &str) -> Result<Option<String>> {
+    setting(&|k| std::env::var(k).ok(), key)
+}
+
 /// The value of a flag or integer setting, checked against `SETTINGS`;
 /// `None` when unset or empty. Unknown keys are an error (a typo in code).
 pub fn setting(get: &impl Fn(&str) -> Option<String>, key: &str) -> Result<Option<String>> {

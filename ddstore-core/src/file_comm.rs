@@ -36,7 +36,7 @@ pub struct FileComm {
 /// `DDSTORE_JOB_ID`, else the launcher process (parent pid + its start time).
 pub fn default_job_id() -> String {
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    if let Some(job) = var("DDSTORE_JOB_ID") {
+    if let Ok(Some(job)) = crate::config::env_setting("DDSTORE_JOB_ID") {
         return job;
     }
     if let Some(job) = var("SLURM_JOB_ID") {

@@ -364,7 +364,7 @@ pub fn process_alive(pid: u32) -> bool {
 /// Identity of this machine: peers with the same id share /dev/shm.
 /// `DDSTORE_HOST_ID` overrides it (tests use it to make ranks "remote").
 pub fn host_id() -> String {
-    if let Ok(id) = std::env::var("DDSTORE_HOST_ID") {
+    if let Ok(Some(id)) = crate::config::env_setting("DDSTORE_HOST_ID") {
         return id;
     }
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();

@@ -79,9 +79,8 @@ fn usable_ptr(ptr: *mut u8, len: usize) -> FabricResult<*mut u8> {
 /// memory with another. Collective; every rank gets the same kind of answer
 /// so all ranks create the same windows.
 fn node_comm(comm: &MpiComm) -> ddstore_core::Result<Option<MpiComm>> {
-    let fake = std::env::var(FAKE_NODE_SIZE_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok());
+    let fake = ddstore_core::config::env_setting(FAKE_NODE_SIZE_ENV)?
+        .and_then(|v| v.parse::<usize>().ok());
     let node = match fake {
         Some(n) if n > 0 => comm.split_raw((comm.rank() / n) as c_int, comm.rank() as c_int)?,
         _ => comm.split_node()?,
