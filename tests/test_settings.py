@@ -198,6 +198,12 @@ def test_libfabric_defaults_keep_what_the_user_set():
     assert got["at_import"]["FI_UNIVERSE_SIZE"] == "64", got
     assert got["after"]["variables"]["FI_UNIVERSE_SIZE"] == ["64", False], got
     assert got["at_import"]["FI_MR_CACHE_MONITOR"] == "uffd", got
+    # Unset on a machine without an RDMA or Slingshot NIC: tcp will be chosen, so its defaults apply
+    # (a script that sets DDSTORE_FABRIC after import, or relies on the default order, gets them).
+    nic = any(os.path.isdir(d) and os.listdir(d) for d in ("/sys/class/infiniband", "/sys/class/cxi"))
+    if not nic and not os.path.exists("/dev/cxi0"):
+        got = _libfabric_run({})
+        assert got["at_import"]["FI_OFI_RXM_EAGER_LIMIT"] == str(64 << 20), got
     # Not rxm: no rxm variables (cxi sizes its address vectors from FI_UNIVERSE_SIZE).
     got = _libfabric_run({"DDSTORE_FABRIC": "shm"})
     assert got["at_import"]["FI_UNIVERSE_SIZE"] == "" and got["at_import"]["FI_OFI_RXM_BUFFER_SIZE"] == "", (

@@ -273,7 +273,7 @@ impl Region {
     pub fn locator(&self) -> Option<NodeLocator> {
         self.file.as_ref().map(|f| NodeLocator {
             host: host_id(),
-            pid: std::process::id(),
+            pid: crate::fork::current_pid(),
             fd: f.as_raw_fd(),
             len: self.len(),
         })

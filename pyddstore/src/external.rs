@@ -123,7 +123,7 @@ impl PyDeviceShare {
             start,
             count,
             row_bytes,
-            pid: std::process::id(),
+            pid: ddstore_core::fork::current_pid(),
         }
     }
 
@@ -257,7 +257,7 @@ impl PyDeviceShare {
     ) -> PyResult<()> {
         use ddstore_core::store::OwnRows;
         let store = self.store.bind(py).get();
-        let forked = std::process::id() != self.pid;
+        let forked = ddstore_core::fork::current_pid() != self.pid;
         let mode = if forked {
             OwnRows::Transport
         } else {
@@ -297,7 +297,7 @@ impl PyDeviceShare {
         dst: Bound<'_, PyAny>,
         rows: Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        if std::process::id() != self.pid {
+        if ddstore_core::fork::current_pid() != self.pid {
             return Err(crate::errors::to_py(
                 py,
                 ddstore_core::Error::Unsupported(format!(

@@ -64,8 +64,33 @@ pub(crate) fn universe_size_for(config: &Config) -> usize {
 ///   replies go eager, straight into the reader's posted buffer (1 x 3 KB
 ///   rows 130 -> 60 µs, measured with `python -m pyddstore.bench`).
 ///
+/// With `DDSTORE_FABRIC` unset the provider is chosen later, among cxi, efa,
+/// opx, verbs and tcp: on a machine with no such NIC ([`rdma_nic_present`])
+/// that is tcp, so its defaults apply as if `DDSTORE_FABRIC=tcp` were set.
+///
 /// Invalid `DDSTORE_*` values count as unset here: the store reports them.
 pub fn defaults_for(get: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, String)> {
+    defaults_for_machine(get, rdma_nic_present())
+}
+
+/// Whether this machine has a NIC a provider before tcp in the default order
+/// would use: an RDMA device (verbs, efa, opx: `/sys/class/infiniband`) or a
+/// Slingshot NIC (cxi).
+pub fn rdma_nic_present() -> bool {
+    let any_entry = |dir: &str| {
+        std::fs::read_dir(dir)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false)
+    };
+    any_entry("/sys/class/infiniband")
+        || any_entry("/sys/class/cxi")
+        || std::path::Path::new("/dev/cxi0").exists()
+}
+
+fn defaults_for_machine(
+    get: impl Fn(&str) -> Option<String>,
+    nic_present: bool,
+) -> Vec<(&'static str, String)> {
     let settings = Settings::from_lookup(&get).unwrap_or_default();
     let config = settings.config().unwrap_or_default();
     let mut out = vec![("FI_CXI_DISABLE_HOST_REGISTER", "1".to_string())];
@@ -77,10 +102,13 @@ pub fn defaults_for(get: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, 
     {
         out.push(("FI_MR_CACHE_MONITOR", "memhooks".into()));
     }
-    let provider = select::provider_candidates(config.fabric.as_deref())
-        .ok()
-        .filter(|c| c.len() == 1)
-        .map(|mut c| c.remove(0));
+    let provider = match config.fabric.as_deref() {
+        None if !nic_present => Some("tcp;ofi_rxm".to_string()),
+        fabric => select::provider_candidates(fabric)
+            .ok()
+            .filter(|c| c.len() == 1)
+            .map(|mut c| c.remove(0)),
+    };
     if let Some(p) = provider.filter(|p| p.contains("ofi_rxm")) {
         out.push(("FI_UNIVERSE_SIZE", universe_size_for(&config).to_string()));
         out.push(("FI_OFI_RXM_BUFFER_SIZE", RXM_BUFFER_BYTES.to_string()));
@@ -143,7 +171,10 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        defaults_for(move |k| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+        defaults_for_machine(
+            move |k| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()),
+            true,
+        )
     }
 
     #[test]
@@ -173,6 +204,10 @@ mod tests {
         // A bad setting counts as unset here (the store names it).
         let bad = names(&[("DDSTORE_FABRIC", "tcp"), ("DDSTORE_MAX_INFLIGHT", "lots")]);
         assert_eq!(bad, plain);
+        // Unset on a machine without an RDMA or Slingshot NIC: tcp will be chosen.
+        let no_nic = defaults_for_machine(|_| None, false);
+        assert!(no_nic.contains(&("FI_OFI_RXM_EAGER_LIMIT", (64usize << 20).to_string())));
+        assert!(no_nic.contains(&("FI_OFI_RXM_BUFFER_SIZE", "1024".into())));
     }
 
     #[test]
