@@ -44,7 +44,11 @@ start=$SECONDS
 for t in "${targets[@]}"; do
   [[ -n "${exe[$t]:-}" ]] || { echo "no test executable for $t" >&2; exit 2; }
   t0=$SECONDS
-  if "${memcheck[@]}" "${exe[$t]}" --test-threads=2 >"$logs/$t.log" 2>&1; then
+  skip=()
+  # That test forks: valgrind then checks the child too, which leaves with _exit
+  # while other test threads' memory is still held, so it reports them lost.
+  [[ $t == ddstore_core ]] && skip=(--skip a_forked_child_sees_its_own_pid)
+  if "${memcheck[@]}" "${exe[$t]}" --test-threads=2 "${skip[@]}" >"$logs/$t.log" 2>&1; then
     echo "memcheck $t: clean ($((SECONDS - t0)) s)"
   else
     echo "memcheck $t: FAILED (exit $?), log: $logs/$t.log"
