@@ -159,6 +159,17 @@ class _StoredDataset(Dataset):
     _decode: Any
     _device: torch.device | None
 
+    def _start_reading(
+        self, store: Any, schema: Schema, n: int, device: Any, decode: Any, hs: str, name: str
+    ) -> None:
+        """After a load or a restore: ready to read, and (method 2, rank 0) the meta file an
+        extra job opens the store through."""
+        self._init_reading(store, schema, n, device, decode)
+        self._meta_path = None
+        if store.method == 2 and store.rank == 0:
+            self._write_meta(hs, name, store.size, n, schema)
+            self._meta_path = os.path.join(hs, f"{name}.meta.json")
+
     def _init_reading(self, store: Any, schema: Schema, n: int, device: Any, decode: Any) -> None:
         self._store = store
         self._schema = schema
@@ -770,11 +781,7 @@ class DistDataset(_StoredDataset):
         except BaseException:
             self._free_quietly(store)
             raise
-        self._init_reading(store, schema, n, device, decode)
-        self._meta_path = None
-        if store.method == 2 and store.rank == 0:
-            self._write_meta(hs, name, store.size, n, schema)
-            self._meta_path = os.path.join(hs, f"{name}.meta.json")
+        self._start_reading(store, schema, n, device, decode, hs, name)
 
     def save(self, path: str) -> None:
         """Collective: writes every rank's share of every field to the directory path (one file
@@ -872,11 +879,7 @@ class DistDataset(_StoredDataset):
         except BaseException:
             self._free_quietly(store)
             raise
-        self._init_reading(store, schema, n, device, decode)
-        self._meta_path = None
-        if store.method == 2 and store.rank == 0:
-            self._write_meta(hs, name, store.size, n, schema)
-            self._meta_path = os.path.join(hs, f"{name}.meta.json")
+        self._start_reading(store, schema, n, device, decode, hs, name)
         return self
 
     @staticmethod
