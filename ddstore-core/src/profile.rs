@@ -85,17 +85,4 @@ impl Profile {
             ("copy_ns", self.copy_ns),
         ]
     }
-
-    /// Adds `other`'s counts (a ragged variable sums its values and ends).
-    pub fn merge(&mut self, other: &Profile) {
-        self.calls += other.calls;
-        self.rows += other.rows;
-        self.bytes += other.bytes;
-        self.local_rows += other.local_rows;
-        self.node_rows += other.node_rows;
-        self.remote_rows += other.remote_rows;
-        self.remote_reads += other.remote_reads;
-        self.remote_ns += other.remote_ns;
-        self.copy_ns += other.copy_ns;
-    }
 }

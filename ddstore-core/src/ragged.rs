@@ -34,6 +34,7 @@ use crate::comm::gather_u64;
 use crate::dtype::DType;
 use crate::layout::Layout;
 use crate::plan::{validate_rows, Plan, RepeatCopy};
+use crate::profile::{Counters, Profile};
 use crate::store::{OwnRows, Store, Variable};
 use crate::transport::{RaggedRequest, RemoteRead};
 use crate::{Error, Result};
@@ -107,6 +108,9 @@ pub(crate) struct RaggedVar {
     max_row_bytes: Option<Vec<u64>>,
     /// Staging buffers of finished gathered batches, reused by the next ones.
     staging: StagingPool,
+    /// Batches, ragged rows and value bytes read, rows split by where they
+    /// came from (the parts' counters count units and row ends instead).
+    counters: Counters,
 }
 
 /// Reader-filled staging buffers, handed back when their batch drops.
@@ -263,6 +267,7 @@ impl Store {
             ends,
             max_row_bytes,
             staging: StagingPool::default(),
+            counters: Counters::default(),
         };
         self.ragged
             .write()
@@ -284,6 +289,21 @@ impl Store {
             .get(name)
             .cloned()
             .ok_or_else(|| Error::UnknownVariable(name.to_string()))
+    }
+
+    /// Read counters of ragged variable `name`: calls, rows (ragged rows),
+    /// bytes (values) and the local / same-node / remote row split counted
+    /// per batch; transport reads and times summed over its two parts.
+    pub(crate) fn ragged_profile(&self, name: &str) -> Result<Profile> {
+        let var = self.ragged_var(name)?;
+        let mut p = var.counters.snapshot();
+        for part in [&var.ends, &var.values] {
+            let q = part.counters.snapshot();
+            p.remote_reads += q.remote_reads;
+            p.remote_ns += q.remote_ns;
+            p.copy_ns += q.copy_ns;
+        }
+        Ok(p)
     }
 
     /// Whether `name` is a ragged variable.
@@ -492,6 +512,7 @@ impl Store {
             plan.push_split(seg, max_read);
         }
         offsets.push(dst);
+        count_batch(&var.counters, &values, &located, dst as usize * ub);
         Ok(RaggedBatch {
             values,
             plan,
@@ -606,6 +627,27 @@ impl Store {
         self.read_ragged(&batch, &mut out)?;
         Ok((out, std::mem::take(&mut batch.offsets)))
     }
+}
+
+/// Adds one planned batch to a ragged variable's counters: its rows by
+/// where their values come from (own share, a same-node mapping, the
+/// transport) and the bytes of values it moves.
+fn count_batch(c: &Counters, values: &Variable, located: &[(usize, u64)], bytes: usize) {
+    let (mut own, mut node) = (0u64, 0u64);
+    for &(owner, _) in located {
+        if values.is_own(owner) {
+            own += 1;
+        } else if !values.is_remote(owner) {
+            node += 1;
+        }
+    }
+    let rows = located.len() as u64;
+    Counters::add(&c.calls, 1);
+    Counters::add(&c.rows, rows);
+    Counters::add(&c.bytes, bytes as u64);
+    Counters::add(&c.local_rows, own);
+    Counters::add(&c.node_rows, node);
+    Counters::add(&c.remote_rows, rows - own - node);
 }
 
 #[cfg(test)]

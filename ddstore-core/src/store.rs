@@ -57,7 +57,8 @@ pub struct Variable {
     /// Longest single read: `DDSTORE_MAX_READ_BYTES`, or less where the
     /// transport says so; the planner splits longer runs (the only split).
     pub(crate) max_read: usize,
-    counters: Counters,
+    /// What reads of this variable did (`get_profile`).
+    pub(crate) counters: Counters,
 }
 
 /// Named variables shared by the ranks of one group, read through one transport.
@@ -570,12 +571,11 @@ impl Store {
         self.var(name)?.remote.unregister_dst(addr, len)
     }
 
-    /// Read counters of `name` (a ragged variable's: its ends' and values' summed).
+    /// Read counters of `name` (for a ragged variable, rows are its ragged
+    /// rows and bytes its values: see `Store::ragged_profile`).
     pub fn profile(&self, name: &str) -> Result<Profile> {
         if self.is_ragged(name) {
-            let mut p = self.var(&ends_name(name))?.counters.snapshot();
-            p.merge(&self.var(&values_name(name))?.counters.snapshot());
-            return Ok(p);
+            return self.ragged_profile(name);
         }
         Ok(self.var(name)?.counters.snapshot())
     }
@@ -637,6 +637,11 @@ impl Variable {
     /// Per rank, where a same-node extra job maps its share (method 2).
     pub fn node_locators(&self) -> &[Option<NodeLocator>] {
         &self.node_locators
+    }
+
+    /// Whether `owner` is this process (its rows are in the local share).
+    pub(crate) fn is_own(&self, owner: usize) -> bool {
+        Some(owner) == self.my_rank
     }
 
     /// Whether rows of `owner` go through the transport (not a memory copy).

@@ -92,6 +92,17 @@ def main():
                 check(v, off, b, unit, dtype, f"{name} thread {t}")
 
         run_threads(3, reader)
+    # A ragged variable's profile counts its rows and value bytes, each row by where it came from.
+    b = rng.integers(0, N, 25)
+    before = store.get_profile("pos")
+    v, _ = store.get_batch("pos", b)
+    after = store.get_profile("pos")
+    d = {k: after[k] - before[k] for k in ("calls", "rows", "bytes", "local_rows", "node_rows", "remote_rows")}
+    own = sum(1 for r in b if int(r) in my_rows(rank, size))
+    assert d["calls"] == 1 and d["rows"] == len(b) and d["bytes"] == v.nbytes, d
+    assert d["local_rows"] == own and d["node_rows"] + d["remote_rows"] == len(b) - own, d
+    if os.environ.get("DDSTORE_SHM") == "0":
+        assert d["node_rows"] == 0, d
     # Through the fabric: a batch costs one read of row ends per owner plus the values' reads.
     if rank > 0 and os.environ.get("DDSTORE_SHM") == "0" and store.transport.startswith("ofi"):
         b = rng.choice(np.array(my_rows(0, size)), 12)  # rows of rank 0 only
