@@ -320,10 +320,7 @@ impl Store {
         let info = &var.info;
         let rows = validate_rows(rows, info.rows.total())?;
         let (ends_var, values) = (&var.ends, var.values.clone());
-        let located: Vec<(usize, u64)> = rows
-            .iter()
-            .map(|&r| info.rows.locate(r))
-            .collect::<Result<_>>()?;
+        let located: Vec<(usize, u64)> = rows.iter().map(|&r| info.rows.locate_valid(r)).collect();
         // Remote owners serving the gather path: whole rows in one round trip each.
         let gathered = self.gather_ragged(&var, &rows, &located)?;
         let is_gathered = |row: u64| {

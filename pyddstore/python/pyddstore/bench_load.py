@@ -12,6 +12,8 @@ ragged map-style dataset generated in memory (for its peak memory against its ra
 in the ratios) and a snapshot of the npz dataset restored with DistDataset.restore. The limit:
 every rank reads the bytes of its share of the .npz files with 1 and with --limit-threads threads
 (whole files, pread).
+A ceiling line calls the same np.load on 32 threads and drops the results (no store at all):
+what any loader calling that __getitem__ can reach on this machine.
 Each ratio case is also paired with a cold many-thread read just before it (x paired), and
 rank 0 prints what np.load of one file costs in CPU alone (one thread, warm cache): the ceiling
 of a map-style npz load is about cores x file size / that.
@@ -349,6 +351,19 @@ def _round(args, comm, d, n, my_files, timed, check_rows, DistDataset, h5py) -> 
         return buf.nbytes, None
 
     timed("fill a new share-sized buffer (memory)", fill_memory, ratio=False)
+
+    def npload_alone(threads: int = 32):
+        # The same np.load calls as the map-style load, on as many threads as its default depth,
+        # results dropped: the ceiling of any loader that calls this __getitem__ (no store at all).
+        from concurrent.futures import ThreadPoolExecutor
+
+        src = NpzFiles(d, n)
+        first = _share(n, comm)[0]
+        with ThreadPoolExecutor(threads) as pool:
+            got = sum(x.nbytes for x, _ in pool.map(src.__getitem__, range(first, first + len(my_files))))
+        return got, None
+
+    timed("np.load alone, 32 threads (no store)", npload_alone)
 
     def load(src, name, **kw):
         ds = DistDataset(src, name, comm, **kw)
