@@ -258,3 +258,31 @@ def test_ragged_schema_filler_and_json():
     rows = bonds.ragged_values(np.arange(6, dtype=np.int64), np.array([0, 0, 3]))
     assert isinstance(rows, RaggedRows) and rows.shapes == [(2, 0), (2, 3)]
     assert np.array_equal(rows.row(1), np.arange(6).reshape(2, 3)) and rows.row(0).shape == (2, 0)
+
+
+def test_hetero_field_names_round_trip_and_refuse_ambiguous_names():
+    pyg = pytest.importorskip("torch_geometric.data")
+    d = pyg.HeteroData()
+    d["atom"].x = torch.zeros(3, 2)
+    d["atom", "bond", "atom"].edge_index = torch.zeros(2, 4, dtype=torch.int64)
+    d.y = torch.tensor([1.0])
+    s = Schema.infer(d, "h")
+    assert s.structure == "pyg-hetero"
+    axes = {f.key: f.ragged for f in s.fields}
+    assert axes == {"y": 0, "atom.x": 0, "atom__bond__atom.edge_index": 1}, axes
+    back = Schema.from_json(json.loads(json.dumps(s.to_json())))
+    vals = s.field_values(d, 0)
+    (rebuilt,) = back.build({f.key: [v] for f, v in zip(back.fields, vals)}, 1)
+    assert type(rebuilt) is pyg.HeteroData
+    assert torch.equal(rebuilt["atom", "bond", "atom"].edge_index, d["atom", "bond", "atom"].edge_index)
+    assert torch.equal(rebuilt["atom"].x, d["atom"].x) and torch.equal(rebuilt.y, d.y)
+    # A second graph with another attribute set is refused, naming it.
+    other = pyg.HeteroData()
+    other["atom"].x = torch.zeros(1, 2)
+    with pytest.raises(SchemaError, match="sample 4 has attributes"):
+        s.field_values(other, 4)
+    for bad_type in ("a.b", "a__b"):
+        h = pyg.HeteroData()
+        h[bad_type].x = torch.zeros(1, 2)
+        with pytest.raises(SchemaTypeError, match="without '.' or '__'"):
+            Schema.infer(h, "bad")

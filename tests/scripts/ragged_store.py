@@ -97,7 +97,8 @@ def main():
     before = store.get_profile("pos")
     v, _ = store.get_batch("pos", b)
     after = store.get_profile("pos")
-    d = {k: after[k] - before[k] for k in ("calls", "rows", "bytes", "local_rows", "node_rows", "remote_rows")}
+    counted = ("calls", "rows", "bytes", "local_rows", "node_rows", "remote_rows")
+    d = {k: after[k] - before[k] for k in counted}
     own = sum(1 for r in b if int(r) in my_rows(rank, size))
     assert d["calls"] == 1 and d["rows"] == len(b) and d["bytes"] == v.nbytes, d
     assert d["local_rows"] == own and d["node_rows"] + d["remote_rows"] == len(b) - own, d

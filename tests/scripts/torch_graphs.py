@@ -81,6 +81,31 @@ class Graphs(Dataset):
         )
 
 
+class HeteroGraphs(Dataset):
+    """torch_geometric HeteroData: two node types (one of them empty in some graphs), two edge
+    types (one of them empty in some graphs) and a graph-level label."""
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        from torch_geometric.data import HeteroData
+
+        g = torch.Generator().manual_seed(1000 + i)
+        atoms, bonds = sizes(i)
+        rings = i % 3 + 1
+        d = HeteroData()
+        d["atom"].x = torch.randn(atoms, 3, generator=g)
+        d["atom"].z = torch.arange(atoms, dtype=torch.int32)
+        d["ring"].x = torch.rand(rings, 2, generator=g, dtype=torch.float64)
+        d["atom", "bond", "atom"].edge_index = torch.randint(0, max(atoms, 1), (2, bonds), generator=g)
+        d["atom", "in", "ring"].edge_index = torch.stack(
+            [torch.arange(atoms), torch.randint(0, rings, (atoms,), generator=g)]
+        )
+        d.y = torch.tensor([i * 0.25])
+        return d
+
+
 class Molecules(Dataset):
     """dicts: per-atom positions (ragged along 0), bonds (2, E) (ragged along 1), an energy."""
 
@@ -170,6 +195,85 @@ def check_graphs(ds, where, forked_ok, cls=None):
     assert ds.dtypes["edge_index"] == "int64" and ds.shapes["edge_index"] == (2, -1), (ds.dtypes, ds.shapes)
 
 
+def same_hetero(a, b, where):
+    """HeteroData (or HeteroDataBatch) a and b: the same class, stores, attributes and values."""
+    assert type(a) is type(b), f"{where}: {type(a)} vs {type(b)}"
+    da, db = a.to_dict(), b.to_dict()
+    assert set(da) == set(db), f"{where}: stores {set(da)} vs {set(db)}"
+    for k, va in da.items():
+        if isinstance(va, dict):
+            assert set(va) == set(db[k]), f"{where}.{k}: {set(va)} vs {set(db[k])}"
+            for attr, v in va.items():
+                tc.same(v, db[k][attr], f"{where}.{k}.{attr}")
+        else:
+            tc.same(va, db[k], f"{where}.{k}")
+
+
+def check_hetero(ds, where, forked_ok):
+    """HeteroData samples item by item, batch by batch (the torch_geometric loader, threads,
+    forked workers) and one field through read_rows."""
+    from pyddstore.torch import ThreadDataLoader
+    from torch_geometric.loader import DataLoader as GraphLoader
+
+    src = HeteroGraphs()
+    for i in range(N):
+        same_hetero(src[i], ds[i], f"{where} hetero graph {i}")
+    idx = [5, 3, 3, 0, N - 1, 1]
+    for i, g in zip(idx, ds.__getitems__(idx)):
+        same_hetero(src[i], g, f"{where} hetero batch item {i}")
+    want = list(GraphLoader(src, batch_size=6))
+    got = list(GraphLoader(ds, batch_size=6))
+    assert len(want) == len(got), where
+    for j, (a, b) in enumerate(zip(want, got)):
+        same_hetero(a, b, f"{where} hetero GraphLoader batch {j}")
+    collate = GraphLoader(src, batch_size=6).collate_fn
+    loader = ThreadDataLoader(ds, batch_size=6, num_workers=2, collate_fn=collate)
+    for j, (a, b) in enumerate(zip(want, loader)):
+        same_hetero(a, b, f"{where} hetero ThreadDataLoader batch {j}")
+    loader.close()
+    if forked_ok:
+        got = list(GraphLoader(ds, batch_size=6, num_workers=2))
+        for j, (a, b) in enumerate(zip(want, got)):
+            same_hetero(a, b, f"{where} hetero forked workers batch {j}")
+    rows = ds.read_rows(idx, fields=["atom__bond__atom.edge_index"])
+    for j, i in enumerate(idx):
+        tc.same(src[i]["atom", "bond", "atom"].edge_index, rows["atom__bond__atom.edge_index"].row(j), where)
+    assert ds.shapes["atom.x"] == (-1, 3) and ds.dtypes["ring.x"] == "float64", (ds.shapes, ds.dtypes)
+
+
+def check_graph_snapshots(het, comm, method):
+    import shutil
+    import tempfile
+
+    from pyddstore.torch import DistDataset
+    from torch_geometric.data import Data, HeteroData
+
+    from pyddstore import DDStoreTypeError
+
+    d = het._store.allgather(tempfile.mkdtemp(prefix="graph-snap-"))[0]
+    try:
+        het.save(os.path.join(d, "het"))
+        back = DistDataset.restore(os.path.join(d, "het"), "het_back", comm=comm, method=method)
+        for i in range(N):
+            same_hetero(HeteroGraphs()[i], back[i], f"restored hetero graph {i}")
+        back.free()
+        mols = DistDataset(Graphs(Mol), "mol_snap", comm=comm, method=method)
+        mols.save(os.path.join(d, "mol"))
+        mols.free()
+        back = DistDataset.restore(os.path.join(d, "mol"), "mol_back", comm=comm, method=method, data_cls=Mol)
+        for i in range(N):
+            same_graph(Graphs(Mol)[i], back[i], f"restored Mol graph {i}")
+        back.free()
+        mol = os.path.join(d, "mol")
+        tc.raises(DDStoreTypeError, lambda: DistDataset.restore(mol, comm=comm, data_cls=HeteroData), "Data")
+        plain = DistDataset.restore(os.path.join(d, "mol"), "mol_plain", comm=comm, method=method)
+        assert type(plain[3]) is Data, type(plain[3])
+        plain.free()
+    finally:
+        het._store.barrier()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def check_dicts(comm, method):
     from pyddstore.torch import DistDataset, SchemaError, WindowedDataset
 
@@ -223,6 +327,11 @@ def main():
         forked = method != 0 and os.environ.get("DDSTORE_FORK_WORKERS") == "1"
         check_graphs(ds, f"method {method}", forked, cls)
         ds.free()
+        het = DistDataset(HeteroGraphs(), f"hetero{method}", comm=w.comm, method=method)
+        check_hetero(het, f"method {method}", forked)
+        if method == 1:  # snapshots of graphs: restored as the caller's class
+            check_graph_snapshots(het, w.comm, method)
+        het.free()
     if A.part in ("all", "methods01"):
         check_dicts(w.comm, methods[0])
     print(f"rank {w.rank}: torch_graphs ok (method {', '.join(map(str, methods))})", flush=True)
@@ -233,12 +342,14 @@ def core():
     from pyddstore.torch import DistDataset
 
     ds = DistDataset(Graphs(Mol), "m2g", comm=w.comm, method=2, handshake_dir=A.hs)
+    het = DistDataset(HeteroGraphs(), "m2h", comm=w.comm, method=2, handshake_dir=A.hs)
     deadline = time.monotonic() + 300
     while not os.path.exists(DONE):
         assert time.monotonic() < deadline, "the reader did not finish"
         time.sleep(0.1)
     w.barrier()
     ds.free()
+    het.free()
     print(f"core rank {w.rank}: ok", flush=True)
 
 
@@ -256,6 +367,16 @@ def reader():
     plain = DistDatasetReader("m2g", handshake_dir=A.hs)  # without data_cls=: Data
     assert type(plain[4]) is Data and torch.equal(plain[4].ring, Graphs(Mol)[4].ring)
     plain.free()
+    from torch_geometric.data import HeteroData
+
+    wrong = lambda: DistDatasetReader("m2h", handshake_dir=A.hs, data_cls=Data)  # noqa: E731
+    tc.raises(DDStoreTypeError, wrong, "HeteroData")
+    het = DistDatasetReader("m2h", handshake_dir=A.hs)  # HeteroData without data_cls=
+    check_hetero(het, "method 2 reader", os.environ.get("DDSTORE_FORK_WORKERS") == "1")
+    het.free()
+    het = DistDatasetReader("m2h", handshake_dir=A.hs, data_cls=HeteroData)
+    same_hetero(HeteroGraphs()[6], het[6], "method 2 reader data_cls=HeteroData")
+    het.free()
     print("reader: ok", flush=True)
 
 

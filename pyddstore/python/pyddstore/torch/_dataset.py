@@ -38,13 +38,14 @@ from . import _load, _snapshot
 from ._schema import (
     META_VERSION,
     NDARRAY,
-    PYG,
+    PYG_HETERO,
+    PYG_STRUCTURES,
     TENSOR,
     Field,
     Schema,
     SchemaError,
     SchemaTypeError,
-    is_pyg_data_class,
+    pyg_structure_of,
     share_of,
 )
 
@@ -825,12 +826,16 @@ class DistDataset(_StoredDataset):
         method: int | None = None,
         handshake_dir: str | None = None,
         decode: Any = None,
+        data_cls: Any = None,
     ) -> DistDataset:
         """Collective: the dataset a DistDataset.save(path) wrote, loaded with large reads
         (DDSTORE_LOAD_DEPTH in flight, O_DIRECT with DDSTORE_LOAD_DIRECT=1) on this group of
         any size (rows re-split evenly). name= renames it (default: the saved name). Every
         block is checked against the manifest's checksums; a corrupt, truncated or mismatched
-        snapshot raises SnapshotError naming the file."""
+        snapshot raises SnapshotError naming the file. Graph samples come back as data_cls (a
+        torch_geometric Data or HeteroData subclass), else as Data or HeteroData: no class is
+        imported by a name read from the snapshot."""
+        _check_data_cls(data_cls, "DistDataset.restore")
         self = cls.__new__(cls)
         _StoredDataset.__init__(self)
         self._share_device = None
@@ -854,6 +859,7 @@ class DistDataset(_StoredDataset):
                 )
             self.name = name
             schema = Schema.from_json(manifest["schema"])
+            _use_data_cls(schema, data_cls, f"DistDataset.restore({path!r})")
             for f in schema.fields:
                 f.var = f"{name}/{f.key}"
             n = manifest["num_samples"]
@@ -917,7 +923,7 @@ class DistDataset(_StoredDataset):
         if agreed[0] == "err":
             raise local_err if local_err is not None else _rebuild_error(agreed[1])
         seq_type = schema.seq_type if store.rank == 0 else _type_from_name(agreed[2])
-        if store.rank != 0 and agreed[1].get("structure") == PYG:
+        if store.rank != 0 and agreed[1].get("structure") in PYG_STRUCTURES:
             seq_type = self._own_data_class(store, source, encode, n, agreed[2])
         return Schema.from_json(agreed[1], seq_type)
 
@@ -930,7 +936,7 @@ class DistDataset(_StoredDataset):
             cls = type(self._sample(source, start if count else 0, encode))
         except Exception:  # noqa: BLE001 - reading its own sample fails later, with context
             return None
-        return cls if is_pyg_data_class(cls) and _type_name(cls) == name else None
+        return cls if pyg_structure_of(cls) is not None and _type_name(cls) == name else None
 
     def _agree_ragged_axes(self, store: Any, source: Any, schema: Schema, encode: Any, n: int) -> None:
         """ragged='auto': every rank scans the shapes of its share (one extra pass over the
@@ -1158,8 +1164,8 @@ def read_meta(path: str, timeout: float) -> dict:
 class DistDatasetReader(_StoredDataset):
     """The dataset a method-2 core group (DistDataset(..., method=2)) holds, read from a
     separate extra job. Fields come from {handshake_dir}/{name}.meta.json. Graph samples come
-    back as ``data_cls`` (a torch_geometric ``Data`` subclass the caller passes; else ``Data``:
-    no class is ever imported by a name read from the meta file).
+    back as ``data_cls`` (a torch_geometric ``Data`` or ``HeteroData`` subclass the caller passes;
+    else ``Data`` or ``HeteroData``: no class is ever imported by a name read from the meta file).
 
     Example:
         ```python
@@ -1179,10 +1185,7 @@ class DistDatasetReader(_StoredDataset):
         data_cls: Any = None,
     ):
         super().__init__()
-        if data_cls is not None and not is_pyg_data_class(data_cls):
-            raise DDStoreTypeError(
-                f"DistDatasetReader(data_cls={data_cls!r}): expected torch_geometric.data.Data or a subclass"
-            )
+        _check_data_cls(data_cls, "DistDatasetReader")
         settings = _env_settings()  # one snapshot: this reader's and its store's
         hs = handshake_dir or settings.handshake_dir
         if not hs:
@@ -1193,14 +1196,7 @@ class DistDatasetReader(_StoredDataset):
         self.name = name
         self.meta = meta
         schema = Schema.from_json(meta)
-        if data_cls is not None:
-            if schema.structure != PYG:
-                raise DDStoreTypeError(
-                    f"DistDatasetReader('{name}', data_cls=...): the dataset's samples are "
-                    f"{schema.structure}s, not torch_geometric Data"
-                )
-            # The class comes from the caller, never from a name in the meta file.
-            schema.seq_type = data_cls
+        _use_data_cls(schema, data_cls, f"DistDatasetReader('{name}')")
         store = PyDDStore(None, method=2, handshake_dir=hs, n_core=int(n_core), settings=settings)
         for f in schema.fields:
             store.join(f.var)
@@ -1210,6 +1206,30 @@ class DistDatasetReader(_StoredDataset):
             if total != n:
                 raise DDStoreError(f"{f.var}: the core group holds {total} rows, the meta file says {n}")
         self._init_reading(store, schema, n, device, decode)
+
+
+def _check_data_cls(data_cls: Any, who: str) -> None:
+    if data_cls is not None and pyg_structure_of(data_cls) is None:
+        raise DDStoreTypeError(
+            f"{who}(data_cls={data_cls!r}): expected torch_geometric.data.Data, HeteroData "
+            "or a subclass of one"
+        )
+
+
+def _use_data_cls(schema: Schema, data_cls: Any, who: str) -> None:
+    """Graph samples of `schema` are built as data_cls (checked against the stored structure).
+    The class always comes from the caller, never from a name read from a file."""
+    if data_cls is None:
+        return
+    if schema.structure != pyg_structure_of(data_cls):
+        held = f"{schema.structure}s"
+        if schema.structure in PYG_STRUCTURES:
+            held = "torch_geometric " + ("HeteroData" if schema.structure == PYG_HETERO else "Data")
+        raise DDStoreTypeError(
+            f"{who} with data_cls={data_cls.__name__}: the dataset's samples are {held}, "
+            f"not {data_cls.__name__}"
+        )
+    schema.seq_type = data_cls
 
 
 def _drop_mapped_pages(array) -> None:

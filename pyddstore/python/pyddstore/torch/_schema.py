@@ -48,32 +48,86 @@ TUPLE = "tuple"
 LIST = "list"
 DICT = "dict"
 PYG = "pyg"  # torch_geometric.data.Data
+PYG_HETERO = "pyg-hetero"  # torch_geometric.data.HeteroData
+PYG_STRUCTURES = (PYG, PYG_HETERO)
 
 
-def _is_pyg_data(sample: Any) -> bool:
-    """Whether sample is a torch_geometric Data (checked without importing torch_geometric)."""
-    return is_pyg_data_class(type(sample))
+def _pyg_class_named(cls: Any, name: str) -> bool:
+    """Whether cls is torch_geometric's class `name` or a subclass of it (without importing it)."""
+    if not isinstance(cls, type):
+        return False
+    return any(c.__name__ == name and c.__module__.startswith("torch_geometric.") for c in cls.__mro__)
 
 
 def is_pyg_data_class(cls: Any) -> bool:
     """Whether cls is torch_geometric's Data or a subclass of it (without importing torch_geometric)."""
-    if not isinstance(cls, type):
-        return False
-    for c in cls.__mro__:
-        if c.__name__ == "Data" and c.__module__.startswith("torch_geometric."):
-            return True
-    return False
+    return _pyg_class_named(cls, "Data")
 
 
-def _pyg_data_class() -> Any:
+def is_pyg_hetero_class(cls: Any) -> bool:
+    """Whether cls is torch_geometric's HeteroData or a subclass of it."""
+    return _pyg_class_named(cls, "HeteroData")
+
+
+def pyg_structure_of(cls: Any) -> str | None:
+    """PYG or PYG_HETERO for a torch_geometric sample class, else None."""
+    if is_pyg_data_class(cls):
+        return PYG
+    if is_pyg_hetero_class(cls):
+        return PYG_HETERO
+    return None
+
+
+def _pyg_class(structure: str = PYG) -> Any:
+    """torch_geometric's Data (or HeteroData), imported only when samples need building."""
+    name = "HeteroData" if structure == PYG_HETERO else "Data"
     try:
-        from torch_geometric.data import Data
+        import torch_geometric.data as pyg_data
     except ImportError:
         raise SchemaTypeError(
-            "this dataset holds torch_geometric Data samples: install torch_geometric "
+            f"this dataset holds torch_geometric {name} samples: install torch_geometric "
             "(pip install 'pyddstore[graph]') to read them"
         ) from None
-    return Data
+    return getattr(pyg_data, name)
+
+
+# HeteroData attributes are stored as fields named the way torch_geometric writes edge types
+# ("author__writes__paper"): "paper.x" (node type "paper"), "author__writes__paper.edge_index"
+# (edge type), and "y" (a graph-level attribute). Type and attribute names must therefore not
+# contain "." or "__", so that every name maps back to one place.
+_EDGE_SEP = "__"
+
+
+def _hetero_key(store_key: Any, attr: Any, where: str) -> str:
+    """The field name of attribute `attr` of the store `store_key` (None: graph level)."""
+    parts = [] if store_key is None else [store_key] if isinstance(store_key, str) else list(store_key)
+    for name in [*parts, attr]:
+        if not isinstance(name, str) or not name or "." in name or _EDGE_SEP in name:
+            raise SchemaTypeError(
+                f"{where}: HeteroData type or attribute name {name!r} cannot be stored: names must be "
+                f"non-empty strings without '.' or '{_EDGE_SEP}'"
+            )
+    if store_key is not None and not isinstance(store_key, str) and len(parts) != 3:
+        raise SchemaTypeError(f"{where}: HeteroData edge type {store_key!r} is not (source, relation, dest)")
+    return ".".join([_EDGE_SEP.join(parts), attr]) if parts else attr
+
+
+def _hetero_place(key: str) -> tuple[Any, str]:
+    """(store key or None, attribute) of a HeteroData field name (the inverse of _hetero_key)."""
+    if "." not in key:
+        return None, key
+    prefix, attr = key.rsplit(".", 1)
+    parts = prefix.split(_EDGE_SEP)
+    return (tuple(parts) if len(parts) == 3 else prefix), attr
+
+
+def _hetero_items(sample: Any, where: str) -> list[tuple[str, Any, Any]]:
+    """(field name, value, store) of every attribute of a HeteroData sample, store by store."""
+    out = []
+    for store in sample.stores:
+        for attr, value in store.items():
+            out.append((_hetero_key(store._key, attr, where), value, store))
+    return out
 
 
 class RaggedRows(NamedTuple):
@@ -506,8 +560,9 @@ def _nonempty(field: Field, where: str) -> Field:
 
 
 def _container(sample: Any) -> str:
-    if _is_pyg_data(sample):
-        return PYG
+    structure = pyg_structure_of(type(sample))
+    if structure is not None:
+        return structure
     if isinstance(sample, dict):
         return DICT
     if isinstance(sample, tuple):
@@ -565,6 +620,12 @@ class Schema:
                     raise SchemaTypeError(f"sample 0: Data attribute {k!r} must be a str")
                 if k not in ragged and isinstance(v, torch.Tensor) and v.dim() >= 1:
                     ragged[k] = int(sample.__cat_dim__(k, v))
+        elif structure == PYG_HETERO:
+            items = []
+            for k, v, store in _hetero_items(sample, "sample 0"):
+                items.append((k, v))
+                if k not in ragged and isinstance(v, torch.Tensor) and v.dim() >= 1:
+                    ragged[k] = int(sample.__cat_dim__(_hetero_place(k)[1], v, store))
         elif structure == DICT:
             items = list(sample.items())
             for k, _ in items:
@@ -602,7 +663,7 @@ class Schema:
                 f.var = f"{name}/{k}"
                 out.append(f)
         # Data subclasses come back as their own class: the class object of the sample itself.
-        seq_type = type(sample) if structure in (TUPLE, LIST, DICT, PYG) else None
+        seq_type = type(sample) if structure in (TUPLE, LIST, DICT, *PYG_STRUCTURES) else None
         return cls(structure, out, keys, seq_type, None if structure == VALUE else len(items))
 
     # -- samples -> store -------------------------------------------------------------
@@ -616,13 +677,12 @@ class Schema:
             )
         if structure == VALUE:
             return [sample]
+        if structure == PYG_HETERO:
+            flat = {k: v for k, v, _ in _hetero_items(sample, f"sample {index}")}
+            self._same_attributes(set(flat), index)
+            return [flat[f.key] for f in self.fields]
         if structure == PYG:
-            have = set(sample.keys())  # noqa: SIM118 - Data.keys() is a method
-            if have != set(self.keys):
-                raise SchemaError(
-                    f"sample {index} has attributes {sorted(have)} but sample 0 had {sorted(self.keys)}; "
-                    "every graph must have the same attributes"
-                )
+            self._same_attributes(set(sample.keys()), index)  # noqa: SIM118 - Data.keys() is a method
         try:
             return [sample[f.key] for f in self.fields]
         except (KeyError, IndexError):
@@ -630,6 +690,13 @@ class Schema:
                 f"sample {index} has no field {next(f.key for f in self.fields if not _has(sample, f.key))!r}"
                 " that sample 0 has"
             ) from None
+
+    def _same_attributes(self, have: set, index: int) -> None:
+        if have != set(self.keys):
+            raise SchemaError(
+                f"sample {index} has attributes {sorted(have)} but sample 0 had {sorted(self.keys)}; "
+                "every graph must have the same attributes"
+            )
 
     def check_extra(self, sample: Any, index: int, n_fields: int) -> None:
         if len(sample) != n_fields:
@@ -648,8 +715,11 @@ class Schema:
         cols = [columns[k] for k in keys]
         if self.structure == PYG:
             # The samples' own class (a Data subclass too), else Data.
-            data = self.seq_type if self.seq_type is not None else _pyg_data_class()
+            data = self.seq_type if self.seq_type is not None else _pyg_class(PYG)
             return [_make_data(data, keys, vals) for vals in zip(*cols)]
+        if self.structure == PYG_HETERO:
+            data = self.seq_type if self.seq_type is not None else _pyg_class(PYG_HETERO)
+            return [_make_hetero(data, keys, vals) for vals in zip(*cols)]
         if self.structure == DICT:
             if self.seq_type is None or self.seq_type is dict:
                 return [dict(zip(keys, vals)) for vals in zip(*cols)]
@@ -684,7 +754,7 @@ class Schema:
         """Something per field, arranged like a sample (ds.shapes, ds.dtypes)."""
         if self.structure == VALUE:
             return per_field[self.keys[0]]
-        if self.structure in (DICT, PYG):
+        if self.structure in (DICT, *PYG_STRUCTURES):
             return {k: per_field[k] for k in self.keys}
         vals = [per_field[k] for k in self.keys]
         return vals if self.structure == LIST else tuple(vals)
@@ -709,6 +779,19 @@ def _make_data(cls: type, keys: list, vals: Any) -> Any:
         for k, v in zip(keys, vals):
             data[k] = v
         return data
+
+
+def _make_hetero(cls: type, keys: list, vals: Any) -> Any:
+    """A HeteroData (subclass) sample: each value set where its field name says (node type,
+    edge type, or the graph level)."""
+    data = cls()
+    for k, v in zip(keys, vals):
+        store_key, attr = _hetero_place(k)
+        if store_key is None:
+            data[attr] = v
+        else:
+            data[store_key][attr] = v
+    return data
 
 
 def _has(sample: Any, key: Any) -> bool:

@@ -35,7 +35,7 @@ from ._schema import (
     LIST,
     NDARRAY,
     NPSCALAR,
-    PYG,
+    PYG_STRUCTURES,
     RECORD,
     SUPPORTED_DTYPES,
     TENSOR,
@@ -368,7 +368,7 @@ def _check_manifest(m: Any, mpath: str) -> None:
 def _check_schema(schema: Schema, mpath: str) -> None:
     """Only what the store can hold: known kinds and structures, supported native dtypes,
     records without Python objects, non-negative dimensions (-1 on the ragged axis only)."""
-    if schema.structure not in (VALUE, TUPLE, LIST, DICT, PYG) or not schema.fields:
+    if schema.structure not in (VALUE, TUPLE, LIST, DICT, *PYG_STRUCTURES) or not schema.fields:
         raise SnapshotError(f"{mpath}: sample structure {schema.structure!r} is not one pyddstore writes")
     for f in schema.fields:
         where = f"{mpath}: field {f.key!r}"
