@@ -446,7 +446,8 @@ class PyDDStore:
         (waiting for transport completions), ``mr`` (live receive-buffer
         registrations), ``mr_miss`` (reads whose destination was not
         registered ahead: always 0, reads register per batch) and ``lock_wait``
-        (0: reads take no lock or epoch).
+        (0: reads take no lock or epoch). For a ragged variable ``rows`` are
+        its ragged rows and ``bytes`` their values.
 
         Example:
             ```python
