@@ -271,3 +271,52 @@ def test_meta_file_is_owner_only(handshake_dir):
         assert stat.S_IMODE((handshake_dir / "m2t.meta.json").stat().st_mode) == 0o600
     finally:
         core.stop()
+
+
+def test_extra_reads_of_freed_variables_raise(handshake_dir):
+    """The core job frees a fixed and a ragged variable while two extra jobs hold them, keeps
+    living and publishes different variables under the same names: every read of the old
+    handles raises DDStoreStaleError (never the old rows, never the new ones), on the same-node
+    mapping (with a thread reading through the free: each read returns the old rows or raises)
+    and through the fabric (DDSTORE_SHM=0, within DDSTORE_TIMEOUT_S); a fresh join reads the
+    new variables."""
+    env = {"DDSTORE_FABRIC": "tcp"}
+    core = Core(handshake_dir, env, 2, "m2_free_core.py")
+    extras = {}
+    try:
+        core.wait_ready(["fx.ddstore.json", "rg%23values.ddstore.json", "rg%23ends.ddstore.json"])
+        args = ["--hs", str(handshake_dir), "--n-core", "2"]
+        for tag, extra, more in [
+            ("shm", {"DDSTORE_SHM": "1"}, ["--race"]),
+            ("fabric", {"DDSTORE_SHM": "0", "DDSTORE_TIMEOUT_S": "5"}, []),
+        ]:
+            cmd = [sys.executable, str(SCRIPTS / "m2_free_extra.py"), *args, "--tag", tag, *more]
+            extras[tag] = subprocess.Popen(
+                cmd,
+                env=_env(extra_env(handshake_dir, {**env, **extra})),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        deadline = time.monotonic() + 120
+        while not all((handshake_dir / f"joined-{t}").exists() for t in extras):
+            for tag, p in extras.items():
+                assert p.poll() is None, f"extra {tag} exited early:\n" + "\n".join(p.communicate())
+            assert time.monotonic() < deadline, "the extra jobs did not join"
+            time.sleep(0.1)
+        (handshake_dir / "FREE").touch()
+        outs = {}
+        for tag, p in extras.items():
+            out, err = p.communicate(timeout=240)
+            outs[tag] = out
+            assert p.returncode == 0, f"extra {tag}:\n{out}\n{err}\n--- core ---\n{core.output()}"
+            assert f"free extra ok {tag}" in out and "DDStoreStaleError" in out, out
+            print(out)
+        assert "core rank" in outs["shm"] and "freed this variable" in outs["shm"]
+        assert core.stop() == 0, core.output()
+    finally:
+        for p in extras.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        core.kill()
