@@ -320,3 +320,39 @@ def test_extra_reads_of_freed_variables_raise(handshake_dir):
                 p.kill()
                 p.wait()
         core.kill()
+
+
+def test_dist_dataset_reader_of_a_freed_dataset_raises(handshake_dir):
+    """DistDatasetReader (same node) over a DistDataset with a fixed and a ragged field that the
+    core job frees and re-creates under the same name: the old reader's item, batch and
+    ragged row reads raise DDStoreStaleError, a new reader reads the new samples."""
+    env = {"DDSTORE_FABRIC": "tcp"}
+    core = Core(handshake_dir, env, 2, "m2_torch_free_core.py")
+    try:
+        core.wait_ready(["m2f.meta.json"])
+        cmd = [sys.executable, str(SCRIPTS / "m2_torch_free_extra.py"), "--hs", str(handshake_dir)]
+        extra = subprocess.Popen(
+            cmd + ["--n-core", "2"],
+            env=_env(extra_env(handshake_dir, env)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 180
+            while not (handshake_dir / "joined-torch").exists():
+                assert extra.poll() is None, "\n".join(extra.communicate())
+                assert time.monotonic() < deadline, "the extra job did not join"
+                time.sleep(0.1)
+            (handshake_dir / "FREE").touch()
+            out, err = extra.communicate(timeout=240)
+        finally:
+            if extra.poll() is None:
+                extra.kill()
+                extra.wait()
+        assert extra.returncode == 0, f"{out}\n{err}\n--- core ---\n{core.output()}"
+        assert "torch free extra ok: DDStoreStaleError" in out, out
+        print(out)
+        assert core.stop() == 0, core.output()
+    finally:
+        core.kill()

@@ -59,3 +59,26 @@ def free_gen_ragged(gen: int, rows):
     parts = [np.arange(n, dtype=np.int64) + 100 * r + 100000 * gen for r, n in zip(rows, lengths)]
     values = np.concatenate(parts) if parts else np.empty(0, np.int64)
     return values, lengths
+
+
+class FreeGenSamples:
+    """m2_torch_free_core.py's dataset, generation `gen`: {"x": (3,) float32, "pos": (L, 2)
+    float32 with L = 0..3 varying by generation}."""
+
+    n = 23
+
+    def __init__(self, gen: int):
+        self.gen = gen
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        import torch
+
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        x = torch.arange(3, dtype=torch.float32) + 10 * i + 1000 * self.gen
+        rows = (i + self.gen) % 4
+        pos = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2) + 100 * i + 1000 * self.gen
+        return {"x": x, "pos": pos}

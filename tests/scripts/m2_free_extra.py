@@ -102,9 +102,11 @@ def main():
     assert "attach again" in str(e) and "core rank" in str(e) and e.peer in (0, 1), (str(e), e.peer)
     assert not np.array_equal(out, free_gen_fixed(1, rows)), "the old rows came back"
     assert not np.array_equal(out, free_gen_fixed(2, rows)), "the new variable's rows came back"
+    t0 = time.monotonic()
+    expect_error(DDStoreStaleError, "'fx'", old.get_batch, "fx", out, rows)  # and stays so, at once
+    assert time.monotonic() - t0 < 2, "a handle known stale waited again"
     expect_error(DDStoreStaleError, "'fx'", old.get, "fx", out[:5], 30)
     expect_error(DDStoreStaleError, "'rg'", old.get_batch, "rg", [0, n - 1, 4])
-    expect_error(DDStoreStaleError, "'fx'", old.get_batch, "fx", out, rows)  # and stays so
     if thread:
         time.sleep(0.3)
         stop.set()

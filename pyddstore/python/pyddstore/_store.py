@@ -166,8 +166,10 @@ class PyDDStore:
         self._py_times = {"py_get": 0.0, "py_gets": 0.0, "py_sync": 0.0}
         self._recv: set = set()
         self._ragged_units: dict = {}  # ragged variables here -> their unit shape
-        # Extra members: per joined name, the records it was joined from (see _raise_if_freed).
+        # Extra members: per joined name, the records it was joined from (see _raise_if_freed),
+        # and the names found freed by the core job (later reads fail at once, no timeout).
         self._joined: dict = {}
+        self._freed_names: dict = {}
         self._publisher = None
         if method == 2 and not self.is_extra:
             self._publisher = _handshake.Publisher(self, self.handshake_dir)
@@ -310,6 +312,8 @@ class PyDDStore:
         ``arr`` reads nothing and succeeds for any ``0 <= start <= rows``."""
         t = time.perf_counter()
         try:
+            if self._freed_names:
+                self._raise_if_known_freed(name)
             self._native.get(name, arr, start)
         except DDStoreError as e:
             self._raise_if_freed(name, e)
@@ -332,6 +336,8 @@ class PyDDStore:
         """
         t = time.perf_counter()
         try:
+            if self._freed_names:
+                self._raise_if_known_freed(name)
             if indices is None or name in self._ragged_units:
                 if indices is None:
                     if name not in self._ragged_units and name in self._native.names():
@@ -610,7 +616,15 @@ class PyDDStore:
             f"job publishes now (the read failed with: {error})"
         )
         e.peer = peer
+        self._freed_names[name] = e
         raise e from error
+
+    def _raise_if_known_freed(self, name: str) -> None:
+        known = self._freed_names.get(name)
+        if known is not None:
+            e = DDStoreStaleError(str(known))
+            e.peer = known.peer
+            raise e
 
     def free(self) -> None:
         """Collective: releases every variable once every rank has stopped reading. Idempotent.
