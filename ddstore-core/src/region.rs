@@ -465,7 +465,8 @@ pub fn map_peer(loc: &NodeLocator) -> Result<PeerMapping> {
         .map_err(|e| Error::io("reading peer share size", e))?
         .len();
     let want = loc.ctl.checked_add(CONTROL_BYTES);
-    if loc.ctl < loc.len || loc.ctl % PAGE != 0 || want.is_none_or(|w| actual < w as u64) {
+    if loc.ctl < loc.len || !loc.ctl.is_multiple_of(PAGE) || want.is_none_or(|w| actual < w as u64)
+    {
         return Err(Error::Comm(format!(
             "peer share {} has {actual} bytes, expected {} and a control block at {}",
             path.display(),
