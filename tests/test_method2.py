@@ -273,14 +273,16 @@ def test_meta_file_is_owner_only(handshake_dir):
         core.stop()
 
 
-def test_extra_reads_of_freed_variables_raise(handshake_dir):
+@pytest.mark.parametrize("fabric", ["tcp", "shm"])
+def test_extra_reads_of_freed_variables_raise(fabric, handshake_dir):
     """The core job frees a fixed and a ragged variable while two extra jobs hold them, keeps
     living and publishes different variables under the same names: every read of the old
     handles raises DDStoreStaleError (never the old rows, never the new ones), on the same-node
     mapping (with a thread reading through the free: each read returns the old rows or raises)
-    and through the fabric (DDSTORE_SHM=0, within DDSTORE_TIMEOUT_S); a fresh join reads the
-    new variables."""
-    env = {"DDSTORE_FABRIC": "tcp"}
+    and through the fabric (DDSTORE_SHM=0, within DDSTORE_TIMEOUT_S: tcp's gather requests, shm's
+    one-sided reads by address, which a re-added share must not be found at); a fresh join reads
+    the new variables."""
+    env = {"DDSTORE_FABRIC": fabric}
     core = Core(handshake_dir, env, 2, "m2_free_core.py")
     extras = {}
     try:

@@ -15,6 +15,7 @@
 use std::any::Any;
 use std::ffi::CString;
 use std::fs::File;
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -337,7 +338,8 @@ impl Region {
         };
         // SAFETY: the mapping is at least `len` bytes, writable, and is moved
         // into the owner so it lives as long as the RawMemory.
-        let memory = unsafe { RawMemory::new(ptr, len, true, Arc::new(OwnedMapping(mapping))) };
+        let owned = Arc::new(OwnedMapping(ManuallyDrop::new(mapping)));
+        let memory = unsafe { RawMemory::new(ptr, len, true, owned) };
         Region {
             memory,
             file,
@@ -388,10 +390,43 @@ impl Drop for Region {
     }
 }
 
-struct OwnedMapping(#[allow(dead_code)] Mapping);
+/// A region's mapping. When the region goes, its address range is not
+/// handed back: a one-sided fabric reader of another job still holding the
+/// freed share's address (and a key the provider may issue again: shm reads
+/// by address) would otherwise read whatever share is mapped there next. The
+/// range is replaced by an inaccessible reservation with no memory behind it,
+/// kept for the process's life (address space only), so such a read fails.
+struct OwnedMapping(ManuallyDrop<Mapping>);
 // SAFETY: a mapping is plain memory; ownership only decides when it is unmapped.
 unsafe impl Send for OwnedMapping {}
 unsafe impl Sync for OwnedMapping {}
+
+impl Drop for OwnedMapping {
+    fn drop(&mut self) {
+        let (ptr, len) = match &*self.0 {
+            Mapping::Anonymous(m) | Mapping::Shared(m) => (m.as_ptr(), m.len()),
+        };
+        // SAFETY: ptr..ptr+len is this mapping (memmap2 maps at offset 0, so
+        // ptr is page-aligned), which nothing uses once its last owner is
+        // gone; MAP_FIXED replaces it in one call (its pages are released),
+        // PROT_NONE with MAP_NORESERVE commits no memory.
+        let reserved = unsafe {
+            libc::mmap(
+                ptr as *mut libc::c_void,
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if reserved == libc::MAP_FAILED {
+            // SAFETY: not reserved: unmapped as usual, once.
+            unsafe { ManuallyDrop::drop(&mut self.0) };
+        }
+        // Reserved: the memmap2 value is left undropped (it would unmap the reservation).
+    }
+}
 
 impl Memory for Region {
     fn len(&self) -> usize {
@@ -647,5 +682,26 @@ mod tests {
         };
         assert!(map_peer(&moved).is_err(), "control block inside the share");
         assert!(map_peer(&loc).is_ok());
+    }
+
+    #[test]
+    fn a_freed_region_keeps_its_addresses_from_the_next_region() {
+        for shared in [false, true] {
+            let make = || {
+                if shared {
+                    Region::shared("v", 3 * PAGE).unwrap()
+                } else {
+                    Region::anonymous(3 * PAGE).unwrap()
+                }
+            };
+            let first = make();
+            let addr = first.as_ptr() as usize;
+            drop(first);
+            let next: Vec<Region> = (0..4).map(|_| make()).collect();
+            assert!(
+                next.iter().all(|r| r.as_ptr() as usize != addr),
+                "a new region took a freed one's address (shared: {shared})"
+            );
+        }
     }
 }

@@ -16,8 +16,9 @@ import time
 import torch
 from _common import expect_error, main_guard
 from m2_common import FreeGenSamples
-from pyddstore import DDStoreStaleError
 from pyddstore.torch import DistDatasetReader
+
+from pyddstore import DDStoreStaleError
 
 
 def check(reader, gen: int) -> None:
