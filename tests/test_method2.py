@@ -271,3 +271,90 @@ def test_meta_file_is_owner_only(handshake_dir):
         assert stat.S_IMODE((handshake_dir / "m2t.meta.json").stat().st_mode) == 0o600
     finally:
         core.stop()
+
+
+@pytest.mark.parametrize("fabric", ["tcp", "shm"])
+def test_extra_reads_of_freed_variables_raise(fabric, handshake_dir):
+    """The core job frees a fixed and a ragged variable while two extra jobs hold them, keeps
+    living and publishes different variables under the same names: every read of the old
+    handles raises DDStoreStaleError (never the old rows, never the new ones), on the same-node
+    mapping (with a thread reading through the free: each read returns the old rows or raises)
+    and through the fabric (DDSTORE_SHM=0, within DDSTORE_TIMEOUT_S: tcp's gather requests, shm's
+    one-sided reads by address, which a re-added share must not be found at); a fresh join reads
+    the new variables."""
+    env = {"DDSTORE_FABRIC": fabric}
+    core = Core(handshake_dir, env, 2, "m2_free_core.py")
+    extras = {}
+    try:
+        core.wait_ready(["fx.ddstore.json", "rg%23values.ddstore.json", "rg%23ends.ddstore.json"])
+        args = ["--hs", str(handshake_dir), "--n-core", "2"]
+        for tag, extra, more in [
+            ("shm", {"DDSTORE_SHM": "1"}, ["--race"]),
+            ("fabric", {"DDSTORE_SHM": "0", "DDSTORE_TIMEOUT_S": "5"}, []),
+        ]:
+            cmd = [sys.executable, str(SCRIPTS / "m2_free_extra.py"), *args, "--tag", tag, *more]
+            extras[tag] = subprocess.Popen(
+                cmd,
+                env=_env(extra_env(handshake_dir, {**env, **extra})),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        deadline = time.monotonic() + 120
+        while not all((handshake_dir / f"joined-{t}").exists() for t in extras):
+            for tag, p in extras.items():
+                assert p.poll() is None, f"extra {tag} exited early:\n" + "\n".join(p.communicate())
+            assert time.monotonic() < deadline, "the extra jobs did not join"
+            time.sleep(0.1)
+        (handshake_dir / "FREE").touch()
+        outs = {}
+        for tag, p in extras.items():
+            out, err = p.communicate(timeout=240)
+            outs[tag] = out
+            assert p.returncode == 0, f"extra {tag}:\n{out}\n{err}\n--- core ---\n{core.output()}"
+            assert f"free extra ok {tag}" in out and "DDStoreStaleError" in out, out
+            print(out)
+        assert "core rank" in outs["shm"] and "freed this variable" in outs["shm"]
+        assert core.stop() == 0, core.output()
+    finally:
+        for p in extras.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        core.kill()
+
+
+def test_dist_dataset_reader_of_a_freed_dataset_raises(handshake_dir):
+    """DistDatasetReader (same node) over a DistDataset with a fixed and a ragged field that the
+    core job frees and re-creates under the same name: the old reader's item, batch and
+    ragged row reads raise DDStoreStaleError, a new reader reads the new samples."""
+    env = {"DDSTORE_FABRIC": "tcp"}
+    core = Core(handshake_dir, env, 2, "m2_torch_free_core.py")
+    try:
+        core.wait_ready(["m2f.meta.json"])
+        cmd = [sys.executable, str(SCRIPTS / "m2_torch_free_extra.py"), "--hs", str(handshake_dir)]
+        extra = subprocess.Popen(
+            cmd + ["--n-core", "2"],
+            env=_env(extra_env(handshake_dir, env)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 180
+            while not (handshake_dir / "joined-torch").exists():
+                assert extra.poll() is None, "\n".join(extra.communicate())
+                assert time.monotonic() < deadline, "the extra job did not join"
+                time.sleep(0.1)
+            (handshake_dir / "FREE").touch()
+            out, err = extra.communicate(timeout=240)
+        finally:
+            if extra.poll() is None:
+                extra.kill()
+                extra.wait()
+        assert extra.returncode == 0, f"{out}\n{err}\n--- core ---\n{core.output()}"
+        assert "torch free extra ok: DDStoreStaleError" in out, out
+        print(out)
+        assert core.stop() == 0, core.output()
+    finally:
+        core.kill()

@@ -80,6 +80,17 @@ pub enum Error {
         /// What was refused and why.
         message: String,
     },
+    /// A read of a share whose owner freed it (a method-2 core job freed the
+    /// variable, or freed it and added another under the same name) from a
+    /// process that attached to it: this handle reads nothing more; attach
+    /// again (maps to `DDStoreStaleError`).
+    #[error("{message}")]
+    Stale {
+        /// The rank whose share was freed.
+        peer: usize,
+        /// Which variable, and what to do.
+        message: String,
+    },
     /// Refused for safety: an untrusted directory or file, a wrong token, a name
     /// another live job holds (maps to `DDStoreAccessError`).
     #[error("{0}")]
@@ -145,7 +156,9 @@ impl Error {
     pub fn peer(&self) -> Option<usize> {
         match self {
             Error::Call { peer, .. } => *peer,
-            Error::Timeout { peer, .. } | Error::Refused { peer, .. } => Some(*peer),
+            Error::Timeout { peer, .. }
+            | Error::Refused { peer, .. }
+            | Error::Stale { peer, .. } => Some(*peer),
             _ => None,
         }
     }

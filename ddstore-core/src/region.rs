@@ -3,13 +3,23 @@
 //! read-only mappings of peers' shares.
 //!
 //! All raw memory access of the core crate lives here, behind bounds checks.
+//!
+//! A shared region ends with a control block on a page of its own: a
+//! random id (so a reader knows it mapped the region its locator names, not
+//! another one that reused the file descriptor) and a state word the owner
+//! sets to "retired" when it frees the region, before unmapping it. A
+//! same-node reader in another job ([`ShareState`]) checks that word after
+//! each copy: its mapping keeps the pages alive after the owner frees them,
+//! so without the word it would go on reading a freed variable's bytes.
 
 use std::any::Any;
 use std::ffi::CString;
 use std::fs::File;
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
+use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use memmap2::{Mmap, MmapMut, MmapOptions};
@@ -192,6 +202,51 @@ pub struct Region {
     memory: RawMemory,
     /// The memfd of a shared region (kept open: it is how peers find it).
     file: Option<File>,
+    /// A shared region's control block (see the module docs).
+    control: Option<Control>,
+}
+
+/// Where a shared region's control block is, and who may retire it.
+struct Control {
+    /// Offset of the block in the mapping (past the share, page-aligned).
+    offset: usize,
+    /// The region's random id, also in its locator.
+    id: u64,
+    /// Only the creating process retires it: a forked child dropping its
+    /// inherited copy must not mark the parent's live share freed.
+    creator: crate::fork::CreatedBy,
+}
+
+/// Bytes a control block is placed after: one page past the share's end.
+const PAGE: usize = 4096;
+/// The state word of a region whose owner holds it.
+const STATE_LIVE: u32 = 0x4444_5331;
+/// The state word once the owner freed the region (anything but
+/// [`STATE_LIVE`] reads as not live: a zeroed or foreign block too).
+const STATE_RETIRED: u32 = 0x4444_53ff;
+/// Offset of the id in the control block (the state word is at 0).
+const ID_AT: usize = 8;
+/// Bytes of the control block a reader needs.
+const CONTROL_BYTES: usize = 16;
+
+/// The control block's offset for a share of `len` bytes.
+fn control_offset(len: usize) -> Option<usize> {
+    len.max(1).checked_next_multiple_of(PAGE)
+}
+
+/// An id no other region of this host is likely to have: the clock, the
+/// pid and a per-process counter, mixed.
+fn region_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u32(crate::fork::current_pid());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    h.write_u64(now);
+    h.finish()
 }
 
 enum Mapping {
@@ -210,6 +265,10 @@ pub struct NodeLocator {
     pub fd: i32,
     /// Length of the region in bytes.
     pub len: usize,
+    /// Offset of the region's control block in the file (see the module docs).
+    pub ctl: usize,
+    /// The region's id, as its control block holds it.
+    pub id: u64,
 }
 
 impl NodeLocator {
@@ -226,7 +285,7 @@ impl Region {
             .len(len.max(1))
             .map_anon()
             .map_err(|e| Error::io(format!("allocating a share of {len} bytes"), e))?;
-        Ok(Self::from_mapping(Mapping::Anonymous(map), len, None))
+        Ok(Self::from_mapping(Mapping::Anonymous(map), len, None, None))
     }
 
     /// Page-aligned memory of `len` bytes in an owner-only memfd that
@@ -253,20 +312,54 @@ impl Region {
         };
         file.set_permissions(std::fs::Permissions::from_mode(0o600))
             .map_err(ctx("restricting"))?;
-        file.set_len(len.max(1) as u64).map_err(ctx("sizing"))?;
+        let ctl = control_offset(len)
+            .ok_or_else(|| Error::invalid(format!("a shared share of {len} bytes is too large")))?;
+        file.set_len((ctl + PAGE) as u64).map_err(ctx("sizing"))?;
         // SAFETY: the memfd is ours; peers only ever map it read-only.
         let map = unsafe { MmapMut::map_mut(&file) }.map_err(ctx("mapping"))?;
-        Ok(Self::from_mapping(Mapping::Shared(map), len, Some(file)))
+        let control = Control {
+            offset: ctl,
+            id: region_id(),
+            creator: crate::fork::CreatedBy::this_process(),
+        };
+        let region = Self::from_mapping(Mapping::Shared(map), len, Some(file), Some(control));
+        region.set_state(STATE_LIVE);
+        Ok(region)
     }
 
-    fn from_mapping(mut mapping: Mapping, len: usize, file: Option<File>) -> Region {
+    fn from_mapping(
+        mut mapping: Mapping,
+        len: usize,
+        file: Option<File>,
+        control: Option<Control>,
+    ) -> Region {
         let ptr = match &mut mapping {
             Mapping::Anonymous(m) | Mapping::Shared(m) => m.as_mut_ptr(),
         };
         // SAFETY: the mapping is at least `len` bytes, writable, and is moved
         // into the owner so it lives as long as the RawMemory.
-        let memory = unsafe { RawMemory::new(ptr, len, true, Arc::new(OwnedMapping(mapping))) };
-        Region { memory, file }
+        let owned = Arc::new(OwnedMapping(ManuallyDrop::new(mapping)));
+        let memory = unsafe { RawMemory::new(ptr, len, true, owned) };
+        Region {
+            memory,
+            file,
+            control,
+        }
+    }
+
+    /// Writes the control block's id, then (release) its state word.
+    fn set_state(&self, state: u32) {
+        let Some(c) = &self.control else { return };
+        // SAFETY: `shared` sized the file (and so the mapping, which the
+        // RawMemory keeps) to `c.offset + PAGE` bytes, and `c.offset` is
+        // page-aligned: both fields are in bounds and aligned. The block
+        // lies past the share, where no other write of this process goes;
+        // readers in other processes only load the state word atomically.
+        unsafe {
+            let block = self.memory.ptr.add(c.offset);
+            block.add(ID_AT).cast::<u64>().write_volatile(c.id.to_le());
+            AtomicU32::from_ptr(block.cast::<u32>()).store(state, Ordering::Release);
+        }
     }
 
     /// How a same-node process reaches this region, if it is shared.
@@ -276,14 +369,64 @@ impl Region {
             pid: crate::fork::current_pid(),
             fd: f.as_raw_fd(),
             len: self.len(),
+            ctl: self.control.as_ref().map_or(0, |c| c.offset),
+            id: self.control.as_ref().map_or(0, |c| c.id),
         })
     }
 }
 
-struct OwnedMapping(#[allow(dead_code)] Mapping);
+impl Drop for Region {
+    /// Marks a shared region retired before it is unmapped, so same-node
+    /// readers of other jobs (whose mappings outlive this one) stop reading
+    /// it. Never blocks and never waits for readers.
+    fn drop(&mut self) {
+        if self
+            .control
+            .as_ref()
+            .is_some_and(|c| c.creator.is_this_process())
+        {
+            self.set_state(STATE_RETIRED);
+        }
+    }
+}
+
+/// A region's mapping. When the region goes, its address range is not
+/// handed back: a one-sided fabric reader of another job still holding the
+/// freed share's address (and a key the provider may issue again: shm reads
+/// by address) would otherwise read whatever share is mapped there next. The
+/// range is replaced by an inaccessible reservation with no memory behind it,
+/// kept for the process's life (address space only), so such a read fails.
+struct OwnedMapping(ManuallyDrop<Mapping>);
 // SAFETY: a mapping is plain memory; ownership only decides when it is unmapped.
 unsafe impl Send for OwnedMapping {}
 unsafe impl Sync for OwnedMapping {}
+
+impl Drop for OwnedMapping {
+    fn drop(&mut self) {
+        let (ptr, len) = match &*self.0 {
+            Mapping::Anonymous(m) | Mapping::Shared(m) => (m.as_ptr(), m.len()),
+        };
+        // SAFETY: ptr..ptr+len is this mapping (memmap2 maps at offset 0, so
+        // ptr is page-aligned), which nothing uses once its last owner is
+        // gone; MAP_FIXED replaces it in one call (its pages are released),
+        // PROT_NONE with MAP_NORESERVE commits no memory.
+        let reserved = unsafe {
+            libc::mmap(
+                ptr as *mut libc::c_void,
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if reserved == libc::MAP_FAILED {
+            // SAFETY: not reserved: unmapped as usual, once.
+            unsafe { ManuallyDrop::drop(&mut self.0) };
+        }
+        // Reserved: the memmap2 value is left undropped (it would unmap the reservation).
+    }
+}
 
 impl Memory for Region {
     fn len(&self) -> usize {
@@ -309,8 +452,46 @@ impl Memory for Region {
     }
 }
 
-/// Read-only mapping of a same-node peer's shared region.
-pub fn map_peer(loc: &NodeLocator) -> Result<RawMemory> {
+/// A same-node peer's shared region, mapped read-only, and its state word.
+pub struct PeerMapping {
+    /// The share's bytes.
+    pub memory: RawMemory,
+    /// Whether its owner still holds it.
+    pub state: ShareState,
+}
+
+/// The state word of a peer's shared region, read from this process's
+/// mapping of it (which it keeps alive).
+pub struct ShareState {
+    word: *const u32,
+    _mapping: Arc<ReadOnlyMapping>,
+}
+
+// SAFETY: the word is only ever loaded atomically, from any thread; the Arc
+// keeps it mapped.
+unsafe impl Send for ShareState {}
+unsafe impl Sync for ShareState {}
+
+impl ShareState {
+    /// Whether the owner has not freed the region. Reads of the region made
+    /// before this call are ordered before its load (an acquire fence, as a
+    /// seqlock reader validates): `true` after a copy means the copy read
+    /// the bytes the owner held, not bytes from after a free.
+    pub fn is_live(&self) -> bool {
+        fence(Ordering::Acquire);
+        // SAFETY: `word` is 4-byte aligned (page-aligned block) and inside
+        // the mapping `_mapping` keeps. The mapping is read-only: a relaxed
+        // atomic load of 4 bytes is one the standard library guarantees to
+        // work on read-only memory.
+        let state = unsafe { AtomicU32::from_ptr(self.word.cast_mut()) }.load(Ordering::Relaxed);
+        state == STATE_LIVE
+    }
+}
+
+/// Read-only mapping of a same-node peer's shared region: refused unless its
+/// control block holds the locator's id (the descriptor was not reused for
+/// another region) and says the region is live.
+pub fn map_peer(loc: &NodeLocator) -> Result<PeerMapping> {
     let path = loc.path();
     let file = File::open(&path)
         .map_err(|e| Error::io(format!("opening peer share {}", path.display()), e))?;
@@ -318,19 +499,38 @@ pub fn map_peer(loc: &NodeLocator) -> Result<RawMemory> {
         .metadata()
         .map_err(|e| Error::io("reading peer share size", e))?
         .len();
-    if actual < loc.len as u64 {
+    let want = loc.ctl.checked_add(CONTROL_BYTES);
+    if loc.ctl < loc.len || !loc.ctl.is_multiple_of(PAGE) || want.is_none_or(|w| actual < w as u64)
+    {
         return Err(Error::Comm(format!(
-            "peer share {} has {actual} bytes, expected {}",
+            "peer share {} has {actual} bytes, expected {} and a control block at {}",
             path.display(),
-            loc.len
+            loc.len,
+            loc.ctl
         )));
     }
-    // SAFETY: mapped read-only; the owner only writes rows, never truncates.
+    // SAFETY: mapped read-only; the owner only writes rows and the control
+    // block, never truncates.
     let map = unsafe { Mmap::map(&file) }
         .map_err(|e| Error::io(format!("mapping peer share {}", path.display()), e))?;
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&map[loc.ctl + ID_AT..loc.ctl + ID_AT + 8]);
     let ptr = map.as_ptr() as *mut u8;
+    let mapping = Arc::new(ReadOnlyMapping(map));
+    let state = ShareState {
+        // In bounds: checked against the file's size above.
+        word: ptr.wrapping_add(loc.ctl).cast::<u32>(),
+        _mapping: mapping.clone(),
+    };
+    if u64::from_le_bytes(id) != loc.id || !state.is_live() {
+        return Err(Error::Comm(format!(
+            "peer share {} is not the region its locator names, or was freed",
+            path.display()
+        )));
+    }
     // SAFETY: the mapping holds `len` bytes and is owned by the RawMemory; not writable.
-    Ok(unsafe { RawMemory::new(ptr, loc.len, false, Arc::new(ReadOnlyMapping(map))) })
+    let memory = unsafe { RawMemory::new(ptr, loc.len, false, mapping) };
+    Ok(PeerMapping { memory, state })
 }
 
 /// Maps every locator on this host except rank `own`'s (`None`: read remotely).
@@ -338,15 +538,25 @@ pub fn map_node_peers(
     locators: &[Option<NodeLocator>],
     own: Option<usize>,
 ) -> Vec<Option<Arc<dyn Memory>>> {
+    map_node_peers_watched(locators, own)
+        .into_iter()
+        .map(|p| p.map(|p| Arc::new(p.memory) as Arc<dyn Memory>))
+        .collect()
+}
+
+/// As [`map_node_peers`], keeping each mapping's state word (readers in
+/// another job check it: see [`ShareState`]).
+pub fn map_node_peers_watched(
+    locators: &[Option<NodeLocator>],
+    own: Option<usize>,
+) -> Vec<Option<PeerMapping>> {
     let host = host_id();
     locators
         .iter()
         .enumerate()
         .map(|(rank, loc)| match loc {
             // A mapping that fails (another container, no /proc access) falls back to remote reads.
-            Some(l) if l.host == host && Some(rank) != own => {
-                map_peer(l).ok().map(|m| Arc::new(m) as Arc<dyn Memory>)
-            }
+            Some(l) if l.host == host && Some(rank) != own => map_peer(l).ok(),
             _ => None,
         })
         .collect()
@@ -424,9 +634,10 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         let peer = map_peer(&loc).unwrap();
         let mut out = [0u8; 5];
-        peer.read_at(4096, &mut out).unwrap();
+        peer.memory.read_at(4096, &mut out).unwrap();
         assert_eq!(&out, b"hello");
-        assert!(peer.write_at(0, b"x").is_err());
+        assert!(peer.memory.write_at(0, b"x").is_err());
+        assert!(peer.state.is_live());
         // Our own rank is never mapped as a peer; a dead pid falls back to remote.
         let dead = NodeLocator {
             pid: u32::MAX - 1,
@@ -437,5 +648,60 @@ mod tests {
             views.iter().map(|v| v.is_some()).collect::<Vec<_>>(),
             [false, false, false, true]
         );
+    }
+
+    #[test]
+    fn a_freed_region_reads_retired_through_a_mapping_that_outlives_it() {
+        let r = Region::shared("v", 100).unwrap();
+        r.write_at(0, b"old").unwrap();
+        let loc = r.locator().unwrap();
+        assert_eq!((loc.ctl, loc.len), (PAGE, 100));
+        let peer = map_peer(&loc).unwrap();
+        assert!(peer.state.is_live());
+        drop(r);
+        // The pages outlive the owner's mapping, the state word says freed.
+        let mut out = [0u8; 3];
+        peer.memory.read_at(0, &mut out).unwrap();
+        assert_eq!(&out, b"old");
+        assert!(!peer.state.is_live());
+    }
+
+    #[test]
+    fn a_locator_whose_descriptor_now_holds_another_region_is_refused() {
+        let r = Region::shared("v", 5000).unwrap();
+        let loc = r.locator().unwrap();
+        assert_eq!(loc.ctl, 2 * PAGE);
+        let other = NodeLocator {
+            id: loc.id ^ 1,
+            ..loc.clone()
+        };
+        assert!(map_peer(&other).is_err());
+        let moved = NodeLocator {
+            ctl: PAGE,
+            ..loc.clone()
+        };
+        assert!(map_peer(&moved).is_err(), "control block inside the share");
+        assert!(map_peer(&loc).is_ok());
+    }
+
+    #[test]
+    fn a_freed_region_keeps_its_addresses_from_the_next_region() {
+        for shared in [false, true] {
+            let make = || {
+                if shared {
+                    Region::shared("v", 3 * PAGE).unwrap()
+                } else {
+                    Region::anonymous(3 * PAGE).unwrap()
+                }
+            };
+            let first = make();
+            let addr = first.as_ptr() as usize;
+            drop(first);
+            let next: Vec<Region> = (0..4).map(|_| make()).collect();
+            assert!(
+                next.iter().all(|r| r.as_ptr() as usize != addr),
+                "a new region took a freed one's address (shared: {shared})"
+            );
+        }
     }
 }

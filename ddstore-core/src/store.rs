@@ -13,7 +13,7 @@ use crate::layout::Layout;
 use crate::plan::{validate_rows, Plan};
 use crate::profile::{Counters, Profile};
 use crate::ragged::{ends_name, values_name, RaggedVar};
-use crate::region::{map_node_peers, process_alive, Memory, NodeLocator};
+use crate::region::{map_node_peers_watched, process_alive, Memory, NodeLocator, ShareState};
 use crate::transport::{
     ExposeOptions, Exposed, RaggedRequest, RaggedRows, RemoteRead, RemoteShares, Transport,
 };
@@ -48,9 +48,10 @@ pub struct Variable {
     remote: Arc<dyn RemoteShares>,
     records: Vec<Vec<u8>>,
     node_locators: Vec<Option<NodeLocator>>,
-    /// Extra jobs: pids of the core ranks whose shares are mapped here, checked
-    /// on every read so a stopped core is reported, not read from its corpse.
-    node_owner_pids: Vec<Option<u32>>,
+    /// Extra jobs (one entry per core rank): the pid and state word of each
+    /// share mapped here, checked around every copy so a stopped core, or a
+    /// variable the core freed, is reported, never read from its corpse.
+    node_watch: Vec<Option<NodeWatch>>,
     /// Idle readers; a reading thread takes one (or opens one) and gives it
     /// back. Owned by one process: see [`crate::fork`].
     readers: ReaderPool,
@@ -317,7 +318,7 @@ impl Store {
             remote: exposed.remote,
             records: exposed.records,
             node_locators: exposed.node_locators,
-            node_owner_pids: Vec::new(),
+            node_watch: Vec::new(),
             readers: self.reader_pool(),
             counters: Counters::default(),
         };
@@ -372,17 +373,26 @@ impl Store {
                 )));
             }
         }
-        let mut node_peers = if self.config.node_sharing {
-            map_node_peers(node_locators, None)
+        let mut mapped = if self.config.node_sharing {
+            map_node_peers_watched(node_locators, None)
         } else {
             Vec::new()
         };
-        node_peers.resize_with(info.layout.nranks(), || None);
-        let node_owner_pids = node_peers
-            .iter()
+        mapped.resize_with(info.layout.nranks(), || None);
+        let (node_peers, node_watch) = mapped
+            .into_iter()
             .zip(node_locators.iter().chain(std::iter::repeat(&None)))
-            .map(|(view, loc)| view.as_ref().and(loc.as_ref()).map(|l| l.pid))
-            .collect();
+            .map(|(m, loc)| match (m, loc) {
+                (Some(m), Some(loc)) => (
+                    Some(Arc::new(m.memory) as Arc<dyn Memory>),
+                    Some(NodeWatch {
+                        pid: loc.pid,
+                        state: m.state,
+                    }),
+                ),
+                _ => (None, None),
+            })
+            .unzip();
         let var = Variable {
             name: name.to_string(),
             node_peers,
@@ -393,7 +403,7 @@ impl Store {
             remote,
             records: records.to_vec(),
             node_locators: Vec::new(),
-            node_owner_pids,
+            node_watch,
             readers: self.reader_pool(),
             counters: Counters::default(),
         };
@@ -671,6 +681,11 @@ impl Variable {
         }
         let started = Instant::now();
         copy_segments(&routes.copies, out, routes.local_bytes + routes.node_bytes)?;
+        if let Err(e) = self.check_not_freed(&routes.copies) {
+            // The copy may have raced with the free: none of it is returned.
+            out.fill(0);
+            return Err(e);
+        }
         for r in &plan.repeats {
             out.copy_within(r.from..r.from + r.len, r.to);
         }
@@ -718,9 +733,39 @@ impl Variable {
         Counters::add(&c.remote_rows, (remote_bytes / rb) as u64);
     }
 
-    /// Extra jobs only: the owners of mapped shares must still be serving.
+    /// Extra jobs only, before copying: the owners of mapped shares must
+    /// still be running and must not have freed them.
     fn check_core_alive(&self, copies: &[(&RemoteRead, &dyn Memory)]) -> Result<()> {
-        if self.node_owner_pids.is_empty() {
+        self.each_watched_owner(copies, |owner, watch| {
+            if !process_alive(watch.pid) {
+                return Err(Error::Timeout {
+                    peer: owner,
+                    waited: std::time::Duration::ZERO,
+                    what: format!(
+                        "core rank {owner} (pid {}) has stopped serving '{}'",
+                        watch.pid, self.name
+                    ),
+                });
+            }
+            self.live_or_stale(owner, watch)
+        })
+    }
+
+    /// Extra jobs only, after copying: a share freed meanwhile fails the
+    /// batch (a copy that completed before the free is returned; one that
+    /// raced with it is not, and no byte from after a free ever is).
+    fn check_not_freed(&self, copies: &[(&RemoteRead, &dyn Memory)]) -> Result<()> {
+        self.each_watched_owner(copies, |owner, watch| self.live_or_stale(owner, watch))
+    }
+
+    /// Runs `check` once per distinct owner of `copies` that is watched (an
+    /// extra job's mapped core share); nothing for a member of the group.
+    fn each_watched_owner(
+        &self,
+        copies: &[(&RemoteRead, &dyn Memory)],
+        mut check: impl FnMut(usize, &NodeWatch) -> Result<()>,
+    ) -> Result<()> {
+        if self.node_watch.is_empty() {
             return Ok(());
         }
         let mut checked: Vec<usize> = Vec::new();
@@ -729,27 +774,35 @@ impl Variable {
                 continue;
             }
             checked.push(seg.owner);
-            if let Some(pid) = self.node_owner_pids[seg.owner] {
-                if !process_alive(pid) {
-                    return Err(Error::Timeout {
-                        peer: seg.owner,
-                        waited: std::time::Duration::ZERO,
-                        what: format!(
-                            "core rank {} (pid {pid}) has stopped serving '{}'",
-                            seg.owner, self.name
-                        ),
-                    });
-                }
+            if let Some(watch) = &self.node_watch[seg.owner] {
+                check(seg.owner, watch)?;
             }
         }
         Ok(())
+    }
+
+    fn live_or_stale(&self, owner: usize, watch: &NodeWatch) -> Result<()> {
+        if watch.state.is_live() {
+            return Ok(());
+        }
+        let name = user_name(&self.name);
+        Err(Error::Stale {
+            peer: owner,
+            message: format!(
+                "'{name}': core rank {owner} (pid {}) freed this variable (or freed it and added \
+                 another under the same name): this handle no longer reads it; attach again \
+                 (join('{name}') on a new PyDDStore, or a new DistDatasetReader) to read what the \
+                 core job publishes now",
+                watch.pid
+            ),
+        })
     }
 
     /// `owner`'s share where this process reads it by memory copy (its own,
     /// or a same-node peer's mapping); `None` for remote owners and in extra
     /// jobs (whose mapped owners are checked alive on every planned read).
     pub(crate) fn mapped(&self, owner: usize) -> Option<&dyn Memory> {
-        if !self.node_owner_pids.is_empty() {
+        if !self.node_watch.is_empty() {
             return None;
         }
         if Some(owner) == self.my_rank {
@@ -790,6 +843,21 @@ impl Variable {
         self.readers
             .read(self.remote.as_ref(), |reader| reader.read_many(reads, out))
     }
+}
+
+/// An extra job's watch on a mapped core share: the owner's pid and the
+/// share's state word.
+struct NodeWatch {
+    pid: u32,
+    state: ShareState,
+}
+
+/// The name a user gave: a ragged variable's part (`x#values`, `x#ends`) is
+/// reported as `x`.
+fn user_name(name: &str) -> &str {
+    name.strip_suffix("#values")
+        .or_else(|| name.strip_suffix("#ends"))
+        .unwrap_or(name)
 }
 
 /// The reads of one batch by route (see [`Variable::execute`]).

@@ -15,7 +15,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
 /// Every class `class_name` can name: bound and checked at import.
-const CLASSES: [&str; 10] = [
+const CLASSES: [&str; 11] = [
     "DDStoreError",
     "DDStoreValueError",
     "DDStoreIndexError",
@@ -23,6 +23,7 @@ const CLASSES: [&str; 10] = [
     "DDStoreKeyError",
     "DDStoreBorrowError",
     "DDStoreFreedError",
+    "DDStoreStaleError",
     "DDStoreTimeoutError",
     "DDStoreUnsupportedError",
     "DDStoreAccessError",
@@ -41,6 +42,7 @@ fn class_name(err: &Error) -> &'static str {
         Error::UnknownVariable(_) => "DDStoreKeyError",
         Error::Borrowed(_) => "DDStoreBorrowError",
         Error::Freed => "DDStoreFreedError",
+        Error::Stale { .. } => "DDStoreStaleError",
         Error::Timeout { .. } => "DDStoreTimeoutError",
         Error::Unsupported(_) => "DDStoreUnsupportedError",
         Error::Access(_)
@@ -177,6 +179,10 @@ mod tests {
                 reason: RefusedFor::Other,
                 call: None,
                 code: None,
+                message: "x".into(),
+            },
+            Error::Stale {
+                peer: 1,
                 message: "x".into(),
             },
             Error::Access("x".into()),

@@ -22,6 +22,7 @@ from ._errors import (  # noqa: E402
     DDStoreFreedError,
     DDStoreIndexError,
     DDStoreKeyError,
+    DDStoreStaleError,
     DDStoreTimeoutError,
     DDStoreTypeError,
     DDStoreUnsupportedError,
@@ -48,6 +49,7 @@ __all__ = [
     "DDStoreKeyError",
     "DDStoreTimeoutError",
     "DDStoreFreedError",
+    "DDStoreStaleError",
     "DDStoreUnsupportedError",
     "DDStoreFileError",
 ]

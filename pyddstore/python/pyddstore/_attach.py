@@ -91,6 +91,10 @@ def attach_store(handle: dict) -> Any:
     store._py_times = {"py_get": 0.0, "py_gets": 0.0, "py_sync": 0.0}
     store._recv = set()
     store._ragged_units = {}
+    # No records to compare: its same-node reads still raise DDStoreStaleError once the parent
+    # frees a variable (the state word), fabric reads fail as the parent's shares go.
+    store._joined = {}
+    store._freed_names = {}
     store._native = _native.Store(_native.Comm.single(), 2, None, settings)
     for v in handle["variables"]:
         store._native.attach(

@@ -124,6 +124,23 @@ class DDStoreFreedError(DDStoreError, RuntimeError):
     """
 
 
+class DDStoreStaleError(DDStoreFreedError):
+    """A read of a variable its owner freed: a method-2 core job freed it (or freed it and
+    added another variable under the same name) while this extra job still held it. The
+    handle reads nothing more, neither the freed rows nor the new variable's; `peer` is the
+    core rank. Attach again to read what the core job publishes now.
+
+    Example:
+        ```python
+        try:
+            extra.get_batch("x", out, idx)
+        except pyddstore.DDStoreStaleError:
+            extra = pyddstore.PyDDStore(None, method=2, handshake_dir=hs, n_core=n)
+            extra.join("x")  # the core job's current "x"
+        ```
+    """
+
+
 class DDStoreUnsupportedError(DDStoreError, RuntimeError):
     """The operation is not possible with this method, communicator or process.
 
@@ -144,6 +161,7 @@ __all__ = [
     "DDStoreTimeoutError",
     "DDStoreAccessError",
     "DDStoreFreedError",
+    "DDStoreStaleError",
     "DDStoreUnsupportedError",
 ]
 

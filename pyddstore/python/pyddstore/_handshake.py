@@ -344,6 +344,34 @@ def check_access(body: dict, path: str, name: str, token: str, source: str) -> N
         )
 
 
+def joined_from(part: str, body: dict) -> dict:
+    """What an extra member keeps of the record it joined `part` from, to tell later whether
+    the core job freed that variable (see freed_record)."""
+    return {"part": part, "mac": body["mac"], "host": body["host"], "pid": body["pid"]}
+
+
+def freed_record(directory: str, group: int, joined: list) -> str | None:
+    """Why the variable joined from records `joined` (joined_from's) is no longer the one the
+    core job publishes: its record was removed or replaced while the core's process lives;
+    None when every record is still the one joined, or the core's process (on this host) is
+    gone (a stopped core: the read's own error says so)."""
+    hdir = open_dir(directory)
+    for j in joined:
+        path = record_path(directory, j["part"], group)
+        try:
+            raw = hdir.read(os.path.basename(path), RECORD_CAP)
+            now = None if raw is None else load_json_object(raw, path).get("mac")
+        except DDStoreError:
+            now = ""  # unreadable or corrupt: not the record joined
+        if now == j["mac"]:
+            continue
+        if j["host"] == socket.gethostname() and not _pid_alive(j["pid"]):
+            return None
+        what = "removed" if now is None else "replaced by another variable of the same name"
+        return f"its record {path} was {what}"
+    return None
+
+
 def join(store, name: str, timeout_s: float | None = None, token: str | None = None) -> dict:
     """Extra side: waits for ``name``'s record, checks it and the job token, attaches."""
     if timeout_s is None:

@@ -15,7 +15,15 @@ from . import _handshake, _log, _native, _wire
 from ._comm import resolve_comm
 from ._env import check_fabric, resolve_method
 from ._env import settings as _env_settings
-from ._errors import DDStoreTimeoutError, DDStoreTypeError, DDStoreUnsupportedError, DDStoreValueError
+from ._errors import (
+    DDStoreAccessError,
+    DDStoreError,
+    DDStoreStaleError,
+    DDStoreTimeoutError,
+    DDStoreTypeError,
+    DDStoreUnsupportedError,
+    DDStoreValueError,
+)
 
 _live_stores: weakref.WeakSet = weakref.WeakSet()
 
@@ -158,6 +166,10 @@ class PyDDStore:
         self._py_times = {"py_get": 0.0, "py_gets": 0.0, "py_sync": 0.0}
         self._recv: set = set()
         self._ragged_units: dict = {}  # ragged variables here -> their unit shape
+        # Extra members: per joined name, the records it was joined from (see _raise_if_freed),
+        # and the names found freed by the core job (later reads fail at once, no timeout).
+        self._joined: dict = {}
+        self._freed_names: dict = {}
         self._publisher = None
         if method == 2 and not self.is_extra:
             self._publisher = _handshake.Publisher(self, self.handshake_dir)
@@ -300,7 +312,12 @@ class PyDDStore:
         ``arr`` reads nothing and succeeds for any ``0 <= start <= rows``."""
         t = time.perf_counter()
         try:
+            if self._freed_names:
+                self._raise_if_known_freed(name)
             self._native.get(name, arr, start)
+        except DDStoreError as e:
+            self._raise_if_freed(name, e)
+            raise
         finally:
             self._py_times["py_get"] += time.perf_counter() - t
 
@@ -319,6 +336,8 @@ class PyDDStore:
         """
         t = time.perf_counter()
         try:
+            if self._freed_names:
+                self._raise_if_known_freed(name)
             if indices is None or name in self._ragged_units:
                 if indices is None:
                     if name not in self._ragged_units and name in self._native.names():
@@ -339,6 +358,9 @@ class PyDDStore:
                 return values, offsets
             self._native.get_batch(name, arr, indices)
             return None
+        except DDStoreError as e:
+            self._raise_if_freed(name, e)
+            raise
         finally:
             self._py_times["py_gets"] += time.perf_counter() - t
 
@@ -562,13 +584,48 @@ class PyDDStore:
                 )
             time.sleep(0.05)
         if not os.path.exists(ends):
-            _handshake.join(self, name, timeout_s, token)
+            body = _handshake.join(self, name, timeout_s, token)
+            self._joined[name] = [_handshake.joined_from(name, body)]
             return
         # A ragged variable: its values and row ends are published as two variables.
-        _handshake.join(self, name + "#values", timeout_s, token)
-        _handshake.join(self, name + "#ends", timeout_s, token)
+        parts = [name + "#values", name + "#ends"]
+        bodies = [_handshake.join(self, part, timeout_s, token) for part in parts]
         self._native.link_ragged(name)
         self._ragged_units[name] = ()  # values come back flat: the unit shape is not published
+        self._joined[name] = [_handshake.joined_from(p, b) for p, b in zip(parts, bodies)]
+
+    def _raise_if_freed(self, name: str, error: DDStoreError) -> None:
+        """Extra members, after a failed read through the fabric: raises DDStoreStaleError when
+        the core job withdrew or replaced the record `name` was joined from while its process
+        lives (it freed the variable); else returns and `error` stands. Costs nothing unless a
+        read failed. (Reads of same-node mappings raise DDStoreStaleError themselves.)"""
+        if not self._joined.get(name) or type(error) not in (
+            DDStoreError,
+            DDStoreTimeoutError,
+            DDStoreAccessError,
+        ):
+            return
+        stale = _handshake.freed_record(self.handshake_dir, self.settings.core_group, self._joined[name])
+        if stale is None:
+            return
+        peer = error.peer
+        rank = f"core rank {peer}" if peer is not None else "the core job"
+        e = DDStoreStaleError(
+            f"'{name}': the core job freed this variable while this extra job held it ({stale}); "
+            f"{rank} no longer serves it and this handle reads nothing more: attach again "
+            f"(join('{name}') on a new PyDDStore, or a new DistDatasetReader) to read what the core "
+            f"job publishes now (the read failed with: {error})"
+        )
+        e.peer = peer
+        self._freed_names[name] = e
+        raise e from error
+
+    def _raise_if_known_freed(self, name: str) -> None:
+        known = self._freed_names.get(name)
+        if known is not None:
+            e = DDStoreStaleError(str(known))
+            e.peer = known.peer
+            raise e
 
     def free(self) -> None:
         """Collective: releases every variable once every rank has stopped reading. Idempotent.
