@@ -49,6 +49,14 @@ pub trait Memory: Send + Sync {
             "this share cannot be filled from a file directly".into(),
         ))
     }
+    /// Whether holding this handle (an `Arc` of it) keeps the bytes mapped
+    /// and nothing else frees them: true for a [`Region`] this process
+    /// mapped itself; false where release is collective or foreign (an MPI
+    /// window, which every rank frees together, a peer's mapping). A file
+    /// load lets a thread it may abandon write only into such memory.
+    fn release_is_local(&self) -> bool {
+        false
+    }
 }
 
 /// Memory described by a pointer and a length, kept alive by `owner`
@@ -58,6 +66,7 @@ pub struct RawMemory {
     ptr: *mut u8,
     len: usize,
     writable: bool,
+    local_release: bool,
     _owner: Arc<dyn Any + Send + Sync>,
 }
 
@@ -80,6 +89,7 @@ impl RawMemory {
             ptr,
             len,
             writable,
+            local_release: false,
             _owner: owner,
         }
     }
@@ -127,6 +137,9 @@ impl Memory for RawMemory {
     }
     fn as_ptr(&self) -> *const u8 {
         self.ptr
+    }
+    fn release_is_local(&self) -> bool {
+        self.local_release
     }
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         check_range("read", offset, dst.len(), self.len)?;
@@ -265,7 +278,9 @@ impl Region {
         };
         // SAFETY: the mapping is at least `len` bytes, writable, and is moved
         // into the owner so it lives as long as the RawMemory.
-        let memory = unsafe { RawMemory::new(ptr, len, true, Arc::new(OwnedMapping(mapping))) };
+        let mut memory = unsafe { RawMemory::new(ptr, len, true, Arc::new(OwnedMapping(mapping))) };
+        // Our own mapping: unmapped only when the last handle goes.
+        memory.local_release = true;
         Region { memory, file }
     }
 
@@ -291,6 +306,9 @@ impl Memory for Region {
     }
     fn as_ptr(&self) -> *const u8 {
         self.memory.as_ptr()
+    }
+    fn release_is_local(&self) -> bool {
+        self.memory.release_is_local()
     }
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.memory.read_at(offset, dst)

@@ -41,7 +41,7 @@ fn class_name(err: &Error) -> &'static str {
         Error::UnknownVariable(_) => "DDStoreKeyError",
         Error::Borrowed(_) => "DDStoreBorrowError",
         Error::Freed => "DDStoreFreedError",
-        Error::Timeout { .. } => "DDStoreTimeoutError",
+        Error::Timeout { .. } | Error::Stalled { .. } => "DDStoreTimeoutError",
         Error::Unsupported(_) => "DDStoreUnsupportedError",
         Error::Access(_)
         | Error::Refused {
