@@ -156,3 +156,41 @@ fn files_that_are_not_plain_files_of_the_right_size_are_refused() {
         .to_string();
     assert!(e.contains("a.bin.gone cannot be opened"), "{e}");
 }
+
+/// Memory whose release this process does not control (as an MPI window):
+/// no straight `pread` into it, only copies while the load is waited on.
+struct Foreign(std::sync::Mutex<Vec<u8>>);
+
+impl Memory for Foreign {
+    fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+    fn as_ptr(&self) -> *const u8 {
+        std::ptr::null()
+    }
+    fn read_at(&self, offset: usize, dst: &mut [u8]) -> ddstore_core::Result<()> {
+        dst.copy_from_slice(&self.0.lock().unwrap()[offset..offset + dst.len()]);
+        Ok(())
+    }
+    fn write_at(&self, offset: usize, src: &[u8]) -> ddstore_core::Result<()> {
+        self.0.lock().unwrap()[offset..offset + src.len()].copy_from_slice(src);
+        Ok(())
+    }
+}
+
+#[test]
+fn memory_released_elsewhere_is_filled_through_a_buffer_and_not_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = data(1 << 20);
+    let a = file_with(&dir, "a.bin", &bytes);
+    let files = vec![SourceFile::open(&a, true, false, None).unwrap()];
+    let mem = Arc::new(Foreign(std::sync::Mutex::new(vec![0u8; 1 << 20])));
+    let ranges: Vec<_> = (0..16)
+        .map(|i| FileRange::whole(0, i * 65_536, 65_536, i as usize * 65_536))
+        .collect();
+    let n = read_ranges(mem.clone(), files, &ranges, 4, T).unwrap();
+    assert_eq!(n, 1 << 20);
+    assert_eq!(*mem.0.lock().unwrap(), bytes);
+    // The reading threads are gone and hold no reference to the share.
+    assert_eq!(Arc::strong_count(&mem), 1);
+}

@@ -43,8 +43,9 @@ TTL = 60
 def attr(ino: int, size: int, mode: int) -> bytes:
     now = int(time.time())
     # ino size blocks atime mtime ctime (ns x3) mode nlink uid gid rdev blksize flags
-    return struct.pack("<QQQQQQIIIIIIIIII", ino, size, (size + 511) // 512, now, now, now, 0, 0, 0,
-                       mode, 1, 0, 0, 0, 4096, 0)
+    return struct.pack(
+        "<QQQQQQIIIIIIIIII", ino, size, (size + 511) // 512, now, now, now, 0, 0, 0, mode, 1, 0, 0, 0, 4096, 0
+    )
 
 
 class Server:

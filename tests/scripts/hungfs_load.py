@@ -108,7 +108,6 @@ def single(mnt: str, server: int) -> dict:
 
 def dist(mnt: str, server: int) -> dict:
     from mpi4py import MPI
-
     from pyddstore.torch import DistDataset
 
     comm = MPI.COMM_WORLD
