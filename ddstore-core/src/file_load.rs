@@ -24,6 +24,10 @@ use crate::region::Memory;
 use crate::store::Store;
 use crate::{Error, Result};
 
+/// Bytes a buffered read through a thread's buffer moves per `pread`
+/// (small enough to stay in cache until copied into the share).
+const BOUNCE_PIECE: usize = 256 << 10;
+
 /// What `O_DIRECT` needs aligned: file offsets, lengths and buffers.
 pub const DIRECT_ALIGN: usize = 4096;
 
@@ -460,6 +464,9 @@ fn read_one(sh: &Shared, f: &SourceFile, r: &FileRange, bounce: &mut Bounce) -> 
         }
         return Ok(());
     }
+    if !f.direct {
+        return read_in_pieces(sh, f, r, bounce);
+    }
     // Through the bounce buffer: O_DIRECT reads whole aligned blocks around the range.
     let align = if f.direct { DIRECT_ALIGN as u64 } else { 1 };
     let a0 = r.file_offset - r.file_offset % align;
@@ -492,6 +499,49 @@ fn read_one(sh: &Shared, f: &SourceFile, r: &FileRange, bounce: &mut Bounce) -> 
         check_crc(f, r, crc32fast::hash(data))?;
     }
     sh.write(r.dst_offset, &data[r.skip..r.skip + r.write_len])
+}
+
+/// A buffered range that cannot go straight into the share (memory released
+/// elsewhere, or written only in part): read through the thread's buffer in
+/// pieces that stay in cache between the `pread` and the copy (a whole
+/// range read first and copied after went through memory twice: half the
+/// speed), each piece checked and copied while the load is waited on.
+fn read_in_pieces(sh: &Shared, f: &SourceFile, r: &FileRange, bounce: &mut Bounce) -> Result<()> {
+    let end = r.file_offset + r.len as u64;
+    let piece = bounce.aligned(BOUNCE_PIECE.min(r.len.max(1)));
+    let mut hasher = r.crc32.map(|_| crc32fast::Hasher::new());
+    let (w0, w1) = (r.skip, r.skip + r.write_len);
+    let mut pos = 0usize;
+    while pos < r.len {
+        let n = piece.len().min(r.len - pos);
+        let mut got = 0;
+        while got < n {
+            let at = r.file_offset + (pos + got) as u64;
+            let k = match f.file.read_at(&mut piece[got..n], at) {
+                Ok(k) => k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Error::io(format!("{}: read at byte {at}", f.path), e)),
+            };
+            if k == 0 {
+                return Err(f.truncated(at, end));
+            }
+            sh.moved();
+            got += k;
+        }
+        let chunk = &piece[..n];
+        if let Some(h) = hasher.as_mut() {
+            h.update(chunk);
+        }
+        let (lo, hi) = (pos.max(w0), (pos + n).min(w1));
+        if lo < hi {
+            sh.write(r.dst_offset + (lo - w0), &chunk[lo - pos..hi - pos])?;
+        }
+        pos += n;
+    }
+    match hasher {
+        Some(h) => check_crc(f, r, h.finalize()),
+        None => Ok(()),
+    }
 }
 
 impl Store {
