@@ -150,6 +150,10 @@ mod tests {
                 waited: std::time::Duration::ZERO,
                 what: "x".into(),
             },
+            Error::Stalled {
+                waited: std::time::Duration::from_secs(3),
+                what: "x".into(),
+            },
             Error::Comm("x".into()),
             Error::Transport("x".into()),
             Error::Call {
