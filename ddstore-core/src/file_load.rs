@@ -235,6 +235,22 @@ impl Shared {
     }
 
     fn work(&self, slot: usize) {
+        // Counted out however the thread ends (a panic too), so the caller never waits on it.
+        struct Exit<'a>(&'a Shared);
+        impl Drop for Exit<'_> {
+            fn drop(&mut self) {
+                let mut st = self.0.lock();
+                st.running -= 1;
+                if std::thread::panicking() {
+                    self.0.stop.store(true, Ordering::Relaxed);
+                    st.failure
+                        .get_or_insert(Error::invalid("a file load thread panicked"));
+                }
+                drop(st);
+                self.0.exited.notify_all();
+            }
+        }
+        let _exit = Exit(self);
         let mut bounce = Bounce::default();
         while !self.stop.load(Ordering::Relaxed) {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
@@ -255,8 +271,6 @@ impl Shared {
                 }
             }
         }
-        self.lock().running -= 1;
-        self.exited.notify_all();
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
