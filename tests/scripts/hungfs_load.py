@@ -95,11 +95,11 @@ def single(mnt: str, server: int) -> dict:
     assert out[4 * k : 5 * k].tobytes() == pattern("hung.bin", 2 * k)[:k], "hung.bin [0, 64K) landed"
     rep["landed_ok"] = True
     rep["readers_after_timeout"] = load_threads()
-    labels = [line.split()[-1] for line in open("/proc/self/maps") if "ddstore-hung_x" in line]
-    rep["share_label"] = labels[0] if labels else None
+    # The share is a memfd named after the variable (a single process maps its own).
+    rep["mapped_before_free"] = mapped("ddstore-hung_x")
     store.free()
     # The abandoned reader still holds the share: freed by the store, not unmapped.
-    rep["mapped_after_free"] = bool(labels) and mapped("ddstore-hung_x")
+    rep["mapped_after_free"] = mapped("ddstore-hung_x")
     os.kill(server, signal.SIGUSR1)  # the hung READ is answered: the late pread lands, the reader exits
     rep["readers_gone"] = wait_for(lambda: load_threads() == 0, 20)
     rep["unmapped_after_reader"] = wait_for(lambda: not mapped("ddstore-hung_x"), 10)
