@@ -20,13 +20,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::region::Memory;
+use crate::region::{Memory, POPULATE_MIN};
 use crate::store::Store;
 use crate::{Error, Result};
 
-/// Bytes a buffered read through a thread's buffer moves per `pread`
-/// (small enough to stay in cache until copied into the share).
-const BOUNCE_PIECE: usize = 256 << 10;
+/// Bytes a buffered read through a thread's buffer moves per `pread`: small
+/// enough to stay in cache until copied into the share, and under
+/// [`POPULATE_MIN`] so no copy pays an `madvise` of its own (the range's
+/// pages are faulted in once, first): 256 KiB pieces, each faulting its
+/// own, loaded at 0.8x the speed of `pread`s straight into the share.
+const BOUNCE_PIECE: usize = POPULATE_MIN - 4096;
 
 /// What `O_DIRECT` needs aligned: file offsets, lengths and buffers.
 pub const DIRECT_ALIGN: usize = 4096;
@@ -525,6 +528,9 @@ fn read_in_pieces(sh: &Shared, f: &SourceFile, r: &FileRange, bounce: &mut Bounc
     let piece = bounce.aligned(BOUNCE_PIECE.min(r.len.max(1)));
     let mut hasher = r.crc32.map(|_| crc32fast::Hasher::new());
     let (w0, w1) = (r.skip, r.skip + r.write_len);
+    if let Some(mem) = sh.target.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        mem.prepare_write(r.dst_offset, r.write_len);
+    }
     let mut pos = 0usize;
     while pos < r.len {
         let n = piece.len().min(r.len - pos);

@@ -57,7 +57,18 @@ pub trait Memory: Send + Sync {
     fn release_is_local(&self) -> bool {
         false
     }
+    /// Faults `offset..offset + len` in for writing ahead of many short
+    /// writes there (each under [`POPULATE_MIN`], so none does it itself).
+    /// Best effort; out of range or read-only memory is left alone.
+    fn prepare_write(&self, offset: usize, len: usize) {
+        let _ = (offset, len);
+    }
 }
+
+/// Writes and file reads of at least this many bytes fault their pages in
+/// with one `madvise` first (see `RawMemory::populate`); shorter ones fault
+/// as usual.
+pub const POPULATE_MIN: usize = 64 << 10;
 
 /// Memory described by a pointer and a length, kept alive by `owner`
 /// (an MPI window, a mapping): the one way other modules turn raw memory
@@ -113,7 +124,7 @@ impl RawMemory {
     /// pages fault in as before.
     fn populate(&self, offset: usize, len: usize) {
         const PAGE: usize = 4096;
-        if len < 16 * PAGE {
+        if len < POPULATE_MIN {
             return;
         }
         let start = self.ptr as usize + offset;
@@ -140,6 +151,11 @@ impl Memory for RawMemory {
     }
     fn release_is_local(&self) -> bool {
         self.local_release
+    }
+    fn prepare_write(&self, offset: usize, len: usize) {
+        if self.writable && check_range("write", offset, len, self.len).is_ok() {
+            self.populate(offset, len);
+        }
     }
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         check_range("read", offset, dst.len(), self.len)?;
@@ -309,6 +325,9 @@ impl Memory for Region {
     }
     fn release_is_local(&self) -> bool {
         self.memory.release_is_local()
+    }
+    fn prepare_write(&self, offset: usize, len: usize) {
+        self.memory.prepare_write(offset, len)
     }
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.memory.read_at(offset, dst)
