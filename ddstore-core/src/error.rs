@@ -43,6 +43,16 @@ pub enum Error {
         /// What was waited for.
         what: String,
     },
+    /// A wait on this process's own resources (not a peer) ran past its
+    /// deadline: a file load whose reads made no progress for
+    /// `DDSTORE_LOAD_TIMEOUT_S` (maps to `DDStoreTimeoutError`).
+    #[error("file load timed out: no read returned for {waited:.1?}: {what}")]
+    Stalled {
+        /// How long nothing moved.
+        waited: Duration,
+        /// What was waited for, and what to do.
+        what: String,
+    },
     /// Collective or handshake failures.
     #[error("communicator: {0}")]
     Comm(String),

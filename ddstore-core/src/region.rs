@@ -59,7 +59,26 @@ pub trait Memory: Send + Sync {
             "this share cannot be filled from a file directly".into(),
         ))
     }
+    /// Whether holding this handle (an `Arc` of it) keeps the bytes mapped
+    /// and nothing else frees them: true for a [`Region`] this process
+    /// mapped itself; false where release is collective or foreign (an MPI
+    /// window, which every rank frees together, a peer's mapping). A file
+    /// load lets a thread it may abandon write only into such memory.
+    fn release_is_local(&self) -> bool {
+        false
+    }
+    /// Faults `offset..offset + len` in for writing ahead of many short
+    /// writes there (each under [`POPULATE_MIN`], so none does it itself).
+    /// Best effort; out of range or read-only memory is left alone.
+    fn prepare_write(&self, offset: usize, len: usize) {
+        let _ = (offset, len);
+    }
 }
+
+/// Writes and file reads of at least this many bytes fault their pages in
+/// with one `madvise` first (see `RawMemory::populate`); shorter ones fault
+/// as usual.
+pub const POPULATE_MIN: usize = 64 << 10;
 
 /// Memory described by a pointer and a length, kept alive by `owner`
 /// (an MPI window, a mapping): the one way other modules turn raw memory
@@ -68,6 +87,7 @@ pub struct RawMemory {
     ptr: *mut u8,
     len: usize,
     writable: bool,
+    local_release: bool,
     _owner: Arc<dyn Any + Send + Sync>,
 }
 
@@ -90,6 +110,7 @@ impl RawMemory {
             ptr,
             len,
             writable,
+            local_release: false,
             _owner: owner,
         }
     }
@@ -113,7 +134,7 @@ impl RawMemory {
     /// pages fault in as before.
     fn populate(&self, offset: usize, len: usize) {
         const PAGE: usize = 4096;
-        if len < 16 * PAGE {
+        if len < POPULATE_MIN {
             return;
         }
         let start = self.ptr as usize + offset;
@@ -137,6 +158,14 @@ impl Memory for RawMemory {
     }
     fn as_ptr(&self) -> *const u8 {
         self.ptr
+    }
+    fn release_is_local(&self) -> bool {
+        self.local_release
+    }
+    fn prepare_write(&self, offset: usize, len: usize) {
+        if self.writable && check_range("write", offset, len, self.len).is_ok() {
+            self.populate(offset, len);
+        }
     }
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         check_range("read", offset, dst.len(), self.len)?;
@@ -339,7 +368,9 @@ impl Region {
         // SAFETY: the mapping is at least `len` bytes, writable, and is moved
         // into the owner so it lives as long as the RawMemory.
         let owned = Arc::new(OwnedMapping(ManuallyDrop::new(mapping)));
-        let memory = unsafe { RawMemory::new(ptr, len, true, owned) };
+        let mut memory = unsafe { RawMemory::new(ptr, len, true, owned) };
+        // Our own mapping: unmapped only when the last handle goes.
+        memory.local_release = true;
         Region {
             memory,
             file,
@@ -434,6 +465,12 @@ impl Memory for Region {
     }
     fn as_ptr(&self) -> *const u8 {
         self.memory.as_ptr()
+    }
+    fn release_is_local(&self) -> bool {
+        self.memory.release_is_local()
+    }
+    fn prepare_write(&self, offset: usize, len: usize) {
+        self.memory.prepare_write(offset, len)
     }
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.memory.read_at(offset, dst)

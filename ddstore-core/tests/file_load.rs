@@ -3,6 +3,8 @@
 //! refused (truncated, wrong size, symbolic link, FIFO, missing).
 
 use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
 
 use ddstore_core::file_load::{read_ranges, FileRange, SourceFile};
 use ddstore_core::region::{Memory, Region};
@@ -20,7 +22,10 @@ fn file_with(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> String {
     path.to_str().unwrap().to_string()
 }
 
-fn share(mem: &Region) -> Vec<u8> {
+/// The load deadline of these tests (they never come near it).
+const T: Duration = Duration::from_secs(60);
+
+fn share(mem: &Arc<Region>) -> Vec<u8> {
     let mut out = vec![0u8; mem.len()];
     mem.read_at(0, &mut out).unwrap();
     out
@@ -33,7 +38,7 @@ fn ranges_land_at_their_offsets_with_and_without_o_direct() {
     let a = file_with(&dir, "a.bin", &bytes);
     for direct in [false, true] {
         let files = vec![SourceFile::open(&a, true, direct, Some(bytes.len() as u64)).unwrap()];
-        let mem = Region::anonymous(2 << 20).unwrap();
+        let mem = Arc::new(Region::anonymous(2 << 20).unwrap());
         // Odd offsets and lengths (O_DIRECT reads aligned blocks around them), reversed order.
         let mut ranges = Vec::new();
         let piece = 100_003;
@@ -54,7 +59,7 @@ fn ranges_land_at_their_offsets_with_and_without_o_direct() {
             write_len: 50,
             dst_offset: dst,
         });
-        let n = read_ranges(&mem, &files, &ranges, 8).unwrap();
+        let n = read_ranges(mem.clone(), files, &ranges, 8, T).unwrap();
         assert_eq!(n as usize, dst + 50);
         let got = share(&mem);
         assert_eq!(&got[..dst], &bytes[12_345..12_345 + dst], "direct={direct}");
@@ -67,29 +72,49 @@ fn a_wrong_checksum_or_short_file_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let bytes = data(10_000);
     let a = file_with(&dir, "a.bin", &bytes);
-    let files = vec![SourceFile::open(&a, true, false, None).unwrap()];
-    let mem = Region::anonymous(20_000).unwrap();
+    let files = || vec![SourceFile::open(&a, true, false, None).unwrap()];
+    let mem = Arc::new(Region::anonymous(20_000).unwrap());
     let mut r = FileRange::whole(0, 0, 4096, 0);
     r.crc32 = Some(crc32fast::hash(&bytes[..4096]) ^ 1);
-    let e = read_ranges(&mem, &files, &[r], 2).unwrap_err().to_string();
+    let e = read_ranges(mem.clone(), files(), &[r], 2, T)
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("a.bin: checksum mismatch in bytes 0..4096"),
         "{e}"
     );
-    let e = read_ranges(&mem, &files, &[FileRange::whole(0, 9_000, 2_000, 0)], 2)
-        .unwrap_err()
-        .to_string();
+    let e = read_ranges(
+        mem.clone(),
+        files(),
+        &[FileRange::whole(0, 9_000, 2_000, 0)],
+        2,
+        T,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(
         e.contains("a.bin is truncated: it ends at byte 10000"),
         "{e}"
     );
-    let e = read_ranges(&mem, &files, &[FileRange::whole(0, 0, 100, 19_950)], 2)
-        .unwrap_err()
-        .to_string();
+    let e = read_ranges(
+        mem.clone(),
+        files(),
+        &[FileRange::whole(0, 0, 100, 19_950)],
+        2,
+        T,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("do not fit"), "{e}");
-    let e = read_ranges(&mem, &files, &[FileRange::whole(1, 0, 100, 0)], 2)
-        .unwrap_err()
-        .to_string();
+    let e = read_ranges(
+        mem.clone(),
+        files(),
+        &[FileRange::whole(1, 0, 100, 0)],
+        2,
+        T,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("file index 1"), "{e}");
 }
 
@@ -130,4 +155,42 @@ fn files_that_are_not_plain_files_of_the_right_size_are_refused() {
         .unwrap()
         .to_string();
     assert!(e.contains("a.bin.gone cannot be opened"), "{e}");
+}
+
+/// Memory whose release this process does not control (as an MPI window):
+/// no straight `pread` into it, only copies while the load is waited on.
+struct Foreign(std::sync::Mutex<Vec<u8>>);
+
+impl Memory for Foreign {
+    fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+    fn as_ptr(&self) -> *const u8 {
+        std::ptr::null()
+    }
+    fn read_at(&self, offset: usize, dst: &mut [u8]) -> ddstore_core::Result<()> {
+        dst.copy_from_slice(&self.0.lock().unwrap()[offset..offset + dst.len()]);
+        Ok(())
+    }
+    fn write_at(&self, offset: usize, src: &[u8]) -> ddstore_core::Result<()> {
+        self.0.lock().unwrap()[offset..offset + src.len()].copy_from_slice(src);
+        Ok(())
+    }
+}
+
+#[test]
+fn memory_released_elsewhere_is_filled_through_a_buffer_and_not_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = data(1 << 20);
+    let a = file_with(&dir, "a.bin", &bytes);
+    let files = vec![SourceFile::open(&a, true, false, None).unwrap()];
+    let mem = Arc::new(Foreign(std::sync::Mutex::new(vec![0u8; 1 << 20])));
+    let ranges: Vec<_> = (0..16)
+        .map(|i| FileRange::whole(0, i * 65_536, 65_536, i as usize * 65_536))
+        .collect();
+    let n = read_ranges(mem.clone(), files, &ranges, 4, T).unwrap();
+    assert_eq!(n, 1 << 20);
+    assert_eq!(*mem.0.lock().unwrap(), bytes);
+    // The reading threads are gone and hold no reference to the share.
+    assert_eq!(Arc::strong_count(&mem), 1);
 }

@@ -43,7 +43,7 @@ fn class_name(err: &Error) -> &'static str {
         Error::Borrowed(_) => "DDStoreBorrowError",
         Error::Freed => "DDStoreFreedError",
         Error::Stale { .. } => "DDStoreStaleError",
-        Error::Timeout { .. } => "DDStoreTimeoutError",
+        Error::Timeout { .. } | Error::Stalled { .. } => "DDStoreTimeoutError",
         Error::Unsupported(_) => "DDStoreUnsupportedError",
         Error::Access(_)
         | Error::Refused {
@@ -150,6 +150,10 @@ mod tests {
             Error::Timeout {
                 peer: 1,
                 waited: std::time::Duration::ZERO,
+                what: "x".into(),
+            },
+            Error::Stalled {
+                waited: std::time::Duration::from_secs(3),
                 what: "x".into(),
             },
             Error::Comm("x".into()),

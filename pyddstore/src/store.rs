@@ -4,7 +4,9 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use ddstore_core::config::load_timeout;
 use ddstore_core::external::HmemIface;
 use ddstore_core::file_load::{FileRange, SourceFile};
 use ddstore_core::layout::Layout;
@@ -518,9 +520,12 @@ impl PyStore {
     /// written, byte offset in the share). Files open read-only, O_NONBLOCK,
     /// O_CLOEXEC, O_NOFOLLOW with `nofollow`, O_DIRECT with `direct` where
     /// the file system allows it; only regular files, of exactly `sizes[i]`
-    /// bytes where given (-1: any). Returns (bytes written, whether every
+    /// bytes where given (-1: any). When no read returns for `timeout_s`
+    /// seconds (None: DDSTORE_LOAD_TIMEOUT_S, read now) it raises
+    /// DDStoreTimeoutError naming the file and byte range, leaving a reader
+    /// stuck in the kernel behind. Returns (bytes written, whether every
     /// file was read with O_DIRECT).
-    #[pyo3(signature = (name, paths, ranges, threads=32, direct=false, nofollow=false, sizes=None))]
+    #[pyo3(signature = (name, paths, ranges, threads=32, direct=false, nofollow=false, sizes=None, timeout_s=None))]
     #[allow(clippy::too_many_arguments)]
     fn load_file_ranges(
         &self,
@@ -532,8 +537,19 @@ impl PyStore {
         direct: bool,
         nofollow: bool,
         sizes: Option<Vec<i64>>,
+        timeout_s: Option<f64>,
     ) -> PyResult<(u64, bool)> {
         let what = format!("load_file_ranges('{name}')");
+        let timeout = match timeout_s {
+            Some(t) if t.is_finite() && t > 0.0 => Duration::from_secs_f64(t),
+            Some(t) => {
+                return Err(value_error(
+                    py,
+                    format!("{what}: timeout_s={t} must be a positive number of seconds"),
+                ))
+            }
+            None => load_timeout().py(py)?,
+        };
         let table = ranges.as_array();
         if table.ncols() != 7 {
             return Err(value_error(
@@ -579,7 +595,7 @@ impl PyStore {
                 files.push(SourceFile::open(p, nofollow, direct, size)?);
             }
             let all_direct = !files.is_empty() && files.iter().all(|f| f.is_direct());
-            let n = store.load_file_ranges(&name, &files, &parsed, threads)?;
+            let n = store.load_file_ranges(&name, files, &parsed, threads, timeout)?;
             Ok((n, all_direct))
         })
         .py(py)

@@ -129,6 +129,7 @@ class Store:
         direct: bool = False,
         nofollow: bool = False,
         sizes: Optional[Sequence[int]] = None,
+        timeout_s: Optional[float] = None,
     ) -> tuple[int, bool]: ...
     def get_batch(
         self,

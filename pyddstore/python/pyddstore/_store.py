@@ -385,6 +385,7 @@ class PyDDStore:
         direct: bool = False,
         nofollow: bool = False,
         sizes=None,
+        timeout_s: float | None = None,
     ):
         """Reads byte ranges of files straight into this rank's share of `name` (local, not
         collective), up to `threads` reads in flight with the GIL released; the loaders of
@@ -395,6 +396,13 @@ class PyDDStore:
         the exact size each file must have. Only regular files are read. Returns
         `(bytes written, whether every file was read with O_DIRECT)`.
 
+        When no read returns for `timeout_s` seconds (None: DDSTORE_LOAD_TIMEOUT_S as set now,
+        default 600) it raises DDStoreTimeoutError naming the file and the byte range waited on
+        (a hung file system: a Lustre OST or NFS server gone); a slow file system that moves
+        never times out. A reader stuck in the kernel cannot be stopped: it is left behind,
+        keeps the share's memory mapped until its read returns, and writes nothing else. The
+        rows of a failed load are undefined until loaded again.
+
         Example:
             ```python
             # 1,000 rows of 4 float32 from an .npy file whose header is 128 bytes
@@ -403,7 +411,7 @@ class PyDDStore:
             store.load_file_ranges("x", ["/data/x.npy"], ranges)
             ```
         """
-        return self._native.load_file_ranges(name, paths, ranges, threads, direct, nofollow, sizes)
+        return self._native.load_file_ranges(name, paths, ranges, threads, direct, nofollow, sizes, timeout_s)
 
     def info(self, name: str):
         """`(total_rows, disp, itemsize)` of `name`: rows over all ranks, elements per row,

@@ -436,8 +436,9 @@ def load_ranges_native(
     share in Rust (`fill` is its _native.load_file_ranges bound to the variable), `threads` reads
     in flight with the GIL released, in calls of about NATIVE_CALL_BYTES so progress moves. A
     file that cannot be read (missing, symbolic link with nofollow, not regular, truncated,
-    wrong size or checksum) raises `error` naming it. Returns whether every file was read with
-    O_DIRECT."""
+    wrong size or checksum) raises `error` naming it; a call whose reads make no progress for
+    DDSTORE_LOAD_TIMEOUT_S (a hung file system) raises DDStoreTimeoutError naming the file and
+    byte range. Returns whether every file was read with O_DIRECT."""
     ranges = np.ascontiguousarray(ranges, dtype=np.int64).reshape(-1, 7)
     ends = np.cumsum(ranges[:, R_LEN])
     all_direct = True
@@ -450,7 +451,8 @@ def load_ranges_native(
         try:
             moved, d = fill(paths, batch, max(1, threads), direct, nofollow, sizes)
         except DDStoreError as e:
-            if isinstance(e, error):
+            # A hung file system stays a DDStoreTimeoutError (the message says what to do).
+            if isinstance(e, (error, DDStoreTimeoutError)):
                 raise
             raise error(str(e)) from None
         all_direct = all_direct and d
