@@ -325,20 +325,6 @@ fn positive(key: &str, raw: &str) -> std::result::Result<f64, String> {
     }
 }
 
-/// `DDSTORE_LOAD_TIMEOUT_S` as the environment says now (else its default,
-/// 600 s): how long a file load may go without a read returning. Read per
-/// load, not per store, as the Python loaders read it.
-pub fn load_timeout() -> Result<Duration> {
-    const KEY: &str = "DDSTORE_LOAD_TIMEOUT_S";
-    let raw = env_setting(KEY)?.unwrap_or_else(|| {
-        let d = DEFAULTS.iter().find(|(k, _)| *k == KEY).map(|(_, v)| *v);
-        d.expect("DDSTORE_LOAD_TIMEOUT_S has a default").to_string()
-    });
-    Ok(Duration::from_secs_f64(raw.parse::<f64>().map_err(
-        |_| Error::invalid(format!("{KEY}={raw:?} is not a number of seconds")),
-    )?))
-}
-
 /// Validates every `DDSTORE_*` setting that is set; the first bad one is an
 /// error naming the variable and what it accepts.
 pub fn check_env(get: &impl Fn(&str) -> Option<String>) -> Result<()> {

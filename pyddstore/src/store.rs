@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ddstore_core::config::load_timeout;
+use ddstore_core::config::Value;
 use ddstore_core::external::HmemIface;
 use ddstore_core::file_load::{FileRange, SourceFile};
 use ddstore_core::layout::Layout;
@@ -548,7 +548,16 @@ impl PyStore {
                     format!("{what}: timeout_s={t} must be a positive number of seconds"),
                 ))
             }
-            None => load_timeout().py(py)?,
+            // The store's settings snapshot (DDSTORE_LOAD_TIMEOUT_S when it was made).
+            None => match self.settings.inner.value("DDSTORE_LOAD_TIMEOUT_S").py(py)? {
+                Some(Value::Seconds(t)) if t.is_finite() && t > 0.0 => Duration::from_secs_f64(t),
+                other => {
+                    return Err(value_error(
+                        py,
+                        format!("{what}: DDSTORE_LOAD_TIMEOUT_S gives {other:?}, not a positive number of seconds"),
+                    ))
+                }
+            },
         };
         let table = ranges.as_array();
         if table.ncols() != 7 {

@@ -396,7 +396,7 @@ class PyDDStore:
         the exact size each file must have. Only regular files are read. Returns
         `(bytes written, whether every file was read with O_DIRECT)`.
 
-        When no read returns for `timeout_s` seconds (None: DDSTORE_LOAD_TIMEOUT_S as set now,
+        When no read returns for `timeout_s` seconds (None: this store's DDSTORE_LOAD_TIMEOUT_S setting,
         default 600) it raises DDStoreTimeoutError naming the file and the byte range waited on
         (a hung file system: a Lustre OST or NFS server gone); a slow file system that moves
         never times out. A reader stuck in the kernel cannot be stopped: it is left behind,
