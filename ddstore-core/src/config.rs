@@ -37,6 +37,10 @@ pub struct Config {
     /// Open the `FI_HMEM` domain even for host memory given as an external share
     /// (`DDSTORE_OFI_HMEM`; tests run the device path on a CPU with it).
     pub ofi_hmem: bool,
+    /// Other jobs read this store's shares (a method-2 core job; set by the
+    /// caller, not by a variable): freed shares keep their address range
+    /// reserved (see [`crate::transport::ExposeOptions::keep_address`]).
+    pub read_by_other_jobs: bool,
 }
 
 /// `DDSTORE_REMOTE_GATHER`: how remote rows are read over libfabric.
@@ -87,6 +91,7 @@ impl Default for Config {
             nic_map: None,
             ofi_local_mr: false,
             ofi_hmem: false,
+            read_by_other_jobs: false,
         }
     }
 }
@@ -118,6 +123,7 @@ impl Config {
             nic_map: setting(&get, "DDSTORE_NIC_MAP")?,
             ofi_local_mr: parse_flag(&get, "DDSTORE_OFI_LOCAL_MR")?.unwrap_or(d.ofi_local_mr),
             ofi_hmem: parse_flag(&get, "DDSTORE_OFI_HMEM")?.unwrap_or(d.ofi_hmem),
+            read_by_other_jobs: d.read_by_other_jobs,
         })
         .and_then(|c| {
             check_env(&get)?;

@@ -309,17 +309,35 @@ impl NodeLocator {
 impl Region {
     /// Page-aligned zeroed memory of `len` bytes, private to this process.
     pub fn anonymous(len: usize) -> Result<Region> {
+        Self::anonymous_with(len, false)
+    }
+
+    /// As [`Region::anonymous`]; with `keep_address` the address range stays
+    /// reserved once the region is freed (a method-2 core job's shares).
+    pub fn anonymous_with(len: usize, keep_address: bool) -> Result<Region> {
         // A zero-length mapping is invalid; keep one page and report len.
         let map = MmapOptions::new()
             .len(len.max(1))
             .map_anon()
             .map_err(|e| Error::io(format!("allocating a share of {len} bytes"), e))?;
-        Ok(Self::from_mapping(Mapping::Anonymous(map), len, None, None))
+        Ok(Self::from_mapping(
+            Mapping::Anonymous(map),
+            len,
+            None,
+            None,
+            keep_address,
+        ))
     }
 
     /// Page-aligned memory of `len` bytes in an owner-only memfd that
     /// same-node peers can map read-only (see [`Region::locator`]).
     pub fn shared(name: &str, len: usize) -> Result<Region> {
+        Self::shared_with(name, len, false)
+    }
+
+    /// As [`Region::shared`]; with `keep_address` the address range stays
+    /// reserved once the region is freed (a method-2 core job's shares).
+    pub fn shared_with(name: &str, len: usize, keep_address: bool) -> Result<Region> {
         let label: String = name
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
@@ -351,7 +369,13 @@ impl Region {
             id: region_id(),
             creator: crate::fork::CreatedBy::this_process(),
         };
-        let region = Self::from_mapping(Mapping::Shared(map), len, Some(file), Some(control));
+        let region = Self::from_mapping(
+            Mapping::Shared(map),
+            len,
+            Some(file),
+            Some(control),
+            keep_address,
+        );
         region.set_state(STATE_LIVE);
         Ok(region)
     }
@@ -361,13 +385,17 @@ impl Region {
         len: usize,
         file: Option<File>,
         control: Option<Control>,
+        keep_address: bool,
     ) -> Region {
         let ptr = match &mut mapping {
             Mapping::Anonymous(m) | Mapping::Shared(m) => m.as_mut_ptr(),
         };
         // SAFETY: the mapping is at least `len` bytes, writable, and is moved
         // into the owner so it lives as long as the RawMemory.
-        let owned = Arc::new(OwnedMapping(ManuallyDrop::new(mapping)));
+        let owned = Arc::new(OwnedMapping {
+            mapping: ManuallyDrop::new(mapping),
+            keep_address,
+        });
         let mut memory = unsafe { RawMemory::new(ptr, len, true, owned) };
         // Our own mapping: unmapped only when the last handle goes.
         memory.local_release = true;
@@ -421,20 +449,32 @@ impl Drop for Region {
     }
 }
 
-/// A region's mapping. When the region goes, its address range is not
-/// handed back: a one-sided fabric reader of another job still holding the
-/// freed share's address (and a key the provider may issue again: shm reads
-/// by address) would otherwise read whatever share is mapped there next. The
-/// range is replaced by an inaccessible reservation with no memory behind it,
-/// kept for the process's life (address space only), so such a read fails.
-struct OwnedMapping(ManuallyDrop<Mapping>);
+/// A region's mapping. With `keep_address` (shares other jobs read), the
+/// address range is not handed back when the region goes: a one-sided
+/// fabric reader of another job still holding the freed share's address (and
+/// a key the provider may issue again: shm reads by address) would otherwise
+/// read whatever share is mapped there next. The range is replaced by an
+/// inaccessible reservation with no memory behind it, kept for the process's
+/// life (address space only), so such a read fails. Otherwise it is unmapped.
+struct OwnedMapping {
+    mapping: ManuallyDrop<Mapping>,
+    /// Reserve the range when freed instead of unmapping it: only for shares
+    /// other jobs may read (a method-2 core job's); within one job every rank
+    /// frees collectively and no reader outlives the share.
+    keep_address: bool,
+}
 // SAFETY: a mapping is plain memory; ownership only decides when it is unmapped.
 unsafe impl Send for OwnedMapping {}
 unsafe impl Sync for OwnedMapping {}
 
 impl Drop for OwnedMapping {
     fn drop(&mut self) {
-        let (ptr, len) = match &*self.0 {
+        if !self.keep_address {
+            // SAFETY: dropped once, here, when the last owner goes.
+            unsafe { ManuallyDrop::drop(&mut self.mapping) };
+            return;
+        }
+        let (ptr, len) = match &*self.mapping {
             Mapping::Anonymous(m) | Mapping::Shared(m) => (m.as_ptr(), m.len()),
         };
         // SAFETY: ptr..ptr+len is this mapping (memmap2 maps at offset 0, so
@@ -453,7 +493,7 @@ impl Drop for OwnedMapping {
         };
         if reserved == libc::MAP_FAILED {
             // SAFETY: not reserved: unmapped as usual, once.
-            unsafe { ManuallyDrop::drop(&mut self.0) };
+            unsafe { ManuallyDrop::drop(&mut self.mapping) };
         }
         // Reserved: the memmap2 value is left undropped (it would unmap the reservation).
     }
@@ -721,14 +761,37 @@ mod tests {
         assert!(map_peer(&loc).is_ok());
     }
 
+    /// The line of /proc/self/maps whose range holds `addr`, if any.
+    fn maps_line_holding(addr: usize) -> Option<String> {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        maps.lines()
+            .find(|l| {
+                let range = l.split(' ').next().unwrap_or("");
+                let (a, b) = range.split_once('-').unwrap_or(("0", "0"));
+                let (a, b) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16));
+                matches!((a, b), (Ok(a), Ok(b)) if a <= addr && addr < b)
+            })
+            .map(str::to_string)
+    }
+
+    #[test]
+    fn a_region_read_by_other_jobs_leaves_an_inaccessible_reservation() {
+        // (Without keep_address the range is unmapped: the hygiene tests count mappings.)
+        let r = Region::shared_with("v", 5 * PAGE, true).unwrap();
+        let addr = r.as_ptr() as usize;
+        drop(r);
+        let line = maps_line_holding(addr).expect("the kept range is still mapped");
+        assert!(line.contains(" ---p "), "{line}");
+    }
+
     #[test]
     fn a_freed_region_keeps_its_addresses_from_the_next_region() {
         for shared in [false, true] {
             let make = || {
                 if shared {
-                    Region::shared("v", 3 * PAGE).unwrap()
+                    Region::shared_with("v", 3 * PAGE, true).unwrap()
                 } else {
-                    Region::anonymous(3 * PAGE).unwrap()
+                    Region::anonymous_with(3 * PAGE, true).unwrap()
                 }
             };
             let first = make();

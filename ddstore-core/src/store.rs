@@ -302,6 +302,7 @@ impl Store {
         let opts = ExposeOptions {
             name: name.to_string(),
             node_sharing: self.config.node_sharing,
+            keep_address: self.config.read_by_other_jobs,
         };
         let exposed = expose(&self.transport()?, len, &opts)?;
         let var = Variable {

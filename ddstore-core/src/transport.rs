@@ -45,6 +45,10 @@ pub struct ExposeOptions {
     pub name: String,
     /// Offer the share to same-node peers through shared memory.
     pub node_sharing: bool,
+    /// Other jobs may read the share (a method-2 core job): once freed, its
+    /// address range stays reserved so that a reader of another job that
+    /// still holds its address cannot read the next share mapped there.
+    pub keep_address: bool,
 }
 
 /// A way to make rank shares readable by other ranks (MPI RMA, libfabric, node-only).

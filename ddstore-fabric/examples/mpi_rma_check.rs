@@ -38,6 +38,7 @@ fn expose(
     let opts = ExposeOptions {
         name: "check".into(),
         node_sharing,
+        keep_address: false,
     };
     let exposed = MpiRma::new()
         .expose(comm, len, &opts)

@@ -76,6 +76,7 @@ fn rank(comm: Arc<FileComm>) {
     let opts = ExposeOptions {
         name: "bench".into(),
         node_sharing: false,
+        keep_address: false,
     };
     let share = transport.expose(&dyn_comm, SHARE, &opts).expect("expose");
     share.local.write_at(0, &fill(1, me, SHARE)).expect("fill");

@@ -57,6 +57,7 @@ fn main() {
     let opts = ExposeOptions {
         name: "ofi-check".into(),
         node_sharing: false,
+        keep_address: false,
     };
     let share = transport.expose(&comm, SHARE, &opts).expect("expose");
     share

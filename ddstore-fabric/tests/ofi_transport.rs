@@ -201,6 +201,7 @@ fn full(comm: Arc<FileComm>) {
     let opts = ExposeOptions {
         name: "v1".into(),
         node_sharing: false,
+        keep_address: false,
     };
     let v1 = transport.expose(&dyn_comm, lens[rank], &opts).unwrap();
     v1.local.write_at(0, &fill(1, rank, lens[rank])).unwrap();
@@ -212,6 +213,7 @@ fn full(comm: Arc<FileComm>) {
     let opts2 = ExposeOptions {
         name: "v2/shared".into(),
         node_sharing: true,
+        keep_address: false,
     };
     let v2 = transport.expose(&dyn_comm, len2, &opts2).unwrap();
     v2.local.write_at(0, &fill(2, rank, len2)).unwrap();
@@ -410,6 +412,7 @@ fn stopped_peer(comm: Arc<FileComm>) {
     let opts = ExposeOptions {
         name: "v".into(),
         node_sharing: false,
+        keep_address: false,
     };
     let v = transport.expose(&dyn_comm, 8192, &opts).unwrap();
     v.local.write_at(0, &fill(1, rank, 8192)).unwrap();
@@ -521,6 +524,7 @@ fn ragged_gather(comm: Arc<FileComm>) {
         let opts = ExposeOptions {
             name: name.into(),
             node_sharing: false,
+            keep_address: false,
         };
         transport.expose(&dyn_comm, len, &opts).unwrap()
     };

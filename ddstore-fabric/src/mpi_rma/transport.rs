@@ -433,6 +433,7 @@ mod tests {
         let opts = ExposeOptions {
             name: "x".into(),
             node_sharing: true,
+            keep_address: false,
         };
         let err = MpiRma::new()
             .expose(&comm, 16, &opts)

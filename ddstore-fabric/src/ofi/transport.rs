@@ -287,9 +287,9 @@ impl OfiTransport {
     ) -> ddstore_core::Result<Exposed> {
         let node = self.node()?;
         let region = Arc::new(if opts.node_sharing {
-            Region::shared(&opts.name, len)?
+            Region::shared_with(&opts.name, len, opts.keep_address)?
         } else {
-            Region::anonymous(len)?
+            Region::anonymous_with(len, opts.keep_address)?
         });
         let (node_peers, node_locators) = if opts.node_sharing {
             let shares = share_on_node(comm.as_ref(), &region)?;
