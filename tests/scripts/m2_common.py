@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 
 N_ROWS = 53  # not a multiple of the core ranks
@@ -82,3 +85,11 @@ class FreeGenSamples:
         rows = (i + self.gen) % 4
         pos = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2) + 100 * i + 1000 * self.gen
         return {"x": x, "pos": pos}
+
+
+def wait_for(path: str, timeout: float = 240) -> None:
+    """Waits for the file `path` (a step another job signals), failing after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"{path} did not appear in {timeout} s"
+        time.sleep(0.05)

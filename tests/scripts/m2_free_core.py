@@ -10,19 +10,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 from _common import main_guard, share_bounds
-from m2_common import free_gen_fixed, free_gen_ragged, free_gen_rows
+from m2_common import free_gen_fixed, free_gen_ragged, free_gen_rows, wait_for
 
 import pyddstore
-
-
-def wait_for(path: str, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        assert time.monotonic() < deadline, f"{path} did not appear in {timeout} s"
-        time.sleep(0.05)
 
 
 def publish(comm, hs: str, gen: int):

@@ -10,19 +10,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import torch  # before MPI starts
 from _common import main_guard
-from m2_common import FreeGenSamples
+from m2_common import FreeGenSamples, wait_for
 from pyddstore.torch import DistDataset
-
-
-def wait_for(path: str, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        assert time.monotonic() < deadline, f"{path} did not appear in {timeout} s"
-        time.sleep(0.05)
 
 
 def main():
