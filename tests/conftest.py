@@ -107,12 +107,21 @@ def handshake_dir(tmp_path):
 
 
 def reports(out: str, tag: str) -> list:
-    """Every `tag {json}` report in the output (ranks' lines may run together under mpirun)."""
+    """Every `tag {json}` report in the output. Under mpirun the ranks' lines may run together,
+    and with unbuffered Python even the pieces of one print() may interleave: `tag tag {a} {b}`."""
     decoder, found, pos = json.JSONDecoder(), [], 0
-    while (pos := out.find(tag + " {", pos)) >= 0:
-        obj, end = decoder.raw_decode(out, pos + len(tag) + 1)
-        found.append(obj)
-        pos = end
+    while (pos := out.find(tag, pos)) >= 0:
+        pos += len(tag)
+        pending = 1
+        while out.startswith(tag, pos):
+            pos, pending = pos + len(tag), pending + 1
+        while pending:
+            start = out.find("{", pos)
+            if start < 0 or out[pos:start].strip():
+                break
+            obj, pos = decoder.raw_decode(out, start)
+            found.append(obj)
+            pending -= 1
     return found
 
 

@@ -172,7 +172,9 @@ def test_method2_sigkill_extra_job_times_out_and_exits(handshake_dir):
     for who in (0, 2, 3):
         code, out, err = results[who]
         assert code == 0, f"process {who} exited {code}\n{out}\n{err[-3000:]}"
-        assert "TimeoutError after" in out and "rank 1" in out and "freed, exiting" in out, out
+        # The extra (3) may see the survivors' free first: stale rather than a timeout.
+        failed = "TimeoutError after" in out or (who == 3 and "DDStoreStaleError after" in out)
+        assert failed and "rank 1" in out and "freed, exiting" in out, out
         print(out.strip())
 
 

@@ -19,6 +19,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -31,6 +32,13 @@ from pyddstore import DDStoreTimeoutError, DDStoreUnsupportedError
 
 N, SHAPE, SEED = 4003, (768,), 17  # 3 KB float32 rows
 BATCH, ROUNDS = 128, 60
+
+
+def say(report: dict) -> None:
+    """One `vcjob {json}` line in a single write: print() writes its pieces separately when
+    Python is unbuffered (PYTHONUNBUFFERED=1), and mpirun then interleaves the ranks' pieces."""
+    sys.stdout.write("vcjob " + json.dumps(report) + "\n")
+    sys.stdout.flush()
 
 
 def make_store(method: int, comm_kind: str, hs: str | None, **kw):
@@ -200,7 +208,7 @@ def run_store(a) -> None:
         else:
             raise AssertionError("method 0 across nodes was expected to be refused")
         store.free()
-        print("vcjob", json.dumps(report), flush=True)
+        say(report)
         return
     hosts = hosts_of(store)
     report["nodes"] = len(set(hosts.tolist()))
@@ -211,7 +219,7 @@ def run_store(a) -> None:
     store.free()
     if a.torch:
         report["torch"] = torch_reads(a.comm, a.hs)
-    print("vcjob", json.dumps(report), flush=True)
+    say(report)
 
 
 def run_dead(a) -> None:
@@ -243,7 +251,7 @@ def run_dead(a) -> None:
         except DDStoreTimeoutError as e:
             report["free_error"] = str(e)
         report["free_s"] = round(time.monotonic() - t0, 2)
-        print("vcjob", json.dumps(report), flush=True)
+        say(report)
         return
     for victim in (2, 3):
         rows = np.arange(starts[victim], starts[victim] + 4)
@@ -266,7 +274,7 @@ def run_dead(a) -> None:
     except DDStoreTimeoutError as e:
         report["free_error"] = str(e)
     report["free_s"] = round(time.monotonic() - t0, 2)
-    print("vcjob", json.dumps(report), flush=True)
+    say(report)
 
 
 def main():
