@@ -485,25 +485,15 @@ fn read_one(sh: &Shared, f: &SourceFile, r: &FileRange, bounce: &mut Bounce) -> 
         return read_in_pieces(sh, f, r, bounce);
     }
     // Through the bounce buffer: O_DIRECT reads whole aligned blocks around the range.
-    let align = if f.direct { DIRECT_ALIGN as u64 } else { 1 };
+    let align = DIRECT_ALIGN as u64;
     let a0 = r.file_offset - r.file_offset % align;
     let a1 = end.div_ceil(align) * align;
     let buf = bounce.aligned((a1 - a0) as usize);
     let need = (end - a0) as usize;
     let mut pos = 0usize;
     while pos < need {
-        let at = a0 + pos as u64;
-        let got = match f.file.read_at(&mut buf[pos..], at) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(Error::io(format!("{}: read at byte {at}", f.path), e)),
-        };
-        if got == 0 {
-            return Err(f.truncated(at, end));
-        }
-        sh.moved();
-        pos += got;
-        if f.direct && !pos.is_multiple_of(DIRECT_ALIGN) && pos < need {
+        pos += pread_some(sh, f, &mut buf[pos..], a0 + pos as u64, end)?;
+        if !pos.is_multiple_of(DIRECT_ALIGN) && pos < need {
             return Err(Error::invalid(format!(
                 "{}: unaligned short read at byte {} with O_DIRECT",
                 f.path,
@@ -516,6 +506,23 @@ fn read_one(sh: &Shared, f: &SourceFile, r: &FileRange, bounce: &mut Bounce) -> 
         check_crc(f, r, crc32fast::hash(data))?;
     }
     sh.write(r.dst_offset, &data[r.skip..r.skip + r.write_len])
+}
+
+/// One `pread` of `f` at `at` into `buf` (retried when interrupted): the bytes
+/// read, never 0 (the end of the file before `end` is an error naming it).
+/// Counts as progress for the load's deadline.
+fn pread_some(sh: &Shared, f: &SourceFile, buf: &mut [u8], at: u64, end: u64) -> Result<usize> {
+    loop {
+        match f.file.read_at(buf, at) {
+            Ok(0) => return Err(f.truncated(at, end)),
+            Ok(n) => {
+                sh.moved();
+                return Ok(n);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Error::io(format!("{}: read at byte {at}", f.path), e)),
+        }
+    }
 }
 
 /// A buffered range that cannot go straight into the share (memory released
@@ -536,17 +543,13 @@ fn read_in_pieces(sh: &Shared, f: &SourceFile, r: &FileRange, bounce: &mut Bounc
         let n = piece.len().min(r.len - pos);
         let mut got = 0;
         while got < n {
-            let at = r.file_offset + (pos + got) as u64;
-            let k = match f.file.read_at(&mut piece[got..n], at) {
-                Ok(k) => k,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(Error::io(format!("{}: read at byte {at}", f.path), e)),
-            };
-            if k == 0 {
-                return Err(f.truncated(at, end));
-            }
-            sh.moved();
-            got += k;
+            got += pread_some(
+                sh,
+                f,
+                &mut piece[got..n],
+                r.file_offset + (pos + got) as u64,
+                end,
+            )?;
         }
         let chunk = &piece[..n];
         if let Some(h) = hasher.as_mut() {

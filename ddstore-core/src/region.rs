@@ -87,7 +87,6 @@ pub struct RawMemory {
     ptr: *mut u8,
     len: usize,
     writable: bool,
-    local_release: bool,
     _owner: Arc<dyn Any + Send + Sync>,
 }
 
@@ -110,7 +109,6 @@ impl RawMemory {
             ptr,
             len,
             writable,
-            local_release: false,
             _owner: owner,
         }
     }
@@ -133,7 +131,6 @@ impl RawMemory {
     /// left to fault as usual). Best effort: older kernels refuse it and the
     /// pages fault in as before.
     fn populate(&self, offset: usize, len: usize) {
-        const PAGE: usize = 4096;
         if len < POPULATE_MIN {
             return;
         }
@@ -158,9 +155,6 @@ impl Memory for RawMemory {
     }
     fn as_ptr(&self) -> *const u8 {
         self.ptr
-    }
-    fn release_is_local(&self) -> bool {
-        self.local_release
     }
     fn prepare_write(&self, offset: usize, len: usize) {
         if self.writable && check_range("write", offset, len, self.len).is_ok() {
@@ -246,7 +240,7 @@ struct Control {
     creator: crate::fork::CreatedBy,
 }
 
-/// Bytes a control block is placed after: one page past the share's end.
+/// A page: control blocks sit on one past the share's end; `populate` aligns to it.
 const PAGE: usize = 4096;
 /// The state word of a region whose owner holds it.
 const STATE_LIVE: u32 = 0x4444_5331;
@@ -396,9 +390,7 @@ impl Region {
             mapping: ManuallyDrop::new(mapping),
             keep_address,
         });
-        let mut memory = unsafe { RawMemory::new(ptr, len, true, owned) };
-        // Our own mapping: unmapped only when the last handle goes.
-        memory.local_release = true;
+        let memory = unsafe { RawMemory::new(ptr, len, true, owned) };
         Region {
             memory,
             file,
@@ -506,8 +498,9 @@ impl Memory for Region {
     fn as_ptr(&self) -> *const u8 {
         self.memory.as_ptr()
     }
+    /// This process's own mapping: unmapped only when the last handle goes.
     fn release_is_local(&self) -> bool {
-        self.memory.release_is_local()
+        true
     }
     fn prepare_write(&self, offset: usize, len: usize) {
         self.memory.prepare_write(offset, len)
