@@ -39,6 +39,7 @@ def valid_body(n_core=2) -> dict:
         "itemsize": 4,
         "counts": [12] * n_core,
         "records": [(b"DDFI" + b'{"format":1}').hex()] * n_core,
+        "unit_shape": [4, 2],
     }
 
 

@@ -348,34 +348,43 @@ def test_timeout():
 IMPORT_LEAVES_TORCH = r"""
 import threading
 import torch.utils.data as tud
-from torch.utils.data import dataloader
+from torch.utils.data import dataloader, get_worker_info as bound  # bound by name, the usual idiom
 from torch.utils.data._utils import worker
-torchs = tud.get_worker_info
+torchs, code, names = tud.get_worker_info, tud.get_worker_info.__code__, set(vars(worker))
 import pyddstore.torch as pt
 from pyddstore.torch import ThreadDataLoader
 def untouched():
-    return all(m.get_worker_info is torchs for m in (tud, worker, dataloader))
-assert untouched(), "importing pyddstore.torch replaced torch's get_worker_info"
+    same = all(m.get_worker_info is torchs for m in (tud, worker, dataloader))
+    return same and torchs.__code__ is code and set(vars(worker)) == names and worker._worker_info is None
+assert untouched(), "importing pyddstore.torch changed torch's get_worker_info"
 seen = {}
 class Info(tud.Dataset):
     def __len__(self):
         return 8
     def __getitem__(self, i):
-        a, b = tud.get_worker_info(), pt.get_worker_info()
-        seen[i] = (a.id, a.num_workers, b.id, threading.current_thread().name)
+        a, b, c = tud.get_worker_info(), pt.get_worker_info(), bound()
+        seen[i] = (a.id, a.num_workers, b.id, c.id, threading.current_thread().name)
         return i
+class Shards(tud.IterableDataset):  # shards by the name-bound function
+    def __iter__(self):
+        info = bound()
+        return iter(range(info.id, 9, info.num_workers))
 loader = ThreadDataLoader(Info(), batch_size=2, num_workers=2)
 assert untouched(), "a loader that has not started changes nothing"
 batches = [b.tolist() for b in loader]
 assert batches == [[0, 1], [2, 3], [4, 5], [6, 7]], batches
-for i, (wid, nw, wid2, name) in seen.items():
-    assert (wid, nw, wid2) == ((i // 2) % 2, 2, (i // 2) % 2) and name == f"ddstore-loader-{wid}", seen
-assert tud.get_worker_info() is None and pt.get_worker_info() is None
+for i, (wid, nw, wid2, wid3, name) in seen.items():
+    assert (wid, nw, wid2, wid3) == ((i // 2) % 2, 2, (i // 2) % 2, (i // 2) % 2), seen
+    assert name == f"ddstore-loader-{wid}", seen
+sharded = [i for b in ThreadDataLoader(Shards(), batch_size=2, num_workers=3) for i in b.tolist()]
+assert sorted(sharded) == list(range(9)), sharded
+assert tud.get_worker_info() is None and pt.get_worker_info() is None and bound() is None
 assert untouched(), "torch's get_worker_info not restored once the loader's threads stopped"
-# Persistent workers keep the hook while they live, for their threads only.
+# Persistent workers keep the hook while they live, for their threads only: other threads
+# (here the main one) still get None.
 loader = ThreadDataLoader(Info(), batch_size=4, num_workers=1, persistent_workers=True)
 list(loader); list(loader)
-assert not untouched() and tud.get_worker_info() is None
+assert not untouched() and tud.get_worker_info() is None and bound() is None
 loader.close()
 assert untouched()
 print("ok")

@@ -17,6 +17,8 @@ from pyddstore.torch._windowed import window_rows, window_starts
 from torch.utils.data import ConcatDataset
 from torch.utils.data._utils.collate import default_collate
 
+from pyddstore import DDStoreIndexError
+
 
 @pytest.mark.parametrize(("n", "size"), [(10, 3), (3, 4), (0, 2), (17, 1), (100, 7)])
 def test_share_split(n, size):
@@ -179,9 +181,11 @@ def test_window_math():
     assert window_starts(10, 3, stride=2, dilation=2).tolist() == [0, 2, 4]
     assert window_starts(4, 3, dilation=2).tolist() == []
     assert window_starts(10, 2, starts=[0, 8, 3]).tolist() == [0, 8, 3]
-    with pytest.raises(ValueError, match="does not fit"):
-        window_starts(10, 2, starts=[9])
-    with pytest.raises(ValueError, match="does not fit"):
+    # A window that does not fit is an IndexError (as upstream) naming the window and the rows.
+    fits_not = r"starts\[1\] = 9: the window of 2 rows .* rows 9..10, .* 10 stored"
+    with pytest.raises(DDStoreIndexError, match=fits_not):
+        window_starts(10, 2, starts=[0, 9])
+    with pytest.raises(IndexError, match=r"rows -1..0, which does not fit in 10 stored rows"):
         window_starts(10, 2, starts=[-1])
     with pytest.raises(ValueError, match="window"):
         window_starts(10, 0)

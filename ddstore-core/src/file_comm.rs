@@ -13,7 +13,27 @@ use crate::comm::Comm;
 use crate::private_dir::{NameLock, PrivateDir, DEFAULT_READ_CAP};
 use crate::{Error, Result};
 
-static COMMS_CREATED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Communicators this process made so far, per (job id, rank): the n-th one is `{job}.c{n}`.
+static COMMS_CREATED: Mutex<Vec<(String, usize, u64)>> = Mutex::new(Vec::new());
+
+/// The name of this process's next communicator of rank `rank` in job `job`. Every rank creates
+/// its communicators in the same order, so the n-th one of each process belongs to the same
+/// group; numbering them keeps two live communicators of one process (two stores, a train and
+/// a validation dataset) apart whatever set the job id.
+fn nth_comm_of(job: &str, rank: usize) -> String {
+    let mut made = COMMS_CREATED.lock().unwrap();
+    let nth = match made.iter_mut().find(|(j, r, _)| j == job && *r == rank) {
+        Some((_, _, n)) => {
+            *n += 1;
+            *n
+        }
+        None => {
+            made.push((job.to_string(), rank, 0));
+            0
+        }
+    };
+    format!("{job}.c{nth}")
+}
 
 /// How much longer than rank 0 the other ranks wait in a barrier, so rank 0's
 /// verdict (which ranks did not arrive) reaches them before they give up.
@@ -163,16 +183,7 @@ impl FileComm {
             )));
         }
         let pdir = PrivateDir::open(dir, true)?;
-        let job = match job {
-            Some(job) => sanitize(&job),
-            // Every rank creates its communicators in the same order, so the
-            // n-th one of each process belongs to the same group: its files
-            // must not meet those of an earlier communicator of the same job.
-            None => {
-                let nth = COMMS_CREATED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                format!("{}.c{nth}", sanitize(&default_job_id()))
-            }
-        };
+        let job = nth_comm_of(&sanitize(&job.unwrap_or_else(default_job_id)), rank);
         clean_dead_jobs(&pdir, &job);
         let holder = format!("pid {} rank {rank} of job {job}", std::process::id());
         let live_name = format!("{job}.{rank}{LIVE_SUFFIX}");
@@ -190,7 +201,9 @@ impl FileComm {
             Err(other) => {
                 return Err(Error::Access(format!(
                     "rank {rank} of file-communicator job '{job}' is already running in {} ({other}): \
-                     two jobs with the same job id cannot share a handshake_dir (set DDSTORE_JOB_ID)",
+                     two live jobs with the same job id cannot share a handshake_dir; give each \
+                     job its own job id (a different DDSTORE_JOB_ID, or FileComm(job_id=)) or its \
+                     own handshake_dir",
                     dir.display()
                 )))
             }
@@ -534,7 +547,7 @@ mod tests {
         .unwrap();
         match c.allgather(b"a") {
             Err(Error::Timeout { peer: 1, what, .. }) => assert!(
-                what.contains("under job id 'jobB'") && what.contains("DDSTORE_JOB_ID"),
+                what.contains("under job id 'jobB.c0'") && what.contains("DDSTORE_JOB_ID"),
                 "{what}"
             ),
             other => panic!("expected timeout, got {other:?}"),
@@ -631,21 +644,21 @@ mod tests {
         let alive = mk("a", 0);
         // Rank 1 of job "a" is starting (its lock file exists, not yet held)
         // while rank 0 already wrote a round file.
-        plant("a.1.live");
-        plant("a.r0.0.rec");
+        plant("a.c0.1.live");
+        plant("a.c0.r0.0.rec");
         drop(mk("b", 0));
         assert!(
-            hs.join("a.r0.0.rec").exists(),
+            hs.join("a.c0.r0.0.rec").exists(),
             "a live job's files were removed"
         );
         // Rank 0 is killed: its lock file stays behind, held by nobody.
         drop(alive);
-        plant("a.0.live");
+        plant("a.c0.0.live");
         drop(mk("c", 0));
         assert!(
-            !hs.join("a.r0.0.rec").exists(),
+            !hs.join("a.c0.r0.0.rec").exists(),
             "a dead job's files were kept"
         );
-        assert!(!hs.join("a.0.live").exists());
+        assert!(!hs.join("a.c0.0.live").exists());
     }
 }

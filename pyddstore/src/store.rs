@@ -394,7 +394,11 @@ impl PyStore {
         let data = src.bytes();
         py.detach(|| store.add_ragged(&n, &lengths, unit_bytes, dtype, data))
             .py(py)?;
-        self.itemsizes.lock().unwrap().insert(name, a.itemsize());
+        // The parts too: their info() is what a method-2 record or a pickled handle carries.
+        let mut itemsizes = self.itemsizes.lock().unwrap();
+        itemsizes.insert(ddstore_core::ragged::values_name(&name), a.itemsize());
+        itemsizes.insert(ddstore_core::ragged::ends_name(&name), 8);
+        itemsizes.insert(name, a.itemsize());
         Ok(())
     }
 

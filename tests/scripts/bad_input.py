@@ -310,7 +310,7 @@ def main():
         ("window 0", ValueError, "window", WindowedDataset, ds, 0),
         (
             "window start past the end",
-            ValueError,
+            IndexError,
             "does not fit",
             lambda: WindowedDataset(ds, 3, starts=[N - 2]),
         ),

@@ -16,6 +16,24 @@ def seed_of(name: str, group: int) -> int:
     return VARS[name][0] + 10 * group
 
 
+# A ragged variable whose units are (3, 4) float32: row r has r % 4 units (0 included).
+RAGGED = "r"
+RAGGED_UNIT = (3, 4)
+
+
+def ragged_rows(group: int, rows):
+    """(values (units, 3, 4) float32, lengths) of ragged rows `rows` of core group `group`."""
+    rows = [int(r) for r in rows]
+    lengths = np.array([r % 4 for r in rows], dtype=np.int64)
+    size = int(np.prod(RAGGED_UNIT))
+    parts = [
+        (np.arange(n * size, dtype=np.float32) + 1000 * r + 100000 * group).reshape((n,) + RAGGED_UNIT)
+        for r, n in zip(rows, lengths)
+    ]
+    values = np.concatenate(parts) if parts else np.empty((0,) + RAGGED_UNIT, np.float32)
+    return values, lengths
+
+
 class Samples:
     """A map-style dataset: (image (2, 3) float32, label int64, mask (4,) bool) per index."""
 

@@ -1,5 +1,5 @@
-"""Method-2 core job: publishes variables a, b, c (every row a function of the row and the
-group) in --hs, then serves until {hs}/STOP appears or SIGTERM/SIGINT, and frees.
+"""Method-2 core job: publishes a ragged variable r and variables a, b, c (every row a
+function of the row and the group) in --hs, then serves until {hs}/STOP appears or SIGTERM/SIGINT, and frees.
 
     mpirun -n 2 python m2_core.py --hs DIR [--width W] [--comm mpi|file]
 """
@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 from _common import main_guard, rows_of, share_bounds
-from m2_common import N_ROWS, VARS, seed_of
+from m2_common import N_ROWS, RAGGED, VARS, ragged_rows, seed_of
 
 import pyddstore
 
@@ -36,6 +36,8 @@ def main():
         comm = pyddstore.FileComm(os.path.join(a.hs, "filecomm"))
     store = pyddstore.PyDDStore(comm, method=2, handshake_dir=a.hs, ddstore_width=a.width)
     assert store.method == 2
+    first, count, _ = share_bounds(N_ROWS, store.size, store.rank)
+    store.add(RAGGED, *ragged_rows(store.group_id, range(first, first + count)))  # published before a
     for i, (name, (_, shape, dtype)) in enumerate(VARS.items()):
         first, count, _ = share_bounds(N_ROWS, store.size, store.rank)
         rows = rows_of(seed_of(name, store.group_id), np.arange(first, first + count), shape, dtype)

@@ -2,7 +2,8 @@
 
     python m2_extra.py MODE --hs DIR --n-core N
 
-MODE read: every row of every variable, shuffled, repeated, ranges, from 4 threads.
+MODE read: every row of every variable, shuffled, repeated, ranges, from 4 threads; the
+    ragged variable r (units (3, 4)) in new arrays and out=.
 MODE timeout: no core job: join raises DDStoreTimeoutError within DDSTORE_HANDSHAKE_TIMEOUT_S.
 MODE after_stop: joins and reads, creates STOP, waits for {hs}/core-exited, then a read raises
     DDStoreTimeoutError within DDSTORE_TIMEOUT_S (no hang); with M2_AFTER_STOP=timeout_or_data
@@ -22,7 +23,7 @@ import time
 
 import numpy as np
 from _common import expect_error, main_guard, rank_tag, rows_of, run_threads
-from m2_common import N_ROWS, VARS, seed_of
+from m2_common import N_ROWS, RAGGED, RAGGED_UNIT, VARS, ragged_rows, seed_of
 
 import pyddstore
 from pyddstore import DDStoreError, DDStoreTimeoutError
@@ -42,6 +43,25 @@ def check(store, name, rows, group):
     store.get_batch(name, out, rows)
     want = rows_of(seed_of(name, group), rows, shape, dtype)
     assert np.array_equal(out, want), f"{name}: rows {list(rows)[:8]} differ from the core's data"
+
+
+def check_ragged(store, group):
+    """The ragged variable reads as in the core: its dtype, its (3, 4) units, the core's values,
+    into a new array and into out=."""
+    store.join(RAGGED)
+    unit = int(np.prod(RAGGED_UNIT))
+    assert store.info(RAGGED) == (N_ROWS, unit, 4), store.info(RAGGED)
+    rows = np.array([N_ROWS - 1, 0, 3, 3, 26, 27, 1, 2])
+    want, lengths = ragged_rows(group, rows)
+    values, offsets = store.get_batch(RAGGED, rows)
+    assert values.dtype == np.float32 and values.shape == want.shape, (values.dtype, values.shape)
+    assert np.array_equal(offsets, np.concatenate([[0], np.cumsum(lengths)])), offsets
+    assert np.array_equal(values, want), "ragged values differ from the core's"
+    assert np.array_equal(values[offsets[3] : offsets[4]], want[offsets[3] : offsets[4]])
+    buf = np.full((len(want) + 2,) + RAGGED_UNIT, -1, np.float32)
+    got, _ = store.get_batch(RAGGED, indices=rows, out=buf)
+    assert got.shape == want.shape and np.array_equal(got, want), "ragged values into out= differ"
+    assert np.shares_memory(got, buf)
 
 
 def read():
@@ -64,6 +84,7 @@ def read():
             check(store, "b", r.integers(0, N_ROWS, 17), group)
 
     run_threads(4, reader)
+    check_ragged(store, group)
     expect_error(IndexError, "out of range", check, store, "a", [N_ROWS], group)
     store.free()
     print(f"{rank_tag()} extra read ok ({store.transport}, group {group})", flush=True)

@@ -78,7 +78,7 @@ def tamper_cases(body, token):
     other_key["key"] ^= 1 << 40
     other_key = (b"DDFI" + json.dumps(other_key).encode()).hex()
     return [
-        ("format", edit(format=3), "format", token),
+        ("format", edit(format=9), "format", token),
         ("format-bool", edit(format=True), "format", token),
         ("no-token", edit(token_sha256=KeyError), "token", token),
         ("token-other", edit(token_sha256="00" * 32), "token", token),

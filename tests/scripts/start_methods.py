@@ -1,8 +1,11 @@
 """DataLoader workers started with spawn or forkserver read a DistDataset (method 1 or 2)
-re-attached from its pickled handle; every sample is checked against the source.
+re-attached from its pickled handle; every sample is checked against the source, and no worker
+initialised MPI. Without MPI, two comm=None stores and two DistDatasets (train, validation) live
+at once in each process first.
 
 argv: method:context:shm ... (e.g. 1:spawn:0 2:forkserver:1), all in one job. Run as plain
-processes with the file communicator (run_procs)."""
+processes with the file communicator (run_procs), or under mpirun through start_methods_mpi.py
+(which imports mpi4py at the top, as user scripts do)."""
 
 import os
 import pickle
@@ -19,9 +22,42 @@ def source():
     return TensorDataset(x, torch.arange(N))
 
 
+def mpi_initialised() -> bool:
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and mpi.Is_initialized()
+
+
 def collate_in_worker(batch):
-    """default_collate, plus the worker's pid and whether it loaded MPI (it must not)."""
-    return default_collate(batch), os.getpid(), "mpi4py.MPI" in sys.modules
+    """default_collate, plus the worker's pid and whether it initialised MPI (it must not)."""
+    return default_collate(batch), os.getpid(), mpi_initialised()
+
+
+def two_live_stores_and_datasets():
+    """Two comm=None stores, then a train and a validation DistDataset, alive at once in each
+    process (file communicator; the test sets DDSTORE_JOB_ID): every read checked."""
+    import numpy as np
+    from pyddstore.torch import DistDataset
+
+    import pyddstore
+
+    stores = [pyddstore.PyDDStore(None, method=1) for _ in range(2)]
+    for k, st in enumerate(stores):
+        assert st.comm_kind == "file" and st.size == 2, (st.comm_kind, st.size)
+        st.add("v", np.full((3, 2), 10 * k + st.rank, np.int32))
+    for k, st in enumerate(stores):
+        out = np.empty((6, 2), np.int32)
+        st.get_batch("v", out, np.arange(6)[::-1])
+        assert out[:, 0].tolist() == [10 * k + 1] * 3 + [10 * k] * 3, (k, out)
+    src = source()
+    val = TensorDataset(src.tensors[0][:50] * -1, torch.arange(50))
+    train, valid = DistDataset(src, "train", method=1), DistDataset(val, "val", method=1)
+    for i in (0, N - 1):  # rows of both ranks
+        assert torch.equal(train[i][0], src.tensors[0][i]), i
+    for i in (0, 49):
+        assert torch.equal(valid[i][0], val.tensors[0][i]), i
+    for obj in (train, valid, *stores):
+        obj.free()
+    print(f"two live stores ok: rank {stores[0].rank}", flush=True)
 
 
 def read_all(method: int, ctx: str, shm: str) -> tuple:
@@ -43,9 +79,9 @@ def read_all(method: int, ctx: str, shm: str) -> tuple:
         collate_fn=collate_in_worker,
     )
     seen, pids = [], set()
-    for (x, y), pid, has_mpi in loader:  # every sample, half of them owned by the other rank
+    for (x, y), pid, worker_mpi in loader:  # every sample, half of them owned by the other rank
         assert torch.equal(x, src.tensors[0][y]), y
-        assert pid != os.getpid() and not has_mpi, (pid, has_mpi)
+        assert pid != os.getpid() and not worker_mpi, (pid, worker_mpi)
         seen += y.tolist()
         pids.add(pid)
     rank = ds.ddstore.rank
@@ -59,6 +95,8 @@ def main():
 
     import pyddstore
 
+    if "mpi4py.MPI" not in sys.modules:
+        two_live_stores_and_datasets()
     # argv: method:context:shm ... e.g. 1:spawn:0 2:forkserver:1
     for spec in sys.argv[1:]:
         method, ctx, shm = spec.split(":")

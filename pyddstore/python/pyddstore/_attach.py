@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ._child_env import arm_for_process_start
 from ._errors import DDStoreFreedError, DDStoreUnsupportedError
 
 HANDLE_VERSION = 1
@@ -34,6 +35,8 @@ def store_handle(store: Any, names: list) -> dict:
             "a method=0 (MPI RMA) store cannot be pickled for a spawn or forkserver process: MPI "
             f"windows are not reachable from another process; {METHOD0_ALTERNATIVES}"
         )
+    # A spawn or forkserver worker this pickle starts must not initialise MPI (see _child_env).
+    arm_for_process_start()
     variables = []
     for name in names:
         # A ragged variable is two store variables (values, row ends) read as one.

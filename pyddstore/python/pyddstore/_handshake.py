@@ -34,12 +34,12 @@ import urllib.parse
 from . import _native
 from ._errors import DDStoreAccessError, DDStoreError, DDStoreTimeoutError, DDStoreValueError
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 SUFFIX = ".ddstore.json"
 TOKEN_ENV = "DDSTORE_JOB_TOKEN"
 # What a reader relies on: covered by the record's HMAC.
 SIGNED_FIELDS = ("name", "n_core", "group", "transport", "dtype", "row_bytes", "itemsize", "counts")
-SIGNED_FIELDS += ("records", "node")
+SIGNED_FIELDS += ("records", "node", "unit_shape")
 
 
 # Largest record, meta or token file read back (a record grows with the number of core ranks).
@@ -191,6 +191,8 @@ class Publisher:
         if self.store.rank != 0:
             return
         total, disp, itemsize = native.info(name)
+        # A ragged variable's values part: the shape of one unit (what a row's entries look like).
+        unit = self.store._ragged_units.get(name[: -len("#values")]) if name.endswith("#values") else None
         body = {
             "format": FORMAT_VERSION,
             "name": name,
@@ -208,6 +210,7 @@ class Publisher:
             "records": [r.hex() for r in records],
             # Same-node extra jobs map these shares instead of reading them remotely.
             "node": list(native.node_records(name)),
+            "unit_shape": None if unit is None else [int(d) for d in unit],
         }
         body["mac"] = record_mac(self.token, body)
         stem = record_stem(name, self.store.group_id)
@@ -306,6 +309,20 @@ def parse_record(raw: bytes, path: str, n_core: int) -> dict:
             raise DDStoreValueError(f"handshake record {path}: field {key!r} is not a SHA-256 hex digest")
     if body["row_bytes"] <= 0 or body["itemsize"] <= 0:
         raise DDStoreValueError(f"handshake record {path}: row_bytes and itemsize must be positive")
+    unit = body.get("unit_shape")
+    if unit is not None:
+        if not isinstance(unit, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in unit
+        ):
+            raise DDStoreValueError(f"handshake record {path}: unit_shape must be a list of integers >= 0")
+        elements = 1
+        for d in unit:
+            elements *= d
+        if elements and elements * body["itemsize"] != body["row_bytes"]:
+            raise DDStoreValueError(
+                f"handshake record {path}: unit_shape {unit} of {body['itemsize']}-byte items does not "
+                f"make rows of {body['row_bytes']} bytes"
+            )
     try:
         body["records"] = [bytes.fromhex(r) for r in body["records"]]
     except (TypeError, ValueError):

@@ -599,7 +599,8 @@ class PyDDStore:
         parts = [name + "#values", name + "#ends"]
         bodies = [_handshake.join(self, part, timeout_s, token) for part in parts]
         self._native.link_ragged(name)
-        self._ragged_units[name] = ()  # values come back flat: the unit shape is not published
+        # Values come back in the unit shape the core published.
+        self._ragged_units[name] = tuple(bodies[0].get("unit_shape") or ())
         self._joined[name] = [_handshake.joined_from(p, b) for p, b in zip(parts, bodies)]
 
     def _raise_if_freed(self, name: str, error: DDStoreError) -> None:

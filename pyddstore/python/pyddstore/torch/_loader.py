@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.utils.data as tud
 from torch._utils import ExceptionWrapper
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data._utils import collate as _collate
@@ -31,59 +30,15 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 from pyddstore import DDStoreTypeError, DDStoreValueError
 from pyddstore._env import settings as _env_settings
 
+from . import _worker_info
+
 _STATUS_INTERVAL = 1.0  # seconds between checks that worker threads are alive
 
-# -- get_worker_info() per thread --------------------------------------------------------------
-#
-# Importing pyddstore.torch changes nothing in torch. While a ThreadDataLoader has worker threads
-# (from its iterator's start to its shutdown), torch.utils.data.get_worker_info answers in those
-# threads with their WorkerInfo; every other thread and process gets torch's own answer, and the
-# last loader to stop puts torch's function back. pyddstore.torch.get_worker_info answers the
-# same way at any time (for code that bound torch's function by name before a loader started).
-
-_thread_info = threading.local()
-_torch_get_worker_info = _worker.get_worker_info
-_hook_lock = threading.Lock()
-_hook_users = 0
-_HOOKED_MODULES = (tud, _worker, tud.dataloader)
-
-
-def get_worker_info() -> Any:
-    """torch.utils.data.get_worker_info(), aware of ThreadDataLoader worker threads: in a worker
-    thread its WorkerInfo (id, num_workers, seed, dataset), elsewhere torch's own answer.
-
-    Example:
-        ```python
-        from pyddstore.torch import get_worker_info
-
-        info = get_worker_info()  # None in the main thread, the worker's info in a worker
-        ```
-    """
-    info = getattr(_thread_info, "info", None)
-    return info if info is not None else _torch_get_worker_info()
-
-
-def _hook_worker_info() -> None:
-    """A loader's worker threads start: torch.utils.data.get_worker_info answers per thread
-    (module attributes still pointing at torch's function only)."""
-    global _hook_users
-    with _hook_lock:
-        if _hook_users == 0:
-            for mod in _HOOKED_MODULES:
-                if getattr(mod, "get_worker_info", None) is _torch_get_worker_info:
-                    mod.get_worker_info = get_worker_info
-        _hook_users += 1
-
-
-def _unhook_worker_info() -> None:
-    """A loader's worker threads stopped: the last one puts torch's function back."""
-    global _hook_users
-    with _hook_lock:
-        _hook_users -= 1
-        if _hook_users == 0:
-            for mod in _HOOKED_MODULES:
-                if getattr(mod, "get_worker_info", None) is get_worker_info:
-                    mod.get_worker_info = _torch_get_worker_info
+# get_worker_info() per thread while a loader's worker threads live: see _worker_info.
+_thread_info = _worker_info.thread_info
+_hook_worker_info = _worker_info.hook
+_unhook_worker_info = _worker_info.unhook
+get_worker_info = _worker_info.get_worker_info
 
 
 def _make_worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: Any) -> Any:

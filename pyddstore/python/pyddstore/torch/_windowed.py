@@ -17,7 +17,7 @@ def window_starts(
     n_rows: int, window: int, stride: int = 1, dilation: int = 1, starts: Any = None
 ) -> np.ndarray:
     """First row of every window: i*stride for every window that fits, or the given starts
-    (each checked to fit)."""
+    (each checked to fit: DDStoreIndexError, an IndexError, naming the window and its rows)."""
     for label, v in (("window", window), ("stride", stride), ("dilation", dilation)):
         if int(v) != v or v < 1:
             raise DDStoreValueError(f"{label} must be a positive integer, got {v!r}")
@@ -32,9 +32,11 @@ def window_starts(
     s = s.astype(np.int64)
     bad = (s < 0) | (s + span >= n_rows)
     if bad.any():
-        b = int(s[bad][0])
-        raise DDStoreValueError(
-            f"starts: a window at row {b} (rows {b}..{b + span}) does not fit in {n_rows} stored rows"
+        i = int(np.flatnonzero(bad)[0])
+        b = int(s[i])
+        raise DDStoreIndexError(
+            f"starts[{i}] = {b}: the window of {window} rows (dilation {dilation}) starting there "
+            f"needs rows {b}..{b + span}, which does not fit in {n_rows} stored rows (rows 0..{n_rows - 1})"
         )
     return s
 
@@ -51,7 +53,8 @@ class WindowedDataset(Dataset):
     starts[i]. Fields are stacked to (window, *field_shape) (a ragged field: a list of the
     window's rows) and arranged like the stored samples,
     or, with fields=[...], as a dict keyed by field (as upstream). decode= is not applied. A
-    batch (__getitems__) is one read_rows().
+    batch (__getitems__) is one read_rows(). A start whose window does not fit in the stored
+    rows raises DDStoreIndexError (an IndexError) naming the window, its rows and the row count.
 
     Example:
         ```python
