@@ -198,15 +198,13 @@ impl FileComm {
         }
         let live = match attempt {
             Ok(lock) => lock,
-            Err(other) => {
-                return Err(Error::Access(format!(
-                    "rank {rank} of file-communicator job '{job}' is already running in {} ({other}): \
+            Err(other) => return Err(Error::Access(format!(
+                "rank {rank} of file-communicator job '{job}' is already running in {} ({other}): \
                      two live jobs with the same job id cannot share a handshake_dir; give each \
                      job its own job id (a different DDSTORE_JOB_ID, or FileComm(job_id=)) or its \
                      own handshake_dir",
-                    dir.display()
-                )))
-            }
+                dir.display()
+            ))),
         };
         Ok(FileComm {
             dir: Arc::new(pdir),

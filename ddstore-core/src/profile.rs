@@ -2,6 +2,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use crate::transport::ReaderTimes;
+
 /// Live read counters of one variable, updated by reading threads.
 #[derive(Default, Debug)]
 pub struct Counters {
@@ -23,6 +25,12 @@ pub struct Counters {
     pub remote_ns: AtomicU64,
     /// Time spent in memory copies, in nanoseconds.
     pub copy_ns: AtomicU64,
+    /// Part of `remote_ns` spent waiting for completions (the completion queue, MPI flushes).
+    pub cq_ns: AtomicU64,
+    /// Part of `remote_ns` spent registering read destinations.
+    pub mr_ns: AtomicU64,
+    /// Part of `remote_ns` spent waiting for a lock before posting reads.
+    pub lock_ns: AtomicU64,
 }
 
 /// A snapshot of [`Counters`].
@@ -46,6 +54,12 @@ pub struct Profile {
     pub remote_ns: u64,
     /// Nanoseconds in memory copies.
     pub copy_ns: u64,
+    /// Nanoseconds of `remote_ns` waiting for completions.
+    pub cq_ns: u64,
+    /// Nanoseconds of `remote_ns` registering read destinations.
+    pub mr_ns: u64,
+    /// Nanoseconds of `remote_ns` waiting for a lock before posting.
+    pub lock_ns: u64,
 }
 
 impl Counters {
@@ -61,7 +75,17 @@ impl Counters {
             remote_reads: self.remote_reads.load(Relaxed),
             remote_ns: self.remote_ns.load(Relaxed),
             copy_ns: self.copy_ns.load(Relaxed),
+            cq_ns: self.cq_ns.load(Relaxed),
+            mr_ns: self.mr_ns.load(Relaxed),
+            lock_ns: self.lock_ns.load(Relaxed),
         }
+    }
+
+    /// Adds what a reader spent during one transport call (a [`ReaderTimes`] difference).
+    pub fn add_reader_times(&self, t: ReaderTimes) {
+        Self::add(&self.cq_ns, t.cq_ns);
+        Self::add(&self.mr_ns, t.mr_ns);
+        Self::add(&self.lock_ns, t.lock_ns);
     }
 
     /// Adds `n` to one counter.
@@ -72,7 +96,7 @@ impl Counters {
 
 impl Profile {
     /// Every counter with its name, in the order `get_profile()` reports them.
-    pub fn fields(&self) -> [(&'static str, u64); 9] {
+    pub fn fields(&self) -> [(&'static str, u64); 12] {
         [
             ("calls", self.calls),
             ("rows", self.rows),
@@ -83,6 +107,9 @@ impl Profile {
             ("remote_reads", self.remote_reads),
             ("remote_ns", self.remote_ns),
             ("copy_ns", self.copy_ns),
+            ("cq_ns", self.cq_ns),
+            ("mr_ns", self.mr_ns),
+            ("lock_ns", self.lock_ns),
         ]
     }
 }

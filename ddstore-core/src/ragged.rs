@@ -302,6 +302,9 @@ impl Store {
             p.remote_reads += q.remote_reads;
             p.remote_ns += q.remote_ns;
             p.copy_ns += q.copy_ns;
+            p.cq_ns += q.cq_ns;
+            p.mr_ns += q.mr_ns;
+            p.lock_ns += q.lock_ns;
         }
         Ok(p)
     }

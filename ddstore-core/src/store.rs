@@ -827,7 +827,10 @@ impl Variable {
     ) -> Result<Option<RaggedRows>> {
         let started = Instant::now();
         let rows = self.readers.read(self.remote.as_ref(), |reader| {
-            reader.read_ragged_rows(unit_bytes, requests, staging)
+            let before = reader.times();
+            let rows = reader.read_ragged_rows(unit_bytes, requests, staging);
+            self.counters.add_reader_times(reader.times().since(before));
+            rows
         })?;
         Counters::add(
             &self.counters.remote_ns,
@@ -841,8 +844,12 @@ impl Variable {
     }
 
     fn read_remote(&self, reads: &[RemoteRead], out: &mut [u8]) -> Result<()> {
-        self.readers
-            .read(self.remote.as_ref(), |reader| reader.read_many(reads, out))
+        self.readers.read(self.remote.as_ref(), |reader| {
+            let before = reader.times();
+            let read = reader.read_many(reads, out);
+            self.counters.add_reader_times(reader.times().since(before));
+            read
+        })
     }
 }
 

@@ -137,8 +137,36 @@ pub struct RaggedRows {
     pub rows: Vec<Vec<(u64, usize)>>,
 }
 
+/// Time a reader spent in parts of its reads, summed over its life (what `get_profile()`
+/// reports as `cq`, `mr` and `lock_wait`; the store adds the difference over each call).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReaderTimes {
+    /// Waiting for completions: the completion queue, MPI flushes (nanoseconds).
+    pub cq_ns: u64,
+    /// Registering read destinations (nanoseconds).
+    pub mr_ns: u64,
+    /// Waiting for a lock before posting, e.g. MPI below `MPI_THREAD_MULTIPLE` (nanoseconds).
+    pub lock_ns: u64,
+}
+
+impl ReaderTimes {
+    /// What was spent since `earlier` (a snapshot of the same reader).
+    pub fn since(self, earlier: ReaderTimes) -> ReaderTimes {
+        ReaderTimes {
+            cq_ns: self.cq_ns.saturating_sub(earlier.cq_ns),
+            mr_ns: self.mr_ns.saturating_sub(earlier.mr_ns),
+            lock_ns: self.lock_ns.saturating_sub(earlier.lock_ns),
+        }
+    }
+}
+
 /// Reads ranges of remote shares; one per thread, pooled by the store.
 pub trait ShareReader: Send {
+    /// Time spent so far in completion waits, registrations and locks (zeros where a
+    /// transport does not measure them).
+    fn times(&self) -> ReaderTimes {
+        ReaderTimes::default()
+    }
     /// Reads every range into `dst`: all are posted (up to the in-flight
     /// window) before waiting. On error no guarantee is made about `dst`.
     fn read_many(&mut self, reads: &[RemoteRead], dst: &mut [u8]) -> Result<()>;

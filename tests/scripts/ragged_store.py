@@ -143,10 +143,25 @@ def main():
     expect_error(ValueError, "not registered", store.unregister_recv, "fixed", recv)
     store.get("fixed", np.empty((0, 4), np.float32), 6 * size)
     expect_error(TypeError, "indices are missing", store.get_batch, "fixed", [0, 1])
+    # get_profile() keys mean what upstream's do: py_gets counts get() and get_batch() calls,
+    # py_get is the seconds in both, py_sync device synchronisation (0 in host memory), and
+    # lock_wait, mr, read and cq are parts of those calls: upstream's "other" is never negative.
+    before = store.get_profile()
+    last = np.empty((3, 4), np.float32)
+    for _ in range(4):
+        store.get_batch("fixed", recv, [0, 6 * size - 1])  # rank 0's and the last rank's rows
+    store.get("fixed", last, 6 * size - 3)
+    assert last[0, 0] == 100 * (size - 1) + 12, last
     prof = store.get_profile()
     for k in ("calls", "rows", "py_get", "py_gets", "py_sync", "lock_wait", "mr", "mr_miss", "read", "cq"):
         assert k in prof, k
-    assert prof["py_gets"] > 0 and prof["calls"] > 0
+    assert prof["py_gets"] - before["py_gets"] == 5 and prof["py_get"] > before["py_get"], (before, prof)
+    for p in (before, prof):
+        assert p["py_sync"] == 0.0 and min(p[k] for k in ("lock_wait", "mr", "read", "cq")) >= 0, p
+        other = p["py_get"] - p["py_sync"] - p["lock_wait"] - p["mr"] - p["read"] - p["cq"]
+        assert other >= 0, f"upstream's other = {other} < 0: {p}"
+    if size > 1 and method == 1 and os.environ.get("DDSTORE_SHM") == "0":
+        assert prof["cq"] > 0, prof  # remote reads waited for their completions
     assert sorted(store.names()) == ["edges", "fixed", "pos", "rec"], store.names()
     store.free()
     path = store.remote_path

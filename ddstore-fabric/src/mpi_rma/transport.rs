@@ -10,11 +10,12 @@ use std::os::raw::c_int;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use ddstore_core::comm::{gather_u64, Comm};
 use ddstore_core::region::{Memory, RawMemory};
 use ddstore_core::transport::{
-    ExposeOptions, Exposed, RemoteRead, RemoteShares, ShareReader, Transport,
+    ExposeOptions, Exposed, ReaderTimes, RemoteRead, RemoteShares, ShareReader, Transport,
 };
 use mpi::ffi;
 
@@ -346,6 +347,7 @@ impl RemoteShares for MpiShares {
             shares: self.inner.clone(),
             touched: vec![false; self.inner.sizes.len()],
             targets: Vec::new(),
+            times: ReaderTimes::default(),
         }))
     }
 
@@ -366,6 +368,8 @@ struct MpiReader {
     /// Per rank: posted to in the current batch (reset after each batch).
     touched: Vec<bool>,
     targets: Vec<c_int>,
+    /// Time spent waiting for the MPI lock and in flushes.
+    times: ReaderTimes,
 }
 
 /// Longest single MPI_Get: its count is a C int.
@@ -377,7 +381,9 @@ impl MpiReader {
     fn post_and_flush(&mut self, reads: &[RemoteRead], dst: &mut [u8]) -> FabricResult<()> {
         let win = self.shares.windows.read_window();
         let dst_base = dst.as_mut_ptr();
+        let locking = Instant::now();
         let _g = serialize();
+        self.times.lock_ns += locking.elapsed().as_nanos() as u64;
         let mut posted = Ok(());
         'reads: for r in reads.iter().filter(|r| r.len > 0) {
             let target = r.owner as c_int;
@@ -396,6 +402,8 @@ impl MpiReader {
                 break 'reads;
             }
         }
+        // The flushes are the wait for the reads' completion.
+        let waiting = Instant::now();
         let mut flushed = Ok(());
         for &t in &self.targets {
             if let Err(e) = win.flush(t) {
@@ -406,6 +414,7 @@ impl MpiReader {
             // Last resort so nothing lands in `dst` after we return.
             let _ = win.flush_all();
         }
+        self.times.cq_ns += waiting.elapsed().as_nanos() as u64;
         for &t in &self.targets {
             self.touched[t as usize] = false;
         }
@@ -415,6 +424,10 @@ impl MpiReader {
 }
 
 impl ShareReader for MpiReader {
+    fn times(&self) -> ReaderTimes {
+        self.times
+    }
+
     fn read_many(&mut self, reads: &[RemoteRead], dst: &mut [u8]) -> ddstore_core::Result<()> {
         self.shares.check_not_forked()?;
         self.shares.validate(reads, dst.len())?;

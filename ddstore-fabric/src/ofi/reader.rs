@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ddstore_core::transport::{RaggedRequest, RaggedRows, RemoteRead, ShareReader};
+use ddstore_core::transport::{RaggedRequest, RaggedRows, ReaderTimes, RemoteRead, ShareReader};
 use libfabric_sys as sys;
 
 use super::av::Av;
@@ -113,6 +113,8 @@ struct Live {
     bounce: Vec<u8>,
     /// Encoded requests of the current batch (alive until their sends complete).
     requests: Vec<Vec<u8>>,
+    /// Time spent waiting for completions and registering destinations.
+    times: ReaderTimes,
 }
 
 /// Posting stopped: the error that stopped it is in the caller's `first_error`.
@@ -326,6 +328,7 @@ impl OfiReader {
                 arrived: Vec::new(),
                 bounce: Vec::new(),
                 requests: Vec::new(),
+                times: ReaderTimes::default(),
             }),
             name,
             seq: 0,
@@ -431,6 +434,7 @@ impl OfiReader {
             return Ok(ptr::null_mut());
         }
         let live = self.live.as_mut().expect("checked by read_many");
+        let started = Instant::now();
         let ranges = self.registry.snapshot();
         live.dst_mrs
             .retain(|id, _| ranges.iter().any(|r| r.id == *id));
@@ -472,7 +476,9 @@ impl OfiReader {
                 temporary.insert(mr)
             }
         };
-        Ok(mr.desc())
+        let desc = mr.desc();
+        live.times.mr_ns += started.elapsed().as_nanos() as u64;
+        Ok(desc)
     }
 
     /// Reads may still be in flight: cancel them, close the endpoint (which
@@ -899,8 +905,20 @@ fn progress_once(live: &mut Live, first_error: &mut Option<FabricError>) -> Fabr
     reap_until(live, &settings, first_error, true)
 }
 
-/// As [`reap`]; with `once`, returns after one poll.
+/// As [`reap`]; with `once`, returns after one poll. Its time counts as completion wait.
 fn reap_until(
+    live: &mut Live,
+    settings: &ReaderSettings,
+    first_error: &mut Option<FabricError>,
+    once: bool,
+) -> FabricResult<()> {
+    let started = Instant::now();
+    let reaped = poll_until(live, settings, first_error, once);
+    live.times.cq_ns += started.elapsed().as_nanos() as u64;
+    reaped
+}
+
+fn poll_until(
     live: &mut Live,
     settings: &ReaderSettings,
     first_error: &mut Option<FabricError>,
@@ -1089,6 +1107,12 @@ fn oldest(live: &Live) -> Option<(usize, Duration, Op)> {
 }
 
 impl ShareReader for OfiReader {
+    fn times(&self) -> ReaderTimes {
+        self.live
+            .as_ref()
+            .map_or_else(ReaderTimes::default, |l| l.times)
+    }
+
     fn read_many(&mut self, reads: &[RemoteRead], dst: &mut [u8]) -> ddstore_core::Result<()> {
         if let Some(why) = &self.broken {
             return Err(ddstore_core::Error::Transport(format!(

@@ -72,7 +72,7 @@ def store_handle(store: Any, names: list) -> dict:
 def attach_store(handle: dict) -> Any:
     """A PyDDStore in this process reading the variables of ``handle`` (from store_handle)."""
     from . import _native
-    from ._store import PyDDStore, _live_stores
+    from ._store import PyDDStore, _live_stores, new_py_times
 
     if not isinstance(handle, dict) or handle.get("version") != HANDLE_VERSION:
         raise DDStoreUnsupportedError(
@@ -91,7 +91,7 @@ def attach_store(handle: dict) -> Any:
     store.method = handle["method"]
     store._publisher = None
     store._in_epoch = False
-    store._py_times = {"py_get": 0.0, "py_gets": 0.0, "py_sync": 0.0}
+    store._py_times = new_py_times()
     store._recv = set()
     store._ragged_units = {}
     # No records to compare: its same-node reads still raise DDStoreStaleError once the parent

@@ -162,8 +162,8 @@ class PyDDStore:
         self.settings = settings.replace(method=method)
         self._native = _native.Store(comm, method, settings.nic_map, self.settings)
         self._in_epoch = False
-        # Upstream get_profile() keys: seconds in get/get_batch/epoch syncs, live registrations.
-        self._py_times = {"py_get": 0.0, "py_gets": 0.0, "py_sync": 0.0}
+        # Upstream get_profile() keys: get/get_batch calls and seconds in them; ours: epoch syncs.
+        self._py_times = new_py_times()
         self._recv: set = set()
         self._ragged_units: dict = {}  # ragged variables here -> their unit shape
         # Extra members: per joined name, the records it was joined from (see _raise_if_freed),
@@ -319,7 +319,7 @@ class PyDDStore:
             self._raise_if_freed(name, e)
             raise
         finally:
-            self._py_times["py_get"] += time.perf_counter() - t
+            self._count_get(t)
 
     def get_batch(self, name: str, arr=None, indices=None, *, out=None):
         """Reads rows ``indices`` (any ranks, any order, repeats) of ``name``.
@@ -362,7 +362,13 @@ class PyDDStore:
             self._raise_if_freed(name, e)
             raise
         finally:
-            self._py_times["py_gets"] += time.perf_counter() - t
+            self._count_get(t)
+
+    def _count_get(self, started: float) -> None:
+        """One get() or get_batch() call that started at `started` (perf_counter) ended."""
+        times = self._py_times
+        times["py_get"] += time.perf_counter() - started
+        times["py_gets"] += 1
 
     def update(self, name: str, arr, offset: int = 0) -> None:
         """Writes this rank's local rows `offset .. offset + len(arr)` (local, not collective:
@@ -468,15 +474,22 @@ class PyDDStore:
     def get_profile(self, name: str | None = None) -> dict:
         """Read counters of one variable, or summed over all of them.
 
-        Besides ours (``calls``, ``rows``, ``bytes``, ``local_rows``,
-        ``node_rows``, ``remote_rows``, ``remote_reads``, ``remote_ns``,
-        ``copy_ns``) it has upstream pyddstore's keys, times in seconds:
-        ``py_get``/``py_gets``/``py_sync`` (in get, get_batch, epoch_begin/end;
-        store-wide), ``read`` (in transport reads and memory copies), ``cq``
-        (waiting for transport completions), ``mr`` (live receive-buffer
-        registrations), ``mr_miss`` (reads whose destination was not
-        registered ahead: always 0, reads register per batch) and ``lock_wait``
-        (0: reads take no lock or epoch). For a ragged variable ``rows`` are
+        Upstream pyddstore's keys, with its meanings (times in seconds; the ``py_*`` keys are
+        store-wide): ``py_gets`` the number of ``get()`` and ``get_batch()`` calls, ``py_get``
+        the seconds spent in them, ``py_sync`` device synchronisation in reads (0.0: reads land
+        in host memory), ``lock_wait`` waiting for a lock before posting reads (MPI below
+        ``MPI_THREAD_MULTIPLE``), ``mr`` registering receive buffers (read destinations;
+        providers needing ``FI_MR_LOCAL``), ``read`` posting transport reads and memory copies,
+        ``cq`` waiting for the transport's completions (MPI flushes), ``mr_miss`` reads whose
+        destination was not registered ahead (always 0: reads register per batch). Those parts
+        happen inside the ``get``/``get_batch`` calls, so upstream's summary
+        ``py_get - py_sync - lock_wait - mr - read - cq`` (Python and planning) is never
+        negative.
+
+        Ours: ``calls``, ``rows``, ``bytes``, ``local_rows``, ``node_rows``, ``remote_rows``,
+        ``remote_reads``, ``remote_ns`` (all transport time, ``cq_ns``, ``mr_ns`` and ``lock_ns``
+        included), ``copy_ns``, ``epoch_sync`` (seconds in ``epoch_begin``/``epoch_end``) and
+        ``recv_registered`` (live ``register_recv`` buffers). For a ragged variable ``rows`` are
         its ragged rows and ``bytes`` their values.
 
         Example:
@@ -490,11 +503,15 @@ class PyDDStore:
             for k, v in self._native.get_profile(n).items():
                 total[k] = total.get(k, 0) + v
         total.update(self._py_times)
-        total["read"] = (total.get("remote_ns", 0) + total.get("copy_ns", 0)) / 1e9
-        total["cq"] = total.get("remote_ns", 0) / 1e9
-        total["mr"] = len(self._recv)
+        ns = {k: total.get(k, 0) for k in ("remote_ns", "copy_ns", "cq_ns", "mr_ns", "lock_ns")}
+        total["py_sync"] = 0.0
+        total["lock_wait"] = ns["lock_ns"] / 1e9
+        total["mr"] = ns["mr_ns"] / 1e9
+        posting = ns["remote_ns"] - ns["cq_ns"] - ns["mr_ns"] - ns["lock_ns"]
+        total["read"] = (max(posting, 0) + ns["copy_ns"]) / 1e9
+        total["cq"] = ns["cq_ns"] / 1e9
         total["mr_miss"] = 0
-        total["lock_wait"] = 0.0
+        total["recv_registered"] = len(self._recv)
         return total
 
     # -- collectives over the store's group ---------------------------------
@@ -542,7 +559,7 @@ class PyDDStore:
         if self.size > 1:
             t = time.perf_counter()
             self._native.barrier()
-            self._py_times["py_sync"] += time.perf_counter() - t
+            self._py_times["epoch_sync"] += time.perf_counter() - t
 
     # -- processes and jobs ---------------------------------------------------
     def fork_reader(self) -> None:
@@ -699,6 +716,11 @@ class PyDDStore:
             f"PyDDStore(rank={self.rank}, size={self.size}, method={self.method}, "
             f"comm={self.comm_kind}, transport={self.transport})"
         )
+
+
+def new_py_times() -> dict:
+    """The store-wide counters get_profile() adds to the variables' (see PyDDStore.get_profile)."""
+    return {"py_get": 0.0, "py_gets": 0, "epoch_sync": 0.0}
 
 
 def _recv_key(name: str, arr) -> tuple:

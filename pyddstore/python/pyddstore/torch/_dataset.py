@@ -118,6 +118,9 @@ def _sync_device(dev: torch.device) -> None:
         torch.xpu.synchronize(dev)
 
 
+_STORE_WIDE_PROFILE_KEYS = ("py_get", "py_gets", "py_sync", "epoch_sync", "recv_registered")
+
+
 def _sum_profiles(profiles: list[dict]) -> dict:
     """Adds numeric counters of several profile dicts (nested dicts added key by key)."""
     total: dict = {}
@@ -500,7 +503,13 @@ class _StoredDataset(Dataset):
             names = [self._schema.by_key[name].var]
         else:
             names = [name]
-        return _sum_profiles([self._store.get_profile(v) for v in names])
+        profiles = [self._store.get_profile(v) for v in names]
+        total = _sum_profiles(profiles)
+        # The store-wide counters (its get/get_batch calls, ...) are in every profile once.
+        for k in _STORE_WIDE_PROFILE_KEYS:
+            if profiles and k in profiles[0]:
+                total[k] = profiles[0][k]
+        return total
 
 
 def _error_payload(e: BaseException, rank: int) -> tuple[str, str]:
