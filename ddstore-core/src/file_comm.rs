@@ -5,7 +5,7 @@
 
 use std::any::Any;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -13,22 +13,26 @@ use crate::comm::Comm;
 use crate::private_dir::{NameLock, PrivateDir, DEFAULT_READ_CAP};
 use crate::{Error, Result};
 
-/// Communicators this process made so far, per (job id, rank): the n-th one is `{job}.c{n}`.
-static COMMS_CREATED: Mutex<Vec<(String, usize, u64)>> = Mutex::new(Vec::new());
+/// Communicators this process made so far, per (directory, job id, rank): the n-th one is
+/// `{job}.c{n}`.
+static COMMS_CREATED: Mutex<Vec<(PathBuf, String, usize, u64)>> = Mutex::new(Vec::new());
 
-/// The name of this process's next communicator of rank `rank` in job `job`. Every rank creates
-/// its communicators in the same order, so the n-th one of each process belongs to the same
-/// group; numbering them keeps two live communicators of one process (two stores, a train and
-/// a validation dataset) apart whatever set the job id.
-fn nth_comm_of(job: &str, rank: usize) -> String {
+/// The name of this process's next communicator of rank `rank` in job `job` in `dir`. Every
+/// rank creates its communicators in the same order, so the n-th one of each process belongs
+/// to the same group; numbering them keeps two live communicators of one process (two stores,
+/// a train and a validation dataset) apart whatever set the job id.
+fn nth_comm_of(dir: &Path, job: &str, rank: usize) -> String {
     let mut made = COMMS_CREATED.lock().unwrap();
-    let nth = match made.iter_mut().find(|(j, r, _)| j == job && *r == rank) {
-        Some((_, _, n)) => {
+    let nth = match made
+        .iter_mut()
+        .find(|(d, j, r, _)| d == dir && j == job && *r == rank)
+    {
+        Some((_, _, _, n)) => {
             *n += 1;
             *n
         }
         None => {
-            made.push((job.to_string(), rank, 0));
+            made.push((dir.to_path_buf(), job.to_string(), rank, 0));
             0
         }
     };
@@ -183,7 +187,11 @@ impl FileComm {
             )));
         }
         let pdir = PrivateDir::open(dir, true)?;
-        let job = nth_comm_of(&sanitize(&job.unwrap_or_else(default_job_id)), rank);
+        let job = nth_comm_of(
+            pdir.path(),
+            &sanitize(&job.unwrap_or_else(default_job_id)),
+            rank,
+        );
         clean_dead_jobs(&pdir, &job);
         let holder = format!("pid {} rank {rank} of job {job}", std::process::id());
         let live_name = format!("{job}.{rank}{LIVE_SUFFIX}");
@@ -198,13 +206,15 @@ impl FileComm {
         }
         let live = match attempt {
             Ok(lock) => lock,
-            Err(other) => return Err(Error::Access(format!(
+            Err(other) => {
+                return Err(Error::Access(format!(
                 "rank {rank} of file-communicator job '{job}' is already running in {} ({other}): \
                      two live jobs with the same job id cannot share a handshake_dir; give each \
                      job its own job id (a different DDSTORE_JOB_ID, or FileComm(job_id=)) or its \
                      own handshake_dir",
                 dir.display()
-            ))),
+            )))
+            }
         };
         Ok(FileComm {
             dir: Arc::new(pdir),

@@ -34,7 +34,9 @@ class FileComm:
 
     `rank`/`size` default to `SLURM_PROCID`/`SLURM_NTASKS` (or Open MPI's and PMI's
     variables); `job_id` (default `DDSTORE_JOB_ID`, else the Slurm job and step, else the
-    launching process) tags every file so files left by an earlier job are never read.
+    launching process) tags every file so files left by an earlier job are never read. The
+    communicators one process makes under one job id are numbered (every rank makes them in the
+    same order), so several live stores of a process never collide.
 
     Example:
         ```python
