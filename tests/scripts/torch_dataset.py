@@ -26,7 +26,7 @@ from pyddstore.torch import (
 )
 from torch.utils.data import ConcatDataset, DataLoader, TensorDataset
 
-from pyddstore import DDStoreValueError
+from pyddstore import DDStoreIndexError, DDStoreValueError
 
 A = tc.args()
 W = tc.World(A)  # after pyddstore: it sets libfabric defaults before MPI starts libfabric
@@ -246,7 +246,9 @@ def check_windows():
     tc.same(
         list(DataLoader(w, batch_size=3)), list(ThreadDataLoader(w, batch_size=3, num_workers=2)), "windows"
     )
-    tc.raises(ValueError, lambda: WindowedDataset(ds, window=3, starts=[35]))
+    # A window past the end is an IndexError (as upstream) naming the window, its rows and the count.
+    fits_not = ("starts[0] = 35", "window of 3 rows", "rows 35..37", "37 stored rows")
+    tc.raises(DDStoreIndexError, lambda: WindowedDataset(ds, window=3, starts=[35]), *fits_not)
     ds.free()
 
     files = ConcatDataset([tc.TupleSrc(10), tc.TupleSrc(13, offset=100), tc.TupleSrc(4, offset=200)])
