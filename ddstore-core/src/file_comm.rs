@@ -564,6 +564,37 @@ mod tests {
     }
 
     #[test]
+    fn communicators_of_one_process_keep_apart_and_a_live_job_id_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let mk = |job: &str| {
+            FileComm::new(
+                dir.path(),
+                Some(0),
+                Some(1),
+                Some(job.into()),
+                Duration::from_secs(5),
+            )
+        };
+        // Two live stores of one process under one given job id (DDSTORE_JOB_ID).
+        let (a, b) = (mk("same").unwrap(), mk("same").unwrap());
+        assert_eq!((a.job(), b.job()), ("same.c0", "same.c1"));
+        assert_eq!(a.allgather(b"a").unwrap(), vec![b"a".to_vec()]);
+        assert_eq!(b.allgather(b"b").unwrap(), vec![b"b".to_vec()]);
+        // Another live job holds the name this process's first "other" communicator takes.
+        let held = PrivateDir::open(dir.path(), false)
+            .unwrap()
+            .try_lock("other.c0.0.live", "pid 1 rank 0 of job other.c0")
+            .unwrap()
+            .unwrap();
+        let e = mk("other").err().expect("refused").to_string();
+        assert!(
+            e.contains("already running") && e.contains("give each job its own job id"),
+            "{e}"
+        );
+        drop(held);
+    }
+
+    #[test]
     fn rejects_bad_arguments() {
         let dir = tempfile::tempdir().unwrap();
         assert!(FileComm::new(dir.path(), Some(2), Some(2), None, Duration::from_secs(1)).is_err());
