@@ -106,7 +106,7 @@ def _run(comm, make_loader, ds, src, args, label: str) -> dict:
                 samples += len(y)
                 del x, y
             secs.append(time.perf_counter() - t0)
-            ring = max(ring, getattr(it, "ring_bytes", 0))
+            ring = max(ring, getattr(it, "ring_peak_bytes", 0))
             del it
     finally:
         if hasattr(loader, "close"):
@@ -123,8 +123,8 @@ def _cases(args, workers: int) -> list[tuple]:
     return [
         ("thread1", "thread", {"num_workers": 1}),
         (f"thread{workers}", "thread", {"num_workers": workers}),
+        ("process1", "process", {"num_workers": 1}),
         (f"process{workers}", "process", {"num_workers": workers}),
-        (f"process{workers}-views", "process", {"num_workers": workers, "reuse_buffers": True}),
         (f"torch{workers} DistDataset", "torch", {"num_workers": workers}),
         (f"torch{workers} memmap", "memmap", {"num_workers": workers}),
     ]
@@ -139,7 +139,7 @@ def measure(comm, args, part: str, src, ds, path: str, work: Work | None) -> lis
     mm = MemmapRows(path, len(src), src.tensors[1], work)
     cases = _cases(args, workers)
     if part == "decode":
-        cases = [c for c in cases if c[0] != "thread1" or workers == 1]
+        cases = [c for c in cases if c[0] not in ("thread1", "process1") or workers == 1]
     for label, kind, opts in cases:
         opts = {"batch_size": bs, "persistent_workers": True, **opts}
 
@@ -198,7 +198,7 @@ def print_rows(rows: list[dict], args, size: int, loops: int) -> None:
     print(
         "# samples/s: all ranks, epochs after the first, each as long as its slowest rank; x thread: over "
         "the fastest ThreadDataLoader (threads) row of the part; process rows: ThreadDataLoader("
-        "worker_type='process'), copies (default) or views (reuse_buffers=True); torch rows: "
+        "worker_type='process'); ring: the peak shared memory of its slot rings; torch rows: "
         "torch.utils.data.DataLoader with forked persistent workers"
     )
 
@@ -236,11 +236,13 @@ def main(argv=None) -> None:
         for part in args.parts:
             n = args.samples if part == "plain" else args.decode_samples
             src = _source(n)
-            path = os.path.join(tmp, f"{part}-rank{comm.rank}.f32")
-            mm = np.memmap(path, dtype=np.float32, mode="w+", shape=(n, *SHAPE))
-            mm[:] = src.tensors[0].numpy()
-            mm.flush()
-            del mm
+            path = os.path.join(comm.bcast(tmp if comm.rank == 0 else None), f"{part}.f32")
+            if comm.rank == 0:  # one file for every rank (a node-local file system)
+                mm = np.memmap(path, dtype=np.float32, mode="w+", shape=(n, *SHAPE))
+                mm[:] = src.tensors[0].numpy()
+                mm.flush()
+                del mm
+            quiet_wait(comm)
             work = Work(loops) if part == "decode" else None
             ds = DistDataset(src, f"bench_workers_{part}", comm, method=1, decode=work)
             rows += measure(comm, args, part, src, ds, path, work)

@@ -508,9 +508,10 @@ class ThreadDataLoader(DataLoader):
     worker_type="process": worker processes (fork, spawn or forkserver, from
     multiprocessing_context) instead of threads, for per-sample Python work (decode=, transforms)
     that needs more than one core. Each worker reads or collates every batch into a ring of
-    shared-memory slots allocated once; batches arrive as copies of the slot (pinned with
-    pin_memory), or with reuse_buffers=True as views of it, and a slot is reused only once no
-    view of its batch is left (keep batch.clone() of batches you keep). Methods 1 and 2 only.
+    shared-memory slots allocated once; batches arrive as views of the slot (pinned copies with
+    pin_memory), and a slot is written again only once no view of its batch is left: a ring grows
+    by a slot per batch the caller keeps and shrinks back once they are gone (reuse_buffers=True:
+    it never grows, and holding all its slots raises). Methods 1 and 2 only.
 
     Example:
         ```python

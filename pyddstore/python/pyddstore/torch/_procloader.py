@@ -5,12 +5,15 @@ per batch (what torch's DataLoader workers send).
 The main process owns the rings' bookkeeping: it sends each task with the id of a free slot of
 that worker; the worker reads (or fetches, transforms and collates) the batch, writes its tensors
 and arrays into the slot and sends back only a small pickle that names their places in it. The
-main process rebuilds the batch as views of the slot (reuse_buffers=True) or as copies of it
-(the default; pinned copies with pin_memory). A slot goes back to the ring when the last view of
-its batch is gone (a finalizer on the array every view hangs from), so no slot is handed out again
-while a batch still uses it. A worker allocates a slot's memory on its first batch and again only
-when a batch does not fit (1.5x, rare with ragged samples); the memory travels once, by file
-descriptor, as torch shares tensors.
+main process rebuilds the batch as views of the slot (pinned copies with pin_memory). A slot goes
+back to the ring when the last view of its batch is gone (a finalizer on the array every view
+hangs from), so no slot is handed out again while a batch still uses it. A ring holds
+prefetch_factor + 2 slots (the batches in flight, the one the caller holds and the one being
+handed over); when the caller keeps more batches, the ring grows by a slot for each, and such a
+slot is dropped again once its batch is gone (reuse_buffers=True: the ring never grows, and a
+caller holding all its slots gets a clear error). A worker allocates a slot's memory on its first
+batch and again only when a batch does not fit (1.5x, rare with ragged samples); the memory
+travels once, by file descriptor, as torch shares tensors.
 
 Sampler, batch sampler, base seed, prefetching (num_workers * prefetch_factor batches in flight,
 round-robin), persistent workers, worker_init_fn, get_worker_info, timeout and in_order follow
@@ -227,6 +230,13 @@ class _ResumeEpoch:
     """Sent to persistent workers at a new epoch; echoed back once the old tasks are done."""
 
 
+class _DropSlot:
+    """Tells a worker to let go of a slot the ring grew by (its batch is gone)."""
+
+    def __init__(self, slot: int):
+        self.slot = slot
+
+
 def _without_worker_info(collate_fn: Any) -> Any:
     """collate_fn run with get_worker_info() None: torch's and torch_geometric's collates then
     stack into plain memory, not a fresh shared-memory segment (the slot is the shared memory)."""
@@ -295,6 +305,10 @@ def _worker_loop(
             continue
         if r is None:
             break
+        if isinstance(r, _DropSlot):
+            writer.unregister(r.slot)
+            writer.memory.pop(r.slot, None)
+            continue
         if isinstance(r, _ResumeEpoch):
             iteration_end = False
             if fetcher is not None:
@@ -335,22 +349,42 @@ class _Ring:
     """The main process's view of one worker's slots: their memory and which are free.
 
     A finalizer puts a slot back on `free` when the last view of its batch is gone; it may run
-    in any thread (deque appends are atomic)."""
+    in any thread (deque appends are atomic). Slots from `base` on are extra ones, made while
+    the caller kept batches, and dropped once free."""
 
-    def __init__(self, slots: int):
-        self.free: collections.deque = collections.deque(range(slots))
+    def __init__(self, base: int):
+        self.base = base
+        self.free: collections.deque = collections.deque(range(base))
         self.memory: dict[int, np.ndarray] = {}
+        self.next_slot = base
+        self.peak_bytes = 0
+
+    def new_slot(self) -> int:
+        slot, self.next_slot = self.next_slot, self.next_slot + 1
+        return slot
+
+    def extra_free(self) -> list[int]:
+        """Extra slots now free, taken off the free list."""
+        extra = [s for s in list(self.free) if s >= self.base]
+        for s in extra:
+            self.free.remove(s)
+            self.memory.pop(s, None)
+        return extra
 
     def nbytes(self) -> int:
         return sum(m.nbytes for m in self.memory.values())
 
+    def note(self, slot: int, memory: np.ndarray) -> None:
+        self.memory[slot] = memory
+        self.peak_bytes = max(self.peak_bytes, self.nbytes())
+
 
 class _ViewUnpickler(pickle.Unpickler):
-    """Rebuilds a packed batch: views of the slot (copy=False) or copies (pinned with pin)."""
+    """Rebuilds a packed batch: views of the slot (pinned copies with pin)."""
 
-    def __init__(self, data: bytes, anchor: np.ndarray, copy: bool, pin: bool):
+    def __init__(self, data: bytes, anchor: np.ndarray, pin: bool):
         super().__init__(io.BytesIO(data))
-        self.anchor, self.copy, self.pin = anchor, copy, pin
+        self.anchor, self.pin = anchor, pin
 
     def persistent_load(self, pid: Any) -> Any:
         kind, off, shape = pid[0], pid[1], pid[2]
@@ -362,14 +396,14 @@ class _ViewUnpickler(pickle.Unpickler):
             view = torch.from_numpy(self.anchor[off : off + nbytes]).view(dtype).view(shape)
             if self.pin:
                 return torch.empty(shape, dtype=dtype, pin_memory=True).copy_(view)
-            return view.clone() if self.copy else view
+            return view
         dtype, rec = pid[3], pid[4]
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if nbytes == 0:
             arr = np.empty(shape, dtype=dtype)
         else:
             arr = self.anchor[off : off + nbytes].view(dtype).reshape(shape)
-            if self.copy or self.pin:
+            if self.pin:
                 arr = arr.copy()
         return arr.view(np.recarray) if rec else arr
 
@@ -382,9 +416,9 @@ class ProcessIter(_BaseDataLoaderIter):
         check_process_args(loader)
         self._prefetch_factor = loader.prefetch_factor
         self._in_order = loader.in_order
-        self._copy = not loader.reuse_buffers
-        # Views: the batch the user holds and the one being handed out keep their slots.
-        self._slots = self._prefetch_factor + (0 if self._copy else 2)
+        self._grow = not loader.reuse_buffers
+        # The batches in flight, the one the caller holds and the one being handed over.
+        self._slots = self._prefetch_factor + 2
         ctx = loader.multiprocessing_context or torch_mp
         self._context_name = ctx.get_start_method() if hasattr(ctx, "get_start_method") else "fork"
         ds = self._dataset
@@ -438,11 +472,17 @@ class ProcessIter(_BaseDataLoaderIter):
 
     @property
     def ring_bytes(self) -> int:
-        """Shared memory of every worker's slot ring, in bytes, as allocated so far."""
+        """Shared memory of every worker's slot ring now, in bytes."""
         return sum(r.nbytes() for r in self._rings)
+
+    @property
+    def ring_peak_bytes(self) -> int:
+        """The most shared memory each worker's ring held at once, summed over the workers."""
+        return sum(r.peak_bytes for r in self._rings)
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
+        left = getattr(self, "_task_info", {})  # what the last epoch left in flight or unread
         self._send_idx = 0
         self._rcvd_idx = 0
         self._task_info: dict[int, tuple] = {}  # idx -> (wid, slot[, message])
@@ -460,25 +500,30 @@ class ProcessIter(_BaseDataLoaderIter):
                 idx, data = self._get_data()
                 if isinstance(idx, _ResumeEpoch):
                     waiting -= 1
-            for info in self._task_info.values():
+                else:
+                    left[idx] = left[idx][:2] + (data,)
+            for info in left.values():
                 self._take_memory(info)
-            self._task_info = {}
         self._fill()
 
     def _take_memory(self, info: tuple) -> None:
         """A result that will not be handed out: note its new memory, free its slot."""
         wid, slot = info[0], info[1]
-        if len(info) == 3 and isinstance(info[2], tuple):
+        if len(info) == 3 and type(info[2]) is tuple:  # a batch: (payload, new memory)
             self._note_memory(wid, slot, info[2][1])
-        self._rings[wid].free.append(slot)
+        if len(info) == 3:  # (a task never answered keeps its slot: its worker may write it)
+            self._rings[wid].free.append(slot)
 
     def _note_memory(self, wid: int, slot: int, memory: Any) -> None:
         if memory is not None:
-            self._rings[wid].memory[slot] = memory.numpy()
+            self._rings[wid].note(slot, memory.numpy())
 
     def _fill(self) -> None:
         """Sends tasks while fewer than num_workers * prefetch_factor are in flight and slots
         are free."""
+        for wid, ring in enumerate(self._rings):
+            for slot in ring.extra_free():
+                self._index_queues[wid].put(_DropSlot(slot))
         while self._tasks_outstanding < self._prefetch_factor * self._num_workers:
             if not self._try_put_index():
                 return
@@ -497,10 +542,13 @@ class ProcessIter(_BaseDataLoaderIter):
                 return False
             self._pending = (index, wid)
         index, wid = self._pending
-        free = self._rings[wid].free
-        if not free:
+        ring = self._rings[wid]
+        if ring.free:
+            slot = ring.free.popleft()
+        elif self._grow:  # the caller keeps batches: one more slot while it does
+            slot = ring.new_slot()
+        else:
             return False
-        slot = free.popleft()
         self._pending = None
         self._index_queues[wid].put((self._send_idx, slot, index))
         self._task_info[self._send_idx] = (wid, slot)
@@ -612,8 +660,8 @@ class ProcessIter(_BaseDataLoaderIter):
         # base (its own base is a memoryview, not an array), torch.from_numpy keeps the view.
         anchor = np.frombuffer(memoryview(ring.memory[slot]), dtype=np.uint8)
         weakref.finalize(anchor, ring.free.append, slot)
-        batch = _ViewUnpickler(payload, anchor, self._copy, self._pin_memory).load()
-        del anchor  # with copies, the slot is free again now
+        batch = _ViewUnpickler(payload, anchor, self._pin_memory).load()
+        del anchor  # with pinned copies, the slot is free again now
         self._fill()
         return batch
 
