@@ -21,7 +21,18 @@ pytestmark = pytest.mark.skipif(
 def test_bench_workers_smoke(tmp_path):
     out = tmp_path / "bench_workers.json"
     args = ["--samples", "256", "--decode-samples", "64"]
-    args += ["--batch-size", "16", "--epochs", "2", "--decode-ms", "0.2", "--tmpdir", str(tmp_path)]
+    args += [
+        "--batch-size",
+        "16",
+        "--epochs",
+        "2",
+        "--rounds",
+        "1",
+        "--decode-ms",
+        "0.2",
+        "--tmpdir",
+        str(tmp_path),
+    ]
     run_mpi(2, "bw_run.py", *args, "--json", str(out), timeout=900)
     res = json.loads(out.read_text())
     assert res["ranks"] == 2

@@ -390,7 +390,7 @@ class _ViewUnpickler(pickle.Unpickler):
         kind, off, shape = pid[0], pid[1], pid[2]
         if kind == "t":
             dtype = pid[3]
-            nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
             if nbytes == 0:
                 return torch.empty(shape, dtype=dtype)
             view = torch.from_numpy(self.anchor[off : off + nbytes]).view(dtype).view(shape)
