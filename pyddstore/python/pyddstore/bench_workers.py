@@ -8,7 +8,8 @@ plain: --samples samples of float32 (3, 64, 64) (48 KiB) and an int64 label (its
 --batch-size, DistributedSampler with set_epoch, no per-sample work and no training step: how
 fast each loader hands over batches. decode: the same rows with a decode= doing --decode-ms of
 pure-Python work per sample (a fixed amount of work, calibrated once on rank 0, so a loader only
-goes faster by running it on more cores), --decode-workers workers per rank. Every loader runs
+goes faster by running it on more cores), --decode-workers workers per rank, batches of
+--decode-batch-size. Every loader runs
 --rounds times, the loaders alternating, and its best round is kept. Every loader but
 the main-process one uses persistent workers (fork); the first epoch (worker start) is left out
 of samples/s and shown apart. Every epoch's first batch is checked against the source. For the
@@ -135,7 +136,7 @@ def measure(comm, args, part: str, src, ds, path: str, work: Work | None) -> lis
     from pyddstore.torch import ThreadDataLoader
 
     workers = args.decode_workers if part == "decode" else args.workers
-    bs = args.batch_size
+    bs = args.decode_batch_size if part == "decode" else args.batch_size
     rows = []
     mm = MemmapRows(path, len(src), src.tensors[1], work)
     cases = _cases(args, workers)
@@ -190,8 +191,9 @@ def print_rows(rows: list[dict], args, size: int, loops: int) -> None:
         extra = "no per-sample work"
         if part == "decode":
             extra = f"decode= {args.decode_ms:g} ms of Python ({loops} loops)"
+        bs = args.decode_batch_size if part == "decode" else args.batch_size
         print(
-            f"# {part}: {size} ranks, {n} samples of float32 {SHAPE} + int64, batch {args.batch_size}, "
+            f"# {part}: {size} ranks, {n} samples of float32 {SHAPE} + int64, batch {bs}, "
             f"{args.epochs} epochs, {extra}"
         )
         print(f"{'loader':<24} {'samples/s':>10} {'x thread':>8} {'1st epoch s':>11} {'ring MiB/rank':>13}")
@@ -217,6 +219,7 @@ def main(argv=None) -> None:
     ap.add_argument("--samples", type=int, default=20000, help="plain: samples in the dataset")
     ap.add_argument("--decode-samples", type=int, default=1024, help="decode: samples in the dataset")
     ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--decode-batch-size", type=int, default=32, help="decode: batch size")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3, help="rounds of every loader (the best kept)")
     ap.add_argument("--workers", type=int, default=2, help="plain: workers per rank")
