@@ -1,4 +1,6 @@
-"""ThreadDataLoader(worker_type="process") (tests/scripts/proc_loader.py): a core group of two
+"""ThreadDataLoader(worker_type="process"): in this process, the same batches and worker seeds as
+torch's DataLoader, iterable datasets and in_order=False; and (tests/scripts/proc_loader.py) a
+core group of two
 plain processes (file communicator, no MPI) reads a method-1 DistDataset through fork, spawn and
 forkserver workers (persistent or not, fixed and growing slot rings, ragged and torch_geometric samples,
 raising and killed workers, method 0 refused), and a separate job reads the group's method-2
@@ -9,11 +11,62 @@ from __future__ import annotations
 import pytest
 from conftest import run_procs, start_procs
 
-pytest.importorskip("torch")
-pytest.importorskip("torch_geometric")
+torch = pytest.importorskip("torch")
+from pyddstore.torch import ThreadDataLoader  # noqa: E402
+from torch.utils.data import DataLoader, Dataset, IterableDataset  # noqa: E402
+
+
+class Samples(Dataset):
+    """(features, label, worker id, worker seed): the seeds must match torch's workers' too."""
+
+    def __len__(self) -> int:
+        return 23
+
+    def __getitem__(self, i: int):
+        info = torch.utils.data.get_worker_info()
+        return torch.arange(3, dtype=torch.float64) + i, i, info.id, info.seed
+
+
+class Shards(IterableDataset):
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        return iter(range(info.id, 17, info.num_workers))
+
+
+def _epochs(cls, ds, **kw):
+    torch.manual_seed(11)  # the default sampler and the base seed draw from the global generator
+    loader = cls(ds, **kw)
+    out = [[(b[0].tolist(), *(t.tolist() for t in b[1:])) for b in loader] for _ in range(2)]
+    if isinstance(loader, ThreadDataLoader):
+        loader.close()
+    return out
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"batch_size": 4, "shuffle": True, "num_workers": 3, "prefetch_factor": 1},
+        {"batch_size": 5, "shuffle": True, "num_workers": 2, "persistent_workers": True, "drop_last": True},
+    ],
+    ids=["3-workers", "persistent"],
+)
+def test_same_batches_and_seeds_as_dataloader(kw):
+    want = _epochs(DataLoader, Samples(), **kw)
+    assert want == _epochs(ThreadDataLoader, Samples(), worker_type="process", **kw)
+
+
+def test_iterable_dataset_and_in_order_false():
+    loader = ThreadDataLoader(Shards(), batch_size=4, num_workers=2, worker_type="process")
+    assert sorted(i for b in loader for i in b.tolist()) == list(range(17))
+    loader = ThreadDataLoader(Samples(), batch_size=2, num_workers=3, worker_type="process", in_order=False)
+    assert sorted(i for b in loader for i in b[1].tolist()) == list(range(23))
+    with pytest.raises(ValueError, match="worker_type"):
+        ThreadDataLoader(Samples(), worker_type="greenlet")
 
 
 def test_process_workers_core_group_and_reader(handshake_dir):
+    pytest.importorskip("torch_geometric")
     hs = str(handshake_dir)
     env = {
         "DDSTORE_FORK_WORKERS": "1",
