@@ -1,10 +1,10 @@
 """ThreadDataLoader(worker_type="process"): in this process, the same batches and worker seeds as
 torch's DataLoader, iterable datasets and in_order=False; and (tests/scripts/proc_loader.py) a
-core group of two
-plain processes (file communicator, no MPI) reads a method-1 DistDataset through fork, spawn and
-forkserver workers (persistent or not, fixed and growing slot rings, ragged and torch_geometric samples,
-raising and killed workers, method 0 refused), and a separate job reads the group's method-2
-dataset through a DistDatasetReader with worker processes."""
+core group of two plain processes (file communicator, no MPI) reading a method-1 DistDataset
+through fork, spawn and forkserver workers (persistent or not, fixed and growing slot rings,
+ragged and torch_geometric samples, raising and killed workers, method 0 refused), while a
+separate job reads the group's method-2 dataset through a DistDatasetReader with worker
+processes."""
 
 from __future__ import annotations
 
