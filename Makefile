@@ -1,5 +1,5 @@
 # pyddstore: `make help` lists the targets.
-.PHONY: help setup demo test test-long bench bench-vcluster bench-graph bench-load lint fmt soak check-memory check-no-mpi test-torch-min docs clean
+.PHONY: help setup demo test test-long bench bench-vcluster bench-graph bench-load bench-workers lint fmt soak check-memory check-no-mpi test-torch-min docs clean
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -13,11 +13,11 @@ demo:  ## the main job: 4-rank demo + VAE example on this machine
 test:  ## every test (cargo test + pytest with real multi-rank jobs)
 	bash scripts/run-tests.sh
 
-test-long:  ## the longer variants of the ragged and graph tests (DDSTORE_TEST_LONG=1)
+test-long:  ## the longer variants of the ragged and graph tests, the bench_workers smoke (DDSTORE_TEST_LONG=1)
 	bash scripts/setup.sh && . .venv/bin/activate && \
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
 	FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo DDSTORE_TEST_LONG=1 \
-	python -m pytest tests/test_ragged.py tests/test_torch_graphs.py -q
+	python -m pytest tests/test_ragged.py tests/test_torch_graphs.py tests/test_bench_workers.py -q
 
 bench:  ## the benchmark suite (python -m pyddstore.bench) under mpirun -n 4
 	bash scripts/setup.sh && . .venv/bin/activate && \
@@ -40,6 +40,12 @@ bench-load:  ## load paths (npz, memmap, h5py, snapshot) beside the 64-thread re
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
 	FI_TCP_IFACE=lo DDSTORE_QUIET=1 mpirun -n 2 --bind-to none python -m pyddstore.bench_torch --parts load \
 	--json bench-results/bench-load.json
+
+bench-workers:  ## loader workers: threads vs processes vs torch DataLoader (DistDataset, np.memmap), 2 ranks
+	bash scripts/setup.sh && . .venv/bin/activate && \
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+	FI_TCP_IFACE=lo mpirun -n 2 --bind-to none python -m pyddstore.bench_workers \
+	--json bench-results/bench-workers.json
 
 soak:  ## long soak: 1,000,000 verified random reads per rank per config, RSS flat (scripts/soak.sh)
 	bash scripts/setup.sh && bash scripts/soak.sh 1000000 4

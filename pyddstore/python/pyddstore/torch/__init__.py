@@ -25,6 +25,7 @@ from pyddstore import FileComm
 
 from ._dataset import Buffers, DistDataset, DistDatasetReader, ForkedWorkerError
 from ._loader import ThreadDataLoader, get_worker_info
+from ._procloader import WorkerProcessError
 from ._sampler import DistributedSampler
 from ._schema import RaggedRows, SchemaError, SchemaTypeError, share_of
 from ._snapshot import SnapshotError
@@ -43,6 +44,7 @@ __all__ = [
     "SnapshotError",
     "ThreadDataLoader",
     "WindowedDataset",
+    "WorkerProcessError",
     "get_worker_info",
     "row_of",
     "share_of",

@@ -31,6 +31,7 @@ from pyddstore import DDStoreTypeError, DDStoreValueError
 from pyddstore._env import settings as _env_settings
 
 from . import _worker_info
+from . import _procloader
 
 _STATUS_INTERVAL = 1.0  # seconds between checks that worker threads are alive
 
@@ -458,6 +459,14 @@ class ThreadDataLoader(DataLoader):
     or collate_copies=True. close() waits for in-flight fetches and releases the buffers.
     multiprocessing_context is accepted and ignored.
 
+    worker_type="process": worker processes (fork, spawn or forkserver, from
+    multiprocessing_context) instead of threads, for per-sample Python work (decode=, transforms)
+    that needs more than one core. Each worker reads or collates every batch into a ring of
+    shared-memory slots allocated once; batches arrive as views of the slot (pinned copies with
+    pin_memory), and a slot is written again only once no view of its batch is left: a ring grows
+    by a slot per batch the caller keeps and shrinks back once they are gone (reuse_buffers=True:
+    it never grows, and holding all its slots raises). Methods 1 and 2 only.
+
     Example:
         ```python
         loader = ThreadDataLoader(trainset, batch_size=128, sampler=sampler, num_workers=2,
@@ -469,8 +478,16 @@ class ThreadDataLoader(DataLoader):
     """
 
     def __init__(
-        self, dataset: Any, reuse_buffers: bool = False, collate_copies: bool = False, **kwargs: Any
+        self,
+        dataset: Any,
+        reuse_buffers: bool = False,
+        collate_copies: bool = False,
+        worker_type: str = "thread",
+        **kwargs: Any,
     ):
+        if worker_type not in _procloader.WORKER_TYPES:
+            raise DDStoreValueError(f"worker_type={worker_type!r}: expected 'thread' or 'process'")
+        self.worker_type = worker_type
         self.reuse_buffers = bool(reuse_buffers)
         self.collate_copies = bool(collate_copies)
         self._live_iterators: weakref.WeakSet = weakref.WeakSet()
@@ -479,7 +496,7 @@ class ThreadDataLoader(DataLoader):
         # environment's, read once here.
         self._settings = getattr(getattr(dataset, "ddstore", None), "settings", None) or _env_settings()
         super().__init__(dataset, **kwargs)
-        if self.reuse_buffers:
+        if self.reuse_buffers and worker_type == "thread":
             if not hasattr(dataset, "alloc") or not hasattr(dataset, "release"):
                 raise DDStoreTypeError(
                     "reuse_buffers=True needs a DistDataset or DistDatasetReader (dataset.alloc)"
@@ -499,6 +516,8 @@ class ThreadDataLoader(DataLoader):
         """No warning: threads wait on reads, so more of them than CPUs is fine."""
 
     def _get_iterator(self) -> Any:
+        if self.worker_type == "process" and self.num_workers > 0:
+            return _procloader.ProcessIter(self)
         if self.num_workers == 0:
             return _CallingThreadIter(self)
         return _ThreadIter(self)

@@ -1,0 +1,691 @@
+"""ThreadDataLoader(worker_type="process"): worker processes whose batches travel through a
+ring of shared-memory slots allocated once per worker, instead of a fresh shared-memory tensor
+per batch (what torch's DataLoader workers send).
+
+The main process owns the rings' bookkeeping: it sends each task with the id of a free slot of
+that worker; the worker reads (or fetches, transforms and collates) the batch, writes its tensors
+and arrays into the slot and sends back only a small pickle that names their places in it. The
+main process rebuilds the batch as views of the slot (pinned copies with pin_memory). A slot goes
+back to the ring when the last view of its batch is gone (a finalizer on the array every view
+hangs from), so no slot is handed out again while a batch still uses it. A ring holds
+prefetch_factor + 2 slots (the batches in flight, the one the caller holds and the one being
+handed over); when the caller keeps more batches, the ring grows by a slot for each, and such a
+slot is dropped again once its batch is gone (reuse_buffers=True: the ring never grows, and a
+caller holding all its slots gets a clear error). A worker allocates a slot's memory on its first
+batch and again only when a batch does not fit (1.5x, rare with ragged samples); the memory
+travels once, by file descriptor, as torch shares tensors.
+
+Sampler, batch sampler, base seed, prefetching (num_workers * prefetch_factor batches in flight,
+round-robin), persistent workers, worker_init_fn, get_worker_info, timeout and in_order follow
+torch's multiprocessing iterator; exceptions in workers come back as torch's ExceptionWrapper and
+are re-raised with the worker's traceback.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import io
+import itertools
+import pickle
+import queue
+import random
+import signal
+import weakref
+from typing import Any
+
+import numpy as np
+import torch
+import torch.multiprocessing as torch_mp
+from torch._utils import ExceptionWrapper
+from torch.utils.data._utils import collate as _collate
+from torch.utils.data._utils import worker as _worker
+from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
+
+from pyddstore import DDStoreError, DDStoreValueError
+
+from ._dataset import ForkedWorkerError
+
+_STATUS_INTERVAL = 0.5  # seconds between checks that worker processes are alive
+_ALIGN = 64  # every tensor in a slot starts on a cache line
+_GROWTH = 1.5  # a slot that is too small is replaced by one this much larger than needed
+WORKER_TYPES = ("thread", "process")
+
+
+class WorkerProcessError(DDStoreError, RuntimeError):
+    """A ThreadDataLoader(worker_type="process") worker died (killed, crashed, or exited) while
+    the loader waited on it; the message names the worker, its pid and how it ended.
+
+    Example:
+        ```python
+        try:
+            batch = next(it)
+        except WorkerProcessError as e:
+            print(e)  # "worker process 1 (pid 4242) was killed by signal SIGKILL ..."
+        ```
+    """
+
+
+def _aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def check_process_args(loader: Any) -> None:
+    """worker_type="process": refuses what worker processes cannot serve, before any starts."""
+    store = getattr(loader.dataset, "ddstore", None)
+    if getattr(store, "method", None) == 0:
+        raise ForkedWorkerError(
+            "ThreadDataLoader(worker_type='process') cannot serve a method=0 (MPI RMA) dataset: "
+            "MPI does not reach worker processes; use worker_type='thread' (the default), or "
+            "method=1 or 2, whose stores worker processes read through the fabric and same-node "
+            "mappings"
+        )
+
+
+# -- the slot ring: worker side -------------------------------------------------------------
+
+
+class _SlotWriter:
+    """A worker's slots: their shared memory (allocated here, sent to the main process once)."""
+
+    def __init__(self) -> None:
+        self.memory: dict[int, torch.Tensor] = {}  # slot -> shared uint8 tensor
+        self.registered: dict[int, list] = {}  # slot -> [(store, var, array)] registered
+
+    def ensure(self, slot: int, nbytes: int) -> tuple[np.ndarray, torch.Tensor | None]:
+        """The slot's bytes (at least nbytes), and its new memory when it had to be allocated."""
+        mem = self.memory.get(slot)
+        if mem is not None and mem.numel() >= nbytes:
+            return mem.numpy(), None
+        size = _aligned(max(nbytes, 1)) if mem is None else _aligned(int(nbytes * _GROWTH))
+        grown = torch.empty(size, dtype=torch.uint8).share_memory_()
+        if mem is not None:  # what was read there already stays (the old memory goes)
+            grown[: mem.numel()].copy_(mem)
+            self.unregister(slot)
+        self.memory[slot] = grown
+        return grown.numpy(), grown
+
+    def unregister(self, slot: int) -> None:
+        for store, var, arr in self.registered.pop(slot, []):
+            store.unregister_recv(var, arr)
+
+
+class _PackPickler(pickle.Pickler):
+    """Pickles a batch with its CPU tensors and numeric arrays left out: each becomes a
+    persistent id naming its place in the slot; the arrays are copied there afterwards (those
+    already read into the slot stay where they are)."""
+
+    def __init__(self, file: Any, slot_bytes: np.ndarray | None, start: int):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.places: list = []  # (value, offset) to copy into the slot
+        self.size = start
+        base = slot_bytes.__array_interface__["data"][0] if slot_bytes is not None else 0
+        self._slot = (base, base + (slot_bytes.nbytes if slot_bytes is not None else 0))
+
+    def _place(self, value: Any, ptr: int, nbytes: int) -> int:
+        lo, hi = self._slot
+        if nbytes and lo <= ptr and ptr + nbytes <= hi:
+            return ptr - lo  # already in the slot (read there)
+        off = self.size
+        self.size = _aligned(off + nbytes)
+        self.places.append((value, off))
+        return off
+
+    def persistent_id(self, obj: Any) -> Any:
+        if type(obj) is torch.Tensor:
+            if (
+                obj.device.type != "cpu"
+                or obj.layout != torch.strided
+                or obj.is_nested
+                or obj.requires_grad
+                or obj.is_quantized
+                or obj.is_conj()
+                or obj.is_neg()
+            ):
+                return None  # pickled as torch pickles it
+            if obj.is_contiguous():
+                off = self._place(obj, obj.data_ptr(), obj.numel() * obj.element_size())
+            else:
+                off = self._place(obj, 0, obj.numel() * obj.element_size())
+            return ("t", off, tuple(obj.shape), obj.dtype)
+        if type(obj) in (np.ndarray, np.recarray) and not obj.dtype.hasobject:
+            ptr = obj.__array_interface__["data"][0] if obj.flags.c_contiguous else 0
+            off = self._place(obj, ptr, obj.nbytes)
+            return ("a", off, obj.shape, obj.dtype, type(obj) is np.recarray)
+        return None
+
+
+def _copy_into(slot_bytes: np.ndarray, places: list) -> None:
+    for value, off in places:
+        if isinstance(value, torch.Tensor):
+            nbytes = value.numel() * value.element_size()
+            if nbytes:
+                dst = torch.from_numpy(slot_bytes[off : off + nbytes]).view(value.dtype).view(value.shape)
+                dst.copy_(value)
+        elif value.nbytes:
+            dst = slot_bytes[off : off + value.nbytes].view(np.uint8).view(value.dtype)
+            dst.reshape(value.shape)[...] = value
+
+
+def _pack(batch: Any, writer: _SlotWriter, slot: int, used: int = 0) -> tuple:
+    """(pickled batch, the slot's new memory or None): the batch's arrays are in the slot, from
+    byte `used` on (those before were read there)."""
+    f = io.BytesIO()
+    mem = writer.memory.get(slot)
+    p = _PackPickler(f, mem.numpy() if mem is not None else None, used)
+    p.dump(batch)
+    new_memory = None
+    if p.places:
+        slot_bytes, new_memory = writer.ensure(slot, p.size)
+        _copy_into(slot_bytes, p.places)
+    return f.getvalue(), new_memory
+
+
+class _DirectReader:
+    """Reads a DistDataset batch straight into the slot (collates_directly datasets with the
+    default collate): each field's rows land where the main process will view them, and each
+    slot's field regions are registered with the store once."""
+
+    def __init__(self, dataset: Any, batch_size: int | None):
+        self.ds = dataset
+        self.fields = dataset._select(None)
+        self.rows = batch_size
+        self.offsets, off = [], 0
+        for f in self.fields:
+            self.offsets.append(off)
+            off = _aligned(off + (batch_size or 0) * f.row_bytes)
+        self.nbytes = off
+
+    def read(self, index: Any, writer: _SlotWriter, slot: int) -> tuple:
+        ds = self.ds
+        rows = ds._rows(index)
+        n = len(rows)
+        if self.rows is None or n > self.rows:  # a batch sampler with larger batches
+            self.__init__(ds, n)
+            for s in list(writer.registered):
+                writer.unregister(s)
+        slot_bytes, new_memory = writer.ensure(slot, self.nbytes)
+        ds._ensure_reader()
+        if slot not in writer.registered:
+            regs = []
+            for f, off in zip(self.fields, self.offsets):
+                view = slot_bytes[off : off + self.rows * f.row_bytes]
+                ds._store.register_recv(f.var, view)
+                regs.append((ds._store, f.var, view))
+            writer.registered[slot] = regs
+        got = {}
+        for f, off in zip(self.fields, self.offsets):
+            view = slot_bytes[off : off + n * f.row_bytes].view(f.dtype).reshape(n, *f.shape)
+            ds._read_into(f, view, rows)
+            got[f.key] = torch.from_numpy(view)
+        batch = ds._schema.collate_like(got)
+        payload, grown = _pack(batch, writer, slot, self.nbytes)
+        return payload, new_memory if grown is None else grown
+
+
+# -- worker process ---------------------------------------------------------------------------
+
+
+class _ResumeEpoch:
+    """Sent to persistent workers at a new epoch; echoed back once the old tasks are done."""
+
+
+class _DropSlot:
+    """Tells a worker to let go of a slot the ring grew by (its batch is gone)."""
+
+    def __init__(self, slot: int):
+        self.slot = slot
+
+
+def _without_worker_info(collate_fn: Any) -> Any:
+    """collate_fn run with get_worker_info() None: torch's and torch_geometric's collates then
+    stack into plain memory, not a fresh shared-memory segment (the slot is the shared memory)."""
+
+    def collate(batch: Any) -> Any:
+        saved, _worker._worker_info = _worker._worker_info, None
+        try:
+            return collate_fn(batch)
+        finally:
+            _worker._worker_info = saved
+
+    return collate
+
+
+def _plain_collate(batch: Any) -> Any:
+    from ._loader import _thread_collate
+
+    return _thread_collate(batch)
+
+
+def _worker_loop(
+    wid: int,
+    num_workers: int,
+    dataset: Any,
+    dataset_kind: Any,
+    auto_collation: bool,
+    collate_fn: Any,
+    drop_last: bool,
+    direct_rows: Any,
+    base_seed: int,
+    init_fn: Any,
+    index_queue: Any,
+    result_queue: Any,
+    done_event: Any,
+) -> None:
+    """One worker process: fetch (or read straight into the slot) the batches sent to it."""
+    init_error = None
+    fetcher = direct = None
+    writer = _SlotWriter()
+    try:
+        torch.set_num_threads(1)
+        seed = base_seed + wid
+        random.seed(seed)
+        torch.manual_seed(seed)
+        np.random.seed(_worker._generate_state(base_seed, wid))
+        _worker._worker_info = _worker.WorkerInfo(id=wid, num_workers=num_workers, seed=seed, dataset=dataset)
+        if init_fn is not None:
+            init_fn(wid)
+        if collate_fn is _collate.default_collate:
+            collate_fn = _plain_collate
+        collate_fn = _without_worker_info(collate_fn)
+        if direct_rows is not False:
+            direct = _DirectReader(dataset, direct_rows)
+        else:
+            fetcher = _DatasetKind.create_fetcher(
+                dataset_kind, dataset, auto_collation, collate_fn, drop_last
+            )
+    except Exception:  # noqa: BLE001 - reported with the first batch, as DataLoader does
+        init_error = ExceptionWrapper(where=f"in ThreadDataLoader worker process {wid}")
+    watchdog = _worker.ManagerWatchdog()
+    iteration_end = False
+    while watchdog.is_alive():
+        try:
+            r = index_queue.get(timeout=_STATUS_INTERVAL * 4)
+        except queue.Empty:
+            continue
+        if r is None:
+            break
+        if isinstance(r, _DropSlot):
+            writer.unregister(r.slot)
+            writer.memory.pop(r.slot, None)
+            continue
+        if isinstance(r, _ResumeEpoch):
+            iteration_end = False
+            if fetcher is not None:
+                fetcher = _DatasetKind.create_fetcher(
+                    dataset_kind, dataset, auto_collation, collate_fn, drop_last
+                )
+            result_queue.put((r, None))
+            continue
+        if done_event.is_set() or iteration_end:
+            continue
+        idx, slot, index = r
+        if init_error is not None:
+            data, init_error = init_error, None
+        else:
+            try:
+                if direct is not None:
+                    data = direct.read(index, writer, slot)
+                else:
+                    batch = fetcher.fetch(index)
+                    data = _pack(batch, writer, slot)
+                    del batch
+            except StopIteration:
+                data = _worker._IterableDatasetStopIteration(wid)
+                iteration_end = True
+            except Exception:  # noqa: BLE001 - re-raised in the main process
+                data = ExceptionWrapper(where=f"in ThreadDataLoader worker process {wid}")
+        result_queue.put((idx, data))
+        del data, r, index
+    if done_event.is_set():
+        result_queue.cancel_join_thread()
+    result_queue.close()
+
+
+# -- main process -----------------------------------------------------------------------------
+
+
+class _Ring:
+    """The main process's view of one worker's slots: their memory and which are free.
+
+    A finalizer puts a slot back on `free` when the last view of its batch is gone; it may run
+    in any thread (deque appends are atomic). Slots from `base` on are extra ones, made while
+    the caller kept batches, and dropped once free."""
+
+    def __init__(self, base: int):
+        self.base = base
+        self.free: collections.deque = collections.deque(range(base))
+        self.memory: dict[int, np.ndarray] = {}
+        self.next_slot = base
+        self.peak_bytes = 0
+
+    def new_slot(self) -> int:
+        slot, self.next_slot = self.next_slot, self.next_slot + 1
+        return slot
+
+    def extra_free(self) -> list[int]:
+        """Extra slots now free, taken off the free list."""
+        extra = [s for s in list(self.free) if s >= self.base]
+        for s in extra:
+            self.free.remove(s)
+            self.memory.pop(s, None)
+        return extra
+
+    def nbytes(self) -> int:
+        return sum(m.nbytes for m in self.memory.values())
+
+    def note(self, slot: int, memory: np.ndarray) -> None:
+        self.memory[slot] = memory
+        self.peak_bytes = max(self.peak_bytes, self.nbytes())
+
+
+class _ViewUnpickler(pickle.Unpickler):
+    """Rebuilds a packed batch: views of the slot (pinned copies with pin)."""
+
+    def __init__(self, data: bytes, anchor: np.ndarray, pin: bool):
+        super().__init__(io.BytesIO(data))
+        self.anchor, self.pin = anchor, pin
+
+    def persistent_load(self, pid: Any) -> Any:
+        kind, off, shape = pid[0], pid[1], pid[2]
+        if kind == "t":
+            dtype = pid[3]
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            if nbytes == 0:
+                return torch.empty(shape, dtype=dtype)
+            view = torch.from_numpy(self.anchor[off : off + nbytes]).view(dtype).view(shape)
+            if self.pin:
+                return torch.empty(shape, dtype=dtype, pin_memory=True).copy_(view)
+            return view
+        dtype, rec = pid[3], pid[4]
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if nbytes == 0:
+            arr = np.empty(shape, dtype=dtype)
+        else:
+            arr = self.anchor[off : off + nbytes].view(dtype).reshape(shape)
+            if self.pin:
+                arr = arr.copy()
+        return arr.view(np.recarray) if rec else arr
+
+
+class ProcessIter(_BaseDataLoaderIter):
+    """ThreadDataLoader(worker_type="process") with num_workers > 0."""
+
+    def __init__(self, loader: Any):
+        super().__init__(loader)  # same sampler iterator and base seed draw as DataLoader's
+        check_process_args(loader)
+        self._prefetch_factor = loader.prefetch_factor
+        self._in_order = loader.in_order
+        self._grow = not loader.reuse_buffers
+        # The batches in flight, the one the caller holds and the one being handed over.
+        self._slots = self._prefetch_factor + 2
+        ctx = loader.multiprocessing_context or torch_mp
+        self._context_name = ctx.get_start_method() if hasattr(ctx, "get_start_method") else "fork"
+        ds = self._dataset
+        direct = (
+            loader.collate_fn is _collate.default_collate
+            and self._auto_collation
+            and self._dataset_kind == _DatasetKind.Map
+            and getattr(ds, "collates_directly", False) is True
+            and hasattr(ds, "_read_into")
+            and loader._settings.fast_collate
+        )
+        direct_rows = loader.batch_size if direct else False
+        self._rings = [_Ring(self._slots) for _ in range(self._num_workers)]
+        self._result_queue = ctx.Queue()
+        self._done_event = ctx.Event()
+        self._index_queues: list = []
+        self._workers: list = []
+        self._shutdown = False
+        try:
+            for wid in range(self._num_workers):
+                iq = ctx.Queue()
+                iq.cancel_join_thread()  # tasks left unread never block the exit
+                w = ctx.Process(
+                    target=_worker_loop,
+                    args=(
+                        wid,
+                        self._num_workers,
+                        ds,
+                        self._dataset_kind,
+                        self._auto_collation,
+                        loader.collate_fn,
+                        self._drop_last,
+                        direct_rows,
+                        self._base_seed,
+                        loader.worker_init_fn,
+                        iq,
+                        self._result_queue,
+                        self._done_event,
+                    ),
+                    name=f"ddstore-loader-{wid}",
+                    daemon=True,
+                )
+                w.start()
+                self._index_queues.append(iq)
+                self._workers.append(w)
+        except BaseException:
+            self._shutdown_workers()
+            raise
+        loader._live_iterators.add(self)
+        self._reset(loader, first_iter=True)
+
+    @property
+    def ring_bytes(self) -> int:
+        """Shared memory of every worker's slot ring now, in bytes."""
+        return sum(r.nbytes() for r in self._rings)
+
+    @property
+    def ring_peak_bytes(self) -> int:
+        """The most shared memory each worker's ring held at once, summed over the workers."""
+        return sum(r.peak_bytes for r in self._rings)
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        super()._reset(loader, first_iter)
+        left = getattr(self, "_task_info", {})  # what the last epoch left in flight or unread
+        self._send_idx = 0
+        self._rcvd_idx = 0
+        self._task_info: dict[int, tuple] = {}  # idx -> (wid, slot[, message])
+        self._pending: tuple | None = None  # (index, wid) waiting for a free slot
+        self._tasks_outstanding = 0
+        self._workers_status = [True] * self._num_workers
+        self._workers_num_tasks = [0] * self._num_workers
+        self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
+        if not first_iter:
+            # Persistent workers: finish (and drop) what the last epoch left in flight.
+            for q in self._index_queues:
+                q.put(_ResumeEpoch())
+            waiting = self._num_workers
+            while waiting > 0:
+                idx, data = self._get_data()
+                if isinstance(idx, _ResumeEpoch):
+                    waiting -= 1
+                else:
+                    left[idx] = left[idx][:2] + (data,)
+            for info in left.values():
+                self._take_memory(info)
+        self._fill()
+
+    def _take_memory(self, info: tuple) -> None:
+        """A result that will not be handed out: note its new memory, free its slot."""
+        wid, slot = info[0], info[1]
+        if len(info) == 3 and type(info[2]) is tuple:  # a batch: (payload, new memory)
+            self._note_memory(wid, slot, info[2][1])
+        if len(info) == 3:  # (a task never answered keeps its slot: its worker may write it)
+            self._rings[wid].free.append(slot)
+
+    def _note_memory(self, wid: int, slot: int, memory: Any) -> None:
+        if memory is not None:
+            self._rings[wid].note(slot, memory.numpy())
+
+    def _fill(self) -> None:
+        """Sends tasks while fewer than num_workers * prefetch_factor are in flight and slots
+        are free."""
+        for wid, ring in enumerate(self._rings):
+            for slot in ring.extra_free():
+                self._index_queues[wid].put(_DropSlot(slot))
+        while self._tasks_outstanding < self._prefetch_factor * self._num_workers:
+            if not self._try_put_index():
+                return
+
+    def _try_put_index(self) -> bool:
+        if self._pending is None:
+            try:
+                index = self._next_index()
+            except StopIteration:
+                return False
+            for _ in range(self._num_workers):
+                wid = next(self._worker_queue_idx_cycle)
+                if self._workers_status[wid]:
+                    break
+            else:
+                return False
+            self._pending = (index, wid)
+        index, wid = self._pending
+        ring = self._rings[wid]
+        if ring.free:
+            slot = ring.free.popleft()
+        elif self._grow:  # the caller keeps batches: one more slot while it does
+            slot = ring.new_slot()
+        else:
+            return False
+        self._pending = None
+        self._index_queues[wid].put((self._send_idx, slot, index))
+        self._task_info[self._send_idx] = (wid, slot)
+        self._workers_num_tasks[wid] += 1
+        self._tasks_outstanding += 1
+        self._send_idx += 1
+        return True
+
+    def _dead_workers(self) -> list[str]:
+        out = []
+        for wid, w in enumerate(self._workers):
+            if w.is_alive():
+                continue
+            code = w.exitcode
+            if code is not None and code < 0:
+                try:
+                    how = f"was killed by signal {signal.Signals(-code).name}"
+                except ValueError:
+                    how = f"was killed by signal {-code}"
+            else:
+                how = f"exited with code {code}"
+            out.append(f"worker process {wid} (pid {w.pid}) {how}")
+        return out
+
+    def _get_data(self) -> tuple:
+        waited = 0.0
+        while True:
+            step = _STATUS_INTERVAL if self._timeout <= 0 else min(_STATUS_INTERVAL, self._timeout - waited)
+            try:
+                return self._result_queue.get(timeout=max(step, 1e-3))
+            except queue.Empty:
+                waited += step
+                dead = self._dead_workers()
+                if dead and not self._shutdown:
+                    self._shutdown_workers()
+                    raise WorkerProcessError(
+                        f"ThreadDataLoader(worker_type='process'): {'; '.join(dead)} while the loader "
+                        f"waited for batch {self._rcvd_idx} ({self._context_name} workers; a killed "
+                        "worker is often the kernel's out-of-memory killer: see dmesg)"
+                    ) from None
+                if self._timeout > 0 and waited >= self._timeout:
+                    self._shutdown_workers()
+                    raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
+
+    def _next_data(self) -> Any:
+        while True:
+            self._fill()
+            while self._rcvd_idx < self._send_idx:
+                info = self._task_info.get(self._rcvd_idx)
+                if info and (len(info) == 3 or self._workers_status[info[0]]):
+                    break
+                if info:  # a worker that stopped (iterable dataset): its slot is free
+                    self._rings[info[0]].free.append(info[1])
+                self._task_info.pop(self._rcvd_idx, None)
+                self._rcvd_idx += 1
+            else:
+                if self._pending is not None:
+                    self._no_free_slot()
+                    continue
+                if not self._persistent_workers:
+                    self._shutdown_workers()
+                raise StopIteration
+            if len(self._task_info[self._rcvd_idx]) == 3:
+                info = self._task_info.pop(self._rcvd_idx)
+                self._rcvd_idx += 1
+                return self._process_data(info)
+            idx, data = self._get_data()
+            if isinstance(idx, _ResumeEpoch):
+                continue
+            self._tasks_outstanding -= 1
+            info = self._task_info[idx] + (data,)
+            if isinstance(data, _worker._IterableDatasetStopIteration):
+                self._workers_status[data.worker_id] = False
+                self._task_info.pop(idx)
+                self._rings[info[0]].free.append(info[1])
+                continue
+            if idx != self._rcvd_idx and self._in_order:
+                self._task_info[idx] = info
+                continue
+            self._task_info.pop(idx)
+            if idx == self._rcvd_idx:
+                self._rcvd_idx += 1
+            return self._process_data(info)
+
+    def _no_free_slot(self) -> None:
+        """Every task is done but the next one has no free slot: batches the caller still holds
+        keep them. Collect garbage once (cycles), else say so."""
+        gc.collect()
+        wid = self._pending[1]
+        if self._rings[wid].free:
+            return
+        raise DDStoreValueError(
+            f"ThreadDataLoader(worker_type='process', reuse_buffers=True): the batches still "
+            f"referenced hold all {self._slots} slots of worker {wid}'s ring, so no batch can be "
+            "read: keep copies (batch.clone()) of batches you keep, or use reuse_buffers=False"
+        )
+
+    def _process_data(self, info: tuple) -> Any:
+        wid, slot, data = info
+        self._workers_num_tasks[wid] -= 1
+        if isinstance(data, ExceptionWrapper):
+            self._rings[wid].free.append(slot)
+            self._fill()
+            data.reraise()
+        payload, memory = data
+        self._note_memory(wid, slot, memory)
+        ring = self._rings[wid]
+        # One array per batch that every view hangs from: numpy views of it keep it as their
+        # base (its own base is a memoryview, not an array), torch.from_numpy keeps the view.
+        anchor = np.frombuffer(memoryview(ring.memory[slot]), dtype=np.uint8)
+        weakref.finalize(anchor, ring.free.append, slot)
+        batch = _ViewUnpickler(payload, anchor, self._pin_memory).load()
+        del anchor  # with pinned copies, the slot is free again now
+        self._fill()
+        return batch
+
+    def _shutdown_workers(self) -> None:
+        """Stops the workers after their current batch (killing any that do not stop)."""
+        if self._shutdown:
+            return
+        self._shutdown = True
+        self._done_event.set()
+        for q in self._index_queues:
+            try:
+                q.put(None)
+            except (OSError, ValueError):
+                pass
+        for w in self._workers:
+            w.join(timeout=10)
+            if w.is_alive():
+                w.kill()
+                w.join(timeout=10)
+        for q in self._index_queues:
+            q.close()
+        self._result_queue.cancel_join_thread()
+        self._result_queue.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_shutdown", True):
+            self._shutdown_workers()
