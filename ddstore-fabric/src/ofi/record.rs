@@ -93,7 +93,7 @@ mod tests {
         future.format = 9;
         assert!(ShareRecord::decode(0, &future.encode()).is_err());
         let mut nested = MAGIC.to_vec();
-        nested.extend(std::iter::repeat(b'[').take(100_000));
+        nested.resize(nested.len() + 100_000, b'[');
         assert!(ShareRecord::decode(0, &nested).is_err());
         let mut huge = MAGIC.to_vec();
         huge.resize(MAX_RECORD_BYTES + 100, b' ');
