@@ -1125,6 +1125,8 @@ fn reap_until(
                 }
             },
         }
+        // A signal (Ctrl-C) stops the wait: the caller takes the endpoint out of use.
+        crate::error::check_interrupt()?;
         if once || !live.check_deadline(settings)? {
             return Ok(());
         }
