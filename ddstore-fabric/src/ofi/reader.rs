@@ -113,6 +113,8 @@ struct Live {
     name: Vec<u8>,
     /// Addresses inserted into the endpoint's AV, by endpoint name.
     addrs: HashMap<Vec<u8>, sys::fi_addr_t>,
+    /// Per peer list resolved before (one per variable), its AV addresses.
+    resolved: Vec<(Weak<Vec<ShareRecord>>, Vec<sys::fi_addr_t>)>,
     /// Its CQ has tagged entries (opened for the gather path).
     tagged: bool,
     /// Sequence number of the last gather request sent through it.
@@ -167,6 +169,7 @@ impl Live {
             ep,
             name,
             addrs: HashMap::new(),
+            resolved: Vec::new(),
             tagged,
             seq: 0,
             peers_fi: Vec::new(),
@@ -179,10 +182,19 @@ impl Live {
         })
     }
 
-    /// Points `peers_fi` at `peers`, inserting the names the AV lacks.
-    fn resolve(&mut self, peers: &[ShareRecord]) -> FabricResult<()> {
+    /// Points `peers_fi` at `peers`, inserting the names the AV lacks (once
+    /// per peer list: later calls find the list's addresses by its pointer).
+    fn resolve(&mut self, peers: &Arc<Vec<ShareRecord>>) -> FabricResult<()> {
+        let known = self
+            .resolved
+            .iter()
+            .find(|(list, _)| std::ptr::eq(list.as_ptr(), Arc::as_ptr(peers)));
+        if let Some((_, fis)) = known {
+            self.peers_fi.clone_from(fis);
+            return Ok(());
+        }
         let own_len = self.name.len();
-        self.peers_fi.clear();
+        let mut fis = Vec::with_capacity(peers.len());
         for (rank, p) in peers.iter().enumerate() {
             let fi = match self.addrs.get(&p.addr) {
                 Some(&fi) => fi,
@@ -192,8 +204,12 @@ impl Live {
                     fi
                 }
             };
-            self.peers_fi.push(fi);
+            fis.push(fi);
         }
+        // Lists of freed variables go (a new one may reuse their address).
+        self.resolved.retain(|(list, _)| list.strong_count() > 0);
+        self.peers_fi.clone_from(&fis);
+        self.resolved.push((Arc::downgrade(peers), fis));
         Ok(())
     }
 
