@@ -290,3 +290,23 @@ def test_hetero_field_names_round_trip_and_refuse_ambiguous_names():
         h[bad_type].x = torch.zeros(1, 2)
         with pytest.raises(SchemaTypeError, match="without '.' or '__'"):
             Schema.infer(h, "bad")
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000, b'{"a":' * 5_000 + b"1" + b"}" * 5_000, b"\xff\xfe"])
+def test_nested_or_garbled_manifest_is_a_snapshot_error(tmp_path, body):
+    import sys
+
+    from pyddstore.torch._snapshot import MANIFEST, SnapshotError, read_manifest
+
+    from pyddstore import _json
+
+    (tmp_path / MANIFEST).write_bytes(body)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1_000_000)  # the C parser would recurse past the C stack
+    try:
+        with pytest.raises(SnapshotError, match="manifest"):
+            read_manifest(str(tmp_path))
+    finally:
+        sys.setrecursionlimit(limit)
+    # Brackets inside strings are text, not nesting.
+    assert _json.nesting_depth(b'{"k": "[[[[{{{{\\"[[", "l": [[1]]}') == 3

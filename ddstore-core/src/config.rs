@@ -183,6 +183,7 @@ pub const SETTINGS: &[(&str, Kind)] = &[
         },
     ),
     ("DDSTORE_TIMEOUT_S", Kind::Seconds),
+    ("DDSTORE_ABORT_ON_EXCEPTION", Kind::Flag),
     ("DDSTORE_SHM", Kind::Flag),
     ("DDSTORE_THREAD_READERS", Kind::Flag),
     // Any libfabric provider name (efa, opx, psm3, ucx, ...), not only the known ones.
@@ -349,6 +350,7 @@ pub const DEFAULTS: &[(&str, &str)] = &[
     ("DDSTORE_MAX_READ_BYTES", "67108864"),
     ("DDSTORE_MAX_INFLIGHT", "64"),
     ("DDSTORE_TIMEOUT_S", "60"),
+    ("DDSTORE_ABORT_ON_EXCEPTION", "0"),
     ("DDSTORE_SHM", "1"),
     ("DDSTORE_THREAD_READERS", "1"),
     ("DDSTORE_BATCH_GET", "1"),

@@ -53,6 +53,10 @@ pub enum Error {
         /// What was waited for, and what to do.
         what: String,
     },
+    /// A signal handler asked the wait to stop (Ctrl-C: the binding raises
+    /// what the handler raised, `KeyboardInterrupt`; see [`crate::interrupt`]).
+    #[error("interrupted by a signal")]
+    Interrupted,
     /// Collective or handshake failures.
     #[error("communicator: {0}")]
     Comm(String),

@@ -52,6 +52,8 @@ pub struct FileComm {
     timeout: Duration,
     /// Number of collectives done so far; names each round's files.
     round: Mutex<u64>,
+    /// A signal interrupted a collective: the ranks no longer agree on the round.
+    interrupted: std::sync::atomic::AtomicBool,
     /// Held for this communicator's life: tells a later job that this one is alive.
     _live: Option<Arc<NameLock>>,
 }
@@ -223,6 +225,7 @@ impl FileComm {
             job,
             timeout,
             round: Mutex::new(0),
+            interrupted: Default::default(),
             _live: Some(Arc::new(live)),
         })
     }
@@ -281,6 +284,25 @@ impl FileComm {
         for r in round.saturating_sub(2)..round {
             let _ = self.dir.remove(&self.file(r, self.rank));
         }
+    }
+
+    /// Runs collective `f` unless an earlier one was interrupted by a signal
+    /// (then every later one fails clearly instead of meeting the wrong round).
+    fn collective<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        use std::sync::atomic::Ordering;
+        if self.interrupted.load(Ordering::Acquire) {
+            return Err(Error::Comm(
+                "an earlier collective of this communicator was interrupted by a signal \
+                 (Ctrl-C): the ranks no longer agree on which collective comes next, so it \
+                 can no longer be used"
+                    .into(),
+            ));
+        }
+        let done = f();
+        if matches!(done, Err(Error::Interrupted)) {
+            self.interrupted.store(true, Ordering::Release);
+        }
+        done
     }
 
     /// A barrier that leaves no file behind and names the ranks that did not
@@ -373,6 +395,31 @@ impl Comm for FileComm {
     }
 
     fn allgather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.collective(|| self.allgather_round(mine))
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.collective(|| self.barrier_within(self.timeout))
+    }
+
+    fn barrier_timeout(&self, timeout: Duration) -> Result<()> {
+        self.collective(|| self.barrier_within(timeout))
+    }
+
+    fn split(&self, color: usize, key: usize) -> Result<Arc<dyn Comm>> {
+        self.split_group(color, key)
+    }
+
+    fn kind(&self) -> &'static str {
+        "file"
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl FileComm {
+    fn allgather_round(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         let mut round = self.round.lock().unwrap();
         *round += 1;
         let r = *round;
@@ -430,15 +477,7 @@ impl Comm for FileComm {
         Ok(all)
     }
 
-    fn barrier(&self) -> Result<()> {
-        self.barrier_within(self.timeout)
-    }
-
-    fn barrier_timeout(&self, timeout: Duration) -> Result<()> {
-        self.barrier_within(timeout)
-    }
-
-    fn split(&self, color: usize, key: usize) -> Result<Arc<dyn Comm>> {
+    fn split_group(&self, color: usize, key: usize) -> Result<Arc<dyn Comm>> {
         let all = crate::comm::gather_split(self, color, key)?;
         let mut members: Vec<(u64, usize)> = all
             .iter()
@@ -459,15 +498,9 @@ impl Comm for FileComm {
             job: format!("{}.s{round}c{color}", self.job),
             timeout: self.timeout,
             round: Mutex::new(0),
+            interrupted: Default::default(),
             _live: self._live.clone(),
         }))
-    }
-
-    fn kind(&self) -> &'static str {
-        "file"
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

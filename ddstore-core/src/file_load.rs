@@ -403,20 +403,25 @@ pub fn read_ranges(
     let mut st = shared.lock();
     while st.running > 0 {
         let idle = shared.idle();
-        if idle >= timeout {
+        let interrupted = crate::interrupt::check().is_err();
+        if idle >= timeout || interrupted {
             shared.stop.store(true, Ordering::Relaxed);
             shared
                 .target
                 .write()
                 .unwrap_or_else(|e| e.into_inner())
                 .take();
+            if interrupted {
+                return Err(Error::Interrupted);
+            }
             let stalled = shared.stalled(&st, idle, timeout);
             // A failure already met says more than the wait for the others.
             return Err(st.failure.take().unwrap_or(stalled));
         }
+        // Woken at least every CHECK_EVERY to notice a signal.
         st = shared
             .exited
-            .wait_timeout(st, timeout - idle)
+            .wait_timeout(st, (timeout - idle).min(crate::interrupt::CHECK_EVERY))
             .unwrap_or_else(|e| e.into_inner())
             .0;
     }

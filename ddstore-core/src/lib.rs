@@ -15,6 +15,7 @@ pub mod external;
 pub mod file_comm;
 pub mod file_load;
 pub mod fork;
+pub mod interrupt;
 pub mod layout;
 pub mod node_only;
 pub mod plan;

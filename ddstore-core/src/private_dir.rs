@@ -316,6 +316,7 @@ impl PrivateDir {
             if let Some(data) = self.read(name, cap)? {
                 return Ok(Some(data));
             }
+            crate::interrupt::check()?;
             let now = Instant::now();
             if now >= deadline {
                 return Ok(None);

@@ -158,6 +158,15 @@ impl ReaderTimes {
             lock_ns: self.lock_ns.saturating_sub(earlier.lock_ns),
         }
     }
+
+    /// Both spans of time added up.
+    pub fn plus(self, other: ReaderTimes) -> ReaderTimes {
+        ReaderTimes {
+            cq_ns: self.cq_ns.saturating_add(other.cq_ns),
+            mr_ns: self.mr_ns.saturating_add(other.mr_ns),
+            lock_ns: self.lock_ns.saturating_add(other.lock_ns),
+        }
+    }
 }
 
 /// Reads ranges of remote shares; one per thread, pooled by the store.

@@ -71,6 +71,15 @@ pub enum FabricError {
     /// on every transport: `ddstore_core::Error::IndexOutOfRange`).
     #[error("{0}")]
     OutOfRange(String),
+    /// A signal handler asked the wait to stop (`ddstore_core::interrupt`).
+    #[error("interrupted by a signal")]
+    Interrupted,
+}
+
+/// `Err(FabricError::Interrupted)` when a signal asked this thread's wait to
+/// stop (`ddstore_core::interrupt::check`, for the fabric's wait loops).
+pub fn check_interrupt() -> FabricResult<()> {
+    ddstore_core::interrupt::check().map_err(|_| FabricError::Interrupted)
 }
 
 impl FabricError {
@@ -100,6 +109,7 @@ impl From<FabricError> for ddstore_core::Error {
             FabricError::Unavailable(m) => Error::Unsupported(m),
             FabricError::Invalid(m) => Error::InvalidArgument(m),
             FabricError::OutOfRange(m) => Error::IndexOutOfRange(m),
+            FabricError::Interrupted => Error::Interrupted,
             FabricError::Refused {
                 peer,
                 reason,

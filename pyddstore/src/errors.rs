@@ -62,6 +62,8 @@ fn class_name(err: &Error) -> &'static str {
             ..
         }
         | Error::Io { .. } => "DDStoreError",
+        // Raised as what the signal handler raised (see `to_py`).
+        Error::Interrupted => "DDStoreError",
     }
 }
 
@@ -95,6 +97,10 @@ fn class_of<'py>(py: Python<'py>, err: &Error) -> Option<Bound<'py, PyType>> {
 
 /// Builds the Python exception for `err`, with its `call`, `code` and `peer`.
 pub fn to_py(py: Python<'_>, err: Error) -> PyErr {
+    // A signal's handler interrupted the wait: raise what it raised (KeyboardInterrupt).
+    if let Some(raised) = crate::signals::take_raised(&err) {
+        return raised;
+    }
     let msg = err.to_string();
     let Some(cls) = class_of(py, &err) else {
         // Only before `bind` ran (it runs in the module's init).
@@ -192,6 +198,7 @@ mod tests {
             Error::Access("x".into()),
             Error::Unsupported("x".into()),
             Error::io("x", std::io::Error::other("x")),
+            Error::Interrupted,
         ]
     }
 

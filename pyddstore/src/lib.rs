@@ -12,6 +12,7 @@ mod external;
 mod handshake;
 mod methods;
 mod settings;
+mod signals;
 mod store;
 
 /// Finalises MPI if this module initialised it (registered with atexit).
@@ -19,6 +20,13 @@ mod store;
 fn finalize_mpi(py: Python<'_>) -> PyResult<()> {
     use errors::IntoPyResult;
     methods::finalize_mpi().py(py)
+}
+
+/// Ends every process of the MPI job with `code` (`MPI_Abort`), where MPI
+/// is initialised; returns otherwise (`DDSTORE_ABORT_ON_EXCEPTION`).
+#[pyfunction]
+fn abort_mpi(py: Python<'_>, code: i32) {
+    py.detach(|| methods::abort_mpi(code))
 }
 
 /// What this machine offers: libfabric version and providers usable for
@@ -105,6 +113,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     ddstore_fabric::ofi::apply_libfabric_defaults();
     // Exception classes next: a missing one fails this import.
     errors::bind(m.py())?;
+    signals::install(m.py())?;
     m.add_class::<settings::PySettings>()?;
     m.add_class::<external::PyDeviceShare>()?;
     m.add_class::<comm::PyComm>()?;
@@ -112,6 +121,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handshake::PyHandshakeDir>()?;
     m.add_class::<handshake::PyNameLock>()?;
     m.add_function(wrap_pyfunction!(finalize_mpi, m)?)?;
+    m.add_function(wrap_pyfunction!(abort_mpi, m)?)?;
     m.add_function(wrap_pyfunction!(setting, m)?)?;
     m.add_function(wrap_pyfunction!(libfabric_env, m)?)?;
     m.add_function(wrap_pyfunction!(pid_alive, m)?)?;

@@ -42,6 +42,16 @@ pub fn finalize_mpi() -> Result<()> {
     Ok(mpi_rma::finalize_if_ours()?)
 }
 
+/// Ends the whole MPI job (`MPI_Abort`), where MPI is initialised.
+#[cfg(feature = "mpi")]
+pub fn abort_mpi(code: i32) {
+    mpi_rma::abort_world(code)
+}
+
+/// No MPI job to end in a build without MPI.
+#[cfg(not(feature = "mpi"))]
+pub fn abort_mpi(_code: i32) {}
+
 /// Nothing to finalise in a build without MPI.
 #[cfg(not(feature = "mpi"))]
 pub fn finalize_mpi() -> Result<()> {

@@ -274,15 +274,11 @@ impl PyStore {
     }
 
     /// Collective barrier over the store's group, bounded by
-    /// `DDSTORE_HANDSHAKE_TIMEOUT_S` (DDStoreTimeoutError naming absent ranks).
+    /// `DDSTORE_TIMEOUT_S` like free()'s (DDStoreTimeoutError naming absent ranks).
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
         let store = self.store.clone();
-        py.detach(move || {
-            store
-                .comm()
-                .barrier_timeout(store.config().handshake_timeout)
-        })
-        .py(py)
+        py.detach(move || store.comm().barrier_timeout(store.config().timeout))
+            .py(py)
     }
 
     fn comm(&self) -> PyComm {

@@ -141,6 +141,7 @@ fn poll_all(pending: &mut [Pending], deadline: Instant) -> FabricResult<bool> {
         if all {
             return Ok(true);
         }
+        crate::error::check_interrupt()?;
         let now = Instant::now();
         if now >= deadline {
             return Ok(false);
@@ -367,12 +368,25 @@ impl MpiComm {
     fn check_usable(&self) -> FabricResult<()> {
         if self.broken.load(Ordering::Acquire) {
             return Err(FabricError::Invalid(
-                "this communicator gave up on a barrier (a rank did not arrive in time); \
-                 its collectives can no longer be used"
+                "this communicator gave up on a barrier (a rank did not arrive in time, or a \
+                 signal such as Ctrl-C interrupted it); its collectives can no longer be used"
                     .into(),
             ));
         }
         Ok(())
+    }
+
+    /// Leaves a barrier that failed (`why`: an MPI error or a signal): its
+    /// requests are abandoned and later collectives refused (the ranks no
+    /// longer agree on which collective comes next).
+    fn give_up(
+        &self,
+        pending: impl IntoIterator<Item = Pending>,
+        why: FabricError,
+    ) -> ddstore_core::Error {
+        self.broken.store(true, Ordering::Release);
+        pending.into_iter().for_each(Pending::abandon);
+        why.into()
     }
 
     /// A barrier bounded by `timeout`: every rank reports to rank 0, which
@@ -395,7 +409,10 @@ impl MpiComm {
             let mut arrivals = (1..self.size)
                 .map(|peer| Pending::post(self.handle, peer, Some(1), &[]))
                 .collect::<FabricResult<Vec<_>>>()?;
-            let all = poll_all(&mut arrivals, start + timeout)?;
+            let all = match poll_all(&mut arrivals, start + timeout) {
+                Ok(all) => all,
+                Err(e) => return Err(self.give_up(arrivals, e)),
+            };
             let missing: Vec<usize> = arrivals
                 .iter()
                 .enumerate()
@@ -410,7 +427,10 @@ impl MpiComm {
                 .filter(|p| !missing.contains(p))
                 .map(|peer| Pending::post(self.handle, peer, None, &verdict))
                 .collect::<FabricResult<Vec<_>>>()?;
-            let sent = poll_all(&mut sends, Instant::now() + RELEASE_GRACE)?;
+            let sent = match poll_all(&mut sends, Instant::now() + RELEASE_GRACE) {
+                Ok(sent) => sent,
+                Err(e) => return Err(self.give_up(arrivals.into_iter().chain(sends), e)),
+            };
             if all && sent {
                 return Ok(());
             }
@@ -421,7 +441,10 @@ impl MpiComm {
         let arrive = Pending::post(self.handle, 0, None, &[1])?;
         let release = Pending::post(self.handle, 0, Some(self.size), &[])?;
         let mut both = [arrive, release];
-        let ok = poll_all(&mut both, start + timeout + RELEASE_GRACE)?;
+        let ok = match poll_all(&mut both, start + timeout + RELEASE_GRACE) {
+            Ok(ok) => ok,
+            Err(e) => return Err(self.give_up(both, e)),
+        };
         let [arrive, release] = both;
         if !ok {
             self.broken.store(true, Ordering::Release);

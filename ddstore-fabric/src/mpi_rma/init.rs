@@ -171,6 +171,16 @@ pub fn finalize_if_ours() -> FabricResult<()> {
     Ok(())
 }
 
+/// Ends every process of the MPI job with `code` (`MPI_Abort` on
+/// `MPI_COMM_WORLD`) when MPI is usable; otherwise returns.
+pub fn abort_world(code: i32) {
+    if is_usable() {
+        // SAFETY: MPI is initialised and not finalised; MPI_Abort may be
+        // called from any thread and does not return when it succeeds.
+        unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, code) };
+    }
+}
+
 /// The thread level MPI provides; an error before `MPI_Init` or after `MPI_Finalize`.
 pub fn thread_level() -> FabricResult<ThreadLevel> {
     provided_level().map(ThreadLevel::from_raw)

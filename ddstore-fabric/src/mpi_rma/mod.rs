@@ -27,7 +27,7 @@ mod window;
 
 pub use comm::MpiComm;
 pub use init::{
-    ensure_initialized, ensure_initialized_at, finalize_if_ours, is_finalized, is_initialized,
-    library_version, thread_level, ThreadLevel,
+    abort_world, ensure_initialized, ensure_initialized_at, finalize_if_ours, is_finalized,
+    is_initialized, library_version, thread_level, ThreadLevel,
 };
 pub use transport::MpiRma;

@@ -57,41 +57,49 @@ impl Av {
         names
             .iter()
             .enumerate()
-            .map(|(i, name)| {
-                if name.is_empty() || name.len() > addr_len.max(MAX_NAME_BYTES) {
-                    return Err(FabricError::Invalid(format!(
-                        "rank {i} sent a {}-byte endpoint address, this provider uses {addr_len}",
-                        name.len()
-                    )));
-                }
-                let mut name = name.to_vec();
-                name.resize(name.len().max(addr_len) + 1, 0);
-                let mut addr: sys::fi_addr_t = sys::FI_ADDR_UNSPEC;
-                // SAFETY: name is one address in this provider's format (the
-                // provider reads only its own address length); addr receives one value.
-                let rc = unsafe {
-                    sys::ddfi_av_insert(
-                        self.ptr,
-                        name.as_ptr() as *const c_void,
-                        1,
-                        &mut addr,
-                        0,
-                        ptr::null_mut(),
-                    )
-                };
-                if rc != 1 {
-                    check(
-                        "fi_av_insert",
-                        if rc < 0 {
-                            rc as i64
-                        } else {
-                            -(sys::FI_EINVAL as i64)
-                        },
-                    )?;
-                }
-                Ok(addr)
-            })
+            .map(|(rank, name)| self.insert_one(rank, name, addr_len))
             .collect()
+    }
+
+    /// Inserts `rank`'s endpoint name, as [`Av::insert`] does.
+    pub fn insert_one(
+        &self,
+        rank: usize,
+        name: &[u8],
+        addr_len: usize,
+    ) -> FabricResult<sys::fi_addr_t> {
+        if name.is_empty() || name.len() > addr_len.max(MAX_NAME_BYTES) {
+            return Err(FabricError::Invalid(format!(
+                "rank {rank} sent a {}-byte endpoint address, this provider uses {addr_len}",
+                name.len()
+            )));
+        }
+        let mut name = name.to_vec();
+        name.resize(name.len().max(addr_len) + 1, 0);
+        let mut addr: sys::fi_addr_t = sys::FI_ADDR_UNSPEC;
+        // SAFETY: name is one address in this provider's format (the
+        // provider reads only its own address length); addr receives one value.
+        let rc = unsafe {
+            sys::ddfi_av_insert(
+                self.ptr,
+                name.as_ptr() as *const c_void,
+                1,
+                &mut addr,
+                0,
+                ptr::null_mut(),
+            )
+        };
+        if rc != 1 {
+            check(
+                "fi_av_insert",
+                if rc < 0 {
+                    rc as i64
+                } else {
+                    -(sys::FI_EINVAL as i64)
+                },
+            )?;
+        }
+        Ok(addr)
     }
 }
 

@@ -206,7 +206,12 @@ impl Cq {
             return Ok(Poll::Completed(rc as usize));
         }
         let code = -rc;
-        if code == sys::FI_EAGAIN as i64 || code == sys::FI_ETIMEDOUT as i64 {
+        // A wait a signal interrupted (SIGSTOP/SIGCONT, a Python handler's
+        // signal) completed nothing: callers poll again until their deadline.
+        if code == sys::FI_EAGAIN as i64
+            || code == sys::FI_ETIMEDOUT as i64
+            || code == sys::FI_EINTR as i64
+        {
             return Ok(Poll::Completed(0));
         }
         if code == sys::FI_EAVAIL as i64 {

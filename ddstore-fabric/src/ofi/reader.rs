@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::os::raw::c_void;
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use ddstore_core::transport::{RaggedRequest, RaggedRows, ReaderTimes, RemoteRead, ShareReader};
@@ -26,8 +26,11 @@ use crate::error::{FabricError, FabricResult, RefusedFor};
 #[derive(Default)]
 pub struct DstRegistry {
     ranges: Mutex<Vec<DstRange>>,
-    next_id: AtomicU64,
 }
+
+/// Range ids are unique across registries: pooled endpoints keep the
+/// registrations of every variable's ranges side by side.
+static NEXT_RANGE_ID: AtomicU64 = AtomicU64::new(0);
 
 #[derive(Clone, Copy)]
 struct DstRange {
@@ -43,7 +46,7 @@ impl DstRegistry {
                 "cannot register {len} bytes at {addr:#x}"
             )));
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = NEXT_RANGE_ID.fetch_add(1, Ordering::Relaxed);
         self.ranges
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -99,10 +102,24 @@ struct Arrived {
     tag: u64,
 }
 
+/// One reader endpoint with its window, pooled per domain ([`EndpointPool`])
+/// and lent to one reader for the length of one call.
 struct Live {
-    /// Registrations of `DstRegistry` ranges, by range id (closed before `ep`).
-    dst_mrs: HashMap<u64, MemoryRegion>,
+    /// Registrations of `DstRegistry` ranges, by range id, with the registry
+    /// they belong to (closed before `ep`).
+    dst_mrs: HashMap<u64, (Weak<DstRegistry>, MemoryRegion)>,
     ep: Arc<Endpoint>,
+    /// This endpoint's name (owners address gather replies to it).
+    name: Vec<u8>,
+    /// Addresses inserted into the endpoint's AV, by endpoint name.
+    addrs: HashMap<Vec<u8>, sys::fi_addr_t>,
+    /// Per peer list resolved before (one per variable), its AV addresses.
+    resolved: Vec<(Weak<Vec<ShareRecord>>, Vec<sys::fi_addr_t>)>,
+    /// Its CQ has tagged entries (opened for the gather path).
+    tagged: bool,
+    /// Sequence number of the last gather request sent through it.
+    seq: u32,
+    /// The current reader's peers, as inserted in the AV.
     peers_fi: Vec<sys::fi_addr_t>,
     contexts: Contexts,
     slots: Vec<Option<InFlight>>,
@@ -131,6 +148,74 @@ struct ReadTarget {
 }
 
 impl Live {
+    /// Opens an endpoint (CQ, AV) of `window` operations in `domain`;
+    /// `tagged`: for the gather path.
+    fn open(domain: &Arc<Domain>, window: usize, tagged: bool) -> FabricResult<Live> {
+        let format = if tagged {
+            sys::FI_CQ_FORMAT_TAGGED
+        } else {
+            sys::FI_CQ_FORMAT_CONTEXT
+        };
+        // A wait object lets an idle reader block in the provider's wait set
+        // (sockets, eventfds), which also progresses the provider promptly.
+        let cq = Arc::new(Cq::open_blocking_if_possible_format(
+            domain,
+            window * 2,
+            format,
+        )?);
+        let av = Arc::new(Av::open(domain, AV_SIZE_HINT)?);
+        let ep = Arc::new(Endpoint::open(domain, cq, av)?);
+        let name = ep.name()?;
+        Ok(Live {
+            dst_mrs: HashMap::new(),
+            ep,
+            name,
+            addrs: HashMap::new(),
+            resolved: Vec::new(),
+            tagged,
+            seq: 0,
+            peers_fi: Vec::new(),
+            contexts: Contexts::new(window),
+            slots: (0..window).map(|_| None).collect(),
+            free: (0..window).rev().collect(),
+            arrived: Vec::new(),
+            bounce: Vec::new(),
+            requests: Vec::new(),
+            times: ReaderTimes::default(),
+        })
+    }
+
+    /// Points `peers_fi` at `peers`, inserting the names the AV lacks (once
+    /// per peer list: later calls find the list's addresses by its pointer).
+    fn resolve(&mut self, peers: &Arc<Vec<ShareRecord>>) -> FabricResult<()> {
+        let known = self
+            .resolved
+            .iter()
+            .find(|(list, _)| std::ptr::eq(list.as_ptr(), Arc::as_ptr(peers)));
+        if let Some((_, fis)) = known {
+            self.peers_fi.clone_from(fis);
+            return Ok(());
+        }
+        let own_len = self.name.len();
+        let mut fis = Vec::with_capacity(peers.len());
+        for (rank, p) in peers.iter().enumerate() {
+            let fi = match self.addrs.get(&p.addr) {
+                Some(&fi) => fi,
+                None => {
+                    let fi = self.ep.av().insert_one(rank, &p.addr, own_len)?;
+                    self.addrs.insert(p.addr.clone(), fi);
+                    fi
+                }
+            };
+            fis.push(fi);
+        }
+        // Lists of freed variables go (a new one may reuse their address).
+        self.resolved.retain(|(list, _)| list.strong_count() > 0);
+        self.peers_fi.clone_from(&fis);
+        self.resolved.push((Arc::downgrade(peers), fis));
+        Ok(())
+    }
+
     /// Whether any operation is still posted.
     fn in_flight(&self) -> bool {
         self.free.len() < self.slots.len()
@@ -257,9 +342,141 @@ pub struct ReaderSettings {
     pub gather: bool,
 }
 
-/// Reads remote shares through one endpoint of its own; one per thread.
+/// Idle reader endpoints of one domain, shared by the readers of every
+/// variable: a process holds one endpoint per concurrent read (and its
+/// connections per peer), not one per variable and thread. An endpoint a
+/// failed read left operations on is quarantined where the provider moves
+/// data only while we poll (it is never polled again, so nothing lands in
+/// the caller's memory, and a resumed peer still finds it open: shm crashes
+/// a peer answering a closed endpoint); elsewhere it is closed.
+pub struct EndpointPool {
+    domain: Arc<Domain>,
+    idle: Mutex<Vec<Live>>,
+    quarantined: Mutex<Vec<Live>>,
+}
+
+/// Quarantined endpoints kept at most; past it the oldest is closed.
+const MAX_QUARANTINED: usize = 16;
+/// AV entries an endpoint starts with (it grows as peers are inserted).
+const AV_SIZE_HINT: usize = 64;
+
+impl EndpointPool {
+    /// A pool of reader endpoints in `domain`.
+    pub fn new(domain: Arc<Domain>) -> Arc<EndpointPool> {
+        Arc::new(EndpointPool {
+            domain,
+            idle: Mutex::new(Vec::new()),
+            quarantined: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The domain its endpoints are opened in.
+    pub fn domain(&self) -> &Arc<Domain> {
+        &self.domain
+    }
+
+    /// Endpoints held now: (idle, quarantined).
+    pub fn counts(&self) -> (usize, usize) {
+        (lock(&self.idle).len(), lock(&self.quarantined).len())
+    }
+
+    /// An idle endpoint of this window and CQ format, or a new one.
+    fn take(&self, window: usize, tagged: bool) -> FabricResult<Live> {
+        let reused = {
+            let mut idle = lock(&self.idle);
+            let at = idle
+                .iter()
+                .rposition(|l| l.tagged == tagged && l.slots.len() == window);
+            at.map(|i| idle.swap_remove(i))
+        };
+        match reused {
+            Some(live) => Ok(live),
+            None => Live::open(&self.domain, window, tagged),
+        }
+    }
+
+    /// Takes back an endpoint with nothing in flight.
+    fn give_back(&self, mut live: Live) {
+        live.arrived.clear();
+        lock(&self.idle).push(live);
+    }
+
+    /// Takes an endpoint that may still have operations in flight out of use.
+    fn quarantine(&self, live: Live) {
+        if !self.domain.info().manual_data_progress() {
+            // The provider may still write into the caller's memory on its
+            // own: closing the endpoint is what stops it.
+            close_abandoning(live);
+            return;
+        }
+        let oldest = {
+            let mut q = lock(&self.quarantined);
+            q.push(live);
+            (q.len() > MAX_QUARANTINED).then(|| q.remove(0))
+        };
+        if let Some(old) = oldest {
+            close_abandoning(old);
+        }
+    }
+}
+
+impl Drop for EndpointPool {
+    fn drop(&mut self) {
+        // No locking: a forked child may inherit these locks held.
+        let idle = std::mem::take(self.idle.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let quarantined = std::mem::take(
+            self.quarantined
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        if !self.domain.usable_here() {
+            // Inherited across fork(): never call into the parent's objects.
+            std::mem::forget(idle);
+            std::mem::forget(quarantined);
+            return;
+        }
+        drop(idle);
+        quarantined.into_iter().for_each(close_abandoning);
+    }
+}
+
+/// A poisoned lock holds a plain Vec: still consistent.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Cancels what is in flight on `live` and closes its endpoint; buffers the
+/// provider may still reference (contexts, bounce, requests) are leaked.
+fn close_abandoning(live: Live) {
+    for (slot, state) in live.slots.iter().enumerate() {
+        if state.is_some() {
+            // SAFETY: the slot holds an operation posted on this endpoint.
+            unsafe { live.ep.cancel(live.contexts.ptr(slot)) };
+        }
+    }
+    let Live {
+        dst_mrs,
+        ep,
+        contexts,
+        bounce,
+        requests,
+        ..
+    } = live;
+    drop(ep);
+    drop(dst_mrs); // the last Arc<Endpoint> may be held by a bound MR
+    contexts.abandon();
+    // Receives and sends may still reference these (the endpoint may
+    // outlive us in a bound MR): never free them under the provider.
+    std::mem::forget(bounce);
+    std::mem::forget(requests);
+}
+
+/// Reads remote shares, through an endpoint of [`EndpointPool`] lent for
+/// each call; one per thread.
 pub struct OfiReader {
+    /// The endpoint lent for the current call.
     live: Option<Live>,
+    pool: Arc<EndpointPool>,
     broken: Option<String>,
     peers: Arc<Vec<ShareRecord>>,
     registry: Arc<DstRegistry>,
@@ -271,20 +488,24 @@ pub struct OfiReader {
     max_msg: usize,
     virt_addr: bool,
     local_mr: bool,
-    /// This endpoint's name: owners address their replies to it.
+    /// The lent endpoint's name: owners address their replies to it.
     name: Vec<u8>,
-    /// Sequence number of the next gather request.
+    /// Sequence number of the next gather request (the lent endpoint's).
     seq: u32,
+    /// Time spent in the endpoints lent to earlier calls (the lent one keeps
+    /// its own until it is given back).
+    times: ReaderTimes,
 }
 
 impl OfiReader {
-    /// Opens an endpoint in `domain` that reads the shares `peers` describe.
+    /// A reader of the shares `peers` describe, through endpoints of `pool`.
     pub fn open(
-        domain: &Arc<Domain>,
+        pool: &Arc<EndpointPool>,
         peers: Arc<Vec<ShareRecord>>,
         registry: Arc<DstRegistry>,
         settings: ReaderSettings,
     ) -> FabricResult<OfiReader> {
+        let domain = pool.domain();
         // The gather path needs a receive and the request's send in flight at once.
         let window = settings.window.max(if settings.gather { 2 } else { 1 });
         // Checked before any queue is sized from it: past the provider's
@@ -297,41 +518,14 @@ impl OfiReader {
                 domain.info().provider()
             )));
         }
-        let format = if settings.gather {
-            sys::FI_CQ_FORMAT_TAGGED
-        } else {
-            sys::FI_CQ_FORMAT_CONTEXT
-        };
-        // A wait object lets an idle reader block in the provider's wait set
-        // (sockets, eventfds), which also progresses the provider promptly.
-        let cq = Arc::new(Cq::open_blocking_if_possible_format(
-            domain,
-            window * 2,
-            format,
-        )?);
-        let av = Arc::new(Av::open(domain, peers.len())?);
-        let ep = Arc::new(Endpoint::open(domain, cq, av)?);
-        let name = ep.name()?;
-        let own_len = name.len();
-        let names: Vec<&[u8]> = peers.iter().map(|p| p.addr.as_slice()).collect();
-        let peers_fi = ep.av().insert(&names, own_len)?;
         let info = domain.info();
         let max_msg = info.max_msg_size().max(1);
-        Ok(OfiReader {
-            live: Some(Live {
-                dst_mrs: HashMap::new(),
-                ep,
-                peers_fi,
-                contexts: Contexts::new(window),
-                slots: (0..window).map(|_| None).collect(),
-                free: (0..window).rev().collect(),
-                arrived: Vec::new(),
-                bounce: Vec::new(),
-                requests: Vec::new(),
-                times: ReaderTimes::default(),
-            }),
-            name,
+        let mut reader = OfiReader {
+            live: None,
+            pool: pool.clone(),
+            name: Vec::new(),
             seq: 0,
+            times: ReaderTimes::default(),
             broken: None,
             chunk: max_msg.min(settings.max_read_bytes.max(1)),
             max_msg,
@@ -340,7 +534,39 @@ impl OfiReader {
             peers,
             registry,
             settings: ReaderSettings { window, ..settings },
-        })
+        };
+        // Opening one now reports an unusable provider here, not at the first read.
+        reader.check_out()?;
+        reader.check_in();
+        Ok(reader)
+    }
+
+    /// Borrows an endpoint from the pool for one call.
+    fn check_out(&mut self) -> FabricResult<()> {
+        let mut live = self.pool.take(self.settings.window, self.settings.gather)?;
+        if let Err(e) = live.resolve(&self.peers) {
+            self.pool.give_back(live);
+            return Err(e);
+        }
+        self.name.clone_from(&live.name);
+        self.seq = live.seq;
+        live.times = ReaderTimes::default();
+        self.live = Some(live);
+        Ok(())
+    }
+
+    /// Returns the lent endpoint (a failure that left operations in flight
+    /// has already taken it out of use: see `break_reader`).
+    fn check_in(&mut self) {
+        if let Some(mut live) = self.live.take() {
+            live.seq = self.seq;
+            self.times = self.times.plus(live.times);
+            if live.in_flight() {
+                self.pool.quarantine(live);
+            } else {
+                self.pool.give_back(live);
+            }
+        }
     }
 
     fn validate(&self, reads: &[RemoteRead], dst_len: usize) -> ddstore_core::Result<()> {
@@ -436,15 +662,24 @@ impl OfiReader {
         let live = self.live.as_mut().expect("checked by read_many");
         let started = Instant::now();
         let ranges = self.registry.snapshot();
-        live.dst_mrs
-            .retain(|id, _| ranges.iter().any(|r| r.id == *id));
+        let mine = Arc::downgrade(&self.registry);
+        // Registrations of ranges since unregistered (of any variable) close.
+        live.dst_mrs.retain(|id, (registry, _)| {
+            if registry.ptr_eq(&mine) {
+                ranges.iter().any(|r| r.id == *id)
+            } else {
+                registry
+                    .upgrade()
+                    .is_some_and(|g| g.snapshot().iter().any(|r| r.id == *id))
+            }
+        });
         let start = dst.as_ptr() as usize;
         let covering = ranges
             .iter()
             .find(|r| start >= r.addr && start + dst.len() <= r.addr + r.len);
         let mr = match covering {
             Some(r) => match live.dst_mrs.entry(r.id) {
-                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Occupied(e) => &e.into_mut().1,
                 std::collections::hash_map::Entry::Vacant(e) => {
                     // SAFETY: the caller registered this range and dst, which
                     // lies inside it, is live memory; a registration never
@@ -458,7 +693,7 @@ impl OfiReader {
                             sys::FI_READ as u64,
                         )
                     }?;
-                    e.insert(mr)
+                    &e.insert((mine, mr)).1
                 }
             },
             None => {
@@ -473,7 +708,7 @@ impl OfiReader {
                         sys::FI_READ as u64,
                     )
                 }?;
-                temporary.insert(mr)
+                &*temporary.insert(mr)
             }
         };
         let desc = mr.desc();
@@ -481,31 +716,13 @@ impl OfiReader {
         Ok(desc)
     }
 
-    /// Reads may still be in flight: cancel them, close the endpoint (which
-    /// stops every transfer into caller memory) and refuse further use.
+    /// Operations may still be in flight: take the endpoint out of use
+    /// (quarantined or closed, so nothing lands in the caller's memory
+    /// later) and refuse further use of this reader.
     fn break_reader(&mut self, why: String) {
         if let Some(live) = self.live.take() {
-            for (slot, state) in live.slots.iter().enumerate() {
-                if state.is_some() {
-                    // SAFETY: the slot holds a read posted on this endpoint.
-                    unsafe { live.ep.cancel(live.contexts.ptr(slot)) };
-                }
-            }
-            let Live {
-                dst_mrs,
-                ep,
-                contexts,
-                bounce,
-                requests,
-                ..
-            } = live;
-            drop(ep);
-            drop(dst_mrs); // the last Arc<Endpoint> may be held by a bound MR
-            contexts.abandon();
-            // Receives and sends may still reference these (the endpoint may
-            // outlive us in a bound MR): never free them under the provider.
-            std::mem::forget(bounce);
-            std::mem::forget(requests);
+            self.times = self.times.plus(live.times);
+            self.pool.quarantine(live);
         }
         self.broken = Some(why);
     }
@@ -949,6 +1166,8 @@ fn poll_until(
                 }
             },
         }
+        // A signal (Ctrl-C) stops the wait: the caller takes the endpoint out of use.
+        crate::error::check_interrupt()?;
         if once || !live.check_deadline(settings)? {
             return Ok(());
         }
@@ -1110,7 +1329,7 @@ impl ShareReader for OfiReader {
     fn times(&self) -> ReaderTimes {
         self.live
             .as_ref()
-            .map_or_else(ReaderTimes::default, |l| l.times)
+            .map_or(self.times, |l| self.times.plus(l.times))
     }
 
     fn read_many(&mut self, reads: &[RemoteRead], dst: &mut [u8]) -> ddstore_core::Result<()> {
@@ -1123,6 +1342,41 @@ impl ShareReader for OfiReader {
         if reads.iter().all(|r| r.len == 0) {
             return Ok(());
         }
+        self.check_out()?;
+        let read = self.read_checked_out(reads, dst);
+        self.check_in();
+        read
+    }
+
+    fn read_ragged_rows(
+        &mut self,
+        unit_bytes: usize,
+        requests: &[RaggedRequest<'_>],
+        staging: Vec<u8>,
+    ) -> ddstore_core::Result<Option<RaggedRows>> {
+        if let Some(why) = &self.broken {
+            return Err(ddstore_core::Error::Transport(format!(
+                "this reader is unusable after an earlier failure ({why}); open a new one"
+            )));
+        }
+        let served = |r: &RaggedRequest<'_>| self.peers.get(r.owner).is_some_and(|p| p.gather);
+        if !self.settings.gather || !requests.iter().all(served) {
+            return Ok(None);
+        }
+        self.check_out()?;
+        let read = self.gather_ragged(unit_bytes, requests, staging);
+        self.check_in();
+        read
+    }
+}
+
+impl OfiReader {
+    /// [`ShareReader::read_many`] once an endpoint is lent.
+    fn read_checked_out(
+        &mut self,
+        reads: &[RemoteRead],
+        dst: &mut [u8],
+    ) -> ddstore_core::Result<()> {
         if !self.settings.gather {
             return Ok(self.do_reads(reads, dst)?);
         }
@@ -1147,26 +1401,6 @@ impl ShareReader for OfiReader {
         Ok(())
     }
 
-    fn read_ragged_rows(
-        &mut self,
-        unit_bytes: usize,
-        requests: &[RaggedRequest<'_>],
-        staging: Vec<u8>,
-    ) -> ddstore_core::Result<Option<RaggedRows>> {
-        if let Some(why) = &self.broken {
-            return Err(ddstore_core::Error::Transport(format!(
-                "this reader is unusable after an earlier failure ({why}); open a new one"
-            )));
-        }
-        let served = |r: &RaggedRequest<'_>| self.peers.get(r.owner).is_some_and(|p| p.gather);
-        if !self.settings.gather || !requests.iter().all(served) {
-            return Ok(None);
-        }
-        self.gather_ragged(unit_bytes, requests, staging)
-    }
-}
-
-impl OfiReader {
     /// The ragged gather: plans [`gather::plan_ragged`] requests, lands every
     /// reply in a staging buffer this call owns (never the caller's memory:
     /// the reply sizes are only known once they arrive) and checks each

@@ -7,6 +7,8 @@ use crate::error::{FabricError, FabricResult};
 
 const MAGIC: &[u8; 4] = b"DDFI";
 const FORMAT: u32 = 1;
+/// Longest record body accepted (an endpoint name, a key and a few numbers fit in far less).
+const MAX_RECORD_BYTES: usize = 64 << 10;
 
 /// What a rank publishes so others can read its share (method 1 allgather, method 2 files).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,6 +59,13 @@ impl ShareRecord {
         let body = bytes
             .strip_prefix(MAGIC.as_slice())
             .ok_or_else(|| bad("not a libfabric (method 1/2) record".into()))?;
+        // serde_json refuses nesting past 128 levels itself.
+        if body.len() > MAX_RECORD_BYTES {
+            return Err(bad(format!(
+                "{} bytes, more than a record holds ({MAX_RECORD_BYTES})",
+                body.len()
+            )));
+        }
         let rec: ShareRecord = serde_json::from_slice(body).map_err(|e| bad(e.to_string()))?;
         if rec.format != FORMAT {
             return Err(bad(format!(
@@ -83,5 +92,14 @@ mod tests {
         let mut future = r.clone();
         future.format = 9;
         assert!(ShareRecord::decode(0, &future.encode()).is_err());
+        let mut nested = MAGIC.to_vec();
+        nested.resize(nested.len() + 100_000, b'[');
+        assert!(ShareRecord::decode(0, &nested).is_err());
+        let mut huge = MAGIC.to_vec();
+        huge.resize(MAX_RECORD_BYTES + 100, b' ');
+        assert!(ShareRecord::decode(0, &huge)
+            .unwrap_err()
+            .to_string()
+            .contains("more than"));
     }
 }

@@ -17,7 +17,7 @@ use super::fabric::Fabric;
 use super::info::{Info, InfoRequest};
 use super::mr::MemoryRegion;
 use super::progress::Progress;
-use super::reader::{DstRegistry, OfiReader, ReaderSettings};
+use super::reader::{DstRegistry, EndpointPool, OfiReader, ReaderSettings};
 use super::record::ShareRecord;
 use super::select;
 use super::serve::{self, ServedShares};
@@ -41,6 +41,8 @@ struct Node {
     target: Arc<Endpoint>,
     /// Shares this process answers gather requests for (gather path only).
     served: Option<Arc<ServedShares>>,
+    /// Reader endpoints, shared by every variable's readers.
+    readers: Arc<EndpointPool>,
     domain: Arc<Domain>,
 }
 
@@ -76,6 +78,7 @@ impl Node {
             _progress: progress,
             target,
             served,
+            readers: EndpointPool::new(domain.clone()),
             domain,
         })
     }
@@ -102,6 +105,9 @@ pub struct OfiTransport {
     gather: bool,
     /// The node of a domain opened with FI_HMEM, for device shares (opened on first use).
     hmem_node: Mutex<Option<Arc<Node>>>,
+    /// Reader endpoints of a forked child, in a domain of its own (opened on
+    /// first use), shared by every variable's readers.
+    child_readers: Arc<Mutex<Option<Arc<EndpointPool>>>>,
 }
 
 impl OfiTransport {
@@ -204,6 +210,7 @@ impl OfiTransport {
             node: Mutex::new(None),
             gather,
             hmem_node: Mutex::new(None),
+            child_readers: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -254,7 +261,7 @@ impl OfiTransport {
             node,
             peers: Arc::new(peers),
             request: self.request.clone(),
-            child_domain: Mutex::new(None),
+            child_readers: self.child_readers.clone(),
             registry: Arc::new(DstRegistry::default()),
             config: self.config.clone(),
             gather: self.gather,
@@ -377,8 +384,9 @@ pub struct OfiShares {
     node: Arc<Node>,
     peers: Arc<Vec<ShareRecord>>,
     request: InfoRequest,
-    /// Fabric objects opened in a forked child (the parent's are abandoned).
-    child_domain: Mutex<Option<Arc<Domain>>>,
+    /// Reader endpoints opened in a forked child (the parent's are
+    /// abandoned), shared with the transport's other variables.
+    child_readers: Arc<Mutex<Option<Arc<EndpointPool>>>>,
     registry: Arc<DstRegistry>,
     config: Config,
     /// Readers use the gather path for owners whose record offers it.
@@ -386,19 +394,20 @@ pub struct OfiShares {
 }
 
 impl OfiShares {
-    /// The domain readers open endpoints in: the node's, or in a forked child
-    /// a fresh one (opened once, on first use).
-    fn reader_domain(&self) -> FabricResult<Arc<Domain>> {
+    /// The endpoints readers borrow: the node's, or in a forked child those
+    /// of a fresh domain (opened once, on first use).
+    fn reader_pool(&self) -> FabricResult<Arc<EndpointPool>> {
         if self.node.domain.usable_here() {
-            return Ok(self.node.domain.clone());
+            return Ok(self.node.readers.clone());
         }
-        let mut child = self.child_domain.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(d) = child.as_ref().filter(|d| d.usable_here()) {
-            return Ok(d.clone());
+        let mut child = self.child_readers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = child.as_ref().filter(|p| p.domain().usable_here()) {
+            return Ok(p.clone());
         }
         let domain = open_domain(&Info::query(&self.request)?)?;
-        *child = Some(domain.clone());
-        Ok(domain)
+        let pool = EndpointPool::new(domain);
+        *child = Some(pool.clone());
+        Ok(pool)
     }
 
     /// Per-rank share lengths, as exposed.
@@ -427,9 +436,9 @@ impl RemoteShares for OfiShares {
     }
 
     fn open_reader(&self) -> ddstore_core::Result<Box<dyn ShareReader>> {
-        let domain = self.reader_domain()?;
+        let pool = self.reader_pool()?;
         let reader = OfiReader::open(
-            &domain,
+            &pool,
             self.peers.clone(),
             self.registry.clone(),
             ReaderSettings {
@@ -459,8 +468,8 @@ impl RemoteShares for OfiShares {
     fn forget_after_fork(&self) -> ddstore_core::Result<()> {
         // Inherited objects are abandoned by their Drop (they record the pid
         // that opened them); drop any child domain of an earlier generation.
-        let mut child = self.child_domain.lock().unwrap_or_else(|p| p.into_inner());
-        if child.as_ref().is_some_and(|d| !d.usable_here()) {
+        let mut child = self.child_readers.lock().unwrap_or_else(|p| p.into_inner());
+        if child.as_ref().is_some_and(|p| !p.domain().usable_here()) {
             *child = None;
         }
         Ok(())

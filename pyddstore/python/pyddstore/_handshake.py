@@ -31,7 +31,7 @@ import socket
 import time
 import urllib.parse
 
-from . import _native
+from . import _json, _native
 from ._errors import DDStoreAccessError, DDStoreError, DDStoreTimeoutError, DDStoreValueError
 
 FORMAT_VERSION = 3
@@ -258,10 +258,7 @@ def _pid_alive(pid: int) -> bool:
 
 def load_json_object(raw: bytes, what: str) -> dict:
     """The JSON object in `raw`; DDStoreValueError naming `what` for anything else."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise DDStoreValueError(f"{what} is corrupt or truncated: {e}") from None
+    body = _json.loads(raw, what, DDStoreValueError, RECORD_CAP)
     if not isinstance(body, dict):
         raise DDStoreValueError(f"{what} is not a JSON object")
     return body

@@ -134,6 +134,10 @@ class PyDDStore:
             comm = _native.Comm.single()
         else:
             comm = resolve_comm(comm_or_none, settings)
+        if comm.kind == "mpi" and settings.abort_on_exception:
+            from . import _abort
+
+            _abort.install()
         if method is None:
             method = 0 if comm.kind == "mpi" else 1
         if method == 0 and comm.kind not in ("mpi", "single"):
@@ -521,8 +525,10 @@ class PyDDStore:
         return _wire.gather(self._native.comm(), obj)
 
     def barrier(self) -> None:
-        """Collective; bounded by DDSTORE_HANDSHAKE_TIMEOUT_S (DDStoreTimeoutError naming the
-        ranks that did not arrive)."""
+        """Collective; bounded by DDSTORE_TIMEOUT_S, like free()'s barrier (DDStoreTimeoutError
+        naming the ranks that did not arrive). Ctrl-C interrupts it (KeyboardInterrupt); the
+        store's later collectives then raise DDStoreError (the ranks no longer agree on which
+        collective comes next)."""
         self._native.barrier()
 
     def epoch_begin(self) -> None:

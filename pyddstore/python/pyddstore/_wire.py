@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 
+from . import _json
 from ._errors import DDStoreTypeError, DDStoreValueError
 
 MAX_BYTES = 64 << 20
@@ -63,12 +64,9 @@ def encode(obj) -> bytes:
 
 
 def decode(raw: bytes, rank: int):
-    if len(raw) > MAX_BYTES:
-        raise DDStoreValueError(f"allgather: rank {rank}'s record is {len(raw)} bytes, more than {MAX_BYTES}")
-    try:
-        value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise DDStoreValueError(f"allgather: rank {rank}'s record is not valid data: {e}") from None
+    # A tagged dict is two JSON levels.
+    what = f"allgather: rank {rank}'s record"
+    value = _json.loads(raw, what, DDStoreValueError, MAX_BYTES, 2 * MAX_DEPTH + 2)
     return _untag(value, 0, rank)
 
 

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pyddstore import DDStoreError, DDStoreFileError
+from pyddstore import DDStoreError, DDStoreFileError, _json
 from pyddstore._sources import ALIGN, AlignedReader, open_regular
 
 from . import _load
@@ -277,10 +277,7 @@ def read_manifest(path: str) -> tuple[dict, str]:
         os.close(fd)
     if len(raw) != size:
         raise SnapshotError(f"{mpath} changed while it was read")
-    try:
-        m = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise SnapshotError(f"{mpath} is not valid JSON ({e})") from None
+    m = _json.loads(raw, f"snapshot manifest {mpath}", SnapshotError, MAX_MANIFEST_BYTES)
     _check_manifest(m, mpath)
     return m, hashlib.sha256(raw).hexdigest()
 
