@@ -46,6 +46,9 @@ pub struct Profile {
     pub remote_ns: u64,
     /// Nanoseconds in memory copies.
     pub copy_ns: u64,
+    /// Messages this variable's readers received and discarded: gather
+    /// replies not bound to a request they made (forged, or late).
+    pub rejected_replies: u64,
 }
 
 impl Counters {
@@ -61,6 +64,7 @@ impl Counters {
             remote_reads: self.remote_reads.load(Relaxed),
             remote_ns: self.remote_ns.load(Relaxed),
             copy_ns: self.copy_ns.load(Relaxed),
+            rejected_replies: 0,
         }
     }
 
@@ -72,7 +76,7 @@ impl Counters {
 
 impl Profile {
     /// Every counter with its name, in the order `get_profile()` reports them.
-    pub fn fields(&self) -> [(&'static str, u64); 9] {
+    pub fn fields(&self) -> [(&'static str, u64); 10] {
         [
             ("calls", self.calls),
             ("rows", self.rows),
@@ -83,6 +87,7 @@ impl Profile {
             ("remote_reads", self.remote_reads),
             ("remote_ns", self.remote_ns),
             ("copy_ns", self.copy_ns),
+            ("rejected_replies", self.rejected_replies),
         ]
     }
 }

@@ -302,6 +302,7 @@ impl Store {
             p.remote_reads += q.remote_reads;
             p.remote_ns += q.remote_ns;
             p.copy_ns += q.copy_ns;
+            p.rejected_replies += part.remote.rejected_replies();
         }
         Ok(p)
     }

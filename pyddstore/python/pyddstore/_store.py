@@ -476,7 +476,10 @@ class PyDDStore:
         (waiting for transport completions), ``mr`` (live receive-buffer
         registrations), ``mr_miss`` (reads whose destination was not
         registered ahead: always 0, reads register per batch) and ``lock_wait``
-        (0: reads take no lock or epoch). For a ragged variable ``rows`` are
+        (0: reads take no lock or epoch). ``rejected_replies``: messages this variable's
+        readers received and discarded (gather replies bound to no request they made: forged,
+        or late); ``rejected_requests``: requests from the network this process's owner dropped
+        unanswered (no proof of the job's secret, or beyond its bounds). For a ragged variable ``rows`` are
         its ragged rows and ``bytes`` their values.
 
         Example:
@@ -495,6 +498,7 @@ class PyDDStore:
         total["mr"] = len(self._recv)
         total["mr_miss"] = 0
         total["lock_wait"] = 0.0
+        total["rejected_requests"] = self._native.rejected_requests
         return total
 
     # -- collectives over the store's group ---------------------------------
