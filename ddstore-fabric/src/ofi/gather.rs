@@ -68,7 +68,10 @@ const NONCE_BYTES: usize = 16;
 
 /// A request's nonce: 16 bytes from the operating system's CSPRNG.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Nonce(pub [u8; NONCE_BYTES]);
+pub struct Nonce(
+    /// Its bytes.
+    pub [u8; NONCE_BYTES],
+);
 
 impl Nonce {
     /// A fresh nonce (`getrandom`; fails only if the OS cannot supply one).
@@ -107,6 +110,12 @@ impl MacKey {
 
     fn mac(&self, bytes: &[u8]) -> blake3::Hash {
         blake3::keyed_hash(&self.0, bytes)
+    }
+
+    /// `bytes` followed by their MAC (what [`open`] checks).
+    pub fn seal(&self, mut bytes: Vec<u8>) -> Vec<u8> {
+        seal(&mut bytes, self);
+        bytes
     }
 }
 

@@ -210,6 +210,8 @@ impl Server {
             return;
         }
         let buf = &mut self.requests[slot];
+        // Any tag: every message sent to this endpoint lands in a request
+        // slot and is authenticated there (none piles up unexpected).
         // SAFETY: the boxed buffer and the context slot live in this Server,
         // which cancels or abandons every posted receive before it drops.
         let rc = unsafe {
@@ -217,7 +219,7 @@ impl Server {
                 buf.as_mut_ptr(),
                 buf.len(),
                 gather::REQUEST_TAG,
-                0,
+                u64::MAX,
                 self.contexts.ptr(slot),
             )
         };
@@ -574,6 +576,9 @@ impl Server {
             self.posted[slot] = false;
             if ok {
                 self.on_request(slot, len);
+            } else {
+                // Longer than any request (truncated), or cancelled.
+                self.access.rejected_requests.fetch_add(1, Ordering::Relaxed);
             }
             self.post_request_slot(slot);
         } else {
