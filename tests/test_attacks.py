@@ -136,9 +136,7 @@ def test_unauthenticated_requests_are_dropped(attacker, tmp_path):
     sent = {}
 
     def attack(ports):
-        sent["out"] = run_attack(
-            attacker, "requests", 5, ports, "--listener", str(listener.getsockname()[1])
-        )
+        sent["out"] = run_attack(attacker, "requests", 5, ports, "--listener", str(listener.getsockname()[1]))
 
     try:
         reports = attacked_job(tmp_path, attack)

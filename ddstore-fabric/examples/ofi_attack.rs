@@ -51,9 +51,8 @@ impl Attacker {
         let info = Info::query(&req).expect("tcp;ofi_rxm");
         let fabric = Arc::new(Fabric::open(&info).expect("fabric"));
         let domain = Domain::open(&fabric).expect("domain");
-        let cq = Arc::new(
-            Cq::open_format(&domain, 256, false, sys::FI_CQ_FORMAT_TAGGED).expect("cq"),
-        );
+        let cq =
+            Arc::new(Cq::open_format(&domain, 256, false, sys::FI_CQ_FORMAT_TAGGED).expect("cq"));
         let av = Arc::new(Av::open(&domain, ports.len() + 8).expect("av"));
         let ep = Arc::new(Endpoint::open(&domain, cq, av).expect("endpoint"));
         let len = ep.name().expect("name").len();
@@ -312,4 +311,3 @@ fn main() {
     }
     println!("sent {} ok {}", a.sent, a.ok);
 }
-

@@ -2,9 +2,10 @@
 
 python attack_victim.py OUTDIR SECONDS    each rank stores 256 rows of 3 KB, writes its pid to
                                           OUTDIR/ready.<rank> once its endpoints are up, then for
-                                          SECONDS (or until OUTDIR/stop exists) reads the other rank's rows (single get()s and
-                                          64-row batches), checks every byte, and prints one JSON
-                                          report line: reads, wrong bytes, rejected counters
+                                          SECONDS (or until OUTDIR/stop exists) reads the other
+                                          rank's rows (single get()s and 64-row batches), checks
+                                          every byte, and prints one JSON report line: reads,
+                                          wrong bytes, rejected counters
 """
 
 from __future__ import annotations

@@ -237,13 +237,7 @@ fn seal(out: &mut Vec<u8>, key: &MacKey) {
 }
 
 /// Encodes a plain request into `out` (cleared first), MACed under `mac_key`.
-pub fn encode(
-    out: &mut Vec<u8>,
-    mac_key: &MacKey,
-    nonce: &Nonce,
-    reply_to: &[u8],
-    req: &Request,
-) {
+pub fn encode(out: &mut Vec<u8>, mac_key: &MacKey, nonce: &Nonce, reply_to: &[u8], req: &Request) {
     begin(out, MAGIC, nonce, reply_to);
     out.extend_from_slice(&req.key.to_le_bytes());
     out.extend_from_slice(&(req.msg_ranges.len() as u32).to_le_bytes());
@@ -929,7 +923,10 @@ mod tests {
         Nonce([b; 16])
     }
 
-    fn opened_plain(bytes: &[u8], k: &MacKey) -> Option<(Nonce, Vec<u8>, Result<Request, Refusal>)> {
+    fn opened_plain(
+        bytes: &[u8],
+        k: &MacKey,
+    ) -> Option<(Nonce, Vec<u8>, Result<Request, Refusal>)> {
         let o = open(bytes, k)?;
         let body = o.body.map(|b| match b {
             Body::Plain(r) => r,
@@ -970,7 +967,10 @@ mod tests {
             ranges: vec![(0, 8)],
         };
         encode(&mut bad, &key(), &nonce(1), b"r", &counts);
-        assert_eq!(opened_plain(&bad, &key()).unwrap().2, Err(Refusal::Malformed));
+        assert_eq!(
+            opened_plain(&bad, &key()).unwrap().2,
+            Err(Refusal::Malformed)
+        );
         let mut huge = Vec::new();
         begin(&mut huge, MAGIC, &nonce(2), b"r");
         huge.extend_from_slice(&1u64.to_le_bytes());
@@ -978,9 +978,15 @@ mod tests {
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         huge.extend_from_slice(&[0; 4]);
         seal(&mut huge, &key());
-        assert_eq!(opened_plain(&huge, &key()).unwrap().2, Err(Refusal::Malformed));
+        assert_eq!(
+            opened_plain(&huge, &key()).unwrap().2,
+            Err(Refusal::Malformed)
+        );
         assert_eq!(check_request(&back, 515, 1 << 20, 3), Ok(()));
-        assert_eq!(check_request(&back, 514, 1 << 20, 3), Err(Refusal::OutOfRange));
+        assert_eq!(
+            check_request(&back, 514, 1 << 20, 3),
+            Err(Refusal::OutOfRange)
+        );
         assert_eq!(check_request(&back, 515, 15, 3), Err(Refusal::OverLimit));
         let wide = Request {
             key: 1,
@@ -989,14 +995,20 @@ mod tests {
         };
         // Two ranges in one send: fine; packed (one range per send): over 4 MiB.
         assert_eq!(check_request(&wide, 4 << 20, 1 << 30, 2), Ok(()));
-        assert_eq!(check_request(&wide, 4 << 20, 1 << 30, 1), Err(Refusal::OverLimit));
+        assert_eq!(
+            check_request(&wide, 4 << 20, 1 << 30, 1),
+            Err(Refusal::OverLimit)
+        );
         // 900 ranges of 64 MiB each: over the request's byte bound.
         let many = Request {
             key: 1,
             msg_ranges: vec![1; 900],
             ranges: vec![(0, 64 << 20); 900],
         };
-        assert_eq!(check_request(&many, 64 << 20, usize::MAX, 3), Err(Refusal::OverLimit));
+        assert_eq!(
+            check_request(&many, 64 << 20, usize::MAX, 3),
+            Err(Refusal::OverLimit)
+        );
         let huge = Request {
             ranges: vec![(u64::MAX - 1, 8)],
             msg_ranges: vec![1],
@@ -1014,13 +1026,19 @@ mod tests {
         assert_ne!(n, Nonce::random().unwrap());
         let t = reply_tag(&n, 9, 0);
         assert_eq!(t & STATUS_MASK, 0);
-        assert_eq!(reply_status(reply_tag(&n, 0, Refusal::UnknownKey as u64)), 1);
+        assert_eq!(
+            reply_status(reply_tag(&n, 0, Refusal::UnknownKey as u64)),
+            1
+        );
         assert_eq!(reply_status(reply_tag(&n, 0, Refusal::OverLimit as u64)), 6);
         assert_ne!(reply_tag(&n, 1, 0), reply_tag(&n, 2, 0));
         assert_ne!(reply_tag(&nonce(1), 0, 0), reply_tag(&nonce(2), 0, 0));
         // 52 of the nonce's bits are in the tag.
         assert_eq!(NONCE_TAG_MASK.count_ones(), 52);
-        assert_eq!(reply_tag(&n, (MAX_MSGS_PER_REQUEST - 1) as u32, 0) & NONCE_TAG_MASK, t & NONCE_TAG_MASK);
+        assert_eq!(
+            reply_tag(&n, (MAX_MSGS_PER_REQUEST - 1) as u32, 0) & NONCE_TAG_MASK,
+            t & NONCE_TAG_MASK
+        );
     }
 
     #[test]
@@ -1152,7 +1170,10 @@ mod tests {
         encode_ragged(&mut buf, &key(), &nonce(77), b"reader", &ragged(3, &part));
         assert_eq!(buf.len(), ragged_request_bytes(6, 4));
         let o = open(&buf, &key()).unwrap();
-        assert_eq!((o.nonce, o.reply_to.as_slice()), (nonce(77), &b"reader"[..]));
+        assert_eq!(
+            (o.nonce, o.reply_to.as_slice()),
+            (nonce(77), &b"reader"[..])
+        );
         assert_eq!(o.body, Ok(Body::Ragged(ragged(3, &part))));
         assert!(open(&buf[..buf.len() - 3], &key()).is_none());
         let refused = |n_msgs: u32, part: &RaggedPart| {
@@ -1163,7 +1184,10 @@ mod tests {
         let mut zero = part.clone();
         zero.unit_bytes = 0;
         assert_eq!(refused(1, &zero), Err(Refusal::Malformed));
-        assert_eq!(refused(MAX_RAGGED_MSGS as u32 + 1, &part), Err(Refusal::OverLimit));
+        assert_eq!(
+            refused(MAX_RAGGED_MSGS as u32 + 1, &part),
+            Err(Refusal::OverLimit)
+        );
         assert_eq!(refused(0, &part), Err(Refusal::Malformed));
     }
 

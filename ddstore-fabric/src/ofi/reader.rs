@@ -667,8 +667,8 @@ impl OfiReader {
                       first_error: &mut Option<FabricError>,
                       got: &mut Vec<usize>| {
             for a in std::mem::take(&mut live.arrived) {
-                let genuine = a.got >= gather::REPLY_HEADER_BYTES
-                    && a.header == nonces[a.req].reply_header();
+                let genuine =
+                    a.got >= gather::REPLY_HEADER_BYTES && a.header == nonces[a.req].reply_header();
                 if !genuine {
                     live.discarded.fetch_add(1, Ordering::Relaxed);
                     let slot = live.free.pop().expect("its slot was freed");
@@ -964,13 +964,8 @@ impl Live {
         // SAFETY: the trash buffer and its context belong to this reader and
         // are abandoned, never freed, if the reader breaks with it posted.
         let rc = unsafe {
-            self.ep.post_trecv(
-                self.trash.as_mut_ptr(),
-                self.trash.len(),
-                0,
-                u64::MAX,
-                ctx,
-            )
+            self.ep
+                .post_trecv(self.trash.as_mut_ptr(), self.trash.len(), 0, u64::MAX, ctx)
         };
         self.trash_posted = matches!(rc, Ok(Ok(())));
     }

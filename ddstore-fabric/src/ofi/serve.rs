@@ -255,7 +255,11 @@ impl Server {
             let idle: Vec<Vec<u8>> = self
                 .routes
                 .iter()
-                .filter(|(_, a)| self.peers.get(a).is_none_or(|p| p.in_flight == 0 && p.backlog.is_empty()))
+                .filter(|(_, a)| {
+                    self.peers
+                        .get(a)
+                        .is_none_or(|p| p.in_flight == 0 && p.backlog.is_empty())
+                })
                 .map(|(n, _)| n.clone())
                 .collect();
             for n in idle {
@@ -282,11 +286,15 @@ impl Server {
             None => None,
         };
         let Some(opened) = opened else {
-            self.access.rejected_requests.fetch_add(1, Ordering::Relaxed);
+            self.access
+                .rejected_requests
+                .fetch_add(1, Ordering::Relaxed);
             return;
         };
         let Some(peer) = self.route(&opened.reply_to) else {
-            self.access.rejected_requests.fetch_add(1, Ordering::Relaxed);
+            self.access
+                .rejected_requests
+                .fetch_add(1, Ordering::Relaxed);
             return;
         };
         let now = Instant::now();
@@ -301,7 +309,9 @@ impl Server {
         if entry.backlog.len() + bodies.len() > PEER_BACKLOG
             || self.queued_total + bodies.len() > TOTAL_BACKLOG
         {
-            self.access.rejected_requests.fetch_add(1, Ordering::Relaxed);
+            self.access
+                .rejected_requests
+                .fetch_add(1, Ordering::Relaxed);
             return;
         }
         if entry.backlog.is_empty() {
@@ -359,7 +369,16 @@ impl Server {
             gather::answer_ragged(&req, ends.as_ref(), values.as_ref(), self.max_msg, stream)?;
         Ok(msgs
             .into_iter()
-            .map(|b| (0, if b.is_empty() { Body::Empty } else { Body::Packed(b) }))
+            .map(|b| {
+                (
+                    0,
+                    if b.is_empty() {
+                        Body::Empty
+                    } else {
+                        Body::Packed(b)
+                    },
+                )
+            })
             .collect())
     }
 
@@ -374,7 +393,9 @@ impl Server {
         let mut at = 0usize;
         for &(off, len) in ranges {
             let len = len as usize;
-            share.read_at(off as usize, &mut packed[at..at + len]).ok()?;
+            share
+                .read_at(off as usize, &mut packed[at..at + len])
+                .ok()?;
             at += len;
         }
         Some(packed)
@@ -578,7 +599,9 @@ impl Server {
                 self.on_request(slot, len);
             } else {
                 // Longer than any request (truncated), or cancelled.
-                self.access.rejected_requests.fetch_add(1, Ordering::Relaxed);
+                self.access
+                    .rejected_requests
+                    .fetch_add(1, Ordering::Relaxed);
             }
             self.post_request_slot(slot);
         } else {

@@ -14,13 +14,13 @@ use super::cq::Cq;
 use super::domain::Domain;
 use super::endpoint::Endpoint;
 use super::fabric::Fabric;
+use super::gather::MacKey;
 use super::info::{Info, InfoRequest};
 use super::mr::MemoryRegion;
 use super::progress::Progress;
 use super::reader::{DstRegistry, OfiReader, ReaderSettings};
 use super::record::ShareRecord;
 use super::select;
-use super::gather::MacKey;
 use super::serve::{self, Access, ServedShares};
 use crate::error::{FabricError, FabricResult};
 
