@@ -79,21 +79,22 @@ def run_attack(tool: Path, mode: str, seconds: float, ports: list[int], *extra: 
     return p.stdout
 
 
-def attacked_job(tmp_path, attack) -> list[dict]:
-    """Runs the 2-rank victim; calls attack(ports) once both ranks read; returns their reports."""
-    env = dict(ENV, DDSTORE_HANDSHAKE_DIR=str(tmp_path / "hs"))
+def attacked_job(tmp_path, attack, method: int = 1, env: dict | None = None) -> list[dict]:
+    """Runs the 2-rank victim; calls attack(ports per rank, outdir) once both ranks read; returns
+    their reports."""
+    env = dict(ENV, DDSTORE_HANDSHAKE_DIR=str(tmp_path / "hs"), **(env or {}))
     outdir = tmp_path / "out"
     outdir.mkdir()
-    procs = start_procs(2, "attack_victim.py", str(outdir), "90", env=env)
+    procs = start_procs(2, "attack_victim.py", str(outdir), "90", str(method), env=env)
     try:
         deadline = time.monotonic() + 120
         while not all((outdir / f"ready.{r}").exists() for r in range(2)):
             assert time.monotonic() < deadline, "the victim job did not start"
             assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
             time.sleep(0.2)
-        ports = [q for p in procs for q in listening_ports(p.pid)]
-        assert ports, "the victim has no listening endpoint"
-        attack(ports)
+        ports = [listening_ports(p.pid) for p in procs]
+        assert all(ports), "the victim has no listening endpoint"
+        attack(ports, outdir)
         time.sleep(1)  # reads after the attack
         (outdir / "stop").touch()
         reports = []
@@ -115,8 +116,8 @@ def test_forged_replies_and_refusals_never_reach_the_reader(attacker, tmp_path):
     counted, reads go on."""
     sent = {}
 
-    def attack(ports):
-        sent["out"] = run_attack(attacker, "forge-replies", 4, ports)
+    def attack(ports, _):
+        sent["out"] = run_attack(attacker, "forge-replies", 4, ports[0] + ports[1])
 
     reports = attacked_job(tmp_path, attack)
     print("forge-replies:", sent["out"].strip(), reports)
@@ -154,8 +155,8 @@ def test_guessing_memory_keys_reads_nothing(attacker, tmp_path):
     (tcp: the owner drops the connection of a read with a key it never issued)."""
     got = {}
 
-    def attack(ports):
-        got["out"] = run_attack(attacker, "guess-keys", 3, ports)
+    def attack(ports, _):
+        got["out"] = run_attack(attacker, "guess-keys", 3, ports[0] + ports[1])
 
     reports = attacked_job(tmp_path, attack)
     words = got["out"].split()
@@ -163,3 +164,40 @@ def test_guessing_memory_keys_reads_nothing(attacker, tmp_path):
     assert int(words[1]) > 0 and int(words[3]) == 0, got
     for r in reports:
         assert r["wrong"] == 0, reports
+
+
+TOKEN = "attack-test-token-0123456789"
+
+
+def token_holder_attack(attacker, tmp_path, mode: str) -> tuple[str, list]:
+    """A method-2 core job (2 ranks, DDSTORE_JOB_TOKEN) reads itself while a token holder sends
+    `mode` requests for rank 1's share to rank 1's endpoints."""
+    got = {}
+
+    def attack(ports, outdir):
+        key, length = (outdir / "key.1").read_text().split()
+        got["out"] = run_attack(attacker, mode, 4, ports[1], "--token", TOKEN, "--key", key, "--len", length)
+
+    env = {"DDSTORE_JOB_TOKEN": TOKEN, "DDSTORE_TIMEOUT_S": "3"}
+    reports = attacked_job(tmp_path, attack, method=2, env=env)
+    return got["out"], reports
+
+
+def test_oversized_requests_from_a_token_holder_are_refused(attacker, tmp_path):
+    """Counts claiming 2^32-1 ranges and messages, 900 ranges of the whole share in one message
+    (675 MiB) and in 900 messages (longer than any request, dropped): the owner survives with
+    bounded memory and keeps serving, the sender gets a refusal for each of the first two."""
+    out, reports = token_holder_attack(attacker, tmp_path, "big-request")
+    print("big-request:", out.replace("\n", " "), reports)
+    assert int(out.split()[1]) >= 2, out  # "refused N": the 900 ranges and the counts
+    for r in reports:
+        assert r["wrong"] == 0 and r["reads"] > 0 and r["rss_kb"] < 1 << 20, reports
+
+
+def test_a_reader_that_never_progresses_does_not_stall_the_owner(attacker, tmp_path):
+    """400 requests of the whole share whose replies the sender never receives: other readers
+    keep reading exact rows; the owner drops the stalled reader after DDSTORE_TIMEOUT_S."""
+    out, reports = token_holder_attack(attacker, tmp_path, "stall")
+    print("stall:", out.replace("\n", " "), reports)
+    for r in reports:
+        assert r["wrong"] == 0 and r["reads"] > 0 and r["rss_kb"] < 1 << 20, reports

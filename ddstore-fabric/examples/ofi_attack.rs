@@ -11,10 +11,12 @@
 //!   addresses of every family and of lengths 0..64 (one each), then as many
 //!   as fit in the time pointing at ports 1 (closed) and `--listener PORT`;
 //! - `guess-keys`: one-sided reads of 64 bytes at offset 0 with random keys;
-//! - `big-request` (with `--token`): one 900-range request of 64 MiB ranges,
-//!   then requests claiming 2^32-1 ranges and messages;
-//! - `stall` (with `--token` and `--key K`): 400 requests of 16 MiB of the
-//!   share with key K whose replies this process never receives.
+//! - `big-request` (with `--token`, `--key K`, `--len L`): a request claiming
+//!   2^32-1 ranges and messages, then one of 900 ranges of the whole share
+//!   with key K (L bytes) in one message and one in 900 messages (longer
+//!   than any request); prints `refused N statuses [..]` (refusals received) first;
+//! - `stall` (same flags): 400 requests of the whole share in 16 messages
+//!   each, whose replies this process never receives.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,6 +40,10 @@ struct Attacker {
     ctx: Box<[sys::fi_context2; 64]>,
     sent: u64,
     ok: u64,
+    /// Receives that brought a refusal (a reply tag with status bits).
+    refused: u64,
+    /// Their statuses (see `Refusal` in gather.rs).
+    statuses: Vec<u64>,
 }
 
 impl Attacker {
@@ -65,15 +71,22 @@ impl Attacker {
             ctx: Box::new([sys::fi_context2::default(); 64]),
             sent: 0,
             ok: 0,
+            refused: 0,
+            statuses: Vec::new(),
         }
     }
 
     /// Polls the CQ once; counts completed operations that succeeded.
     fn poll(&mut self) {
         let mut e = [sys::fi_cq_tagged_entry::default(); 64];
-        match self.ep.cq().poll(&mut e) {
-            Ok(Poll::Completed(n)) => self.ok += n as u64,
-            Ok(Poll::Failed(_)) | Err(_) => {}
+        if let Ok(Poll::Completed(n)) = self.ep.cq().poll(&mut e) {
+            self.ok += n as u64;
+            for e in &e[..n] {
+                if e.flags & sys::FI_RECV as u64 != 0 && e.tag & wire::STATUS_MASK != 0 {
+                    self.refused += 1;
+                    self.statuses.push((e.tag & wire::STATUS_MASK) >> 9);
+                }
+            }
         }
     }
 
@@ -232,6 +245,8 @@ fn main() {
             let token = flag("--token").expect("--token");
             let mac = MacKey::derive(token.as_bytes());
             let key: u64 = flag("--key").map_or(0, |k| k.parse().unwrap());
+            // The share's length: every range lies inside it.
+            let len: u64 = flag("--len").map_or(64 << 20, |k| k.parse().unwrap());
             // Replies go to this endpoint: `stall` never receives them,
             // `big-request` counts the refusals it gets.
             let me = a.ep.name().unwrap();
@@ -255,26 +270,21 @@ fn main() {
                 reqs.push(wire::Request {
                     key,
                     msg_ranges: vec![900],
-                    ranges: vec![(0, 64 << 20); 900],
+                    ranges: vec![(0, len); 900],
                 });
                 reqs.push(wire::Request {
                     key,
                     msg_ranges: (0..900).map(|_| 1).collect(),
-                    ranges: vec![(0, 64 << 20); 900],
+                    ranges: vec![(0, len); 900],
                 });
             } else {
                 for _ in 0..400 {
                     reqs.push(wire::Request {
                         key,
                         msg_ranges: vec![1; 16],
-                        ranges: (0..16).map(|i| (i << 20, 1 << 20)).collect(),
+                        ranges: (0..16).map(|i| (i * (len / 16), len / 16)).collect(),
                     });
                 }
-            }
-            for r in &reqs {
-                let mut out = Vec::new();
-                wire::encode(&mut out, &mac, &Nonce(rng.gen()), &me, r);
-                a.send(0, wire::REQUEST_TAG, leak(out), deadline);
             }
             if mode == "big-request" {
                 // Counts claiming far more than the bytes hold, MACed as a token holder can.
@@ -289,23 +299,27 @@ fn main() {
                 // n_msgs and n_ranges follow magic, nonce, name length, name and key.
                 let at = 4 + 16 + 2 + me.len() + 8;
                 out[at..at + 8].copy_from_slice(&[0xff; 8]);
-                a.send(0, wire::REQUEST_TAG, leak(mac.seal(out)), deadline);
+                let sealed = leak(mac.seal(out));
+                for t in 0..ports.len() {
+                    a.send(t, wire::REQUEST_TAG, sealed, deadline);
+                }
             }
             // Stay alive without receiving anything until the deadline.
-            let mut refused = 0;
+            // To every port given (the owner's endpoint is one of them).
+            for r in &reqs {
+                for t in 0..ports.len() {
+                    let mut out = Vec::new();
+                    wire::encode(&mut out, &mac, &Nonce(rng.gen()), &me, r);
+                    a.send(t, wire::REQUEST_TAG, leak(out), deadline);
+                }
+            }
             while Instant::now() < deadline {
                 if mode == "big-request" {
-                    let mut e = [sys::fi_cq_tagged_entry::default(); 16];
-                    if let Ok(Poll::Completed(n)) = a.ep.cq().poll(&mut e) {
-                        refused += e[..n]
-                            .iter()
-                            .filter(|e| e.tag & wire::STATUS_MASK != 0)
-                            .count();
-                    }
+                    a.poll();
                 }
                 std::thread::sleep(Duration::from_millis(5));
             }
-            println!("refused {refused}");
+            println!("refused {} statuses {:?}", a.refused, a.statuses);
         }
         other => panic!("unknown mode {other}"),
     }
