@@ -35,7 +35,8 @@ def attacker(tmp_path_factory):
     except KeyError:
         subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", USER], check=True)
     build = subprocess.run(
-        ["cargo", "build", "--release", "-q", "-p", "ddstore-fabric", "--example", "ofi_attack"],
+        # The debug profile: cargo test has built its dependencies already.
+        ["cargo", "build", "-q", "-p", "ddstore-fabric", "--example", "ofi_attack"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -44,7 +45,7 @@ def attacker(tmp_path_factory):
     assert build.returncode == 0, build.stderr
     where = tmp_path_factory.mktemp("attacker")
     tool = where / "ofi_attack"
-    shutil.copy(ROOT / "target" / "release" / "examples" / "ofi_attack", tool)
+    shutil.copy(ROOT / "target" / "debug" / "examples" / "ofi_attack", tool)
     for p in [tool.parent, *tool.parent.parents]:
         if p == Path("/"):
             break
@@ -136,8 +137,9 @@ def test_unauthenticated_requests_are_dropped(attacker, tmp_path):
     listener.listen(0)  # never accepts
     sent = {}
 
-    def attack(ports):
-        sent["out"] = run_attack(attacker, "requests", 5, ports, "--listener", str(listener.getsockname()[1]))
+    def attack(ports, _):
+        listen_port = str(listener.getsockname()[1])
+        sent["out"] = run_attack(attacker, "requests", 5, ports[0] + ports[1], "--listener", listen_port)
 
     try:
         reports = attacked_job(tmp_path, attack)

@@ -74,10 +74,11 @@ impl Access {
 /// more wait in the provider until a slot is posted again.
 const REQUEST_SLOTS: usize = 32;
 /// Replies in flight at once, over all readers.
-const SEND_SLOTS: usize = 256;
-/// Replies in flight to one reader at once: a reader that stops
-/// progressing holds at most these.
-pub const PEER_SENDS: usize = 16;
+const SEND_SLOTS: usize = 512;
+/// Replies in flight to one reader at once (a reader's default window,
+/// `DDSTORE_MAX_INFLIGHT`, so large rows stream at full depth): a reader
+/// that stops progressing holds at most these.
+pub const PEER_SENDS: usize = 64;
 /// Replies queued for one reader; a request that would queue more is dropped.
 pub const PEER_BACKLOG: usize = 1024;
 /// Replies queued over all readers.
@@ -129,6 +130,8 @@ struct Sending {
     packed: Option<Vec<u8>>,
     iov: Vec<sys::iovec>,
     posted: Instant,
+    /// Its reader was dropped for stalling: it only waits for the provider now.
+    abandoned: bool,
 }
 
 // SAFETY: the iovecs point into the reply's header and buffers (owned here)
@@ -495,6 +498,7 @@ impl Server {
                 packed,
                 iov: Vec::new(),
                 posted: Instant::now(),
+                abandoned: false,
             });
             // The iov points into the Sending, whose slot does not move until it completes.
             sending.iov.push(sys::iovec {
@@ -565,7 +569,7 @@ impl Server {
             .sending
             .iter()
             .flatten()
-            .filter(|s| s.posted.elapsed() > self.expiry)
+            .filter(|s| !s.abandoned && s.posted.elapsed() > self.expiry)
             .map(|s| s.peer)
             .collect();
         for peer in stalled {
@@ -577,15 +581,15 @@ impl Server {
             self.routes.retain(|_, a| *a != peer);
             let _ = self.ep.av().remove(peer);
             // Its sends in flight keep their slots until the provider fails them.
-            for (slot, s) in self.sending.iter().enumerate() {
-                if s.as_ref().is_some_and(|s| s.peer == peer) {
+            for (slot, s) in self.sending.iter_mut().enumerate() {
+                if let Some(s) = s.as_mut().filter(|s| s.peer == peer && !s.abandoned) {
+                    s.abandoned = true;
                     // SAFETY: the slot holds a send posted on this endpoint.
                     unsafe { self.ep.cancel(self.contexts.ptr(REQUEST_SLOTS + slot)) };
                 }
             }
-            if self.peers.get(&peer).is_some_and(|p| p.in_flight == 0) {
-                self.peers.remove(&peer);
-            }
+            // Its abandoned sends no longer count against a reader at this address.
+            self.peers.remove(&peer);
         }
     }
 
@@ -608,8 +612,8 @@ impl Server {
             let s = slot - REQUEST_SLOTS;
             if let Some(done) = self.sending[s].take() {
                 self.free_sends.push(s);
-                if let Some(p) = self.peers.get_mut(&done.peer) {
-                    p.in_flight -= 1;
+                if let Some(p) = self.peers.get_mut(&done.peer).filter(|_| !done.abandoned) {
+                    p.in_flight = p.in_flight.saturating_sub(1);
                 }
                 if let Some(buf) = done.packed {
                     self.packed_in_flight -= buf.len();
@@ -720,8 +724,10 @@ impl Server {
 /// reads of its shares progress through the same CQ polls). With a wait
 /// object it sleeps in the provider's wait set (`fi_cq_sread`, on the
 /// sockets' file descriptors) whenever it has nothing to send, so a request
-/// wakes it at once, not at the next tick of a timer; without one it polls,
-/// backing off to 200 µs sleeps while idle.
+/// wakes it at once, not at the next tick of a timer, and it never spins
+/// beside a loaded node's other work (measured: a 50 µs polling window
+/// after each request made no difference beyond this machine's noise).
+/// Without a wait object it polls, backing off to 200 µs sleeps while idle.
 pub fn run(mut server: Server, stop: &AtomicBool) {
     let blocking = server.ep.cq().has_wait();
     let mut sleep = Duration::from_micros(5);
