@@ -60,6 +60,9 @@ pub struct Profile {
     pub mr_ns: u64,
     /// Nanoseconds of `remote_ns` waiting for a lock before posting.
     pub lock_ns: u64,
+    /// Messages this variable's readers received and discarded: gather
+    /// replies not bound to a request they made (forged, or late).
+    pub rejected_replies: u64,
 }
 
 impl Counters {
@@ -78,6 +81,7 @@ impl Counters {
             cq_ns: self.cq_ns.load(Relaxed),
             mr_ns: self.mr_ns.load(Relaxed),
             lock_ns: self.lock_ns.load(Relaxed),
+            rejected_replies: 0,
         }
     }
 
@@ -96,7 +100,7 @@ impl Counters {
 
 impl Profile {
     /// Every counter with its name, in the order `get_profile()` reports them.
-    pub fn fields(&self) -> [(&'static str, u64); 12] {
+    pub fn fields(&self) -> [(&'static str, u64); 13] {
         [
             ("calls", self.calls),
             ("rows", self.rows),
@@ -110,6 +114,7 @@ impl Profile {
             ("cq_ns", self.cq_ns),
             ("mr_ns", self.mr_ns),
             ("lock_ns", self.lock_ns),
+            ("rejected_replies", self.rejected_replies),
         ]
     }
 }

@@ -305,6 +305,7 @@ impl Store {
             p.cq_ns += q.cq_ns;
             p.mr_ns += q.mr_ns;
             p.lock_ns += q.lock_ns;
+            p.rejected_replies += part.remote.rejected_replies();
         }
         Ok(p)
     }

@@ -45,7 +45,7 @@ pub struct Variable {
     my_rank: Option<usize>,
     local: Option<Arc<dyn Memory>>,
     node_peers: Vec<Option<Arc<dyn Memory>>>,
-    remote: Arc<dyn RemoteShares>,
+    pub(crate) remote: Arc<dyn RemoteShares>,
     records: Vec<Vec<u8>>,
     node_locators: Vec<Option<NodeLocator>>,
     /// Extra jobs (one entry per core rank): the pid and state word of each
@@ -588,7 +588,23 @@ impl Store {
         if self.is_ragged(name) {
             return self.ragged_profile(name);
         }
-        Ok(self.var(name)?.counters.snapshot())
+        let var = self.var(name)?;
+        let mut p = var.counters.snapshot();
+        p.rejected_replies = var.remote.rejected_replies();
+        Ok(p)
+    }
+
+    /// Gives the transport the job's secret (a method-2 core job's token,
+    /// which its extra jobs present): it keys what remote reads exchange.
+    pub fn set_secret(&self, secret: &[u8]) -> Result<()> {
+        self.transport()?.set_secret(secret);
+        Ok(())
+    }
+
+    /// Requests from the network that this process's transport dropped
+    /// unanswered (no proof of the job's secret, or beyond its bounds).
+    pub fn rejected_requests(&self) -> u64 {
+        self.transport().map_or(0, |t| t.rejected_requests())
     }
 
     /// Abandons readers and transport objects inherited across `fork()` now.

@@ -77,6 +77,15 @@ pub trait Transport: Send + Sync {
     fn remote_path(&self) -> &'static str {
         "one-sided"
     }
+    /// The job's secret, from which the transport derives the key that
+    /// authenticates requests between the job's processes (transports that
+    /// exchange no requests ignore it). Set before shares are exposed or
+    /// attached; else the first `expose` draws one and shares it over `comm`.
+    fn set_secret(&self, _secret: &[u8]) {}
+    /// Requests from the network dropped unanswered (see `set_secret`).
+    fn rejected_requests(&self) -> u64 {
+        0
+    }
 }
 
 /// Remote access to the shares of one variable.
@@ -111,6 +120,11 @@ pub trait RemoteShares: Send + Sync {
     /// share's key in its values request, so both go in one round trip.
     fn gather_key(&self, _owner: usize) -> Option<u64> {
         None
+    }
+    /// Messages its readers received and discarded (replies not bound to
+    /// a request they made).
+    fn rejected_replies(&self) -> u64 {
+        0
     }
 }
 

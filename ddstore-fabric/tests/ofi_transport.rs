@@ -195,6 +195,8 @@ fn full(comm: Arc<FileComm>) {
     let size = comm.size();
     let config = Config::from_env().unwrap();
     let transport = OfiTransport::from_env(&config, None, rank).unwrap();
+    // The job's secret, as a method-2 core job's token (a joining job presents it).
+    transport.set_secret(b"ofi_transport test token");
     let dyn_comm: Arc<dyn Comm> = comm.clone();
     let lens: Vec<usize> = (0..size).map(share_len).collect();
 
@@ -330,6 +332,7 @@ fn full(comm: Arc<FileComm>) {
     // Method 2: another transport instance (its own fabric, domain and
     // endpoints, as in a job that joins) attaches to the published records.
     let joiner = OfiTransport::from_env(&config, None, rank).unwrap();
+    joiner.set_secret(b"ofi_transport test token");
     let attached = joiner.attach(&v1.records).unwrap();
     let mut reader = attached.open_reader().unwrap();
     let mut rng = StdRng::seed_from_u64(5 + rank as u64);

@@ -272,6 +272,19 @@ impl PyStore {
     fn freed(&self) -> bool {
         self.store.is_freed()
     }
+    /// Requests from the network this process dropped unanswered (no proof
+    /// of the job's secret, or beyond an owner's bounds).
+    #[getter]
+    fn rejected_requests(&self) -> u64 {
+        self.store.rejected_requests()
+    }
+
+    /// Gives the transport the job's secret (a method-2 job token): remote
+    /// reads between the job's processes are authenticated with a key
+    /// derived from it. Before any variable is added or joined.
+    fn set_secret(&self, py: Python<'_>, secret: Vec<u8>) -> PyResult<()> {
+        self.store.set_secret(&secret).py(py)
+    }
 
     /// Collective barrier over the store's group, bounded by
     /// `DDSTORE_TIMEOUT_S` like free()'s (DDStoreTimeoutError naming absent ranks).

@@ -85,6 +85,19 @@ ssize_t ddfi_read(struct fid_ep *ep, void *buf, size_t len, void *desc,
 	return fi_read(ep, buf, len, desc, src_addr, addr, key, context);
 }
 
+int ddfi_av_remove(struct fid_av *av, fi_addr_t *fi_addr, size_t count,
+		   uint64_t flags)
+{
+	return fi_av_remove(av, fi_addr, count, flags);
+}
+
+ssize_t ddfi_trecvv(struct fid_ep *ep, const struct iovec *iov, void **desc,
+		    size_t count, fi_addr_t src_addr, uint64_t tag,
+		    uint64_t ignore, void *context)
+{
+	return fi_trecvv(ep, iov, desc, count, src_addr, tag, ignore, context);
+}
+
 ssize_t ddfi_trecv(struct fid_ep *ep, void *buf, size_t len, void *desc,
 		   fi_addr_t src_addr, uint64_t tag, uint64_t ignore,
 		   void *context)

@@ -49,6 +49,11 @@ int ddfi_mr_enable(struct fid_mr *mr);
 ssize_t ddfi_read(struct fid_ep *ep, void *buf, size_t len, void *desc,
 		  fi_addr_t src_addr, uint64_t addr, uint64_t key, void *context);
 
+int ddfi_av_remove(struct fid_av *av, fi_addr_t *fi_addr, size_t count,
+		   uint64_t flags);
+ssize_t ddfi_trecvv(struct fid_ep *ep, const struct iovec *iov, void **desc,
+		    size_t count, fi_addr_t src_addr, uint64_t tag,
+		    uint64_t ignore, void *context);
 ssize_t ddfi_trecv(struct fid_ep *ep, void *buf, size_t len, void *desc,
 		   fi_addr_t src_addr, uint64_t tag, uint64_t ignore,
 		   void *context);

@@ -2559,6 +2559,26 @@ unsafe extern "C" {
     ) -> isize;
 }
 unsafe extern "C" {
+    pub fn ddfi_av_remove(
+        av: *mut fid_av,
+        fi_addr: *mut fi_addr_t,
+        count: usize,
+        flags: u64,
+    ) -> ::std::os::raw::c_int;
+}
+unsafe extern "C" {
+    pub fn ddfi_trecvv(
+        ep: *mut fid_ep,
+        iov: *const iovec,
+        desc: *mut *mut ::std::os::raw::c_void,
+        count: usize,
+        src_addr: fi_addr_t,
+        tag: u64,
+        ignore: u64,
+        context: *mut ::std::os::raw::c_void,
+    ) -> isize;
+}
+unsafe extern "C" {
     pub fn ddfi_trecv(
         ep: *mut fid_ep,
         buf: *mut ::std::os::raw::c_void,

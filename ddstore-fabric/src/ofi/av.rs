@@ -101,6 +101,15 @@ impl Av {
         }
         Ok(addr)
     }
+
+    /// Removes one address (the provider drops its connection to that peer;
+    /// operations still posted to it fail).
+    pub fn remove(&self, addr: sys::fi_addr_t) -> FabricResult<()> {
+        let mut addr = addr;
+        // SAFETY: addr is one fi_addr_t this AV returned; count is 1.
+        let rc = unsafe { sys::ddfi_av_remove(self.ptr, &mut addr, 1, 0) };
+        check("fi_av_remove", rc as i64)
+    }
 }
 
 impl Drop for Av {

@@ -173,6 +173,40 @@ impl Endpoint {
         Ok(Ok(()))
     }
 
+    /// Posts a tagged receive scattering into `iov` (at most the provider's
+    /// receive iov limit, at least one entry), matching `tag` except for the
+    /// bits in `ignore`, from `src` only (`FI_ADDR_UNSPEC`: from any peer;
+    /// only endpoints with `FI_DIRECTED_RECV` honour a source).
+    ///
+    /// # Safety
+    /// Every iov entry's memory and `context` must stay valid until the
+    /// receive completes on this endpoint's CQ or the endpoint is closed.
+    pub unsafe fn post_trecvv(
+        &self,
+        iov: &[sys::iovec],
+        src: sys::fi_addr_t,
+        tag: u64,
+        ignore: u64,
+        context: *mut c_void,
+    ) -> FabricResult<Result<(), TryAgain>> {
+        let mut desc = [ptr::null_mut::<c_void>(); 4];
+        let rc = sys::ddfi_trecvv(
+            self.ptr,
+            iov.as_ptr(),
+            desc.as_mut_ptr(),
+            iov.len().min(desc.len()),
+            src,
+            tag,
+            ignore,
+            context,
+        );
+        if rc == -(sys::FI_EAGAIN as isize) {
+            return Ok(Err(TryAgain));
+        }
+        check("fi_trecv", rc as i64)?;
+        Ok(Ok(()))
+    }
+
     /// Sends the bytes of `iov` (at most the provider's iov limit, at least
     /// one entry) as one tagged message to `peer`.
     ///

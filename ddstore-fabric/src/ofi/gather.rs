@@ -10,35 +10,120 @@
 //! sending the request: straight into the destination when the group lands
 //! contiguously there, else into a reader-owned bounce buffer it scatters from.
 //!
-//! Tags: requests carry [`REQUEST_TAG`]; a reply carries [`REPLY_BIT`], a
-//! status (0 = data, else a [`Refusal`] and no payload), the request's
-//! 20-bit sequence number and the message's index in the request.
+//! Authentication. Anyone who can reach an endpoint can send it tagged
+//! messages, so both directions are bound to a secret:
+//! - every request ends with a MAC (BLAKE3 in keyed mode) under the job's
+//!   [`MacKey`]; an owner verifies it, in constant time, before it reads
+//!   anything else of the request, in particular the reply address;
+//! - every request carries a fresh 128-bit [`Nonce`] from the operating
+//!   system's CSPRNG. Its reply tags hold 52 of its bits (a reply with any
+//!   other tag matches no receive the reader posted) and every reply message
+//!   starts with [`REPLY_HEADER_BYTES`] more of them, which the reader checks
+//!   before it uses the message. Readers also receive only from the owner's
+//!   address where the provider offers directed receives.
+//!
+//! Tags: requests carry [`REQUEST_TAG`]; a reply's tag is the nonce's tag
+//! bits, a status (0 = data, else a [`Refusal`] and no payload) and the
+//! message's index in the request.
 
-use crate::error::{FabricError, RefusedFor};
+use crate::error::{FabricError, FabricResult, RefusedFor};
 use ddstore_core::region::Memory;
 
 /// The tag of every request (owners receive exactly this tag).
 pub const REQUEST_TAG: u64 = 1 << 58;
-/// Set in every reply's tag.
-pub const REPLY_BIT: u64 = 1 << 59;
-const STATUS_SHIFT: u32 = 52;
+const STATUS_SHIFT: u32 = 9;
 /// The status bits of a reply tag; readers post receives ignoring them.
-pub const STATUS_MASK: u64 = 0x3f << STATUS_SHIFT;
-const SEQ_SHIFT: u32 = 32;
-/// Sequence numbers wrap at 20 bits.
-pub const SEQ_MASK: u32 = 0x000f_ffff;
+pub const STATUS_MASK: u64 = 0x7 << STATUS_SHIFT;
+/// The message index bits of a reply tag.
+const INDEX_MASK: u64 = (1 << STATUS_SHIFT) - 1;
+/// The nonce bits of a reply tag (52 of them).
+const NONCE_TAG_MASK: u64 = !(STATUS_MASK | INDEX_MASK);
+/// Most reply messages one request may ask for (their index fits the tag).
+pub const MAX_MSGS_PER_REQUEST: usize = 256;
 
 /// Longest request (about 1,000 ranges); owners post receives of this size.
 pub const MAX_REQUEST_BYTES: usize = 16 << 10;
 /// Ranges of at least this many bytes get a message of their own, which
 /// lands straight in the destination (no bounce copy for large rows).
 pub const DIRECT_MIN: usize = 64 << 10;
-/// Longest packed (bounce) message: bounds what an owner copies per message.
+/// Longest packed (bounce) message: bounds what an owner copies per message,
+/// enforced by the owner whatever the provider's longest message.
 pub const MAX_PACKED_BYTES: usize = 4 << 20;
+/// Most reply bytes one request may ask for (owners refuse more; readers
+/// split their batches into requests of at most this many).
+pub const MAX_REPLY_BYTES: u64 = 256 << 20;
+/// Bytes of nonce at the start of every reply message.
+pub const REPLY_HEADER_BYTES: usize = 8;
+/// Bytes of the MAC that ends every request.
+pub const MAC_BYTES: usize = 32;
 
-const MAGIC: u32 = u32::from_le_bytes(*b"DDG1");
-const HEADER_BYTES: usize = 4 + 4 + 8 + 4 + 4 + 2;
+const MAGIC: u32 = u32::from_le_bytes(*b"DDG2");
+const RAGGED_MAGIC: u32 = u32::from_le_bytes(*b"DDR2");
+/// Magic, nonce and the reply address's length: what precedes the address.
+const HEAD_BYTES: usize = 4 + NONCE_BYTES + 2;
+const PLAIN_FIXED_BYTES: usize = 8 + 4 + 4;
+const RAGGED_FIXED_BYTES: usize = 8 + 8 + 4 + 4 + 4 + 4;
 const RANGE_BYTES: usize = 16;
+const NONCE_BYTES: usize = 16;
+
+/// A request's nonce: 16 bytes from the operating system's CSPRNG.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Nonce(
+    /// Its bytes.
+    pub [u8; NONCE_BYTES],
+);
+
+impl Nonce {
+    /// A fresh nonce (`getrandom`; fails only if the OS cannot supply one).
+    pub fn random() -> FabricResult<Nonce> {
+        let mut n = [0u8; NONCE_BYTES];
+        getrandom::getrandom(&mut n).map_err(|e| {
+            FabricError::Unavailable(format!("the operating system gave no random bytes: {e}"))
+        })?;
+        Ok(Nonce(n))
+    }
+
+    /// The tag bits of its replies.
+    fn tag_bits(&self) -> u64 {
+        u64::from_le_bytes(self.0[..8].try_into().unwrap()) & NONCE_TAG_MASK
+    }
+
+    /// The header every reply message to it starts with.
+    pub fn reply_header(&self) -> [u8; REPLY_HEADER_BYTES] {
+        self.0[8..].try_into().unwrap()
+    }
+}
+
+/// The key requests are MACed under: derived from the job's secret (method
+/// 1: exchanged through the communicator; method 2: the job token).
+#[derive(Clone)]
+pub struct MacKey([u8; 32]);
+
+impl MacKey {
+    /// The key of a job whose secret is `secret`.
+    pub fn derive(secret: &[u8]) -> MacKey {
+        MacKey(blake3::derive_key(
+            "pyddstore 2026 gather request MAC v2",
+            secret,
+        ))
+    }
+
+    fn mac(&self, bytes: &[u8]) -> blake3::Hash {
+        blake3::keyed_hash(&self.0, bytes)
+    }
+
+    /// `bytes` followed by their MAC (what [`open`] checks).
+    pub fn seal(&self, mut bytes: Vec<u8>) -> Vec<u8> {
+        seal(&mut bytes, self);
+        bytes
+    }
+}
+
+impl std::fmt::Debug for MacKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MacKey(<secret>)")
+    }
+}
 
 /// Why an owner refused a request (the status of its one reply).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,13 +132,16 @@ pub enum Refusal {
     UnknownKey = 1,
     /// A range lies outside the share.
     OutOfRange = 2,
-    /// The request could not be parsed, or a message exceeds the owner's limit.
+    /// The request could not be parsed.
     Malformed = 3,
     /// The owner could not address a reply to this reader.
     NoRoute = 4,
     /// The requested ragged rows hold more bytes than the receives the
     /// reader posted (its bound on their lengths was wrong).
     TooLarge = 5,
+    /// The request exceeds the owner's bounds (bytes or messages per request,
+    /// bytes per packed message) or the owner is out of memory for it.
+    OverLimit = 6,
 }
 
 impl Refusal {
@@ -64,6 +152,7 @@ impl Refusal {
             3 => Refusal::Malformed,
             4 => Refusal::NoRoute,
             5 => Refusal::TooLarge,
+            6 => Refusal::OverLimit,
             _ => return None,
         })
     }
@@ -81,14 +170,18 @@ impl Refusal {
             Some(Refusal::TooLarge) => {
                 "the requested ragged rows hold more bytes than the reader's bound on them"
             }
+            Some(Refusal::OverLimit) => {
+                "the request exceeds its bounds (256 MiB or 256 messages per request, 4 MiB per \
+                 packed message) or it had no memory for the reply"
+            }
             None => "an unknown status",
         }
     }
 }
 
-/// The tag of reply message `index` of request `seq`, with `status`.
-pub fn reply_tag(seq: u32, index: u32, status: u64) -> u64 {
-    REPLY_BIT | (status << STATUS_SHIFT) | (((seq & SEQ_MASK) as u64) << SEQ_SHIFT) | index as u64
+/// The tag of reply message `index` of the request with `nonce`, with `status`.
+pub fn reply_tag(nonce: &Nonce, index: u32, status: u64) -> u64 {
+    nonce.tag_bits() | ((status << STATUS_SHIFT) & STATUS_MASK) | (index as u64 & INDEX_MASK)
 }
 
 /// The status bits of a reply tag (0: data).
@@ -96,48 +189,72 @@ pub fn reply_status(tag: u64) -> u64 {
     (tag & STATUS_MASK) >> STATUS_SHIFT
 }
 
-/// A request as the owner reads it.
+/// A plain request as the owner reads it.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Request {
-    pub seq: u32,
+    /// Memory key of the share.
     pub key: u64,
-    /// Where replies go: the reader endpoint's name.
-    pub reply_to: Vec<u8>,
     /// Ranges per reply message, in message order.
     pub msg_ranges: Vec<u32>,
     /// (offset, len) in the share.
     pub ranges: Vec<(u64, u64)>,
 }
 
-/// Encodes a request into `out` (cleared first).
-pub fn encode(
-    out: &mut Vec<u8>,
-    seq: u32,
-    key: u64,
-    reply_to: &[u8],
-    msg_ranges: &[u32],
-    ranges: &[(u64, u64)],
-) {
+/// An authenticated request: its nonce, where its replies go, and its body
+/// (`Err` when the body is malformed: the sender is refused).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Opened {
+    /// The request's nonce (in every reply).
+    pub nonce: Nonce,
+    /// The reader endpoint's name (covered by the MAC).
+    pub reply_to: Vec<u8>,
+    /// What it asks for.
+    pub body: Result<Body, Refusal>,
+}
+
+/// What an authenticated request asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Body {
+    /// Byte ranges.
+    Plain(Request),
+    /// Whole ragged rows.
+    Ragged(RaggedRequest),
+}
+
+/// Starts a request into `out` (cleared first): magic, nonce, reply address.
+fn begin(out: &mut Vec<u8>, magic: u32, nonce: &Nonce, reply_to: &[u8]) {
     out.clear();
-    out.extend_from_slice(&MAGIC.to_le_bytes());
-    out.extend_from_slice(&seq.to_le_bytes());
-    out.extend_from_slice(&key.to_le_bytes());
-    out.extend_from_slice(&(msg_ranges.len() as u32).to_le_bytes());
-    out.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
+    out.extend_from_slice(&magic.to_le_bytes());
+    out.extend_from_slice(&nonce.0);
     out.extend_from_slice(&(reply_to.len() as u16).to_le_bytes());
     out.extend_from_slice(reply_to);
-    for n in msg_ranges {
+}
+
+/// Ends a request with its MAC.
+fn seal(out: &mut Vec<u8>, key: &MacKey) {
+    let mac = key.mac(out);
+    out.extend_from_slice(mac.as_bytes());
+}
+
+/// Encodes a plain request into `out` (cleared first), MACed under `mac_key`.
+pub fn encode(out: &mut Vec<u8>, mac_key: &MacKey, nonce: &Nonce, reply_to: &[u8], req: &Request) {
+    begin(out, MAGIC, nonce, reply_to);
+    out.extend_from_slice(&req.key.to_le_bytes());
+    out.extend_from_slice(&(req.msg_ranges.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(req.ranges.len() as u32).to_le_bytes());
+    for n in &req.msg_ranges {
         out.extend_from_slice(&n.to_le_bytes());
     }
-    for (off, len) in ranges {
+    for (off, len) in &req.ranges {
         out.extend_from_slice(&off.to_le_bytes());
         out.extend_from_slice(&len.to_le_bytes());
     }
+    seal(out, mac_key);
 }
 
-/// Bytes a request of `n_msgs` messages and `n_ranges` ranges takes.
+/// Bytes a plain request of `n_msgs` messages and `n_ranges` ranges takes.
 pub fn request_bytes(name_len: usize, n_msgs: usize, n_ranges: usize) -> usize {
-    HEADER_BYTES + name_len + 4 * n_msgs + RANGE_BYTES * n_ranges
+    HEAD_BYTES + name_len + PLAIN_FIXED_BYTES + 4 * n_msgs + RANGE_BYTES * n_ranges + MAC_BYTES
 }
 
 struct Cursor<'a>(&'a [u8]);
@@ -162,24 +279,48 @@ impl Cursor<'_> {
     }
 }
 
-/// Parses a request; `None` when it is malformed (its sequence number, when
-/// readable, comes back so the refusal reaches the right receive).
-pub fn decode(bytes: &[u8]) -> Result<Request, Option<u32>> {
-    let mut c = Cursor(bytes);
-    let magic = c.u32().ok_or(None)?;
-    let seq = c.u32().ok_or(None)?;
-    if magic != MAGIC {
-        return Err(None);
+/// Opens a received request: `None` unless its MAC under `mac_key` holds
+/// (checked first, in constant time, before any field is used); then its
+/// nonce, reply address and body.
+pub fn open(bytes: &[u8], mac_key: &MacKey) -> Option<Opened> {
+    let signed_len = bytes.len().checked_sub(MAC_BYTES)?;
+    let (signed, mac) = bytes.split_at(signed_len);
+    let mac: [u8; MAC_BYTES] = mac.try_into().ok()?;
+    // blake3::Hash compares in constant time.
+    if mac_key.mac(signed) != blake3::Hash::from(mac) {
+        return None;
     }
-    let bad = Some(seq);
+    let mut c = Cursor(signed);
+    let magic = c.u32()?;
+    let nonce = Nonce(c.take(NONCE_BYTES)?.try_into().ok()?);
+    let name_len = c.u16()? as usize;
+    let reply_to = c.take(name_len)?.to_vec();
+    let body = match magic {
+        MAGIC => decode_plain(c.0).map(Body::Plain),
+        RAGGED_MAGIC => decode_ragged(c.0).map(Body::Ragged),
+        _ => Err(Refusal::Malformed),
+    };
+    Some(Opened {
+        nonce,
+        reply_to,
+        body,
+    })
+}
+
+fn decode_plain(bytes: &[u8]) -> Result<Request, Refusal> {
+    let bad = Refusal::Malformed;
+    let mut c = Cursor(bytes);
     let key = c.u64().ok_or(bad)?;
     let n_msgs = c.u32().ok_or(bad)? as usize;
     let n_ranges = c.u32().ok_or(bad)? as usize;
-    let name_len = c.u16().ok_or(bad)? as usize;
-    if bytes.len() != request_bytes(name_len, n_msgs, n_ranges) || n_msgs == 0 {
+    // Counts are checked against the bytes before anything is allocated.
+    let expected = (n_msgs as u64) * 4 + (n_ranges as u64) * RANGE_BYTES as u64;
+    if c.0.len() as u64 != expected || n_msgs == 0 {
         return Err(bad);
     }
-    let reply_to = c.take(name_len).ok_or(bad)?.to_vec();
+    if n_msgs > MAX_MSGS_PER_REQUEST {
+        return Err(Refusal::OverLimit);
+    }
     let msg_ranges = (0..n_msgs)
         .map(|_| c.u32())
         .collect::<Option<Vec<u32>>>()
@@ -193,9 +334,7 @@ pub fn decode(bytes: &[u8]) -> Result<Request, Option<u32>> {
         return Err(bad);
     }
     Ok(Request {
-        seq,
         key,
-        reply_to,
         msg_ranges,
         ranges,
     })
@@ -255,9 +394,9 @@ pub struct Limits {
 /// ranges longer than `chunk` split, small ranges packed.
 pub fn plan(reads: &[(usize, u64, usize, usize)], limits: Limits) -> Plan {
     use std::collections::HashMap;
-    let chunk = limits.chunk.max(1);
+    let chunk = limits.chunk.clamp(1, MAX_REPLY_BYTES as usize);
     let packed_max = chunk.min(MAX_PACKED_BYTES);
-    let per_request = limits.msgs_per_request.max(1);
+    let per_request = limits.msgs_per_request.clamp(1, MAX_MSGS_PER_REQUEST);
     let mut out = Plan::default();
     // Per owner, in first-seen order: unique (offset, len, dst_offset) pieces.
     let mut owners: Vec<usize> = Vec::new();
@@ -287,6 +426,8 @@ pub fn plan(reads: &[(usize, u64, usize, usize)], limits: Limits) -> Plan {
             ..Default::default()
         };
         let mut open: Option<Open> = None;
+        // Reply bytes the current request asks for (at most MAX_REPLY_BYTES).
+        let mut req_bytes: u64 = 0;
         for (i, &(offset, n, dst)) in list.iter().enumerate() {
             let small = n < DIRECT_MIN;
             let joins = match &open {
@@ -294,6 +435,7 @@ pub fn plan(reads: &[(usize, u64, usize, usize)], limits: Limits) -> Plan {
                     o.small
                         && small
                         && o.bytes + n <= packed_max
+                        && req_bytes + n as u64 <= MAX_REPLY_BYTES
                         && request_bytes(limits.name_len, req.msgs.len() + 1, req.ranges.len() + 1)
                             <= MAX_REQUEST_BYTES
                 }
@@ -308,6 +450,7 @@ pub fn plan(reads: &[(usize, u64, usize, usize)], limits: Limits) -> Plan {
                     close(&mut out, &mut req, list, o, i);
                 }
                 let full = req.msgs.len() >= per_request
+                    || (req_bytes > 0 && req_bytes + n as u64 > MAX_REPLY_BYTES)
                     || request_bytes(limits.name_len, req.msgs.len() + 1, req.ranges.len() + 1)
                         > MAX_REQUEST_BYTES;
                 if full {
@@ -316,6 +459,7 @@ pub fn plan(reads: &[(usize, u64, usize, usize)], limits: Limits) -> Plan {
                         ..Default::default()
                     };
                     out.requests.push(std::mem::replace(&mut req, next));
+                    req_bytes = 0;
                 }
                 open = Some(Open {
                     first: i,
@@ -325,6 +469,7 @@ pub fn plan(reads: &[(usize, u64, usize, usize)], limits: Limits) -> Plan {
                 });
             }
             req.ranges.push((offset, n as u64));
+            req_bytes += n as u64;
         }
         if let Some(o) = open.take() {
             close(&mut out, &mut req, list, o, list.len());
@@ -411,7 +556,7 @@ pub fn plan_ragged(
         .clamp(1, MAX_PACKED_BYTES)
         .min(u32::MAX as usize) as u64;
     let per_request = limits.msgs_per_request.clamp(1, MAX_RAGGED_MSGS) as u64;
-    let budget = msg_cap * per_request;
+    let budget = (msg_cap * per_request).min(MAX_REPLY_BYTES);
     if unit_bytes == 0 || unit_bytes > u32::MAX as usize {
         return None;
     }
@@ -467,10 +612,19 @@ pub fn plan_ragged(
     Some((plan, slots, staging))
 }
 
-/// Checks a request against the share it names (`share_len` bytes) and the
-/// owner's longest message: every range inside, every message within limits.
-pub fn check_request(req: &Request, share_len: u64, max_msg: usize) -> Result<(), Refusal> {
+/// Checks a plain request against the share it names (`share_len` bytes)
+/// and the owner's bounds: every range inside the share; every message at
+/// most `max_msg` (the provider's longest) and, when it has more than
+/// `zero_copy_ranges` ranges (so the owner packs it), at most
+/// [`MAX_PACKED_BYTES`]; all of them at most [`MAX_REPLY_BYTES`].
+pub fn check_request(
+    req: &Request,
+    share_len: u64,
+    max_msg: usize,
+    zero_copy_ranges: usize,
+) -> Result<(), Refusal> {
     let mut next = 0usize;
+    let mut total: u64 = 0;
     for &n in &req.msg_ranges {
         let end = next + n as usize;
         let mut bytes: u64 = 0;
@@ -481,10 +635,15 @@ pub fn check_request(req: &Request, share_len: u64, max_msg: usize) -> Result<()
             }
             bytes = bytes.saturating_add(len);
         }
-        if bytes > max_msg as u64 {
-            return Err(Refusal::Malformed);
+        let packed = n as usize > zero_copy_ranges;
+        if bytes > max_msg as u64 || (packed && bytes > MAX_PACKED_BYTES as u64) {
+            return Err(Refusal::OverLimit);
         }
+        total = total.saturating_add(bytes);
         next = end;
+    }
+    if total > MAX_REPLY_BYTES {
+        return Err(Refusal::OverLimit);
     }
     Ok(())
 }
@@ -523,10 +682,9 @@ pub fn bad_reply(owner: usize, status: u64, got: usize, want: usize) -> FabricEr
 // range from its own ends and answers with one stream, cut into the posted
 // messages: the rows' lengths in units (one little-endian u64 each, in
 // request order), then their values back to back. Message i carries stream
-// bytes `i * msg_bytes ..`; messages past the end of the stream are empty.
+// bytes `i * msg_bytes ..`; messages past the end of the stream are empty
+// (a reply header only).
 
-const RAGGED_MAGIC: u32 = u32::from_le_bytes(*b"DDR1");
-const RAGGED_HEADER_BYTES: usize = 4 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 2;
 /// Most reply messages one ragged request may ask for.
 pub const MAX_RAGGED_MSGS: usize = 256;
 
@@ -546,12 +704,8 @@ pub struct RaggedPart {
 /// A ragged request as the owner reads it.
 #[derive(Debug, PartialEq, Eq)]
 pub struct RaggedRequest {
-    /// The request's sequence number (in every reply tag).
-    pub seq: u32,
     /// Memory key of the values share.
     pub key: u64,
-    /// Where replies go: the reader endpoint's name.
-    pub reply_to: Vec<u8>,
     /// Reply receives the reader posted, each of `part.msg_bytes`.
     pub n_msgs: u32,
     /// Keys, unit size, message size and rows.
@@ -560,72 +714,52 @@ pub struct RaggedRequest {
 
 /// Bytes a ragged request of `n_rows` rows takes.
 pub fn ragged_request_bytes(name_len: usize, n_rows: usize) -> usize {
-    RAGGED_HEADER_BYTES + name_len + 8 * n_rows
+    HEAD_BYTES + name_len + RAGGED_FIXED_BYTES + 8 * n_rows + MAC_BYTES
 }
 
-/// Whether `bytes` is a ragged request (by its magic).
-pub fn is_ragged(bytes: &[u8]) -> bool {
-    bytes.len() >= 4 && bytes[..4] == RAGGED_MAGIC.to_le_bytes()
-}
-
-/// Encodes a ragged request into `out` (cleared first).
+/// Encodes a ragged request into `out` (cleared first), MACed under `mac_key`.
 pub fn encode_ragged(
     out: &mut Vec<u8>,
-    seq: u32,
-    key: u64,
+    mac_key: &MacKey,
+    nonce: &Nonce,
     reply_to: &[u8],
-    n_msgs: u32,
-    part: &RaggedPart,
+    req: &RaggedRequest,
 ) {
-    out.clear();
-    out.extend_from_slice(&RAGGED_MAGIC.to_le_bytes());
-    out.extend_from_slice(&seq.to_le_bytes());
-    out.extend_from_slice(&key.to_le_bytes());
+    let part = &req.part;
+    begin(out, RAGGED_MAGIC, nonce, reply_to);
+    out.extend_from_slice(&req.key.to_le_bytes());
     out.extend_from_slice(&part.ends_key.to_le_bytes());
     out.extend_from_slice(&part.unit_bytes.to_le_bytes());
     out.extend_from_slice(&part.msg_bytes.to_le_bytes());
-    out.extend_from_slice(&n_msgs.to_le_bytes());
+    out.extend_from_slice(&req.n_msgs.to_le_bytes());
     out.extend_from_slice(&(part.rows.len() as u32).to_le_bytes());
-    out.extend_from_slice(&(reply_to.len() as u16).to_le_bytes());
-    out.extend_from_slice(reply_to);
     for r in &part.rows {
         out.extend_from_slice(&r.to_le_bytes());
     }
+    seal(out, mac_key);
 }
 
-/// Parses a ragged request; as [`decode`] for what is malformed.
-pub fn decode_ragged(bytes: &[u8]) -> Result<RaggedRequest, Option<u32>> {
+fn decode_ragged(bytes: &[u8]) -> Result<RaggedRequest, Refusal> {
+    let bad = Refusal::Malformed;
     let mut c = Cursor(bytes);
-    let magic = c.u32().ok_or(None)?;
-    let seq = c.u32().ok_or(None)?;
-    if magic != RAGGED_MAGIC {
-        return Err(None);
-    }
-    let bad = Some(seq);
     let key = c.u64().ok_or(bad)?;
     let ends_key = c.u64().ok_or(bad)?;
     let unit_bytes = c.u32().ok_or(bad)?;
     let msg_bytes = c.u32().ok_or(bad)?;
     let n_msgs = c.u32().ok_or(bad)?;
-    let n_rows = c.u32().ok_or(bad)? as usize;
-    let name_len = c.u16().ok_or(bad)? as usize;
-    if bytes.len() != ragged_request_bytes(name_len, n_rows)
-        || n_msgs == 0
-        || n_msgs as usize > MAX_RAGGED_MSGS
-        || msg_bytes == 0
-        || unit_bytes == 0
-    {
+    let n_rows = c.u32().ok_or(bad)? as u64;
+    if c.0.len() as u64 != 8 * n_rows || n_msgs == 0 || msg_bytes == 0 || unit_bytes == 0 {
         return Err(bad);
     }
-    let reply_to = c.take(name_len).ok_or(bad)?.to_vec();
+    if n_msgs as usize > MAX_RAGGED_MSGS {
+        return Err(Refusal::OverLimit);
+    }
     let rows = (0..n_rows)
         .map(|_| c.u64())
         .collect::<Option<Vec<u64>>>()
         .ok_or(bad)?;
     Ok(RaggedRequest {
-        seq,
         key,
-        reply_to,
         n_msgs,
         part: RaggedPart {
             ends_key,
@@ -651,11 +785,14 @@ pub fn answer_ragged(
 ) -> Result<Vec<Vec<u8>>, Refusal> {
     let part = &req.part;
     let m = part.msg_bytes as usize;
-    if m > max_msg.min(MAX_PACKED_BYTES) || !ends.len().is_multiple_of(END_BYTES) {
+    if !ends.len().is_multiple_of(END_BYTES) {
         return Err(Refusal::Malformed);
     }
-    let n_rows = (ends.len() / END_BYTES) as u64;
     let capacity = m as u64 * req.n_msgs as u64;
+    if m > max_msg.min(MAX_PACKED_BYTES) || capacity > MAX_REPLY_BYTES {
+        return Err(Refusal::OverLimit);
+    }
+    let n_rows = (ends.len() / END_BYTES) as u64;
     let ub = part.unit_bytes as u64;
     // Each row's byte range, from its end and its predecessor's.
     let mut spans = Vec::with_capacity(part.rows.len());
@@ -689,8 +826,13 @@ pub fn answer_ragged(
     if total - (END_BYTES * part.rows.len()) as u64 > values.len() as u64 {
         return Err(Refusal::Malformed);
     }
-    // Every byte is overwritten below: a reused buffer is only zeroed where it grows.
-    stream.resize(total as usize, 0);
+    // Every byte is overwritten below: a reused buffer is only zeroed where
+    // it grows. No memory for it refuses the request (never aborts).
+    let total = total as usize;
+    stream
+        .try_reserve(total.saturating_sub(stream.len()))
+        .map_err(|_| Refusal::OverLimit)?;
+    stream.resize(total, 0);
     let mut at = 0;
     for &(units, _, _) in &spans {
         stream[at..at + END_BYTES].copy_from_slice(&units.to_le_bytes());
@@ -773,49 +915,130 @@ mod tests {
         }
     }
 
+    fn key() -> MacKey {
+        MacKey::derive(b"job secret")
+    }
+
+    fn nonce(b: u8) -> Nonce {
+        Nonce([b; 16])
+    }
+
+    fn opened_plain(
+        bytes: &[u8],
+        k: &MacKey,
+    ) -> Option<(Nonce, Vec<u8>, Result<Request, Refusal>)> {
+        let o = open(bytes, k)?;
+        let body = o.body.map(|b| match b {
+            Body::Plain(r) => r,
+            Body::Ragged(_) => panic!("not plain"),
+        });
+        Some((o.nonce, o.reply_to, body))
+    }
+
     #[test]
     fn requests_round_trip_and_reject_garbage() {
         let mut buf = Vec::new();
-        encode(
-            &mut buf,
-            7,
-            0xdead,
-            b"reader",
-            &[2, 1],
-            &[(0, 8), (64, 8), (512, 3)],
-        );
-        let req = decode(&buf).unwrap();
-        assert_eq!(req.seq, 7);
-        assert_eq!(req.key, 0xdead);
-        assert_eq!(req.reply_to, b"reader");
-        assert_eq!(req.msg_ranges, vec![2, 1]);
-        assert_eq!(req.ranges, vec![(0, 8), (64, 8), (512, 3)]);
-        assert!(decode(&buf[..buf.len() - 1]).is_err());
-        assert!(decode(b"junk").is_err());
+        let req = Request {
+            key: 0xdead,
+            msg_ranges: vec![2, 1],
+            ranges: vec![(0, 8), (64, 8), (512, 3)],
+        };
+        encode(&mut buf, &key(), &nonce(7), b"reader", &req);
+        assert_eq!(buf.len(), request_bytes(6, 2, 3));
+        let (n, reply_to, body) = opened_plain(&buf, &key()).unwrap();
+        assert_eq!((n, reply_to), (nonce(7), b"reader".to_vec()));
+        let back = body.unwrap();
+        assert_eq!(back, req);
+        // Truncated, garbage, another key, one bit flipped: not authentic.
+        assert!(open(&buf[..buf.len() - 1], &key()).is_none());
+        assert!(open(b"junk", &key()).is_none());
+        assert!(open(&buf, &MacKey::derive(b"other")).is_none());
+        for bit in [0, 40, 8 * buf.len() - 1] {
+            let mut flipped = buf.clone();
+            flipped[bit / 8] ^= 1 << (bit % 8);
+            assert!(open(&flipped, &key()).is_none(), "bit {bit}");
+        }
+        // Authentic but malformed: counts that do not add up, a count
+        // claiming more bytes than there are: refused, not allocated.
         let mut bad = Vec::new();
-        encode(&mut bad, 1, 2, b"r", &[3], &[(0, 8)]); // counts do not add up
-        assert!(decode(&bad).is_err());
-        assert_eq!(check_request(&req, 515, 1 << 20), Ok(()));
-        assert_eq!(check_request(&req, 514, 1 << 20), Err(Refusal::OutOfRange));
-        assert_eq!(check_request(&req, 515, 15), Err(Refusal::Malformed));
+        let counts = Request {
+            key: 2,
+            msg_ranges: vec![3],
+            ranges: vec![(0, 8)],
+        };
+        encode(&mut bad, &key(), &nonce(1), b"r", &counts);
+        assert_eq!(
+            opened_plain(&bad, &key()).unwrap().2,
+            Err(Refusal::Malformed)
+        );
+        let mut huge = Vec::new();
+        begin(&mut huge, MAGIC, &nonce(2), b"r");
+        huge.extend_from_slice(&1u64.to_le_bytes());
+        huge.extend_from_slice(&1u32.to_le_bytes());
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        huge.extend_from_slice(&[0; 4]);
+        seal(&mut huge, &key());
+        assert_eq!(
+            opened_plain(&huge, &key()).unwrap().2,
+            Err(Refusal::Malformed)
+        );
+        assert_eq!(check_request(&back, 515, 1 << 20, 3), Ok(()));
+        assert_eq!(
+            check_request(&back, 514, 1 << 20, 3),
+            Err(Refusal::OutOfRange)
+        );
+        assert_eq!(check_request(&back, 515, 15, 3), Err(Refusal::OverLimit));
+        let wide = Request {
+            key: 1,
+            msg_ranges: vec![2],
+            ranges: vec![(0, 3 << 20), (0, 3 << 20)],
+        };
+        // Two ranges in one send: fine; packed (one range per send): over 4 MiB.
+        assert_eq!(check_request(&wide, 4 << 20, 1 << 30, 2), Ok(()));
+        assert_eq!(
+            check_request(&wide, 4 << 20, 1 << 30, 1),
+            Err(Refusal::OverLimit)
+        );
+        // 900 ranges of 64 MiB each: over the request's byte bound.
+        let many = Request {
+            key: 1,
+            msg_ranges: vec![1; 900],
+            ranges: vec![(0, 64 << 20); 900],
+        };
+        assert_eq!(
+            check_request(&many, 64 << 20, usize::MAX, 3),
+            Err(Refusal::OverLimit)
+        );
         let huge = Request {
             ranges: vec![(u64::MAX - 1, 8)],
             msg_ranges: vec![1],
-            ..req
+            key: 0,
         };
         assert_eq!(
-            check_request(&huge, u64::MAX, 1 << 20),
+            check_request(&huge, u64::MAX, 1 << 20, 3),
             Err(Refusal::OutOfRange)
         );
     }
 
     #[test]
-    fn tags_carry_status_seq_and_index() {
-        let t = reply_tag(SEQ_MASK + 5, 9, 0);
+    fn tags_carry_nonce_status_and_index() {
+        let n = Nonce::random().unwrap();
+        assert_ne!(n, Nonce::random().unwrap());
+        let t = reply_tag(&n, 9, 0);
         assert_eq!(t & STATUS_MASK, 0);
-        assert_eq!(reply_status(reply_tag(3, 0, Refusal::UnknownKey as u64)), 1);
-        assert_ne!(reply_tag(1, 0, 0), reply_tag(2, 0, 0));
-        assert_ne!(REQUEST_TAG & REPLY_BIT, REPLY_BIT);
+        assert_eq!(
+            reply_status(reply_tag(&n, 0, Refusal::UnknownKey as u64)),
+            1
+        );
+        assert_eq!(reply_status(reply_tag(&n, 0, Refusal::OverLimit as u64)), 6);
+        assert_ne!(reply_tag(&n, 1, 0), reply_tag(&n, 2, 0));
+        assert_ne!(reply_tag(&nonce(1), 0, 0), reply_tag(&nonce(2), 0, 0));
+        // 52 of the nonce's bits are in the tag.
+        assert_eq!(NONCE_TAG_MASK.count_ones(), 52);
+        assert_eq!(
+            reply_tag(&n, (MAX_MSGS_PER_REQUEST - 1) as u32, 0) & NONCE_TAG_MASK,
+            t & NONCE_TAG_MASK
+        );
     }
 
     #[test]
@@ -919,9 +1142,7 @@ mod tests {
 
     fn ragged_req(rows: Vec<u64>, n_msgs: u32, msg_bytes: u32) -> RaggedRequest {
         RaggedRequest {
-            seq: 5,
             key: 11,
-            reply_to: b"rdr".to_vec(),
             n_msgs,
             part: RaggedPart {
                 ends_key: 12,
@@ -940,27 +1161,34 @@ mod tests {
             msg_bytes: 4096,
             rows: vec![9, 0, 9, 3],
         };
+        let ragged = |n_msgs: u32, part: &RaggedPart| RaggedRequest {
+            key: 0xdead,
+            n_msgs,
+            part: part.clone(),
+        };
         let mut buf = Vec::new();
-        encode_ragged(&mut buf, 77, 0xdead, b"reader", 3, &part);
-        assert!(is_ragged(&buf));
+        encode_ragged(&mut buf, &key(), &nonce(77), b"reader", &ragged(3, &part));
         assert_eq!(buf.len(), ragged_request_bytes(6, 4));
-        let req = decode_ragged(&buf).unwrap();
-        assert_eq!((req.seq, req.key, req.n_msgs), (77, 0xdead, 3));
-        assert_eq!(req.reply_to, b"reader");
-        assert_eq!(req.part, part);
-        // A plain request is not ragged and the other way round.
-        let mut plain = Vec::new();
-        encode(&mut plain, 1, 2, b"r", &[1], &[(0, 8)]);
-        assert!(!is_ragged(&plain) && decode_ragged(&plain).is_err() && decode(&buf).is_err());
-        assert_eq!(decode_ragged(&buf[..buf.len() - 3]), Err(Some(77)));
+        let o = open(&buf, &key()).unwrap();
+        assert_eq!(
+            (o.nonce, o.reply_to.as_slice()),
+            (nonce(77), &b"reader"[..])
+        );
+        assert_eq!(o.body, Ok(Body::Ragged(ragged(3, &part))));
+        assert!(open(&buf[..buf.len() - 3], &key()).is_none());
+        let refused = |n_msgs: u32, part: &RaggedPart| {
+            let mut b = Vec::new();
+            encode_ragged(&mut b, &key(), &nonce(1), b"r", &ragged(n_msgs, part));
+            open(&b, &key()).unwrap().body
+        };
         let mut zero = part.clone();
         zero.unit_bytes = 0;
-        encode_ragged(&mut buf, 78, 1, b"r", 1, &zero);
-        assert_eq!(decode_ragged(&buf), Err(Some(78)));
-        encode_ragged(&mut buf, 79, 1, b"r", MAX_RAGGED_MSGS as u32 + 1, &part);
-        assert_eq!(decode_ragged(&buf), Err(Some(79)));
-        encode_ragged(&mut buf, 80, 1, b"r", 0, &part);
-        assert_eq!(decode_ragged(&buf), Err(Some(80)));
+        assert_eq!(refused(1, &zero), Err(Refusal::Malformed));
+        assert_eq!(
+            refused(MAX_RAGGED_MSGS as u32 + 1, &part),
+            Err(Refusal::OverLimit)
+        );
+        assert_eq!(refused(0, &part), Err(Refusal::Malformed));
     }
 
     #[test]
@@ -1037,7 +1265,7 @@ mod tests {
         );
         assert_eq!(
             refuse(ragged_req(vec![0], 1, 65), &ends),
-            Err(Refusal::Malformed)
+            Err(Refusal::OverLimit)
         );
         // Repeated rows whose values exceed the share (readers send distinct rows).
         assert_eq!(

@@ -64,7 +64,7 @@ impl OfiTransport {
                 self.provider
             ))
         })?;
-        let node = Arc::new(Node::open(&info, false, self.config.timeout)?);
+        let node = Arc::new(Node::open(&info, false, self.config.timeout, &self.access)?);
         *slot = Some(node.clone());
         Ok(node)
     }

@@ -31,6 +31,9 @@ pub struct InfoRequest {
     /// owner-side gather path. Only set where that path is used, so the
     /// choice among NIC providers (cxi, verbs) is never narrowed by it.
     pub tagged: bool,
+    /// With `tagged`: also ask for directed receives (`FI_DIRECTED_RECV`),
+    /// so gather replies are matched from their owner's address only.
+    pub directed: bool,
 }
 
 /// A list of `fi_info` entries this process owns (freed with `fi_freeinfo`).
@@ -75,6 +78,9 @@ impl Info {
             h.mode = sys::FI_CONTEXT | sys::FI_CONTEXT2;
             if req.tagged {
                 h.caps |= (sys::FI_TAGGED | sys::FI_SEND | sys::FI_RECV) as u64;
+                if req.directed {
+                    h.caps |= sys::FI_DIRECTED_RECV;
+                }
             }
             let mut mr_mode = MR_MODES;
             if req.hmem {
@@ -306,6 +312,18 @@ impl InfoEntry<'_> {
     pub fn tx_iov_limit(&self) -> usize {
         // SAFETY: attribute pointers of a getinfo entry are NULL or valid for its lifetime.
         unsafe { self.info.tx_attr.as_ref() }
+            .map(|a| a.iov_limit)
+            .unwrap_or(1)
+            .max(1)
+    }
+    /// The capability bits of this entry.
+    pub fn caps(&self) -> u64 {
+        self.info.caps
+    }
+    /// Most iov entries one receive takes (at least 1).
+    pub fn rx_iov_limit(&self) -> usize {
+        // SAFETY: attribute pointers of a getinfo entry are NULL or valid for its lifetime.
+        unsafe { self.info.rx_attr.as_ref() }
             .map(|a| a.iov_limit)
             .unwrap_or(1)
             .max(1)

@@ -35,6 +35,14 @@ pub use fabric::Fabric;
 pub use info::{Info, InfoEntry, InfoRequest, MR_MODES};
 pub use mr::MemoryRegion;
 pub use reader::OfiReader;
+
+/// The gather path's wire format, for tools that speak it (the tests'
+/// attacker, `examples/ofi_attack.rs`).
+pub mod wire {
+    pub use super::gather::{
+        encode, reply_tag, MacKey, Nonce, Request, MAC_BYTES, REQUEST_TAG, STATUS_MASK,
+    };
+}
 pub use record::ShareRecord;
 pub use select::{
     is_provider_name, nic_for_rank, provider_candidates, DEFAULT_CANDIDATES, FABRIC_VALUES,

@@ -16,7 +16,7 @@ use super::context::Contexts;
 use super::cq::{Cq, CqEntry, CqError, Poll};
 use super::domain::Domain;
 use super::endpoint::Endpoint;
-use super::gather::{self, Landing};
+use super::gather::{self, Landing, MacKey, Nonce};
 use super::mr::MemoryRegion;
 use super::record::ShareRecord;
 use crate::error::{FabricError, FabricResult, RefusedFor};
@@ -80,7 +80,8 @@ impl DstRegistry {
 enum Op {
     /// A one-sided read.
     Read,
-    /// A receive of reply message `msg` (of request `req`), `want` bytes.
+    /// A receive of reply message `msg` (of request `req`), `want` bytes
+    /// after the reply header (which lands in the slot's header buffer).
     Recv { msg: usize, req: usize, want: usize },
     /// A gather request being sent.
     Send,
@@ -98,8 +99,11 @@ struct Arrived {
     req: usize,
     peer: usize,
     want: usize,
+    /// Bytes received, the reply header included.
     got: usize,
     tag: u64,
+    /// The reply header it brought.
+    header: [u8; gather::REPLY_HEADER_BYTES],
 }
 
 /// One reader endpoint with its window, pooled per domain ([`EndpointPool`])
@@ -117,8 +121,6 @@ struct Live {
     resolved: Vec<(Weak<Vec<ShareRecord>>, Vec<sys::fi_addr_t>)>,
     /// Its CQ has tagged entries (opened for the gather path).
     tagged: bool,
-    /// Sequence number of the last gather request sent through it.
-    seq: u32,
     /// The current reader's peers, as inserted in the AV.
     peers_fi: Vec<sys::fi_addr_t>,
     contexts: Contexts,
@@ -132,6 +134,16 @@ struct Live {
     requests: Vec<Vec<u8>>,
     /// Time spent waiting for completions and registering destinations.
     times: ReaderTimes,
+    /// Per window slot, where a reply receive's header lands.
+    headers: Box<[[u8; gather::REPLY_HEADER_BYTES]]>,
+    /// A receive matching any tag from anyone, posted once a batch's reply
+    /// receives are: what matches no reply receive (forged or late replies)
+    /// lands here and is dropped, so unexpected messages never pile up.
+    trash: Box<[u8]>,
+    /// Whether the trash receive is posted (its context is the slot after the window).
+    trash_posted: bool,
+    /// Messages discarded: trash receives, and replies whose header failed.
+    discarded: Arc<AtomicU64>,
 }
 
 /// Posting stopped: the error that stopped it is in the caller's `first_error`.
@@ -173,15 +185,20 @@ impl Live {
             addrs: HashMap::new(),
             resolved: Vec::new(),
             tagged,
-            seq: 0,
             peers_fi: Vec::new(),
-            contexts: Contexts::new(window),
+            // One more context: the trash receive's.
+            contexts: Contexts::new(window + 1),
             slots: (0..window).map(|_| None).collect(),
             free: (0..window).rev().collect(),
             arrived: Vec::new(),
             bounce: Vec::new(),
             requests: Vec::new(),
             times: ReaderTimes::default(),
+            headers: vec![[0u8; gather::REPLY_HEADER_BYTES]; window].into_boxed_slice(),
+            trash: vec![0u8; TRASH_BYTES].into_boxed_slice(),
+            trash_posted: false,
+            // Set to the borrowing reader's counter at each check-out.
+            discarded: Arc::default(),
         })
     }
 
@@ -340,6 +357,10 @@ pub struct ReaderSettings {
     /// Read from owners whose record offers it through the gather path
     /// (the domain has tagged messages).
     pub gather: bool,
+    /// The key gather requests are MACed under (`None`: no gather requests).
+    pub mac_key: Option<MacKey>,
+    /// Where discarded replies are counted (the variable's profile).
+    pub discarded: Arc<AtomicU64>,
 }
 
 /// Idle reader endpoints of one domain, shared by the readers of every
@@ -454,12 +475,18 @@ fn close_abandoning(live: Live) {
             unsafe { live.ep.cancel(live.contexts.ptr(slot)) };
         }
     }
+    if live.trash_posted {
+        // SAFETY: the trash receive is posted on this endpoint.
+        unsafe { live.ep.cancel(live.contexts.ptr(live.slots.len())) };
+    }
     let Live {
         dst_mrs,
         ep,
         contexts,
         bounce,
         requests,
+        headers,
+        trash,
         ..
     } = live;
     drop(ep);
@@ -469,6 +496,8 @@ fn close_abandoning(live: Live) {
     // outlive us in a bound MR): never free them under the provider.
     std::mem::forget(bounce);
     std::mem::forget(requests);
+    std::mem::forget(headers);
+    std::mem::forget(trash);
 }
 
 /// Reads remote shares, through an endpoint of [`EndpointPool`] lent for
@@ -490,11 +519,11 @@ pub struct OfiReader {
     local_mr: bool,
     /// The lent endpoint's name: owners address their replies to it.
     name: Vec<u8>,
-    /// Sequence number of the next gather request (the lent endpoint's).
-    seq: u32,
     /// Time spent in the endpoints lent to earlier calls (the lent one keeps
     /// its own until it is given back).
     times: ReaderTimes,
+    /// Gather replies are received from their owner's address only.
+    directed: bool,
 }
 
 impl OfiReader {
@@ -524,8 +553,8 @@ impl OfiReader {
             live: None,
             pool: pool.clone(),
             name: Vec::new(),
-            seq: 0,
             times: ReaderTimes::default(),
+            directed: info.caps() & sys::FI_DIRECTED_RECV != 0,
             broken: None,
             chunk: max_msg.min(settings.max_read_bytes.max(1)),
             max_msg,
@@ -549,8 +578,8 @@ impl OfiReader {
             return Err(e);
         }
         self.name.clone_from(&live.name);
-        self.seq = live.seq;
         live.times = ReaderTimes::default();
+        live.discarded = self.settings.discarded.clone();
         self.live = Some(live);
         Ok(())
     }
@@ -558,8 +587,7 @@ impl OfiReader {
     /// Returns the lent endpoint (a failure that left operations in flight
     /// has already taken it out of use: see `break_reader`).
     fn check_in(&mut self) {
-        if let Some(mut live) = self.live.take() {
-            live.seq = self.seq;
+        if let Some(live) = self.live.take() {
             self.times = self.times.plus(live.times);
             if live.in_flight() {
                 self.pool.quarantine(live);
@@ -752,14 +780,30 @@ impl OfiReader {
     }
 
     /// Sends a planned batch's requests and lands their replies in `dst`;
-    /// `got` receives each message's received length, in plan order (a
-    /// ragged request's replies may be shorter than their receives).
+    /// `got` receives each message's received length (without its reply
+    /// header), in plan order (a ragged request's replies may be shorter
+    /// than their receives).
+    ///
+    /// Every request has a fresh nonce; a reply is used only if its tag and
+    /// header carry that nonce (a receive whose header fails is counted,
+    /// discarded and posted again, so the genuine reply still lands), and
+    /// where the provider offers it, only if it came from the owner.
     fn exchange(
         &mut self,
         plan: &gather::Plan,
         dst: &mut [u8],
         got: &mut Vec<usize>,
     ) -> FabricResult<()> {
+        let Some(mac_key) = self.settings.mac_key.clone() else {
+            return Err(FabricError::Unavailable(
+                "gather requests need the job's key, which this reader was not given".into(),
+            ));
+        };
+        let nonces = plan
+            .requests
+            .iter()
+            .map(|_| Nonce::random())
+            .collect::<FabricResult<Vec<Nonce>>>()?;
         let live = self.live.as_mut().expect("checked by read_many");
         // Nothing is in flight between calls, so the buffers may move here.
         if live.bounce.len() < plan.bounce_len {
@@ -770,12 +814,12 @@ impl OfiReader {
         }
         let dst_base = dst.as_mut_ptr();
         let bounce_base = live.bounce.as_mut_ptr();
-        // Per message of the batch: (request, its Message); per request: state.
-        let msgs: Vec<(usize, gather::Message)> = plan
+        // Per message of the batch: (request, index in it, its Message).
+        let msgs: Vec<(usize, usize, gather::Message)> = plan
             .requests
             .iter()
             .enumerate()
-            .flat_map(|(ri, r)| r.msgs.iter().map(move |m| (ri, *m)))
+            .flat_map(|(ri, r)| r.msgs.iter().enumerate().map(move |(mi, m)| (ri, mi, *m)))
             .collect();
         let mut sent = vec![false; plan.requests.len()];
         let mut cancel = vec![false; plan.requests.len()];
@@ -785,35 +829,113 @@ impl OfiReader {
         got.clear();
         got.resize(msgs.len(), 0);
         let settings = &self.settings;
+        let directed = self.directed;
+        let peers_fi = live.peers_fi.clone();
+        // Where message `g` lands.
+        let landing = |g: usize| -> *mut u8 {
+            match msgs[g].2.land {
+                // SAFETY (both): offsets planned inside dst (validated) or the bounce buffer.
+                Landing::Direct(d) => unsafe { dst_base.add(d) },
+                Landing::Bounce { at, .. } => unsafe { bounce_base.add(at) },
+            }
+        };
+        // Posts the receive of message `g` in `slot`: its header into the
+        // slot's header buffer, its payload where it lands.
+        let post_recv = |live: &mut Live, slot: usize, g: usize| {
+            let (ri, mi, m) = msgs[g];
+            let owner = plan.requests[ri].owner;
+            let iov = [
+                sys::iovec {
+                    iov_base: live.headers[slot].as_mut_ptr() as *mut c_void,
+                    iov_len: gather::REPLY_HEADER_BYTES,
+                },
+                sys::iovec {
+                    iov_base: landing(g) as *mut c_void,
+                    iov_len: m.len,
+                },
+            ];
+            let src = if directed {
+                peers_fi[owner]
+            } else {
+                sys::FI_ADDR_UNSPEC
+            };
+            // SAFETY: the payload lies in dst (borrowed for this whole call,
+            // and the endpoint is closed before returning if the receive is
+            // still posted) or in the reader-owned bounce buffer; the header
+            // buffer is the reader's (both abandoned, never freed, if the
+            // reader breaks); the context slot is reserved.
+            unsafe {
+                live.ep.post_trecvv(
+                    &iov,
+                    src,
+                    gather::reply_tag(&nonces[ri], mi as u32, 0),
+                    gather::STATUS_MASK,
+                    live.contexts.ptr(slot),
+                )
+            }
+        };
 
         // Checks and scatters replies that arrived; a refusal cancels the
-        // rest of its request's receives, any other mismatch poisons the reader.
+        // rest of its request's receives, any other mismatch poisons the
+        // reader; a reply whose header is not its request's is discarded
+        // and its receive posted again.
         let settle = |live: &mut Live,
                       cancel: &mut Vec<bool>,
                       poisoned: &mut bool,
                       first_error: &mut Option<FabricError>,
                       got: &mut Vec<usize>| {
             for a in std::mem::take(&mut live.arrived) {
+                let genuine =
+                    a.got >= gather::REPLY_HEADER_BYTES && a.header == nonces[a.req].reply_header();
+                if !genuine {
+                    live.discarded.fetch_add(1, Ordering::Relaxed);
+                    // Its own slot was freed when it completed: one is free.
+                    let slot = live.free.pop().expect("its slot was freed");
+                    match post_recv(live, slot, a.msg) {
+                        Ok(Ok(())) => {
+                            live.slots[slot] = Some(InFlight {
+                                peer: a.peer,
+                                posted: Instant::now(),
+                                op: Op::Recv {
+                                    msg: a.msg,
+                                    req: a.req,
+                                    want: a.want,
+                                },
+                            });
+                        }
+                        Ok(Err(_)) | Err(_) => {
+                            live.free.push(slot);
+                            *poisoned = true;
+                            first_error.get_or_insert(FabricError::Invalid(format!(
+                                "a reply receive from rank {} could not be posted again after a \
+                                 forged reply",
+                                a.peer
+                            )));
+                        }
+                    }
+                    continue;
+                }
                 let status = gather::reply_status(a.tag);
+                let payload = a.got - gather::REPLY_HEADER_BYTES;
                 // A ragged reply fills at most its receive (the stream's tail is short).
                 let fits = if plan.requests[a.req].ragged.is_some() {
-                    a.got <= a.want
+                    payload <= a.want
                 } else {
-                    a.got == a.want
+                    payload == a.want
                 };
                 if status == 0 && fits {
-                    got[a.msg] = a.got;
+                    got[a.msg] = payload;
                 }
                 if status != 0 || !fits {
-                    first_error.get_or_insert(gather::bad_reply(a.peer, status, a.got, a.want));
-                    if status != 0 && a.got == 0 {
+                    first_error.get_or_insert(gather::bad_reply(a.peer, status, payload, a.want));
+                    if status != 0 && payload == 0 {
                         cancel[a.req] = true;
                     } else {
                         *poisoned = true;
                     }
                     continue;
                 }
-                if let Landing::Bounce { scatter, .. } = msgs[a.msg].1.land {
+                if let Landing::Bounce { scatter, .. } = msgs[a.msg].2.land {
                     for &(b, d, n) in &plan.scatter[scatter.0..scatter.1] {
                         // SAFETY: the plan keeps b..b+n inside the bounce buffer and
                         // d..d+n inside dst (validated); this reply has completed, so
@@ -856,36 +978,20 @@ impl OfiReader {
             };
         }
 
+        // The trash receive matches anything: it must not sit before this
+        // batch's reply receives in the provider's queue.
+        live.withdraw_trash();
+
         'posting: for (ri, req) in plan.requests.iter().enumerate() {
-            self.seq = self.seq.wrapping_add(1) & gather::SEQ_MASK;
-            let seq = self.seq;
-            for (mi, m) in req.msgs.iter().enumerate() {
+            for _ in &req.msgs {
                 let g = next_msg;
                 next_msg += 1;
                 let Some(slot) = slot!() else {
                     break 'posting;
                 };
-                let buf = match m.land {
-                    // SAFETY (both): offsets planned inside dst (validated) or the bounce buffer.
-                    Landing::Direct(d) => unsafe { dst_base.add(d) },
-                    Landing::Bounce { at, .. } => unsafe { bounce_base.add(at) },
-                };
                 let stalled = Instant::now();
                 loop {
-                    // SAFETY: buf..buf+len lies in dst (borrowed for this whole call,
-                    // and the endpoint is closed before returning if the receive is
-                    // still posted) or in the reader-owned bounce buffer (abandoned,
-                    // never freed, if the reader breaks); the context slot is reserved.
-                    let posted = unsafe {
-                        live.ep.post_trecv(
-                            buf,
-                            m.len,
-                            gather::reply_tag(seq, mi as u32, 0),
-                            gather::STATUS_MASK,
-                            live.contexts.ptr(slot),
-                        )
-                    };
-                    match posted {
+                    match post_recv(live, slot, g) {
                         Ok(Ok(())) => break,
                         Ok(Err(_again)) if stalled.elapsed() <= settings.timeout => {
                             if let Err(e) = progress_once(live, &mut first_error) {
@@ -919,17 +1025,35 @@ impl OfiReader {
                     op: Op::Recv {
                         msg: g,
                         req: ri,
-                        want: m.len,
+                        want: msgs[g].2.len,
                     },
                 });
             }
             let body = &mut live.requests[ri];
             let key = self.peers[req.owner].key;
             match &req.ragged {
-                Some(part) => {
-                    gather::encode_ragged(body, seq, key, &self.name, req.msgs.len() as u32, part)
-                }
-                None => gather::encode(body, seq, key, &self.name, &req.msg_ranges, &req.ranges),
+                Some(part) => gather::encode_ragged(
+                    body,
+                    &mac_key,
+                    &nonces[ri],
+                    &self.name,
+                    &gather::RaggedRequest {
+                        key,
+                        n_msgs: req.msgs.len() as u32,
+                        part: part.clone(),
+                    },
+                ),
+                None => gather::encode(
+                    body,
+                    &mac_key,
+                    &nonces[ri],
+                    &self.name,
+                    &gather::Request {
+                        key,
+                        msg_ranges: req.msg_ranges.clone(),
+                        ranges: req.ranges.clone(),
+                    },
+                ),
             }
             let Some(slot) = slot!() else {
                 cancel[ri] = true;
@@ -1005,6 +1129,9 @@ impl OfiReader {
                 op: Op::Send,
             });
         }
+        // Every reply receive is posted: from now on what matches none of
+        // them lands in the trash.
+        live.post_trash();
         // Receives of requests never sent get no reply.
         for (ri, s) in sent.iter().enumerate() {
             if !s {
@@ -1019,6 +1146,7 @@ impl OfiReader {
                 first_error.get_or_insert(e);
                 break;
             }
+            live.post_trash();
             settle(live, &mut cancel, &mut poisoned, &mut first_error, got);
         }
         let outstanding = live.free.len() < live.slots.len();
@@ -1036,6 +1164,45 @@ impl OfiReader {
             dst.copy_within(from..from + n, to);
         }
         Ok(())
+    }
+}
+
+/// Bytes of the trash receive: a longer message is truncated (and dropped).
+const TRASH_BYTES: usize = 256;
+/// Longest wait for the trash receive's cancellation before a batch posts.
+const TRASH_WITHDRAW: Duration = Duration::from_millis(200);
+
+impl Live {
+    /// Posts the trash receive (any tag, any sender) if it is not posted.
+    fn post_trash(&mut self) {
+        if self.trash_posted {
+            return;
+        }
+        let ctx = self.contexts.ptr(self.slots.len());
+        // SAFETY: the trash buffer and its context belong to this reader and
+        // are abandoned, never freed, if the reader breaks with it posted.
+        let rc = unsafe {
+            self.ep
+                .post_trecv(self.trash.as_mut_ptr(), self.trash.len(), 0, u64::MAX, ctx)
+        };
+        self.trash_posted = matches!(rc, Ok(Ok(())));
+    }
+
+    /// Cancels the trash receive and waits (briefly) until the provider says
+    /// it is gone, reaping what else completes meanwhile.
+    fn withdraw_trash(&mut self) {
+        if !self.trash_posted {
+            return;
+        }
+        // SAFETY: the trash receive is posted on this endpoint.
+        unsafe { self.ep.cancel(self.contexts.ptr(self.slots.len())) };
+        let deadline = Instant::now() + TRASH_WITHDRAW;
+        let mut ignored = None;
+        while self.trash_posted && Instant::now() < deadline {
+            if progress_once(self, &mut ignored).is_err() {
+                break;
+            }
+        }
     }
 }
 
@@ -1106,26 +1273,19 @@ fn reap(
     settings: &ReaderSettings,
     first_error: &mut Option<FabricError>,
 ) -> FabricResult<()> {
-    reap_until(live, settings, first_error, false)
+    reap_until(live, Some(settings), first_error, false)
 }
 
 /// Polls the CQ once without waiting for anything to complete (progresses
 /// the provider, e.g. a connection a send waits for).
 fn progress_once(live: &mut Live, first_error: &mut Option<FabricError>) -> FabricResult<()> {
-    let settings = ReaderSettings {
-        window: 0,
-        timeout: Duration::MAX,
-        max_read_bytes: 0,
-        force_local_mr: false,
-        gather: false,
-    };
-    reap_until(live, &settings, first_error, true)
+    reap_until(live, None, first_error, true)
 }
 
 /// As [`reap`]; with `once`, returns after one poll. Its time counts as completion wait.
 fn reap_until(
     live: &mut Live,
-    settings: &ReaderSettings,
+    settings: Option<&ReaderSettings>,
     first_error: &mut Option<FabricError>,
     once: bool,
 ) -> FabricResult<()> {
@@ -1137,7 +1297,7 @@ fn reap_until(
 
 fn poll_until(
     live: &mut Live,
-    settings: &ReaderSettings,
+    settings: Option<&ReaderSettings>,
     first_error: &mut Option<FabricError>,
     once: bool,
 ) -> FabricResult<()> {
@@ -1168,7 +1328,10 @@ fn poll_until(
         }
         // A signal (Ctrl-C) stops the wait: the caller takes the endpoint out of use.
         crate::error::check_interrupt()?;
-        if once || !live.check_deadline(settings)? {
+        let Some(settings) = settings.filter(|_| !once) else {
+            return Ok(());
+        };
+        if !live.check_deadline(settings)? {
             return Ok(());
         }
         back_off(&mut idle);
@@ -1194,6 +1357,12 @@ impl Live {
             let Some(slot) = self.contexts.slot_of(d.ctx) else {
                 continue;
             };
+            if slot == self.slots.len() {
+                // The trash receive took a message nobody asked for.
+                self.trash_posted = false;
+                self.discarded.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             let Some(f) = self.slots[slot].take() else {
                 continue;
             };
@@ -1206,6 +1375,7 @@ impl Live {
                     want,
                     got: d.len,
                     tag: d.tag,
+                    header: self.headers[slot],
                 });
             }
         }
@@ -1214,6 +1384,14 @@ impl Live {
     /// Frees the slot of a failed operation and says what the failure means.
     fn fail(&mut self, err: CqError) -> Failure {
         let slot = self.contexts.slot_of(err.context);
+        if slot == Some(self.slots.len()) {
+            // The trash receive: cancelled, or a message too long for it (truncated).
+            self.trash_posted = false;
+            if err.code.unsigned_abs() != sys::FI_ECANCELED as u64 {
+                self.discarded.fetch_add(1, Ordering::Relaxed);
+            }
+            return Failure::Cancelled;
+        }
         let taken = slot.and_then(|s| self.slots[s].take());
         if let Some(s) = slot {
             if !self.free.contains(&s) && self.slots[s].is_none() {

@@ -14,13 +14,14 @@ use super::cq::Cq;
 use super::domain::Domain;
 use super::endpoint::Endpoint;
 use super::fabric::Fabric;
+use super::gather::MacKey;
 use super::info::{Info, InfoRequest};
 use super::mr::MemoryRegion;
 use super::progress::Progress;
 use super::reader::{DstRegistry, EndpointPool, OfiReader, ReaderSettings};
 use super::record::ShareRecord;
 use super::select;
-use super::serve::{self, ServedShares};
+use super::serve::{self, Access, ServedShares};
 use crate::error::{FabricError, FabricResult};
 
 // Shares in device memory (FI_HMEM); a child module, for this file's private items.
@@ -50,7 +51,12 @@ impl Node {
     /// `gather`: the progress thread also answers gather requests (the
     /// domain must then offer tagged messages); replies wait for the
     /// provider at most `timeout` (the readers' `DDSTORE_TIMEOUT_S`).
-    fn open(info: &Info, gather: bool, timeout: std::time::Duration) -> FabricResult<Node> {
+    fn open(
+        info: &Info,
+        gather: bool,
+        timeout: std::time::Duration,
+        access: &Arc<Access>,
+    ) -> FabricResult<Node> {
         let domain = open_domain(info)?;
         // sockets reports auto progress, but its own progress thread is slow
         // to serve reads (measured: half the bandwidth without ours).
@@ -68,7 +74,8 @@ impl Node {
         let served = gather.then(|| Arc::new(ServedShares::default()));
         let progress = match &served {
             Some(shares) => {
-                let server = serve::Server::new(target.clone(), shares.clone(), timeout)?;
+                let server =
+                    serve::Server::new(target.clone(), shares.clone(), access.clone(), timeout)?;
                 Some(Progress::start(target.clone(), Some(server))?)
             }
             None if manual => Some(Progress::start(target.clone(), None)?),
@@ -108,6 +115,8 @@ pub struct OfiTransport {
     /// Reader endpoints of a forked child, in a domain of its own (opened on
     /// first use), shared by every variable's readers.
     child_readers: Arc<Mutex<Option<Arc<EndpointPool>>>>,
+    /// The job's request key (shared with the serving thread).
+    access: Arc<Access>,
 }
 
 impl OfiTransport {
@@ -171,15 +180,26 @@ impl OfiTransport {
         };
         let mut gather = false;
         if want {
-            let tagged = InfoRequest {
+            let mut tagged = InfoRequest {
                 tagged: true,
+                directed: true,
                 provider: Some(provider.clone()),
                 ..request.clone()
             };
+            // Directed receives where the provider has them (tcp;ofi_rxm,
+            // sockets do), else replies are bound by their nonce alone.
+            let queried = Info::query(&tagged).or_else(|_| {
+                tagged.directed = false;
+                Info::query(&tagged)
+            });
             // Our sends and receives pass no descriptors: providers that
             // need registered local buffers keep one-sided reads.
-            let usable = Info::query(&tagged).and_then(|i| {
-                if i.first().mr_mode() & sys::FI_MR_LOCAL as u64 != 0 {
+            let usable = queried.and_then(|i| {
+                if i.first().rx_iov_limit() < 2 {
+                    Err(FabricError::Unavailable(
+                        "its receives take a single buffer (the reply header needs two)".into(),
+                    ))
+                } else if i.first().mr_mode() & sys::FI_MR_LOCAL as u64 != 0 {
                     Err(FabricError::Unavailable(
                         "it requires registered local buffers (FI_MR_LOCAL)".into(),
                     ))
@@ -211,6 +231,7 @@ impl OfiTransport {
             gather,
             hmem_node: Mutex::new(None),
             child_readers: Arc::new(Mutex::new(None)),
+            access: Arc::new(Access::default()),
         })
     }
 
@@ -234,7 +255,12 @@ impl OfiTransport {
                     .into(),
             )),
             None => {
-                let n = Arc::new(Node::open(&self.info, self.gather, self.config.timeout)?);
+                let n = Arc::new(Node::open(
+                    &self.info,
+                    self.gather,
+                    self.config.timeout,
+                    &self.access,
+                )?);
                 *node = Some(n.clone());
                 Ok(n)
             }
@@ -256,6 +282,8 @@ impl OfiTransport {
             _ => None,
         };
         OfiShares {
+            mac_key: self.access.key(),
+            discarded: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             served_key,
             _exposed: exposed,
             node,
@@ -286,12 +314,35 @@ impl OfiTransport {
             .collect()
     }
 
+    /// Without a secret given (`set_secret`), the first exposure draws one
+    /// on rank 0 and shares it over `comm` (method 1: the communicator is
+    /// the job's own).
+    fn agree_on_key(&self, comm: &Arc<dyn Comm>) -> FabricResult<()> {
+        if !self.gather || self.access.key().is_some() {
+            return Ok(());
+        }
+        let mut secret = [0u8; 32];
+        getrandom::getrandom(&mut secret).map_err(|e| {
+            FabricError::Unavailable(format!("the operating system gave no random bytes: {e}"))
+        })?;
+        let all = comm
+            .allgather(&secret)
+            .map_err(|e| FabricError::Invalid(format!("cannot share the job's key: {e}")))?;
+        let first = all
+            .first()
+            .filter(|s| s.len() == secret.len())
+            .ok_or_else(|| FabricError::Invalid("rank 0 sent no job key".into()))?;
+        self.access.set_key(MacKey::derive(first));
+        Ok(())
+    }
+
     fn expose_inner(
         &self,
         comm: &Arc<dyn Comm>,
         len: usize,
         opts: &ExposeOptions,
     ) -> ddstore_core::Result<Exposed> {
+        self.agree_on_key(comm)?;
         let node = self.node()?;
         let region = Arc::new(if opts.node_sharing {
             Region::shared_with(&opts.name, len, opts.keep_address)?
@@ -368,6 +419,16 @@ impl Transport for OfiTransport {
         }
     }
 
+    fn set_secret(&self, secret: &[u8]) {
+        self.access.set_key(MacKey::derive(secret));
+    }
+
+    fn rejected_requests(&self) -> u64 {
+        self.access
+            .rejected_requests
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn attach(&self, records: &[Vec<u8>]) -> ddstore_core::Result<Arc<dyn RemoteShares>> {
         let peers = self.decode_all(records)?;
         let node = self.node()?;
@@ -377,6 +438,10 @@ impl Transport for OfiTransport {
 
 /// Every rank's share of one variable, readable through [`OfiReader`]s.
 pub struct OfiShares {
+    /// The key its readers MAC gather requests under.
+    mac_key: Option<MacKey>,
+    /// Replies its readers discarded.
+    discarded: Arc<std::sync::atomic::AtomicU64>,
     /// Our share's key in the node's served table (removed on drop).
     served_key: Option<u64>,
     // Close order: our share's MR (then its memory), then the node.
@@ -447,6 +512,8 @@ impl RemoteShares for OfiShares {
                 max_read_bytes: self.config.max_read_bytes,
                 force_local_mr: self.config.ofi_local_mr,
                 gather: self.gather && self.peers.iter().any(|p| p.gather),
+                mac_key: self.mac_key.clone(),
+                discarded: self.discarded.clone(),
             },
         )?;
         Ok(Box::new(reader))
@@ -455,6 +522,10 @@ impl RemoteShares for OfiShares {
     fn gather_key(&self, owner: usize) -> Option<u64> {
         let peer = self.peers.get(owner)?;
         (self.gather && peer.gather).then_some(peer.key)
+    }
+
+    fn rejected_replies(&self) -> u64 {
+        self.discarded.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn register_dst(&self, addr: usize, len: usize) -> ddstore_core::Result<()> {

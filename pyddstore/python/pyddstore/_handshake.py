@@ -156,6 +156,9 @@ class Publisher:
         if agreed["problem"] is not None:
             raise DDStoreAccessError(agreed["problem"])
         self.token = agreed["token"]
+        # Requests between the job's processes (and its extra jobs') are MACed under a key
+        # derived from the token: a party without it is never answered.
+        store._native.set_secret(self.token.encode())
         if given:
             return
         entry = _JOB_TOKENS.setdefault(key, [self.token, 0])
@@ -410,6 +413,8 @@ def join(store, name: str, timeout_s: float | None = None, token: str | None = N
             f"join('{name}'): stale record {path}: its core job (pid {body['pid']} on {body['host']}) is no "
             "longer running; start the core job, or clear the handshake_dir of old records"
         )
+    # This job's requests to the core job's owners carry proof of the token.
+    store._native.set_secret(presented.encode())
     node = body.get("node")
     node = node if isinstance(node, list) and all(isinstance(n, (str, type(None))) for n in node) else None
     store._native.attach(

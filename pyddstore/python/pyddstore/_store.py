@@ -493,7 +493,11 @@ class PyDDStore:
         Ours: ``calls``, ``rows``, ``bytes``, ``local_rows``, ``node_rows``, ``remote_rows``,
         ``remote_reads``, ``remote_ns`` (all transport time, ``cq_ns``, ``mr_ns`` and ``lock_ns``
         included), ``copy_ns``, ``epoch_sync`` (seconds in ``epoch_begin``/``epoch_end``) and
-        ``recv_registered`` (live ``register_recv`` buffers). For a ragged variable ``rows`` are
+        ``recv_registered`` (live ``register_recv`` buffers),
+        ``rejected_replies`` messages this variable's readers received and discarded (gather
+        replies bound to no request they made: forged, or late) and ``rejected_requests`` requests
+        from the network this process's owner dropped unanswered (no proof of the job's secret, or
+        beyond its bounds). For a ragged variable ``rows`` are
         its ragged rows and ``bytes`` their values.
 
         Example:
@@ -516,6 +520,7 @@ class PyDDStore:
         total["cq"] = ns["cq_ns"] / 1e9
         total["mr_miss"] = 0
         total["recv_registered"] = len(self._recv)
+        total["rejected_requests"] = self._native.rejected_requests
         return total
 
     # -- collectives over the store's group ---------------------------------

@@ -5,8 +5,11 @@ of a local array for memory, the raw transport line for the fabric).
     mpirun -n 4 python -m pyddstore.bench [--json FILE] [--plot FILE.png]
     python -m pyddstore.bench --vcluster [--json FILE]     (across namespace nodes; root)
 
-Rank 0 reads rows owned by the other ranks while they wait without
-spinning; every configuration is checked against the owners' data first.
+By default every rank reads rows of the other ranks at once (as a training
+job's loaders do, each rank's owner thread serving while its own loader
+reads) and the figures are the mean over the ranks; `--readers rank0` has
+rank 0 read while the others wait without spinning. Every configuration is
+checked against the owners' data first.
 """
 
 from __future__ import annotations
@@ -216,10 +219,13 @@ def measure(args, comm) -> list[dict]:
             first = rank * per_rank
             mine = pattern(np.arange(first, first + per_rank), row_bytes)
             store.add(name, mine)
-            server = SocketServer(mine) if label in SOCKET_LINE and rank > 0 else None
+            all_read = args.readers == "all"
+            serves = label in SOCKET_LINE and (rank > 0 or all_read)
+            server = SocketServer(mine) if serves else None
             ports = comm.allgather(server.port if server else None)
-            if rank == 0 and size > 1:
-                remote = np.arange(per_rank, per_rank * size)  # rows of the other ranks
+            if (rank == 0 or all_read) and size > 1:
+                others = np.arange(per_rank * size)
+                remote = others[others // per_rank != rank]  # rows of the other ranks
                 for batch in args.batch_sizes:
                     batches = rng.choice(remote, (64, batch))
                     outs = [np.empty((batch, row_bytes), np.uint8) for _ in range(max(args.threads))]
@@ -233,7 +239,7 @@ def measure(args, comm) -> list[dict]:
                     if label != "node-shm" and label != "mpi-shm":
                         lines.append(("raw", lambda r, t: store._native.get_batch_raw(name, outs[t], r)))
                     sockets = None
-                    if server is None and any(p is not None for p in ports):
+                    if (server is None or all_read) and any(p is not None for p in ports):
                         sockets = SocketReader(ports, per_rank, row_bytes, max(args.threads), batch)
                         sockets.get_batch(batches[1], outs[0], 0)
                         if not np.array_equal(outs[0], pattern(batches[1], row_bytes)):
@@ -254,16 +260,34 @@ def measure(args, comm) -> list[dict]:
                             results.append(_row(label, kind, row_bytes, batch, threads, *best[kind]))
                     if sockets is not None:
                         sockets.close()
+            if all_read:
+                comm.barrier()  # every reader done before an owner closes its socket line
             if rank == 0:
                 print(f"# {label}: {row_bytes} B rows done", file=sys.stderr, flush=True)
             quiet_wait(comm)
             if server is not None:
                 server.close()
         store.free()
+    if args.readers == "all":
+        results = mean_over_ranks(comm.allgather(results))
     if rank == 0:
         results.extend(numpy_ceiling(args, size))
     quiet_wait(comm)  # the others wait without spinning while rank 0 measures numpy
     return results
+
+
+def mean_over_ranks(per_rank: list) -> list[dict]:
+    """Each line's mean time per row over the ranks that measured it (all reading at once)."""
+    merged: dict = {}
+    for results in per_rank:
+        for r in results:
+            key = (r["config"], r["kind"], r["row_bytes"], r["batch"], r["threads"])
+            merged.setdefault(key, []).append(r)
+    out = []
+    for rows in merged.values():
+        us = sum(r["us_per_row"] for r in rows) / len(rows)
+        out.append(dict(rows[0], us_per_row=us, gb_per_s=rows[0]["row_bytes"] / us / 1e3, ranks=len(rows)))
+    return out
 
 
 def numpy_ceiling(args, size: int) -> list[dict]:
@@ -373,6 +397,12 @@ def main(argv=None) -> None:
     ap.add_argument("--seconds", type=float, default=0.3, help="time per measurement")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per line; the best is kept")
     ap.add_argument("--share-bytes", type=float, default=64e6, help="bytes per rank per variable")
+    ap.add_argument(
+        "--readers",
+        choices=["all", "rank0"],
+        default="all",
+        help="all: every rank reads the others' rows at once (mean over ranks); rank0: rank 0 reads",
+    )
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--plot", help="write a PNG plot (matplotlib) to this file")
     ap.add_argument(
@@ -402,13 +432,14 @@ def main(argv=None) -> None:
         add_ratios(results)
         print_table(
             results,
-            f"# pyddstore {_native.__version__} bench: {comm.size} ranks, rank 0 reads rows "
-            f"of the other ranks; numpy = fancy indexing of a local array",
+            f"# pyddstore {_native.__version__} bench: {comm.size} ranks, "
+            + ("every rank reads (mean over ranks)" if args.readers == "all" else "rank 0 reads")
+            + " rows of the other ranks; numpy = fancy indexing of a local array",
         )
         if args.json:
             os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
             with open(args.json, "w") as f:
-                json.dump({"ranks": comm.size, "results": results}, f, indent=1)
+                json.dump({"ranks": comm.size, "readers": args.readers, "results": results}, f, indent=1)
         if args.plot:
             plot(results, args.plot)
 
