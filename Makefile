@@ -55,7 +55,7 @@ test-torch-min:  ## the torch tests against the oldest supported torch (2.6, CPU
 	bash scripts/setup.sh && bash scripts/test-torch-min.sh
 
 docs:  ## build the documentation (mkdocs --strict) into site/
-	bash scripts/setup.sh && . .venv/bin/activate && mkdocs build --strict -q
+	bash scripts/setup.sh && . .venv/bin/activate && python -m mkdocs build --strict
 
 lint:  ## cargo fmt --check, clippy -D warnings (also without MPI), ruff, the _native.pyi stub check
 	bash scripts/lint.sh

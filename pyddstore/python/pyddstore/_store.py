@@ -91,15 +91,15 @@ class PyDDStore:
 
     def __init__(
         self,
-        comm=None,
-        method=None,
-        handshake_dir="",
-        n_core=0,
-        nic_map=None,
-        ddstore_width=None,
+        comm: object | None = None,
+        method: int | None = None,
+        handshake_dir: str | os.PathLike = "",
+        n_core: int = 0,
+        nic_map: str | dict[int, str] | None = None,
+        ddstore_width: int | None = None,
         *,
-        comm_or_none=None,
-        settings=None,
+        comm_or_none: object | None = None,
+        settings: _native.Settings | None = None,
     ):
         if comm is not None and comm_or_none is not None:
             raise DDStoreTypeError("pass the communicator once: comm= (or its older name comm_or_none=)")
