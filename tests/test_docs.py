@@ -114,3 +114,29 @@ def test_nothing_points_outside_the_repository():
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         text = path.read_text()
         assert "../shared" not in text and "/work/" not in text, path
+
+
+def _repository_text_files():
+    skip = {".git", "target", "site", "bench-results", "node_modules"}
+    for path in ROOT.rglob("*"):
+        rel = path.relative_to(ROOT).parts
+        if any(part in skip or part.startswith(".venv") for part in rel) or not path.is_file():
+            continue
+        if path.suffix in {".py", ".md", ".sh", ".toml", ".txt", ".rs", ".yml", ".yaml", ".cfg", ".pyi"}:
+            yield path
+
+
+def test_no_install_line_names_a_package_index_pyddstore():
+    """pyddstore is not on PyPI: a bare install line of that name would install whatever someone else
+    registered under that name. Every install line names a checkout (`".[graph]"`) or a package."""
+    import re
+
+    name = "pyddstore"
+    bare = re.compile(r"pip3? install\s+(?:-\S+\s+)*[\"']?" + name + r"(?![\w/.-])", re.I)
+    extras = re.compile(r"(?<![\w./-])[\"']?" + name + r"\[[\w,]+\]")
+    offenders = []
+    for path in _repository_text_files():
+        for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if bare.search(line) or extras.search(line):
+                offenders.append(f"{path.relative_to(ROOT)}:{lineno}: {line.strip()}")
+    assert not offenders, "install lines naming a package index pyddstore:\n" + "\n".join(offenders)

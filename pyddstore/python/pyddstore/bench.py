@@ -385,7 +385,7 @@ def main(argv=None) -> None:
         import importlib.util
 
         if importlib.util.find_spec("matplotlib") is None:
-            ap.error("--plot needs matplotlib: pip install 'pyddstore[bench]'")
+            ap.error("--plot needs matplotlib: pip install matplotlib")
     if args.vcluster:
         from .bench_cluster import run
 

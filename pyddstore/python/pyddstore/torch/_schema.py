@@ -86,7 +86,7 @@ def _pyg_class(structure: str = PYG) -> Any:
     except ImportError:
         raise SchemaTypeError(
             f"this dataset holds torch_geometric {name} samples: install torch_geometric "
-            "(pip install 'pyddstore[graph]') to read them"
+            "(pip install torch_geometric) to read them"
         ) from None
     return getattr(pyg_data, name)
 
