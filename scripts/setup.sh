@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
-APT_PACKAGES="libopenmpi-dev openmpi-bin libfabric-dev libfabric-bin libclang-dev clang pkg-config python3-venv valgrind iproute2"
+APT_PACKAGES="libopenmpi-dev openmpi-bin libfabric-dev libfabric-bin libclang-dev clang pkg-config python3-venv valgrind iproute2 shellcheck"
 missing=""
 for p in $APT_PACKAGES; do
     dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
