@@ -16,9 +16,12 @@ TARBALL=${LIBFABRIC2_TARBALL:-$VENDOR_DIR/libfabric-2.3.1-src.tar.gz}
 WORK=$ROOT/target/libfabric2
 PREFIX=$WORK/prefix
 [ -f "$TARBALL" ] || { echo "no libfabric source tarball at $TARBALL: set LIBFABRIC2_TARBALL or VENDOR_DIR" >&2; exit 1; }
-for tool in autoconf automake libtoolize; do
-    command -v "$tool" >/dev/null || { echo "$tool not found: apt-get install autoconf automake libtool" >&2; exit 1; }
-done
+if ! command -v autoconf >/dev/null || ! command -v automake >/dev/null || ! command -v libtoolize >/dev/null; then
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    echo "==> apt-get install autoconf automake libtool (libfabric's autogen.sh)"
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq autoconf automake libtool >/dev/null
+fi
 . .venv/bin/activate
 
 # 1. libfabric from source (skipped when this tarball's build is already installed).
