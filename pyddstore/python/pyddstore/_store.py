@@ -662,7 +662,10 @@ class PyDDStore:
         for name in self._native.names():
             p = self._native.get_profile(name)
             _log.get_logger("store").info(
-                f"rank {self.world_rank}: profile {name}: " + " ".join(f"{k}={v}" for k, v in p.items())
+                "profile %s: %s",
+                name,
+                " ".join(f"{k}={v}" for k, v in p.items()),
+                extra={"rank": self.world_rank},
             )
 
     # -- helpers ------------------------------------------------------------

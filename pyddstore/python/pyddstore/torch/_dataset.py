@@ -640,8 +640,8 @@ def _load_summary(name: str, n: int, size: int, stats: list[dict]) -> str:
     extra = f"; {', '.join(notes)}" if notes else ""
     return (
         f"pyddstore: {name}: {n} samples, {max(s['nbytes'] for s in stats) / 2**20:.1f} MiB per rank "
-        f"({size} ranks), {secs:.2f} s, {total / secs / 1e6:.0f} MB/s total, "
-        f"{total / size / secs / 1e6:.0f} MB/s per rank; {slowest['path']} path, "
+        f"({size} ranks), {secs:.2f} s, {_load.rate_text(total / secs)} total, "
+        f"{_load.rate_text(total / size / secs)} per rank; {slowest['path']} path, "
         f"{slowest['workers']} reader(s) in flight; limited by {_load.limit_of(slowest)}{extra}"
     )
 
@@ -1004,6 +1004,7 @@ class DistDataset(_StoredDataset):
                 fixed_bytes if not schema.ragged_fields else 0,
                 rank == 0 and not quiet,
                 f"loading {self.name}",
+                samples=count,
             )
             stats = fill(start, count, depth, progress)
             ragged = stats.ragged
@@ -1019,8 +1020,13 @@ class DistDataset(_StoredDataset):
         mine = {"error": payload, "max_lens": max_lens, "stats": stats.to_json()}
         st = mine["stats"]
         _LOG.debug(
-            f"rank {rank}: {self.name}: loaded rows {start}..{start + count} ({st.get('nbytes')} bytes) "
-            f"in {st.get('secs', 0.0):.3f} s"
+            "%s: loaded rows %d..%d (%s bytes) in %.3f s",
+            self.name,
+            start,
+            start + count,
+            st.get("nbytes"),
+            st.get("secs", 0.0),
+            extra={"rank": rank},
         )
         results = store.allgather(mine)
         failed = [r["error"] for r in results if r["error"] is not None]
@@ -1038,7 +1044,7 @@ class DistDataset(_StoredDataset):
         self.load_stats = [r["stats"] for r in results]
         if rank == 0 and not quiet:
             summary = _load_summary(self.name, n, size, self.load_stats).removeprefix("pyddstore: ")
-            _LOG.info(f"rank {rank}: loaded {summary}")
+            _LOG.info("loaded %s", summary, extra={"rank": rank})
 
     def _load_share(self, store, source, schema, encode, chunk_size, start, count, depth, progress):
         """This rank's rows into its share, by the fastest path the source allows."""
