@@ -137,6 +137,10 @@ class Buffers(dict):
 
     Pass as out= to read_rows() / __getitems__(); give back with release().
 
+    Args:
+        arrays (dict): field key -> receive array.
+        registered (list): (variable, array) pairs registered with the store, released by `release()`.
+
     Example:
         ```python
         bufs = ds.alloc(128)
@@ -190,6 +194,23 @@ class _StoredDataset(Dataset):
 
     def __len__(self) -> int:
         return self._n
+
+    def __repr__(self) -> str:
+        """Name, length, fields (dtype and shape; a ragged axis shows as `*`) and the method."""
+        kind = type(self).__name__
+        if "_schema" not in self.__dict__:
+            return f"<{kind} {getattr(self, 'name', '?')!r} (not loaded)>"
+        fields = ", ".join(
+            f"{f.key!r}: {f.dtype.name if not f.is_record else 'record'}"
+            f"({', '.join('*' if i == f.ragged else str(d) for i, d in enumerate(f.shape))})"
+            for f in self._schema.fields
+        )
+        store = self._store
+        if self._freed:
+            where = "freed"
+        else:
+            where = f"method {store.method} ({store.transport}), rank {store.rank} of {store.size}"
+        return f"<{kind} {getattr(self, 'name', '?')!r}: {self._n} samples, fields {{{fields}}}, {where}>"
 
     @property
     def ddstore(self) -> Any:
@@ -694,6 +715,33 @@ class DistDataset(_StoredDataset):
     of making a one-rank store. A DistDataset pickles to a handle that spawn and forkserver
     DataLoader workers re-attach through the fabric (methods 1 and 2).
 
+    Args:
+        source (Dataset | Sequence | numpy.ndarray | torch.Tensor): map-style (`len()` and `[i]`), a list of
+            `.npy` paths, an `np.memmap`, an h5py dataset, a zarr array, an array or tensor; every rank passes
+            the same samples.
+        name (str): the dataset's name: its variables are `{name}/{key}`.
+        comm (object | None): as `PyDDStore`'s: an mpi4py communicator, a torch.distributed group, a
+            `FileComm`, or None (resolved: MPI, else the default torch group, else a FileComm).
+        ddstore_width (int | None): split the ranks into independent stores of that many ranks, each holding
+            a whole copy.
+        device (str | torch.device | None): move read samples and batches there.
+        add_device (str | torch.device | bool | None): hold each rank's share in that device's memory
+            ("cuda", "cuda:1", True: the current GPU); methods 1 and 2 with a provider that has FI_HMEM.
+        method (int | None): 0 MPI RMA, 1 libfabric, 2 libfabric readable by other jobs; None:
+            DDSTORE_METHOD, else by communicator.
+        handshake_dir (str | None): directory for the file communicator and method-2 records; None:
+            DDSTORE_HANDSHAKE_DIR.
+        chunk_size (int | None): rows per read of array and file sources (not with add_device); None: sized
+            so the reads in flight stay within ~10% of the share.
+        encode (Callable | None): applied to each source sample before it is stored (returns the fields to
+            keep).
+        decode (Callable | None): applied to each sample read back.
+        fields (Sequence[str | int] | None): keep only these keys or positions of each sample.
+        ragged (dict[str | int, int] | str | None): fields whose size varies along one axis: {key: axis}, or
+            "auto" (the axes that differ, found by scanning once); torch_geometric Data needs none.
+        load_workers (str | None): "threads" calling `source[i]`, or "processes" (forked, for sources that
+            are not thread-safe); None: threads, or processes when the source has `thread_safe = False`.
+
     Example:
         ```python
         import torch
@@ -788,7 +836,12 @@ class DistDataset(_StoredDataset):
         """Collective: writes every rank's share of every field to the directory path (one file
         per rank in the store's layout plus manifest.json: schema, counts, sizes, checksums).
         DistDataset.restore(path) loads it back, on any number of ranks. path must not hold a
-        snapshot yet. The source's namedtuple/dict subclasses and encode/decode are not saved."""
+        snapshot yet. The source's namedtuple/dict subclasses and encode/decode are not saved.
+
+        Args:
+            path (str | os.PathLike): a directory (created) that holds no snapshot yet, reachable by every
+                rank.
+        """
         if self._freed:
             raise DDStoreFreedError("this dataset was freed")
         store = self._store
@@ -834,7 +887,20 @@ class DistDataset(_StoredDataset):
         block is checked against the manifest's checksums; a corrupt, truncated or mismatched
         snapshot raises SnapshotError naming the file. Graph samples come back as data_cls (a
         torch_geometric Data or HeteroData subclass), else as Data or HeteroData: no class is
-        imported by a name read from the snapshot."""
+        imported by a name read from the snapshot.
+
+        Args:
+            path (str | os.PathLike): the directory `save(path)` wrote.
+            name (str | None): the restored dataset's name; None: the saved one.
+            comm (object | None): as for `DistDataset`; any number of ranks.
+            ddstore_width (int | None): as for `DistDataset`.
+            device (str | torch.device | None): move read samples and batches there.
+            method (int | None): as for `DistDataset`.
+            handshake_dir (str | None): as for `DistDataset`.
+            decode (Callable | None): applied to each sample read back (snapshots do not keep one).
+            data_cls (type | None): the torch_geometric Data or HeteroData subclass graph samples come back
+                as; None: Data or HeteroData.
+        """
         _check_data_cls(data_cls, "DistDataset.restore")
         self = cls.__new__(cls)
         _StoredDataset.__init__(self)
@@ -1172,6 +1238,15 @@ class DistDatasetReader(_StoredDataset):
     separate extra job. Fields come from {handshake_dir}/{name}.meta.json. Graph samples come
     back as ``data_cls`` (a torch_geometric ``Data`` or ``HeteroData`` subclass the caller passes;
     else ``Data`` or ``HeteroData``: no class is ever imported by a name read from the meta file).
+
+    Args:
+        name (str): the name the core group's DistDataset was given.
+        handshake_dir (str | None): where the core group publishes; None: DDSTORE_HANDSHAKE_DIR.
+        n_core (int | None): ranks of the core group; None: DDSTORE_N_CORE, else from its records.
+        device (str | torch.device | None): move read samples and batches there.
+        decode (Callable | None): applied to each sample read back.
+        data_cls (type | None): the torch_geometric Data or HeteroData subclass graph samples come back as;
+            None: Data or HeteroData.
 
     Example:
         ```python

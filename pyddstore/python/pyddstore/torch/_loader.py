@@ -503,6 +503,14 @@ class ThreadDataLoader(DataLoader):
     or collate_copies=True. close() waits for in-flight fetches and releases the buffers.
     multiprocessing_context is accepted and ignored.
 
+    Args:
+        dataset (Dataset): usually a DistDataset or DistDatasetReader; any map-style dataset works.
+        reuse_buffers (bool): each worker reads into one `dataset.alloc(batch_size)` buffer set it reuses
+            (batches must be copied by the collate_fn).
+        collate_copies (bool): with reuse_buffers and a custom collate_fn: it copies what it keeps.
+        **kwargs (Any): every `torch.utils.data.DataLoader` argument (batch_size, sampler, num_workers,
+            collate_fn, pin_memory, ...).
+
     Example:
         ```python
         loader = ThreadDataLoader(trainset, batch_size=128, sampler=sampler, num_workers=2,

@@ -53,6 +53,15 @@ class WindowedDataset(Dataset):
     or, with fields=[...], as a dict keyed by field (as upstream). decode= is not applied. A
     batch (__getitems__) is one read_rows().
 
+    Args:
+        ds (DistDataset | DistDatasetReader): the stored rows.
+        window (int): rows per sample.
+        stride (int): sample i starts at row i * stride (without `starts`).
+        dilation (int): distance between a sample's rows.
+        starts (Sequence[int] | None): the first row of each sample, instead of `stride`.
+        fields (Sequence[str | int] | None): give dicts of these fields (upstream's layout) instead of the
+            stored structure.
+
     Example:
         ```python
         frames = DistDataset(steps, "frames", comm, method=1)  # one sample per time step
@@ -87,7 +96,11 @@ class WindowedDataset(Dataset):
         return len(self.starts)
 
     def rows(self, index: int) -> np.ndarray:
-        """The stored rows of sample index."""
+        """The stored rows of sample index.
+
+        Args:
+            index (int): a sample of this dataset.
+        """
         i = int(index)
         if i < 0:
             i += len(self)
@@ -128,6 +141,11 @@ def _rows_list(v: Any) -> Any:
 
 def row_of(concat: ConcatDataset, source: int, index: int) -> int:
     """In a DistDataset over a ConcatDataset, the stored row of sample index of dataset source.
+
+    Args:
+        concat (ConcatDataset): the DistDataset's source.
+        source (int): which of its datasets.
+        index (int): a sample of that dataset (0 <= index < its length).
 
     Example:
         ```python
