@@ -20,6 +20,7 @@ assert any(isinstance(h, logging.NullHandler) for h in log.handlers), log.handle
 x = torch.arange(64, dtype=torch.float32).reshape(16, 4)
 ds = DistDataset(TensorDataset(x), "logged", comm=pyddstore._native.Comm.single(), method=1)
 assert torch.equal(ds[5][0], x[5])
+assert repr(ds).startswith("<DistDataset 'logged': 16 samples, fields {0: float32(4)}, method 1 ("), repr(ds)
 ds.free()
 print("done")
 """
