@@ -44,7 +44,7 @@ if [ -n "$need" ]; then
     python -m pip install -q --no-cache-dir --upgrade pip >/dev/null
     # import names -> pip names (the docs toolchain: mkdocs-material + mkdocstrings)
     need=$(echo "$need" | sed -e 's/ material/ mkdocs-material/' -e 's/ mkdocstrings_handlers.python/ mkdocstrings-python/')
-    python -m pip install -q --no-cache-dir $need
+    python -m pip install -q --no-cache-dir -c scripts/constraints.txt $need   # the versions CI was green with
 fi
 
 echo "==> building the extension (maturin develop --release)"

@@ -193,3 +193,27 @@ def test_no_install_line_names_a_package_index_pyddstore():
             if bare.search(line) or extras.search(line):
                 offenders.append(f"{path.relative_to(ROOT)}:{lineno}: {line.strip()}")
     assert not offenders, "install lines naming a package index pyddstore:\n" + "\n".join(offenders)
+
+
+def test_changelog_and_constraints():
+    """CHANGELOG.md's newest entry is this version; scripts/setup.sh installs from the constraints
+    file, which pins every package setup installs."""
+    import re
+
+    import pyddstore
+
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    newest = re.search(r"^## (\S+)", changelog, re.M).group(1)
+    assert newest == pyddstore.__version__, (newest, pyddstore.__version__)
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    assert "-c scripts/constraints.txt" in setup
+    pins = {
+        line.split("==")[0].replace("_", "-").lower()
+        for line in (ROOT / "scripts" / "constraints.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    }
+    want = re.search(r'^want="([^"]+)"', setup, re.M).group(1).split()
+    want += ["torch", "torch_geometric"]
+    names = {"material": "mkdocs-material", "mkdocstrings_handlers.python": "mkdocstrings-python"}
+    missing = [w for w in want if names.get(w, w).replace("_", "-").lower() not in pins]
+    assert not missing, f"scripts/constraints.txt pins none of {missing}"
