@@ -175,8 +175,8 @@ def main():
         (
             "mismatched add",
             ValueError,
-            f"this rank rows of {4 + store.rank} float32 values ({4 * (4 + store.rank)} bytes): every "
-            f"rank must add rows of the same shape and dtype (this rank's rows are shaped ({4 + store.rank},))",
+            f"this rank rows of {4 + store.rank} float32 values ({4 * (4 + store.rank)} bytes): every rank "
+            f"must add rows of the same shape and dtype (this rank's rows are shaped ({4 + store.rank},))",
             store.add,
             "w",
             np.zeros((1, 4 + store.rank), np.float32),
