@@ -218,7 +218,9 @@ fn edit_distance(a: &str, b: &str) -> usize {
         let mut diag = row[0];
         row[0] = i + 1;
         for (j, cb) in b.iter().enumerate() {
-            let next = (row[j + 1] + 1).min(row[j] + 1).min(diag + usize::from(ca != *cb));
+            let next = (row[j + 1] + 1)
+                .min(row[j] + 1)
+                .min(diag + usize::from(ca != *cb));
             diag = row[j + 1];
             row[j + 1] = next;
         }
@@ -234,7 +236,10 @@ mod tests {
     fn unknown_variable_suggests_a_close_name() {
         let known = ["train", "valid", "graphs/x"];
         let typo = Error::unknown_variable("trian", known).to_string();
-        assert!(typo.contains("unknown variable 'trian' (did you mean 'train'?)"), "{typo}");
+        assert!(
+            typo.contains("unknown variable 'trian' (did you mean 'train'?)"),
+            "{typo}"
+        );
         let far = Error::unknown_variable("labels", known).to_string();
         assert!(!far.contains("did you mean"), "{far}");
         assert_eq!(edit_distance("graphs/y", "graphs/x"), 1);

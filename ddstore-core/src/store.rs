@@ -178,7 +178,10 @@ impl Store {
         let vars = self.vars.read().unwrap();
         let ragged = self.ragged.read().unwrap();
         // A ragged variable's parts (`x#values`, `x#ends`) are not names users give.
-        let known = vars.keys().filter(|k| !k.contains('#')).chain(ragged.keys());
+        let known = vars
+            .keys()
+            .filter(|k| !k.contains('#'))
+            .chain(ragged.keys());
         Error::unknown_variable(name, known.map(String::as_str))
     }
 
