@@ -183,7 +183,7 @@ impl Error {
     /// `known` when it is a likely typo (at most a third of the name's letters
     /// apart, rounded up).
     pub fn unknown_variable<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> Self {
-        let limit = (name.chars().count() + 2) / 3;
+        let limit = name.chars().count().div_ceil(3);
         let hint = known
             .into_iter()
             .map(|k| (edit_distance(name, k), k))

@@ -122,22 +122,33 @@ def run_memmap(args, d):
     return _timed(lambda: iter(loader), args.epochs, args.samples)
 
 
-def _one_sample(i):  # litdata.optimize's fn: top level, so its workers can import it
-    floats = int(os.environ["BENCH_LOADERS_FLOATS"])  # workers inherit it (inputs must be plain)
-    return {"x": np.full(floats, i, np.float32), "y": i}
+class _Sample:
+    """litdata.optimize's fn: a picklable object carrying the row length to its workers."""
+
+    def __init__(self, floats: int):
+        self.floats = floats
+
+    def __call__(self, i):
+        return {"x": np.full(self.floats, i, np.float32), "y": i}
+
+
+def _stack(samples):  # litdata's collate: its rows' storage cannot go through torch's default
+    return np.stack([s["x"] for s in samples]), np.array([s["y"] for s in samples])
 
 
 def run_litdata(args, d):
     import litdata
 
-    _one_sample.floats = args.floats
     out = f"{d}/litdata"
+    inputs = list(range(args.samples))
     litdata.optimize(
-        fn=_one_sample, inputs=list(range(args.samples)), output_dir=out, chunk_bytes="16MB", num_workers=1
+        fn=_Sample(args.floats), inputs=inputs, output_dir=out, chunk_bytes="16MB", num_workers=1
     )
     ds = litdata.StreamingDataset(out, shuffle=True)
-    loader = litdata.StreamingDataLoader(ds, batch_size=args.batch, num_workers=args.workers)
-    return _timed(lambda: ((b["x"], b["y"]) for b in loader), args.epochs, args.samples)
+    loader = litdata.StreamingDataLoader(
+        ds, batch_size=args.batch, num_workers=args.workers, collate_fn=_stack
+    )
+    return _timed(lambda: iter(loader), args.epochs, args.samples)
 
 
 def run_streaming(args, d):
@@ -199,11 +210,12 @@ def plot(results: list[dict], path: str) -> None:
     fig, ax = plt.subplots(figsize=(8, 4))
     bars = ax.bar([r["loader"] for r in done], [r["samples_per_s"] for r in done], color="tab:blue")
     for bar, r in zip(bars, done):
-        label = f"{r['samples_per_s']:.0f}" + (f"\n{r['samples_per_s'] / base:.2f}x" if base else "")
+        label = f"{r['samples_per_s']:.0f}" + (f"\n{r['samples_per_s'] / base:.2g}x" if base else "")
         ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom")
-    ax.set_ylabel("samples/s (higher is better)")
+    ax.set_yscale("log")
+    ax.set_ylabel("samples/s (log; higher is better)")
     ax.set_title("shuffled batches of one dataset, one process, warm page cache")
-    ax.margins(y=0.2)
+    ax.margins(y=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -257,12 +269,19 @@ def main(argv=None) -> None:
     ap.add_argument("--dir", help="where the files go (default: a temporary directory, removed)")
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--plot", help="write a PNG bar chart (matplotlib) to this file")
+    ap.add_argument("--from-json", help="plot (--plot) an earlier --json run's figures, measuring nothing")
     ap.add_argument("--timeout-s", type=float, default=300, help="per loader, files written included")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: one loader, JSON out
     ap.add_argument("--one-dir", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:
         print(json.dumps(_one(args.one, args, args.one_dir)), flush=True)
+        return
+    if args.from_json:
+        if not args.plot:
+            ap.error("--from-json needs --plot")
+        with open(args.from_json) as f:
+            plot(json.load(f)["results"], args.plot)
         return
     unknown = [name for name in args.loaders if name not in LOADERS]
     if unknown:
