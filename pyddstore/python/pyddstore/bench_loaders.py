@@ -15,8 +15,9 @@ sample) in shuffled batches for --epochs epochs after a warm-up epoch, through:
 Every batch is checked (each feature row holds its label). Files live under --dir (default a
 temporary directory) and are read warm, from the page cache: this compares the loaders'
 own costs, not the file system's. litdata, mosaicml-streaming and webdataset are optional
-(``pip install litdata mosaicml-streaming webdataset``); a loader that is not installed, or fails,
-is reported and left out.
+(``pip install litdata mosaicml-streaming webdataset``, in a separate environment:
+mosaicml-streaming 0.13 downgrades numpy below 2.2); a loader that is not installed, fails or
+hangs is reported and left out.
 """
 
 from __future__ import annotations
