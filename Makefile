@@ -1,8 +1,8 @@
 # pyddstore: `make help` lists the targets.
-.PHONY: help setup demo test test-long bench bench-vcluster bench-graph bench-load bench-workers lint fmt soak check-memory check-no-mpi test-torch-min docs clean
+.PHONY: help setup demo test test-long test-libfabric2 bench bench-vcluster bench-graph bench-load bench-workers lint fmt soak check-memory check-no-mpi test-torch-min docs clean
 
 help:  ## this list
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
 setup:  ## install OS and Python dependencies, build the extension into .venv
 	bash scripts/setup.sh
@@ -18,6 +18,12 @@ test-long:  ## the longer variants of the ragged and graph tests, the bench_work
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
 	FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo DDSTORE_TEST_LONG=1 \
 	python -m pytest tests/test_ragged.py tests/test_torch_graphs.py tests/test_bench_workers.py -q
+
+# Where the libfabric 2.x source tarball lies (test-libfabric2 copies it into target/libfabric2).
+VENDOR_DIR ?= ../shared/vendor
+
+test-libfabric2:  ## build libfabric 2.3.1 from $(VENDOR_DIR), check the bindings, run the fabric and gather tests with it
+	bash scripts/setup.sh && VENDOR_DIR=$(VENDOR_DIR) bash scripts/test-libfabric2.sh
 
 bench:  ## the benchmark suite (python -m pyddstore.bench) under mpirun -n 4
 	bash scripts/setup.sh && . .venv/bin/activate && \
@@ -61,7 +67,7 @@ test-torch-min:  ## the torch tests against the oldest supported torch (2.6, CPU
 	bash scripts/setup.sh && bash scripts/test-torch-min.sh
 
 docs:  ## build the documentation (mkdocs --strict) into site/
-	bash scripts/setup.sh && . .venv/bin/activate && mkdocs build --strict -q
+	bash scripts/setup.sh && . .venv/bin/activate && python -m mkdocs build --strict
 
 lint:  ## cargo fmt --check, clippy -D warnings (also without MPI), ruff, the _native.pyi stub check
 	bash scripts/lint.sh

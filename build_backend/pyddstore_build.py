@@ -19,6 +19,9 @@ def _site_environment(environ=os.environ) -> None:
 
 
 _site_environment()
+# maturin warns "build-backend ... is not set to maturin, pip will not use maturin" (once per
+# hook) because this module wraps it; pip does use maturin through it, so the warning is false.
+os.environ.setdefault("MATURIN_NO_MISSING_BUILD_BACKEND_WARNING", "1")
 
 from maturin import (  # noqa: E402 - after the environment is set
     build_editable,

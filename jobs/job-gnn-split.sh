@@ -2,8 +2,7 @@
 # Frontier: the method-2 split. A core job step holds the dataset (gnn_core_server.py) and a
 # separate extra job step trains from it (gnn_extra_train.py, DistDatasetReader); they meet in a
 # handshake directory on the shared filesystem. The core stops when the STOP file appears.
-#   sbatch jobs/job-gnn-split.sh        # node 1: core (8 ranks); node 2: extra (8 ranks)
-#SBATCH -A CHANGEME
+#   VENV=~/envs/dd sbatch -A <project> jobs/job-gnn-split.sh        # node 1: core (8 ranks); node 2: extra (8 ranks)
 #SBATCH -J gnn-split
 #SBATCH -o gnn-split-%j.out
 #SBATCH -t 00:20:00
@@ -16,9 +15,17 @@
 
 set -euo pipefail
 module load PrgEnv-gnu
-module load rocm
-module load cray-python
-# source /path/to/venv/bin/activate      # with torch (ROCm), mpi4py and pyddstore
+module load rocm/7.1.0
+module load miniforge3
+# The environment with torch, mpi4py and pyddstore: VENV=/path/to/env sbatch -A <project> jobs/job-gnn-split.sh
+: "${SLURM_JOB_ACCOUNT:?submit with an account: VENV=/path/to/env sbatch -A <project> jobs/job-gnn-split.sh}"
+: "${VENV:?set VENV to the virtual or conda environment with torch, mpi4py and pyddstore}"
+if [ -f "$VENV/bin/activate" ]; then
+    # shellcheck disable=SC1091  # the user's environment, not in this repository
+    . "$VENV/bin/activate"
+else
+    export PATH="$VENV/bin:$PATH"    # a conda prefix
+fi
 
 cd "${SLURM_SUBMIT_DIR:-.}"
 export DDSTORE_FABRIC=cxi
@@ -38,16 +45,18 @@ export MIOPEN_CUSTOM_CACHE_DIR=$MIOPEN_USER_DB_PATH
 
 # Shared filesystem, owner-only (pyddstore checks 0700/0600).
 HS=${HS:-$MEMBERWORK/${SLURM_JOB_ACCOUNT:-$USER}/ddstore-hs-$SLURM_JOB_ID}
-mkdir -p -m 700 "$HS"
+mkdir -p "$(dirname "$HS")"
+[ -d "$HS" ] || mkdir -m 700 "$HS"
 rm -f "$HS/STOP"
 
 # libfabric's cxi provider uses the first VNI in SLINGSHOT_VNIS. With job_vni each step gets
 # SLINGSHOT_VNIS=<step VNI>,<job VNI>; only the job VNI is shared between steps, so every task
 # keeps just the last one. Slurm sets the variable per task, hence the trim inside the task.
 # The network option stays at the job level (#SBATCH): --network on srun can drop the job VNI.
+# shellcheck disable=SC2016  # expanded by the task's shell, not here
 JOB_VNI_ONLY='export SLINGSHOT_VNIS=${SLINGSHOT_VNIS##*,}; exec "$@"'
 
-NODES=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))
+mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 CORE_NODE=${NODES[0]}
 EXTRA_NODE=${NODES[1]:-${NODES[0]}}
 

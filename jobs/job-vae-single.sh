@@ -1,8 +1,7 @@
 #!/bin/bash
 # Frontier: the DDP VAE as one job, store and training in the same ranks (method 1 over CXI).
-#   sbatch jobs/job-vae-single.sh                  # 2 nodes x 8 ranks, 1 GCD each
-#   LOADER=torch WORKERS=4 sbatch jobs/job-vae-single.sh   # forked DataLoader workers
-#SBATCH -A CHANGEME
+#   VENV=~/envs/dd sbatch -A <project> jobs/job-vae-single.sh                  # 2 nodes x 8 ranks, 1 GCD each
+#   LOADER=torch WORKERS=4 sbatch -A <project> jobs/job-vae-single.sh   # forked DataLoader workers
 #SBATCH -J vae-single
 #SBATCH -o vae-single-%j.out
 #SBATCH -t 00:20:00
@@ -13,10 +12,18 @@
 
 set -euo pipefail
 module load PrgEnv-gnu
-module load rocm
-module load cray-python
+module load rocm/7.1.0
+module load miniforge3
 # module load craype-accel-amd-gfx90a    # GPU-aware MPI, if the build uses it
-# source /path/to/venv/bin/activate      # with torch (ROCm), mpi4py and pyddstore
+# The environment with torch, mpi4py and pyddstore: VENV=/path/to/env sbatch -A <project> jobs/job-vae-single.sh
+: "${SLURM_JOB_ACCOUNT:?submit with an account: VENV=/path/to/env sbatch -A <project> jobs/job-vae-single.sh}"
+: "${VENV:?set VENV to the virtual or conda environment with torch, mpi4py and pyddstore}"
+if [ -f "$VENV/bin/activate" ]; then
+    # shellcheck disable=SC1091  # the user's environment, not in this repository
+    . "$VENV/bin/activate"
+else
+    export PATH="$VENV/bin:$PATH"    # a conda prefix
+fi
 
 cd "${SLURM_SUBMIT_DIR:-.}"
 export DDSTORE_METHOD=${DDSTORE_METHOD:-1}
@@ -40,7 +47,8 @@ srun -N "$SLURM_JOB_NUM_NODES" -n "$NRANKS" --ntasks-per-node=8 --gpus-per-task=
     --gpu-dest --gpu-source
 
 # Without MPI: the DDP group is the store's communicator (method 1).
-export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_ADDR
 export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
 DDSTORE_MPI=0 srun -N "$SLURM_JOB_NUM_NODES" -n "$NRANKS" --ntasks-per-node=8 --gpus-per-task=1 \
     --gpu-bind=closest -c 7 --cpu-bind=threads \

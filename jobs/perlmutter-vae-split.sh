@@ -1,8 +1,7 @@
 #!/bin/bash
 # Perlmutter: the method-2 split. Core step (vae_core_server.py) on the first node, extra
 # training step (vae_extra_train.py) on the second; they meet in a handshake directory on $SCRATCH.
-#   sbatch jobs/perlmutter-vae-split.sh
-#SBATCH -A CHANGEME
+#   VENV=~/envs/dd sbatch -A <project> jobs/perlmutter-vae-split.sh
 #SBATCH -J vae-split
 #SBATCH -o vae-split-%j.out
 #SBATCH -C gpu
@@ -17,8 +16,16 @@
 set -euo pipefail
 module load PrgEnv-gnu
 module load cudatoolkit
-module load cray-python
-# source /path/to/venv/bin/activate
+module load python
+# The environment with torch, mpi4py and pyddstore: VENV=/path/to/env sbatch -A <project> jobs/perlmutter-vae-split.sh
+: "${SLURM_JOB_ACCOUNT:?submit with an account: VENV=/path/to/env sbatch -A <project> jobs/perlmutter-vae-split.sh}"
+: "${VENV:?set VENV to the virtual or conda environment with torch, mpi4py and pyddstore}"
+if [ -f "$VENV/bin/activate" ]; then
+    # shellcheck disable=SC1091  # the user's environment, not in this repository
+    . "$VENV/bin/activate"
+else
+    export PATH="$VENV/bin:$PATH"    # a conda prefix
+fi
 
 cd "${SLURM_SUBMIT_DIR:-.}"
 export DDSTORE_FABRIC=cxi
@@ -34,16 +41,18 @@ if [ "$LOADER" = torch ]; then
 fi
 
 HS=${HS:-$SCRATCH/ddstore-hs-$SLURM_JOB_ID}
-mkdir -p -m 700 "$HS"
+mkdir -p "$(dirname "$HS")"
+[ -d "$HS" ] || mkdir -m 700 "$HS"
 rm -f "$HS/STOP"
 
 # libfabric's cxi provider uses the first VNI in SLINGSHOT_VNIS. With job_vni each step gets
 # SLINGSHOT_VNIS=<step VNI>,<job VNI>; only the job VNI is shared between steps, so every task
 # keeps just the last one. Slurm sets the variable per task, hence the trim inside the task.
 # The network option stays at the job level (#SBATCH): --network on srun can drop the job VNI.
+# shellcheck disable=SC2016  # expanded by the task's shell, not here
 JOB_VNI_ONLY='export SLINGSHOT_VNIS=${SLINGSHOT_VNIS##*,}; exec "$@"'
 
-NODES=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))
+mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 CORE_NODE=${NODES[0]}
 EXTRA_NODE=${NODES[1]:-${NODES[0]}}
 

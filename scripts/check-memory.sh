@@ -35,6 +35,7 @@ for line in sys.stdin:
         print(m["target"]["name"], m["executable"])
 ')
 
+# shellcheck disable=SC2054  # the commas are valgrind's list syntax
 memcheck=(valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite,indirect
           --show-leak-kinds=definite,indirect)
 # prop_config is left out: pure string parsing, no unsafe code to check.

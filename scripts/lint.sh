@@ -12,6 +12,8 @@ python -m ruff check .
 python -m ruff format --check .
 echo "==> stub check (_native.pyi against the built module)"
 python scripts/check_stub.py
+echo "==> shellcheck (jobs/, scripts/: warnings and errors)"
+shellcheck -S warning jobs/*.sh scripts/*.sh
 echo "==> clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo clippy -p pyddstore -p ddstore-fabric --no-default-features --all-targets --quiet -- -D warnings

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
-APT_PACKAGES="libopenmpi-dev openmpi-bin libfabric-dev libfabric-bin libclang-dev clang pkg-config python3-venv valgrind iproute2"
+APT_PACKAGES="libopenmpi-dev openmpi-bin libfabric-dev libfabric-bin libclang-dev clang pkg-config python3-venv valgrind iproute2 shellcheck"
 missing=""
 for p in $APT_PACKAGES; do
     dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
@@ -44,7 +44,7 @@ if [ -n "$need" ]; then
     python -m pip install -q --no-cache-dir --upgrade pip >/dev/null
     # import names -> pip names (the docs toolchain: mkdocs-material + mkdocstrings)
     need=$(echo "$need" | sed -e 's/ material/ mkdocs-material/' -e 's/ mkdocstrings_handlers.python/ mkdocstrings-python/')
-    python -m pip install -q --no-cache-dir $need
+    python -m pip install -q --no-cache-dir -c scripts/constraints.txt $need   # the versions CI was green with
 fi
 
 echo "==> building the extension (maturin develop --release)"

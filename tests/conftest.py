@@ -29,6 +29,10 @@ MPI_ENV = {
 
 def _env(extra: dict | None) -> dict:
     env = dict(os.environ)
+    if "pyddstore._native" in sys.modules:  # each job sets its own libfabric defaults, as a fresh one
+        for name, (_, set_here) in sys.modules["pyddstore._native"].libfabric_env()["variables"].items():
+            if set_here:
+                env.pop(name, None)
     env.update(MPI_ENV)
     env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS), env.get("PYTHONPATH", "")])
     for k, v in (extra or {}).items():

@@ -1,4 +1,4 @@
-"""The bad-input matrix (tests/scripts/bad_input.py): 71 distinct bad calls across
+"""The bad-input matrix (tests/scripts/bad_input.py): 72 distinct bad calls across
 PyDDStore, the environment, method-2 records, DistDataset, WindowedDataset,
 row_of, DistDatasetReader, ThreadDataLoader and the CLI, each raising the
 expected exception type with a message fragment, each followed by a valid read."""

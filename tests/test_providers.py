@@ -54,11 +54,61 @@ def test_malformed_provider_name_is_a_value_error():
     assert out.startswith("DDStoreValueError ::") and "here: " in out and "tcp;ofi_rxm" in out, out
 
 
-def test_info_lists_providers_and_the_choice():
+def _cli(*args: str, env: dict | None = None) -> str:
     proc = subprocess.run(
-        [sys.executable, "-m", "pyddstore", "info"], env=_env({}), capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "pyddstore", *args],
+        env=_env(env or {}),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
+    return proc.stdout
+
+
+def test_info_lists_providers_and_the_choice():
+    out = _cli("info")
     assert "tcp;ofi_rxm" in out and "shm" in out and "mr_mode" in out, out
     assert "efa" in out and "psm3" in out, out  # the names DDSTORE_FABRIC accepts
+    assert "max_msg unlimited" in out and "18446744073709551615" not in out, out
+    assert "versions: python 3." in out and "torch " in out, out
+    assert "FI_UNIVERSE_SIZE=" in out and "(set by pyddstore): rxm:" in out, out
+
+
+def test_cli_help_version_and_json():
+    """`info --help` is the sub-command's own help, `--version` answers, `info --json` is one JSON
+    document: versions, the MPI pyddstore links beside mpi4py's, the libfabric variables and why."""
+    import json
+
+    import pyddstore
+
+    helped = _cli("info", "--help")
+    assert helped.startswith("usage: python -m pyddstore info") and "--json" in helped, helped
+    assert _cli("--version").strip() == f"pyddstore {pyddstore.__version__}"
+    report = json.loads(_cli("info", "--json", env={"DDSTORE_FABRIC": "tcp"}))
+    assert report["versions"]["libfabric"] == pyddstore._native.system_info()["libfabric_version"]
+    assert report["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert report["choice"]["provider"]["value"] == "tcp;ofi_rxm", report["choice"]
+    mpi = report["mpi"]
+    if mpi["mpi4py"] is not None and pyddstore._native.HAS_MPI:
+        assert mpi["match"] is True and mpi["pyddstore_links"] == mpi["mpi4py_links"], mpi
+    fabric = {v["name"]: v for v in report["libfabric_env"]}
+    assert fabric["FI_OFI_RXM_BUFFER_SIZE"]["value"] == "1024" and fabric["FI_OFI_RXM_BUFFER_SIZE"]["why"]
+    assert all(p["max_msg"] for p in report["providers"]), report["providers"]
+
+
+def test_info_prints_once_under_a_launcher():
+    """Under mpirun only rank 0 reports (one JSON document, not one per rank interleaved);
+    --all-ranks prints on every rank."""
+    import json
+    import shutil
+
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun not found")
+    cmd = ["mpirun", "-n", "2", "--bind-to", "none", sys.executable, "-m", "pyddstore", "info"]
+    proc = subprocess.run([*cmd, "--json"], env=_env({}), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["launcher"]["rank"] == 0 and report["launcher"]["size"] == 2, report["launcher"]
+    proc = subprocess.run([*cmd, "--all-ranks"], env=_env({}), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.count("launcher: mpirun") == 2, proc.stdout

@@ -167,9 +167,8 @@ print(json.dumps({"before": before, "at_import": at_import, "after": after}))
 def _libfabric_run(extra: dict) -> dict:
     import json
 
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("DDSTORE_", "FI_MR_CACHE", "FI_UNIVERSE"))
-    }
+    prefixes = ("DDSTORE_", "FI_MR_CACHE", "FI_UNIVERSE", "FI_OFI_RXM_", "FI_CXI_DISABLE_HOST_REGISTER")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
     env.update({"DDSTORE_MPI": "0", **extra})
     proc = subprocess.run(
         [sys.executable, "-c", LIBFABRIC_CHECK], env=env, capture_output=True, text=True, timeout=120

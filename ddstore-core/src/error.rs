@@ -20,9 +20,15 @@ pub enum Error {
     /// A buffer of the wrong dtype or kind (maps to `TypeError`).
     #[error("{0}")]
     WrongType(String),
-    /// A variable name that is not in the store (maps to `KeyError`).
-    #[error("unknown variable '{0}': call add() or init() on every rank first")]
-    UnknownVariable(String),
+    /// A variable name that is not in the store (maps to `KeyError`); `hint`
+    /// names the closest existing one, if any is close (see [`Error::unknown_variable`]).
+    #[error("unknown variable '{name}'{hint}: call add() or init() on every rank first")]
+    UnknownVariable {
+        /// The name asked for.
+        name: String,
+        /// `" (did you mean 'x'?)"`, or empty.
+        hint: String,
+    },
     /// `add`/`init` of a name that already exists.
     #[error("variable '{0}' already exists: use update() to change its rows, or a new name")]
     AlreadyExists(String),
@@ -177,6 +183,24 @@ impl Error {
         }
     }
 
+    /// An [`Error::UnknownVariable`] for `name`, suggesting the closest of
+    /// `known` when it is a likely typo (at most a third of the name's letters
+    /// apart, rounded up).
+    pub fn unknown_variable<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> Self {
+        let limit = name.chars().count().div_ceil(3);
+        let hint = known
+            .into_iter()
+            .map(|k| (edit_distance(name, k), k))
+            .filter(|(d, _)| *d <= limit)
+            .min()
+            .map(|(_, k)| format!(" (did you mean '{k}'?)"))
+            .unwrap_or_default();
+        Error::UnknownVariable {
+            name: name.to_string(),
+            hint,
+        }
+    }
+
     /// An [`Error::InvalidArgument`].
     pub fn invalid(msg: impl Into<String>) -> Self {
         Error::InvalidArgument(msg.into())
@@ -187,5 +211,41 @@ impl Error {
             context: context.into(),
             source,
         }
+    }
+}
+
+/// Levenshtein distance between two names, by characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (row[j + 1] + 1)
+                .min(row[j] + 1)
+                .min(diag + usize::from(ca != *cb));
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_variable_suggests_a_close_name() {
+        let known = ["train", "valid", "graphs/x"];
+        let typo = Error::unknown_variable("trian", known).to_string();
+        assert!(
+            typo.contains("unknown variable 'trian' (did you mean 'train'?)"),
+            "{typo}"
+        );
+        let far = Error::unknown_variable("labels", known).to_string();
+        assert!(!far.contains("did you mean"), "{far}");
+        assert_eq!(edit_distance("graphs/y", "graphs/x"), 1);
     }
 }

@@ -283,12 +283,9 @@ impl Store {
 
     fn ragged_var(&self, name: &str) -> Result<Arc<RaggedVar>> {
         self.check_live()?;
-        self.ragged
-            .read()
-            .unwrap()
-            .get(name)
-            .cloned()
-            .ok_or_else(|| Error::UnknownVariable(name.to_string()))
+        let found = self.ragged.read().unwrap().get(name).cloned();
+        // The lock is released before the error looks at every name.
+        found.ok_or_else(|| self.unknown_variable(name))
     }
 
     /// Read counters of ragged variable `name`: calls, rows (ragged rows),

@@ -170,7 +170,19 @@ impl Store {
                 "'{name}' is a ragged variable: read it with get_batch(name, indices) (values and offsets)"
             )));
         }
-        Err(Error::UnknownVariable(name.to_string()))
+        Err(self.unknown_variable(name))
+    }
+
+    /// `Error::UnknownVariable` for `name`, suggesting a close variable of this store.
+    pub(crate) fn unknown_variable(&self, name: &str) -> Error {
+        let vars = self.vars.read().unwrap();
+        let ragged = self.ragged.read().unwrap();
+        // A ragged variable's parts (`x#values`, `x#ends`) are not names users give.
+        let known = vars
+            .keys()
+            .filter(|k| !k.contains('#'))
+            .chain(ragged.keys());
+        Error::unknown_variable(name, known.map(String::as_str))
     }
 
     /// Whether a fixed-row or ragged variable `name` exists here.
@@ -277,11 +289,10 @@ impl Store {
             }
             if rec.row_bytes != row_bytes || rec.dtype != dtype {
                 return Err(Error::invalid(format!(
-                    "variable '{name}': rank {r} has rows of {} bytes of {}, this rank {row_bytes} bytes of {}: \
-                     every rank must add rows of the same width and dtype",
-                    rec.row_bytes,
-                    rec.dtype.name(),
-                    dtype.name()
+                    "variable '{name}': rank {r} has rows of {}, this rank rows of {}: \
+                     every rank must add rows of the same shape and dtype",
+                    row_size(rec.row_bytes, rec.dtype),
+                    row_size(row_bytes, dtype)
                 )));
             }
         }
@@ -969,4 +980,13 @@ fn copy_in_threads(jobs: Vec<CopyJob<'_>>) -> Result<()> {
             .into_iter()
             .try_for_each(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
     })
+}
+
+/// A row's size as people count it: "8 float32 values (32 bytes)", or "32 bytes" of raw rows.
+fn row_size(row_bytes: usize, dtype: DType) -> String {
+    if dtype == DType::Bytes {
+        return format!("{row_bytes} bytes");
+    }
+    let values = row_bytes / dtype.itemsize();
+    format!("{values} {} values ({row_bytes} bytes)", dtype.name())
 }

@@ -208,6 +208,10 @@ impl PyDeviceShare {
 
     /// Writes `rows` (host rows of this variable) into the share from row
     /// `offset` on: one host-to-device copy.
+    ///
+    /// Args:
+    ///     rows (numpy.ndarray): host rows of `row_bytes` bytes each.
+    ///     offset (int): the first of this rank's rows to write, 0-based.
     fn write(&self, py: Python<'_>, rows: Bound<'_, PyAny>, offset: i64) -> PyResult<()> {
         let np = py.import("numpy")?;
         let host = np.call_method1("ascontiguousarray", (rows,))?;
@@ -247,6 +251,11 @@ impl PyDeviceShare {
     /// rows): other ranks' rows through the transport, this rank's gathered
     /// on the device and copied once (`own=False` leaves them untouched, for
     /// `gather_own`). In a forked process every row comes through the transport.
+    ///
+    /// Args:
+    ///     out (numpy.ndarray): contiguous host buffer of len(rows) rows.
+    ///     rows (Sequence[int] | numpy.ndarray): global row numbers, any rank's, any order.
+    ///     own (bool): also copy this rank's rows (False: leave them for `gather_own`).
     #[pyo3(signature = (out, rows, own=true))]
     fn read(
         &self,
@@ -291,6 +300,10 @@ impl PyDeviceShare {
     /// Copies this rank's rows among `rows` into `dst` (a contiguous tensor
     /// of len(rows) rows on the share's device), device to device; other
     /// rows of `dst` are left as they are.
+    ///
+    /// Args:
+    ///     dst (torch.Tensor): contiguous, len(rows) rows, on the share's device.
+    ///     rows (Sequence[int] | numpy.ndarray): global row numbers.
     fn gather_own(
         &self,
         py: Python<'_>,

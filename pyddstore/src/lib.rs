@@ -81,18 +81,22 @@ fn setting(py: Python<'_>, key: &str) -> PyResult<Option<String>> {
 }
 
 /// The libfabric variables this module defaulted when it was imported:
-/// `{"variables": {name: (value, set_by_pyddstore)}, "started_after_defaults":
-/// True/False, or None while libfabric has not started in this process}`.
+/// `{"variables": {name: (value, set_by_pyddstore)}, "why": {name: reason},
+/// "started_after_defaults": True/False, or None while libfabric has not
+/// started in this process}`.
 #[pyfunction]
 fn libfabric_env(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     use pyo3::types::PyDict;
     let applied = ddstore_fabric::ofi::apply_libfabric_defaults();
     let vars = PyDict::new(py);
+    let why = PyDict::new(py);
     for (name, value, ours) in &applied.variables {
         vars.set_item(*name, (value.as_str(), *ours))?;
+        why.set_item(*name, ddstore_fabric::ofi::reason(name))?;
     }
     let d = PyDict::new(py);
     d.set_item("variables", vars)?;
+    d.set_item("why", why)?;
     d.set_item(
         "started_after_defaults",
         ddstore_fabric::ofi::started_after_defaults(),

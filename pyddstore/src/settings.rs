@@ -98,6 +98,9 @@ impl PySettings {
     /// bad variable), with `overrides` (setting names without `DDSTORE_`, lower
     /// case: `method=1`, `handshake_dir="/x"`; None leaves the variable's value)
     /// on top, each checked under its argument's name.
+    ///
+    /// Args:
+    ///     **overrides (Any): settings by name, e.g. `timeout_s=5`, `method=1`.
     #[staticmethod]
     #[pyo3(signature = (**overrides))]
     fn from_env(py: Python<'_>, overrides: Option<&Bound<'_, PyDict>>) -> PyResult<PySettings> {
@@ -127,6 +130,9 @@ impl PySettings {
     }
 
     /// Whether the setting `name` (e.g. "fabric") was given, by its variable or an argument.
+    ///
+    /// Args:
+    ///     name (str): a setting's name: its variable without `DDSTORE_`, lower case.
     fn is_set(&self, name: &str) -> bool {
         key_of(name).is_some_and(|k| self.inner.is_set(k))
     }

@@ -160,13 +160,23 @@ def main():
             [3, -1],
         ),
         # PyDDStore: names and variables
-        ("unknown name", KeyError, "unknown variable 'nope'", store.get_batch, "nope", good, [0, 1]),
+        ("unknown name", KeyError, "unknown variable 'nope':", store.get_batch, "nope", good, [0, 1]),
+        (
+            "close name",
+            KeyError,
+            "unknown variable 'vv' (did you mean 'v'?)",
+            store.get_batch,
+            "vv",
+            good,
+            [0, 1],
+        ),
         ("empty name", TypeError, "non-empty str", store.add, "", np.zeros((1, 4), np.float32)),
         ("duplicate add", ValueError, "already exists", store.add, "v", np.zeros((1, 4), np.float32)),
         (
             "mismatched add",
             ValueError,
-            "same width",
+            f"this rank rows of {4 + store.rank} float32 values ({4 * (4 + store.rank)} bytes): every rank "
+            f"must add rows of the same shape and dtype (this rank's rows are shaped ({4 + store.rank},))",
             store.add,
             "w",
             np.zeros((1, 4 + store.rank), np.float32),
@@ -334,7 +344,7 @@ def main():
         ),
         # CLI
         ("CLI unknown command", DDStoreCliError, "invalid choice", cli, "frobnicate"),
-        ("CLI info with arguments", DDStoreCliError, "takes no arguments", cli, "info", "extra"),
+        ("CLI info with arguments", DDStoreCliError, "unrecognized arguments: extra", cli, "info", "extra"),
         ("CLI bench unknown config", DDStoreCliError, "unknown configs", cli, "bench", "--configs", "nope"),
     ]
     failures = []

@@ -130,7 +130,9 @@ def main():
     # Mismatched row widths across ranks: every rank gets the error, nobody hangs.
     width = 4 if rank == 0 else 5
     if size > 1:
-        expect_error(ValueError, "same width", store.add, "ragged", np.zeros((2, width), np.float32))
+        expect_error(
+            ValueError, "same shape and dtype", store.add, "ragged", np.zeros((2, width), np.float32)
+        )
     ok()
 
     # Upstream (HydraGNN) style: epoch_begin/get/epoch_end.

@@ -29,7 +29,7 @@ pub use av::Av;
 pub use cq::{Cq, CqError, Poll};
 pub use domain::Domain;
 pub use endpoint::Endpoint;
-pub use env::{apply_libfabric_defaults, defaults_for, started_after_defaults, Applied};
+pub use env::{apply_libfabric_defaults, defaults_for, reason, started_after_defaults, Applied};
 pub use error::strerror;
 pub use fabric::Fabric;
 pub use info::{Info, InfoEntry, InfoRequest, MR_MODES};

@@ -13,6 +13,12 @@ from ._log import configure as _configure_logging
 
 _configure_logging()  # DDSTORE_LOG_LEVEL; otherwise only a NullHandler
 
+from ._env import sync_libfabric_environ as _sync_libfabric_environ  # noqa: E402
+from ._log import report_libfabric_env as _report_libfabric_env  # noqa: E402
+
+_sync_libfabric_environ()  # os.environ shows the FI_* variables the extension set
+_report_libfabric_env()  # DEBUG: each of them, and why
+
 from ._comm import FileComm, TorchComm  # noqa: E402
 from ._errors import (  # noqa: E402
     DDStoreAccessError,

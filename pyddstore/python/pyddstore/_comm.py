@@ -38,6 +38,17 @@ class FileComm:
     communicators one process makes under one job id are numbered (every rank makes them in the
     same order), so several live stores of a process never collide.
 
+    Args:
+        handshake_dir (str | os.PathLike | None): a directory every rank reaches (created 0700); None:
+            DDSTORE_HANDSHAKE_DIR.
+        rank (int | None): this process's rank; None: from the launcher's variables.
+        size (int | None): the number of ranks; None: from the launcher's variables.
+        job_id (str | None): tags this job's files; None: DDSTORE_JOB_ID, else the Slurm job and step, else
+            the launcher.
+        timeout_s (float | None): how long a round waits for every rank; None: DDSTORE_HANDSHAKE_TIMEOUT_S.
+        settings (pyddstore.Settings | None): settings to take the defaults above from instead of the
+            environment's.
+
     Example:
         ```python
         # srun -n 8 python train.py   (no MPI)
@@ -85,7 +96,11 @@ class FileComm:
         return self._native.size
 
     def allgather(self, obj) -> list:
-        """Collective: every rank's `obj`: data only (see ``pyddstore._wire``), never pickles."""
+        """Collective: every rank's `obj`: data only (see ``pyddstore._wire``), never pickles.
+
+        Args:
+            obj (object): data only (None, bool, int, float, str, bytes, lists, dicts with str keys).
+        """
         return _wire.gather(self._native, obj)
 
     def barrier(self) -> None:
@@ -93,7 +108,12 @@ class FileComm:
         self._native.barrier()
 
     def split(self, color: int, key: int | None = None) -> FileComm:
-        """Collective: the ranks with the same `color`, ordered by `key` (default: rank)."""
+        """Collective: the ranks with the same `color`, ordered by `key` (default: rank).
+
+        Args:
+            color (int): ranks with the same color form a group.
+            key (int | None): orders ranks within a group; None: by rank.
+        """
         return FileComm._wrap(self._native.split(color, self.rank if key is None else key))
 
     def __repr__(self) -> str:
@@ -105,6 +125,10 @@ class TorchComm:
     (`all_gather`), never as pickled objects; `barrier(timeout_s)` is bounded with
     `monitored_barrier` on gloo. With NCCL/RCCL call `torch.cuda.set_device()` first.
     Passing a group (or None once `init_process_group` ran) as `comm` makes one for you.
+
+    Args:
+        group (torch.distributed.ProcessGroup | None): the group; None: the default group
+            (init_process_group must have run).
 
     Example:
         ```python
@@ -141,7 +165,11 @@ class TorchComm:
         return [o.cpu().tolist() for o in outs]
 
     def allgather(self, data: bytes) -> list:
-        """Collective: every rank's `data`, by rank."""
+        """Collective: every rank's `data`, by rank.
+
+        Args:
+            data (bytes): this rank's record.
+        """
         import torch
 
         data = bytes(data)
@@ -157,7 +185,11 @@ class TorchComm:
 
     def barrier(self, timeout_s: float | None = None) -> None:
         """A barrier; with ``timeout_s`` on gloo, DDStoreTimeoutError naming the ranks
-        that did not arrive (other backends wait for the process group's own timeout)."""
+        that did not arrive (other backends wait for the process group's own timeout).
+
+        Args:
+            timeout_s (float | None): gloo: how long to wait for every rank; None: the group's timeout.
+        """
         if timeout_s is not None and self._dist.get_backend(self.group) == "gloo":
             import datetime
 
@@ -171,7 +203,12 @@ class TorchComm:
         self._dist.barrier(group=self.group)
 
     def split(self, color: int, key: int) -> TorchComm:
-        """Collective: a new group of the ranks with the same `color` (WORLD group only)."""
+        """Collective: a new group of the ranks with the same `color` (WORLD group only).
+
+        Args:
+            color (int): ranks with the same color form a group.
+            key (int): orders ranks within a group.
+        """
         dist = self._dist
         if self.group not in (None, dist.group.WORLD) and self.size != dist.get_world_size():
             raise DDStoreValueError("ddstore_width with torch.distributed needs the default (WORLD) group")

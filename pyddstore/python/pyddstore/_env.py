@@ -63,3 +63,21 @@ def resolve_method(method, s: _native.Settings) -> int | None:
     if isinstance(method, bool) or not isinstance(method, int) or method not in (0, 1, 2):
         raise DDStoreValueError(f"method={method!r} is not valid: expected 0 (MPI RMA), 1 or 2 (libfabric)")
     return method
+
+
+def sync_libfabric_environ() -> None:
+    """Makes ``os.environ`` show the libfabric variables the extension set in the C environment
+    on import (Python copies the environment once, at start-up): children started through
+    ``subprocess`` or ``os.environ`` copies see what libfabric and MPI see. Only Python's copy
+    is updated (no second ``setenv``, which is unsafe while another thread reads the
+    environment)."""
+    import os
+
+    for name, (value, ours) in _native.libfabric_env()["variables"].items():
+        if not ours or os.environ.get(name) == value:
+            continue
+        data = getattr(os.environ, "_data", None)
+        if data is not None:
+            data[os.environ.encodekey(name)] = os.environ.encodevalue(value)
+        else:  # not CPython's os.environ: putenv again, to the same value
+            os.environ[name] = value

@@ -1,10 +1,13 @@
 """Logging: every message goes to the standard ``logging`` logger ``pyddstore`` (children
-``pyddstore.store``, ``pyddstore.torch``, ...), one line per event with the rank in it.
+``pyddstore.store``, ``pyddstore.torch``, ...), one line per event, its rank in ``record.rank``.
 
 The library adds only a ``NullHandler``: an application configures logging as usual
 (``logging.basicConfig(level=logging.INFO)``), or sets ``DDSTORE_LOG_LEVEL`` (``debug``,
 ``info``, ``warning``, ``error`` or a number), which gives the ``pyddstore`` logger that level
-and a handler writing to stderr. Levels: load summaries and the provider chosen at INFO,
+and a handler writing to stderr; that handler stays silent while the root logger has a handler
+(the application's ``logging.basicConfig``), which then prints each line once. The rank of a
+line is in ``record.rank`` (``extra=``), printed by that handler; an invalid level is a
+warning. Levels: load summaries and the provider chosen at INFO,
 fallbacks at WARNING, timings at DEBUG. ``DDSTORE_PROFILE=1`` without ``DDSTORE_LOG_LEVEL``
 means ``info``, so the profile it asks for is shown.
 """
@@ -14,8 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-
-from ._errors import DDStoreValueError
 
 LOGGER_NAME = "pyddstore"
 logger = logging.getLogger(LOGGER_NAME)
@@ -30,17 +31,42 @@ def get_logger(name: str = "") -> logging.Logger:
     return logger.getChild(name) if name else logger
 
 
-def _parse(raw: str) -> int:
+def _parse(raw: str) -> int | None:
+    """The level DDSTORE_LOG_LEVEL names, or None (with a warning) when it names none: a typo in
+    a logging variable must not stop `import pyddstore`."""
     raw = raw.strip().lower()
     if raw in _LEVELS:
         return _LEVELS[raw]
     try:
         return int(raw)
     except ValueError:
-        raise DDStoreValueError(
+        import warnings
+
+        warnings.warn(
             f"environment variable DDSTORE_LOG_LEVEL={raw!r} is not valid: expected debug, info, "
-            "warning, error or a number"
-        ) from None
+            "warning, error or a number; pyddstore logs as if it were unset",
+            stacklevel=3,
+        )
+        return None
+
+
+class _RankFilter(logging.Filter):
+    """Gives records logged without ``extra={"rank": ...}`` a rank of "-" for the format."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "rank"):
+            record.rank = "-"
+        return True
+
+
+class _StderrHandler(logging.StreamHandler):
+    """DDSTORE_LOG_LEVEL's handler: writes only while the application has configured no root
+    handler, so a record propagating to the application's handler is not printed twice."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if logger.propagate and logging.getLogger().handlers:
+            return
+        super().emit(record)
 
 
 def configure() -> None:
@@ -51,13 +77,26 @@ def configure() -> None:
     raw = (import_time_setting("DDSTORE_LOG_LEVEL") or "").strip()
     if not raw and import_time_setting("DDSTORE_PROFILE") == "1":
         raw = "info"
-    if not raw:
+    level = _parse(raw) if raw else None
+    if level is None:
         return
-    logger.setLevel(_parse(raw))
+    logger.setLevel(level)
     if _handler is None:
-        _handler = logging.StreamHandler(sys.stderr)
-        _handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+        _handler = _StderrHandler(sys.stderr)
+        _handler.addFilter(_RankFilter())
+        fmt = "%(asctime)s %(name)s %(levelname)s: rank %(rank)s: %(message)s"
+        _handler.setFormatter(logging.Formatter(fmt))
         logger.addHandler(_handler)
+
+
+def report_libfabric_env() -> None:
+    """DEBUG: each libfabric variable `import pyddstore` set (or found set), and why."""
+    from . import _native
+
+    env = _native.libfabric_env()
+    for name, (value, ours) in env["variables"].items():
+        who = "set by pyddstore" if ours else "already set, kept"
+        logger.debug("%s=%s (%s): %s", name, value, who, env["why"][name])
 
 
 def level_name() -> str:
@@ -81,15 +120,21 @@ def report_choice(store) -> None:
     transport = store.transport
     if store.rank == 0:
         logger.info(
-            f"rank {store.world_rank}: store of {store.size} ranks: method {store.method}, "
-            f"transport {transport}, communicator {store.comm_kind}"
+            "store of %d ranks: method %s, transport %s, communicator %s",
+            store.size,
+            store.method,
+            transport,
+            store.comm_kind,
+            extra={"rank": store.world_rank},
         )
     provider = transport.split(":", 1)[1] if transport.startswith("ofi:") else ""
     if provider.split(";")[0] in ("tcp", "sockets", "udp", "net") and not store.settings.is_set("fabric"):
         devices = _rdma_devices()
         if devices and store.rank == 0:
             logger.warning(
-                f"rank {store.world_rank}: fell back to {provider} although RDMA devices are present "
-                f"({', '.join(devices)}): their provider (cxi, verbs, efa, opx) is not usable; see "
-                "`python -m pyddstore info`, or set DDSTORE_FABRIC"
+                "fell back to %s although RDMA devices are present (%s): their provider (cxi, verbs, "
+                "efa, opx) is not usable; see `python -m pyddstore info`, or set DDSTORE_FABRIC",
+                provider,
+                ", ".join(devices),
+                extra={"rank": store.world_rank},
             )

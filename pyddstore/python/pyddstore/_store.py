@@ -65,6 +65,7 @@ class PyDDStore:
             ranks (each group holds a whole copy).
         settings: a `pyddstore.Settings` to use instead of the environment's
             (`Settings.from_env(timeout_s=5)`); the arguments above go on top.
+        comm_or_none: upstream's name of `comm` (keyword only); pass one of the two.
 
     The store reads every `DDSTORE_*` setting once, here: `store.settings` holds them,
     typed (`store.settings.timeout_s`), with `method`, `handshake_dir`, `n_core` and
@@ -91,15 +92,15 @@ class PyDDStore:
 
     def __init__(
         self,
-        comm=None,
-        method=None,
-        handshake_dir="",
-        n_core=0,
-        nic_map=None,
-        ddstore_width=None,
+        comm: object | None = None,
+        method: int | None = None,
+        handshake_dir: str | os.PathLike = "",
+        n_core: int = 0,
+        nic_map: str | dict[int, str] | None = None,
+        ddstore_width: int | None = None,
         *,
-        comm_or_none=None,
-        settings=None,
+        comm_or_none: object | None = None,
+        settings: _native.Settings | None = None,
     ):
         if comm is not None and comm_or_none is not None:
             raise DDStoreTypeError("pass the communicator once: comm= (or its older name comm_or_none=)")
@@ -213,6 +214,13 @@ class PyDDStore:
         """Collective: creates `name` with `nrows` rows on this rank, each of `disp` elements
         of `itemsize` bytes (or of `dtype`); fill them with `update()`.
 
+        Args:
+            name (str): the variable's name.
+            nrows (int): rows this rank holds (0 allowed).
+            disp (int): elements per row.
+            itemsize (int): bytes per element (ignored when `dtype` is given).
+            dtype (numpy.dtype | str | None): the elements' dtype; None stores raw bytes.
+
         Example:
             ```python
             store.init("y", nrows=len(my_rows), disp=16, dtype=np.float64)
@@ -258,6 +266,16 @@ class PyDDStore:
         transport that registers device memory (method 1 or 2 with FI_HMEM; a one-process store
         works with any method).
 
+        Args:
+            name (str): the variable's name.
+            nrows (int): rows this rank holds.
+            row_bytes (int): bytes per row.
+            tensor (torch.Tensor): contiguous, exactly `nrows * row_bytes` bytes, on the device.
+            iface (str): "cuda", "rocr", "ze", or "system" (host memory registered like device memory).
+            device (int): the device's ordinal.
+            itemsize (int): bytes per element, for reads typed by element.
+            dtype (numpy.dtype | str | None): the elements' dtype; None stores raw bytes.
+
         Example:
             ```python
             t = torch.empty((n, 64), dtype=torch.uint8, device="cuda")
@@ -280,6 +298,12 @@ class PyDDStore:
         allowed), and `get_batch(name, indices)` returns values and offsets.
         Every rank must pass `lengths` or none must; a rank may have no rows.
 
+        Args:
+            name (str): the variable's name, new in this store.
+            arr (numpy.ndarray): this rank's rows along the first axis (C-contiguous; 0 rows allowed).
+            lengths (Sequence[int] | numpy.ndarray | None): one non-negative length per row: a ragged
+                variable whose rows are consecutive runs of `arr`'s first axis.
+
         Example:
             ```python
             store.add("x", np.random.rand(1000, 32).astype(np.float32))
@@ -290,7 +314,13 @@ class PyDDStore:
         arr = _as_array(arr, f"add('{name}', arr)")
         if lengths is None:
             self._reserve(name)
-            self._native.add(name, arr)
+            try:
+                self._native.add(name, arr)
+            except DDStoreValueError as e:
+                if "same shape and dtype" not in str(e):
+                    raise
+                # The ranks compare sizes; the shape is this rank's to say.
+                raise DDStoreValueError(f"{e} (this rank's rows are shaped {arr.shape[1:]})") from None
             self._published(name)
             return
         lengths = np.asarray(lengths)
@@ -307,13 +337,23 @@ class PyDDStore:
         self._published(name + "#ends")
 
     def is_ragged(self, name: str) -> bool:
-        """Whether ``name`` was added with ``lengths`` (rows of different lengths)."""
+        """Whether ``name`` was added with ``lengths`` (rows of different lengths).
+
+        Args:
+            name (str): a variable of this store.
+        """
         return self._native.is_ragged(name)
 
     def get(self, name: str, arr, start: int = 0) -> None:
         """Reads rows ``start .. start + len(arr)`` of ``name`` into ``arr``
         (upstream's ``get``): one read per owner the range spans; an empty
-        ``arr`` reads nothing and succeeds for any ``0 <= start <= rows``."""
+        ``arr`` reads nothing and succeeds for any ``0 <= start <= rows``.
+
+        Args:
+            name (str): a fixed-row variable.
+            arr (numpy.ndarray): destination: its length is the number of rows read.
+            start (int): the first global row (rows of all ranks in rank order).
+        """
         t = time.perf_counter()
         try:
             if self._freed_names:
@@ -337,6 +377,15 @@ class PyDDStore:
         (``offsets`` int64, one more than the rows). With ``out=`` (a
         contiguous array of the variable's dtype, large enough) the values
         land at its start and ``values`` is a view of ``out``.
+
+        Args:
+            name (str): a variable of this store.
+            arr (numpy.ndarray | Sequence[int] | None): fixed rows: the destination, `len(indices)` rows;
+                ragged: the indices (or pass `indices=`).
+            indices (Sequence[int] | numpy.ndarray | None): global row numbers: any rank's, any order,
+                repeats allowed.
+            out (numpy.ndarray | None): ragged only: a contiguous buffer of the variable's dtype the values
+                land in.
         """
         t = time.perf_counter()
         try:
@@ -378,6 +427,11 @@ class PyDDStore:
         """Writes this rank's local rows `offset .. offset + len(arr)` (local, not collective:
         call `barrier()` before others read them).
 
+        Args:
+            name (str): a fixed-row variable.
+            arr (numpy.ndarray): rows to write, shaped like the variable's rows.
+            offset (int): the first of this rank's local rows to overwrite.
+
         Example:
             ```python
             store.update("x", new_rows, offset=10)
@@ -413,6 +467,18 @@ class PyDDStore:
         keeps the share's memory mapped until its read returns, and writes nothing else. The
         rows of a failed load are undefined until loaded again.
 
+        Args:
+            name (str): a fixed-row variable created with `init`.
+            paths (Sequence[str]): the files, indexed by the first column of `ranges`.
+            ranges (numpy.ndarray): int64, one row per read: file index, file offset, bytes read, CRC32 or
+                -1, bytes skipped, bytes written, byte offset in the share.
+            threads (int): reads in flight.
+            direct (bool): read with O_DIRECT where the file system allows it.
+            nofollow (bool): refuse symbolic links.
+            sizes (Sequence[int] | None): the exact size each file must have (-1: any).
+            timeout_s (float | None): how long no read may return; None: this store's
+                DDSTORE_LOAD_TIMEOUT_S.
+
         Example:
             ```python
             # 1,000 rows of 4 float32 from an .npy file whose header is 128 bytes
@@ -427,6 +493,9 @@ class PyDDStore:
         """`(total_rows, disp, itemsize)` of `name`: rows over all ranks, elements per row,
         bytes per element.
 
+        Args:
+            name (str): a variable of this store.
+
         Example:
             ```python
             total, disp, itemsize = store.info("x")
@@ -435,11 +504,19 @@ class PyDDStore:
         return self._native.info(name)
 
     def counts(self, name: str) -> list:
-        """Rows each rank holds of `name`, by rank (`sum(counts) == info(name)[0]`)."""
+        """Rows each rank holds of `name`, by rank (`sum(counts) == info(name)[0]`).
+
+        Args:
+            name (str): a variable of this store.
+        """
         return self._native.counts(name)
 
     def dtype(self, name: str) -> str:
-        """The stored dtype of `name` (`float32`, ..., or `bytes` for raw rows)."""
+        """The stored dtype of `name` (`float32`, ..., or `bytes` for raw rows).
+
+        Args:
+            name (str): a variable of this store.
+        """
         return self._native.dtype(name)
 
     def names(self) -> list:
@@ -450,6 +527,10 @@ class PyDDStore:
         """Registers `arr` once as a destination of reads of `name` (reads into it then skip
         registration, which cxi and verbs need per read otherwise). Registering the same
         buffer again is a no-op, as upstream.
+
+        Args:
+            name (str): the variable whose reads land in `arr`.
+            arr (numpy.ndarray): a C-contiguous buffer kept alive while registered.
 
         Example:
             ```python
@@ -466,7 +547,12 @@ class PyDDStore:
         self._recv.add(key)
 
     def unregister_recv(self, name: str, arr) -> None:
-        """Undoes :meth:`register_recv`; a buffer that is not registered raises DDStoreValueError."""
+        """Undoes :meth:`register_recv`; a buffer that is not registered raises DDStoreValueError.
+
+        Args:
+            name (str): the variable `arr` was registered for.
+            arr (numpy.ndarray): a buffer given to `register_recv`.
+        """
         key = _recv_key(name, arr)
         if key not in self._recv:
             raise DDStoreValueError(
@@ -500,6 +586,9 @@ class PyDDStore:
         beyond its bounds). For a ragged variable ``rows`` are
         its ragged rows and ``bytes`` their values.
 
+        Args:
+            name (str | None): a variable, or None for the sum over all of them.
+
         Example:
             ```python
             print(store.get_profile("x"))  # reads, bytes, remote/local split, ...
@@ -526,7 +615,11 @@ class PyDDStore:
     # -- collectives over the store's group ---------------------------------
     def allgather(self, obj) -> list:
         """Every rank's `obj`, in rank order. Data only (None, bool, int, float, str, bytes,
-        lists, dicts with str keys; see ``pyddstore._wire``): nothing received can run code."""
+        lists, dicts with str keys; see ``pyddstore._wire``): nothing received can run code.
+
+        Args:
+            obj (object): data only: None, bool, int, float, str, bytes, lists, dicts with str keys.
+        """
         return _wire.gather(self._native.comm(), obj)
 
     def barrier(self) -> None:
@@ -592,6 +685,12 @@ class PyDDStore:
 
         `token`: the core job's job token; default `DDSTORE_JOB_TOKEN`, else the token file
         the core job wrote in `handshake_dir`.
+
+        Args:
+            name (str): the variable the core group published.
+            timeout_s (float | None): how long to wait for it; None: DDSTORE_HANDSHAKE_TIMEOUT_S.
+            token (str | None): the core job's token; None: DDSTORE_JOB_TOKEN, else the token file in
+                `handshake_dir`.
 
         Example:
             ```python
@@ -691,7 +790,10 @@ class PyDDStore:
         for name in self._native.names():
             p = self._native.get_profile(name)
             _log.get_logger("store").info(
-                f"rank {self.world_rank}: profile {name}: " + " ".join(f"{k}={v}" for k, v in p.items())
+                "profile %s: %s",
+                name,
+                " ".join(f"{k}={v}" for k, v in p.items()),
+                extra={"rank": self.world_rank},
             )
 
     # -- helpers ------------------------------------------------------------

@@ -365,12 +365,15 @@ def plot(results: list[dict], path: str) -> None:
     for ax, batch in zip(axes, (1, 128)):
         series = {}
         for r in results:
-            if r["batch"] == batch and r["threads"] == 1:
-                series.setdefault(f"{r['config']} {r['kind']}", []).append((r["row_bytes"], r["us_per_row"]))
-        for label, pts in sorted(series.items()):
+            # The store's lines and the memory ceiling; raw/socket lines are in the JSON and table.
+            if r["batch"] == batch and r["threads"] == 1 and r["kind"] in ("store", "ceiling"):
+                series.setdefault(r["config"], []).append((r["row_bytes"], r["us_per_row"]))
+        colors = plt.get_cmap("tab10")
+        for k, (label, pts) in enumerate(sorted(series.items())):
             pts.sort()
-            style = "--" if "raw" in label or "numpy" in label else "-"
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=label)
+            style = "k--" if label == "numpy" else "-"
+            kw = {} if label == "numpy" else {"color": colors(k % 10)}
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=label, **kw)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("row size (bytes)")
@@ -405,17 +408,24 @@ def main(argv=None) -> None:
     )
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--plot", help="write a PNG plot (matplotlib) to this file")
+    ap.add_argument("--from-json", help="plot (--plot) an earlier --json run's figures, measuring nothing")
     ap.add_argument(
         "--vcluster",
         action="store_true",
         help="run over a virtual cluster of two namespace nodes beside one node (root, not under mpirun)",
     )
     args = ap.parse_args(argv)
+    if args.from_json:
+        if not args.plot:
+            ap.error("--from-json needs --plot")
+        with open(args.from_json) as f:
+            plot(json.load(f)["results"], args.plot)
+        return
     if args.plot:  # before measuring, not after the whole run
         import importlib.util
 
         if importlib.util.find_spec("matplotlib") is None:
-            ap.error("--plot needs matplotlib: pip install 'pyddstore[bench]'")
+            ap.error("--plot needs matplotlib: pip install matplotlib")
     if args.vcluster:
         from .bench_cluster import run
 

@@ -222,6 +222,32 @@ def print_table(results: list[dict], header: str) -> None:
             )
 
 
+def plot(results: list[dict], path: str) -> None:
+    """Grouped bars: graphs/s of each way of reading (ragged, ragged into out=, padded rows,
+    per-sample records, a local list) for each config."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in results if "graphs_per_s" in r]
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    lines = list(dict.fromkeys(r["line"] for r in rows))
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    width = 0.8 / max(1, len(lines))
+    for k, line in enumerate(lines):
+        got = {r["config"]: r["graphs_per_s"] for r in rows if r["line"] == line}
+        xs = [i + k * width for i, c in enumerate(configs) if c in got]
+        ax.bar(xs, [got[c] for c in configs if c in got], width, label=line)
+    ax.set_xticks([i + width * (len(lines) - 1) / 2 for i in range(len(configs))], configs)
+    ax.set_yscale("log")
+    ax.set_ylabel("graphs/s (log; higher is better)")
+    ax.set_title(f"batches of {rows[0]['batch'] if rows else '?'} random graphs of other ranks")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m pyddstore.bench_graph", description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -237,6 +263,7 @@ def main(argv=None) -> None:
     ap.add_argument("--seconds", type=float, default=0.3, help="time per line")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best is kept")
     ap.add_argument("--json", help="write the figures to this file")
+    ap.add_argument("--plot", help="write a PNG bar chart (matplotlib) to this file")
     args = ap.parse_args(argv)
     unknown = [c for c in args.configs if c not in CONFIGS]
     if unknown:
@@ -257,6 +284,8 @@ def main(argv=None) -> None:
             os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
             with open(args.json, "w") as f:
                 json.dump({"ranks": comm.size, "results": results}, f, indent=1)
+        if args.plot:
+            plot(results, args.plot)
 
 
 if __name__ == "__main__":

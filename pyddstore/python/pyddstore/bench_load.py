@@ -421,6 +421,29 @@ def _restore(cls, path, comm):
     return ds.load_stats[comm.rank]["nbytes"], ds
 
 
+def plot_load(res: dict, path: str) -> None:
+    """Bars: MB/s in total of each load path, the read limit's bars (the same bytes read straight
+    from the files) in grey, and the many-thread limit as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = res["rows"]
+    limit = max((r["total_mb_s"] for r in rows if "threads (limit)" in r["case"]), default=0.0)
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.5))
+    colors = ["tab:grey" if "(limit)" in r["case"] else "tab:blue" for r in rows]
+    ax.barh([r["case"] for r in rows], [r["total_mb_s"] for r in rows], color=colors)
+    if limit:
+        ax.axvline(limit, color="k", linestyle="--", linewidth=1, label=f"read limit {limit:.0f} MB/s")
+        ax.legend(fontsize=8, loc="lower right")
+    ax.invert_yaxis()
+    ax.set_xlabel("MB/s, all ranks (higher is better)")
+    ax.set_title(f"loading {res['files']} files of {res['file_kib']} KiB; page cache: {rows[0]['cache']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def print_load(res: dict, size: int) -> None:
     rows = res["rows"]
     limit = max((r["total_mb_s"] for r in rows if "threads (limit)" in r["case"]), default=0.0)

@@ -463,6 +463,7 @@ def main(argv=None) -> None:
     ap.add_argument("--limit-threads", type=int, default=64, help="load: threads of the read limit")
     ap.add_argument("--load-rounds", type=int, default=2, help="load: rounds of every case (best kept)")
     ap.add_argument("--json", help="write the figures to this file")
+    ap.add_argument("--plot", help="load: write a PNG bar chart of the load paths (matplotlib) to this file")
     ap.add_argument("--memory-case", help=argparse.SUPPRESS)  # internal: one memory case, JSON out
     args = ap.parse_args(argv)
     if args.memory_case:
@@ -506,6 +507,10 @@ def main(argv=None) -> None:
             os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1)
+        if args.plot and "load" in out:
+            from .bench_load import plot_load
+
+            plot_load(out["load"], args.plot)
     quiet_wait(comm)
 
 

@@ -140,6 +140,10 @@ class Buffers(dict):
 
     Pass as out= to read_rows() / __getitems__(); give back with release().
 
+    Args:
+        arrays (dict): field key -> receive array.
+        registered (list): (variable, array) pairs registered with the store, released by `release()`.
+
     Example:
         ```python
         bufs = ds.alloc(128)
@@ -193,6 +197,23 @@ class _StoredDataset(Dataset):
 
     def __len__(self) -> int:
         return self._n
+
+    def __repr__(self) -> str:
+        """Name, length, fields (dtype and shape; a ragged axis shows as `*`) and the method."""
+        kind = type(self).__name__
+        if "_schema" not in self.__dict__:
+            return f"<{kind} {getattr(self, 'name', '?')!r} (not loaded)>"
+        fields = ", ".join(
+            f"{f.key!r}: {f.dtype.name if not f.is_record else 'record'}"
+            f"({', '.join('*' if i == f.ragged else str(d) for i, d in enumerate(f.shape))})"
+            for f in self._schema.fields
+        )
+        store = self._store
+        if self._freed:
+            where = "freed"
+        else:
+            where = f"method {store.method} ({store.transport}), rank {store.rank} of {store.size}"
+        return f"<{kind} {getattr(self, 'name', '?')!r}: {self._n} samples, fields {{{fields}}}, {where}>"
 
     @property
     def ddstore(self) -> Any:
@@ -649,8 +670,8 @@ def _load_summary(name: str, n: int, size: int, stats: list[dict]) -> str:
     extra = f"; {', '.join(notes)}" if notes else ""
     return (
         f"pyddstore: {name}: {n} samples, {max(s['nbytes'] for s in stats) / 2**20:.1f} MiB per rank "
-        f"({size} ranks), {secs:.2f} s, {total / secs / 1e6:.0f} MB/s total, "
-        f"{total / size / secs / 1e6:.0f} MB/s per rank; {slowest['path']} path, "
+        f"({size} ranks), {secs:.2f} s, {_load.rate_text(total / secs)} total, "
+        f"{_load.rate_text(total / size / secs)} per rank; {slowest['path']} path, "
         f"{slowest['workers']} reader(s) in flight; limited by {_load.limit_of(slowest)}{extra}"
     )
 
@@ -702,6 +723,33 @@ class DistDataset(_StoredDataset):
     else a FileComm); under torchrun, mpirun or srun without any of them it raises instead
     of making a one-rank store. A DistDataset pickles to a handle that spawn and forkserver
     DataLoader workers re-attach through the fabric (methods 1 and 2).
+
+    Args:
+        source (Dataset | Sequence | numpy.ndarray | torch.Tensor): map-style (`len()` and `[i]`), a list of
+            `.npy` paths, an `np.memmap`, an h5py dataset, a zarr array, an array or tensor; every rank passes
+            the same samples.
+        name (str): the dataset's name: its variables are `{name}/{key}`.
+        comm (object | None): as `PyDDStore`'s: an mpi4py communicator, a torch.distributed group, a
+            `FileComm`, or None (resolved: MPI, else the default torch group, else a FileComm).
+        ddstore_width (int | None): split the ranks into independent stores of that many ranks, each holding
+            a whole copy.
+        device (str | torch.device | None): move read samples and batches there.
+        add_device (str | torch.device | bool | None): hold each rank's share in that device's memory
+            ("cuda", "cuda:1", True: the current GPU); methods 1 and 2 with a provider that has FI_HMEM.
+        method (int | None): 0 MPI RMA, 1 libfabric, 2 libfabric readable by other jobs; None:
+            DDSTORE_METHOD, else by communicator.
+        handshake_dir (str | None): directory for the file communicator and method-2 records; None:
+            DDSTORE_HANDSHAKE_DIR.
+        chunk_size (int | None): rows per read of array and file sources (not with add_device); None: sized
+            so the reads in flight stay within ~10% of the share.
+        encode (Callable | None): applied to each source sample before it is stored (returns the fields to
+            keep).
+        decode (Callable | None): applied to each sample read back.
+        fields (Sequence[str | int] | None): keep only these keys or positions of each sample.
+        ragged (dict[str | int, int] | str | None): fields whose size varies along one axis: {key: axis}, or
+            "auto" (the axes that differ, found by scanning once); torch_geometric Data needs none.
+        load_workers (str | None): "threads" calling `source[i]`, or "processes" (forked, for sources that
+            are not thread-safe); None: threads, or processes when the source has `thread_safe = False`.
 
     Example:
         ```python
@@ -797,7 +845,12 @@ class DistDataset(_StoredDataset):
         """Collective: writes every rank's share of every field to the directory path (one file
         per rank in the store's layout plus manifest.json: schema, counts, sizes, checksums).
         DistDataset.restore(path) loads it back, on any number of ranks. path must not hold a
-        snapshot yet. The source's namedtuple/dict subclasses and encode/decode are not saved."""
+        snapshot yet. The source's namedtuple/dict subclasses and encode/decode are not saved.
+
+        Args:
+            path (str | os.PathLike): a directory (created) that holds no snapshot yet, reachable by every
+                rank.
+        """
         if self._freed:
             raise DDStoreFreedError("this dataset was freed")
         store = self._store
@@ -843,7 +896,20 @@ class DistDataset(_StoredDataset):
         block is checked against the manifest's checksums; a corrupt, truncated or mismatched
         snapshot raises SnapshotError naming the file. Graph samples come back as data_cls (a
         torch_geometric Data or HeteroData subclass), else as Data or HeteroData: no class is
-        imported by a name read from the snapshot."""
+        imported by a name read from the snapshot.
+
+        Args:
+            path (str | os.PathLike): the directory `save(path)` wrote.
+            name (str | None): the restored dataset's name; None: the saved one.
+            comm (object | None): as for `DistDataset`; any number of ranks.
+            ddstore_width (int | None): as for `DistDataset`.
+            device (str | torch.device | None): move read samples and batches there.
+            method (int | None): as for `DistDataset`.
+            handshake_dir (str | None): as for `DistDataset`.
+            decode (Callable | None): applied to each sample read back (snapshots do not keep one).
+            data_cls (type | None): the torch_geometric Data or HeteroData subclass graph samples come back
+                as; None: Data or HeteroData.
+        """
         _check_data_cls(data_cls, "DistDataset.restore")
         self = cls.__new__(cls)
         _StoredDataset.__init__(self)
@@ -1013,6 +1079,7 @@ class DistDataset(_StoredDataset):
                 fixed_bytes if not schema.ragged_fields else 0,
                 rank == 0 and not quiet,
                 f"loading {self.name}",
+                samples=count,
             )
             stats = fill(start, count, depth, progress)
             ragged = stats.ragged
@@ -1028,8 +1095,13 @@ class DistDataset(_StoredDataset):
         mine = {"error": payload, "max_lens": max_lens, "stats": stats.to_json()}
         st = mine["stats"]
         _LOG.debug(
-            f"rank {rank}: {self.name}: loaded rows {start}..{start + count} ({st.get('nbytes')} bytes) "
-            f"in {st.get('secs', 0.0):.3f} s"
+            "%s: loaded rows %d..%d (%s bytes) in %.3f s",
+            self.name,
+            start,
+            start + count,
+            st.get("nbytes"),
+            st.get("secs", 0.0),
+            extra={"rank": rank},
         )
         results = store.allgather(mine)
         failed = [r["error"] for r in results if r["error"] is not None]
@@ -1047,7 +1119,7 @@ class DistDataset(_StoredDataset):
         self.load_stats = [r["stats"] for r in results]
         if rank == 0 and not quiet:
             summary = _load_summary(self.name, n, size, self.load_stats).removeprefix("pyddstore: ")
-            _LOG.info(f"rank {rank}: loaded {summary}")
+            _LOG.info("loaded %s", summary, extra={"rank": rank})
 
     def _load_share(self, store, source, schema, encode, chunk_size, start, count, depth, progress):
         """This rank's rows into its share, by the fastest path the source allows."""
@@ -1175,6 +1247,15 @@ class DistDatasetReader(_StoredDataset):
     separate extra job. Fields come from {handshake_dir}/{name}.meta.json. Graph samples come
     back as ``data_cls`` (a torch_geometric ``Data`` or ``HeteroData`` subclass the caller passes;
     else ``Data`` or ``HeteroData``: no class is ever imported by a name read from the meta file).
+
+    Args:
+        name (str): the name the core group's DistDataset was given.
+        handshake_dir (str | None): where the core group publishes; None: DDSTORE_HANDSHAKE_DIR.
+        n_core (int | None): ranks of the core group; None: DDSTORE_N_CORE, else from its records.
+        device (str | torch.device | None): move read samples and batches there.
+        decode (Callable | None): applied to each sample read back.
+        data_cls (type | None): the torch_geometric Data or HeteroData subclass graph samples come back as;
+            None: Data or HeteroData.
 
     Example:
         ```python

@@ -123,26 +123,42 @@ def limit_of(stats: dict) -> str:
     return f"the source (reads; CPU {cpu_share:.0%} of {cores} cores)"
 
 
-class Progress:
-    """Bytes loaded on rank 0: a tqdm bar (MB/s, ETA) when tqdm is installed, else a line on
-    stderr every few seconds. Thread-safe."""
+def rate_text(bytes_per_s: float) -> str:
+    """MB/s with three significant digits (0.16 MB/s, 42.3 MB/s, 1234 MB/s), never a bare 0."""
+    mb = bytes_per_s / 1e6
+    return f"{mb:.0f} MB/s" if mb >= 100 else f"{mb:.3g} MB/s"
 
-    def __init__(self, total_bytes: int, enabled: bool, desc: str):
+
+class Progress:
+    """Samples loaded on rank 0 (callers report bytes of whole samples): a tqdm bar (samples,
+    samples/s, ETA) on a terminal when tqdm is installed, else a line on stderr every 5 s on a
+    terminal and every 30 s elsewhere (a Slurm output file gets no bar frames). Thread-safe."""
+
+    LINE_EVERY_S = {True: 5.0, False: 30.0}  # by whether stderr is a terminal
+
+    def __init__(self, total_bytes: int, enabled: bool, desc: str, samples: int = 0):
         self.total = total_bytes
+        self.samples = samples if samples > 0 else total_bytes
         self.enabled = enabled and total_bytes > 0
         self.desc = desc
         self.done = 0
         self.t0 = time.perf_counter()
         self._last = self.t0
+        self._shown = 0
         self._lock = threading.Lock()
         self._bar = None
-        if self.enabled:
+        tty = bool(getattr(sys.stderr, "isatty", lambda: False)())
+        self._every = self.LINE_EVERY_S[tty]
+        if self.enabled and tty:
             try:
                 from tqdm.auto import tqdm
 
-                self._bar = tqdm(total=total_bytes, desc=desc, unit="B", unit_scale=True, leave=False)
+                self._bar = tqdm(total=self.samples, desc=desc, unit="sample", unit_scale=True, leave=False)
             except ImportError:
                 self._bar = None
+
+    def _samples_of(self, nbytes: int) -> int:
+        return nbytes * self.samples // self.total
 
     def update(self, nbytes: int) -> None:
         if not self.enabled:
@@ -150,17 +166,19 @@ class Progress:
         with self._lock:
             self.done += nbytes
             if self._bar is not None:
-                self._bar.update(nbytes)
+                now_samples = self._samples_of(self.done)
+                self._bar.update(now_samples - self._shown)
+                self._shown = now_samples
                 return
             now = time.perf_counter()
-            if now - self._last < 5.0:
+            if now - self._last < self._every:
                 return
             self._last = now
             rate = self.done / max(now - self.t0, 1e-9)
             eta = (self.total - self.done) / rate if rate > 0 else float("inf")
             print(
-                f"{self.desc}: {self.done / 2**20:.0f}/{self.total / 2**20:.0f} MiB, "
-                f"{rate / 1e6:.0f} MB/s, ETA {eta:.0f} s",
+                f"{self.desc}: {self._samples_of(self.done)}/{self.samples} samples "
+                f"({self.done / 2**20:.1f}/{self.total / 2**20:.1f} MiB), {rate_text(rate)}, ETA {eta:.0f} s",
                 file=sys.stderr,
                 flush=True,
             )
@@ -410,7 +428,8 @@ def window(depth: int, share_bytes: int, row_bytes: int, stats: LoadStats, rows:
         return rows
     limit = max(MIN_WINDOW_BYTES, share_bytes // 10)
     per_read = min(MAX_READ_BYTES, max(1, limit // max(1, depth)))
-    stats.window_capped = per_read < MAX_READ_BYTES
+    # Capped only when the share did not fit in the window (a 40 KB share never is).
+    stats.window_capped = per_read < MAX_READ_BYTES and limit < share_bytes
     rows = max(1, per_read // max(1, row_bytes))
     stats.window_bytes = rows * row_bytes * depth
     return rows

@@ -466,6 +466,13 @@ class ThreadDataLoader(DataLoader):
     pin_memory), and a slot is written again only once no view of its batch is left: a ring grows
     by a slot per batch the caller keeps and shrinks back once they are gone (reuse_buffers=True:
     it never grows, and holding all its slots raises). Methods 1 and 2 only.
+    Args:
+        dataset (Dataset): usually a DistDataset or DistDatasetReader; any map-style dataset works.
+        reuse_buffers (bool): each worker reads into one `dataset.alloc(batch_size)` buffer set it reuses
+            (batches must be copied by the collate_fn).
+        collate_copies (bool): with reuse_buffers and a custom collate_fn: it copies what it keeps.
+        **kwargs (Any): every `torch.utils.data.DataLoader` argument (batch_size, sampler, num_workers,
+            collate_fn, pin_memory, ...).
 
     Example:
         ```python

@@ -50,6 +50,16 @@ class DistributedSampler(_tud.DistributedSampler):
     from the default group, as in torch. Everything else (``shuffle``, ``seed``, ``drop_last``,
     ``set_epoch()``, the padding of the last partial round) is torch's own.
 
+    Args:
+        dataset (DistDataset | DistDatasetReader | Dataset): the dataset to draw from; its store gives rank
+            and size.
+        num_replicas (int | None): number of ranks drawing; None: the store's size (or the default torch
+            group's).
+        rank (int | None): this rank among them; None: the store's rank.
+        shuffle (bool): shuffle each epoch (seeded by `seed` + epoch).
+        seed (int): the same on every rank.
+        drop_last (bool): drop the tail instead of padding to an even split.
+
     Example:
         ```python
         from mpi4py import MPI

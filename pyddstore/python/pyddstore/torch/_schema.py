@@ -86,7 +86,7 @@ def _pyg_class(structure: str = PYG) -> Any:
     except ImportError:
         raise SchemaTypeError(
             f"this dataset holds torch_geometric {name} samples: install torch_geometric "
-            "(pip install 'pyddstore[graph]') to read them"
+            "(pip install torch_geometric) to read them"
         ) from None
     return getattr(pyg_data, name)
 
@@ -148,7 +148,11 @@ class RaggedRows(NamedTuple):
     shapes: list
 
     def row(self, i: int) -> Any:
-        """Row i, in its own shape."""
+        """Row i, in its own shape.
+
+        Args:
+            i (int): 0 <= i < the number of rows.
+        """
         return self.values[int(self.offsets[i]) : int(self.offsets[i + 1])].reshape(self.shapes[i])
 
     def __len__(self) -> int:  # rows, not tuple fields
@@ -178,6 +182,11 @@ class SchemaTypeError(DDStoreTypeError):
 def share_of(n: int, size: int, rank: int) -> tuple[int, int]:
     """(start, count) of rank's share of n samples split over size ranks: the first n % size
     ranks get one more.
+
+    Args:
+        n (int): samples in all.
+        size (int): ranks.
+        rank (int): the rank whose share to return.
 
     Example:
         ```python

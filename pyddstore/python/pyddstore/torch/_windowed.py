@@ -56,6 +56,15 @@ class WindowedDataset(Dataset):
     batch (__getitems__) is one read_rows(). A start whose window does not fit in the stored
     rows raises DDStoreIndexError (an IndexError) naming the window, its rows and the row count.
 
+    Args:
+        ds (DistDataset | DistDatasetReader): the stored rows.
+        window (int): rows per sample.
+        stride (int): sample i starts at row i * stride (without `starts`).
+        dilation (int): distance between a sample's rows.
+        starts (Sequence[int] | None): the first row of each sample, instead of `stride`.
+        fields (Sequence[str | int] | None): give dicts of these fields (upstream's layout) instead of the
+            stored structure.
+
     Example:
         ```python
         frames = DistDataset(steps, "frames", comm, method=1)  # one sample per time step
@@ -90,7 +99,11 @@ class WindowedDataset(Dataset):
         return len(self.starts)
 
     def rows(self, index: int) -> np.ndarray:
-        """The stored rows of sample index."""
+        """The stored rows of sample index.
+
+        Args:
+            index (int): a sample of this dataset.
+        """
         i = int(index)
         if i < 0:
             i += len(self)
@@ -131,6 +144,11 @@ def _rows_list(v: Any) -> Any:
 
 def row_of(concat: ConcatDataset, source: int, index: int) -> int:
     """In a DistDataset over a ConcatDataset, the stored row of sample index of dataset source.
+
+    Args:
+        concat (ConcatDataset): the DistDataset's source.
+        source (int): which of its datasets.
+        index (int): a sample of that dataset (0 <= index < its length).
 
     Example:
         ```python
