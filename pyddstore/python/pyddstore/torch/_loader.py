@@ -31,6 +31,8 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 from pyddstore import DDStoreTypeError, DDStoreValueError
 from pyddstore._env import settings as _env_settings
 
+from . import _state
+
 _STATUS_INTERVAL = 1.0  # seconds between checks that worker threads are alive
 
 # -- get_worker_info() per thread --------------------------------------------------------------
@@ -248,6 +250,27 @@ class _ThreadIterBase(_BaseDataLoaderIter):
         if torch.accelerator.is_available():
             self._device_index = torch.accelerator.current_device_index()
         loader._live_iterators.add(self)
+        loader._resume.seed_iterator(self)  # before workers start: a resumed epoch's base seed
+
+    # Position tracking for state_dict() (pyddstore.torch._state): indices sent to workers,
+    # batches handed to the caller.
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        super()._reset(loader, first_iter)
+        loader._resume.attach(self)
+
+    def _next_index(self) -> Any:
+        index = super()._next_index()
+        self._progress.dispatched(index, self._auto_collation)
+        return index
+
+    def __next__(self) -> Any:
+        try:
+            data = super().__next__()
+        except StopIteration:
+            self._progress.finished = True
+            raise
+        self._progress.yielded()
+        return data
 
 
 class _CallingThreadIter(_ThreadIterBase):
@@ -256,6 +279,7 @@ class _CallingThreadIter(_ThreadIterBase):
     def __init__(self, loader: ThreadDataLoader):
         super().__init__(loader)
         self._fetcher: _Fetcher | None = None
+        loader._resume.attach(self)
 
     def _next_data(self) -> Any:
         try:
@@ -503,6 +527,11 @@ class ThreadDataLoader(DataLoader):
     or collate_copies=True. close() waits for in-flight fetches and releases the buffers.
     multiprocessing_context is accepted and ignored.
 
+    state_dict() / load_state_dict() follow torchdata's StatefulDataLoader: a job that stops
+    mid-epoch goes on with exactly the batches it would have yielded next (see the "Restarting
+    jobs" guide). auto_epoch=True calls sampler.set_epoch() at the start of every iteration
+    (0, 1, 2, ..., counting on from a loaded state); without it, epochs are torch's (yours).
+
     Example:
         ```python
         loader = ThreadDataLoader(trainset, batch_size=128, sampler=sampler, num_workers=2,
@@ -514,7 +543,12 @@ class ThreadDataLoader(DataLoader):
     """
 
     def __init__(
-        self, dataset: Any, reuse_buffers: bool = False, collate_copies: bool = False, **kwargs: Any
+        self,
+        dataset: Any,
+        reuse_buffers: bool = False,
+        collate_copies: bool = False,
+        auto_epoch: bool = False,
+        **kwargs: Any,
     ):
         self.reuse_buffers = bool(reuse_buffers)
         self.collate_copies = bool(collate_copies)
@@ -539,6 +573,44 @@ class ThreadDataLoader(DataLoader):
                     "copies what it keeps"
                 )
             self._buffer_pool = _BufferPool(dataset, self.batch_size)
+        self._resume = _state.LoaderResume(self, auto_epoch)
+
+    def __iter__(self) -> Any:
+        self._resume.begin()  # a loaded state and auto_epoch apply before torch's iterator starts
+        return super().__iter__()
+
+    def state_dict(self) -> dict:
+        """Where this loader is, as JSON data (torchdata's StatefulDataLoader protocol): the
+        epoch, the batches and samples this rank's current iteration has yielded (batches
+        prefetched by workers are not counted), the epoch's base seed and the sampler's state.
+
+        Example:
+            ```python
+            torch.save({"model": model.state_dict(), "loader": loader.state_dict()}, "ckpt.pt")
+            ```
+        """
+        return self._resume.state_dict()
+
+    def load_state_dict(self, state_dict: dict, exact: bool = False) -> None:
+        """Resumes at the next iteration from a state_dict(): it yields exactly the batches the
+        uninterrupted run would have yielded next, in the same order (the same rank count).
+        From another rank count (a pyddstore DistributedSampler; exact=False) the epoch's
+        samples no rank has seen yet come once across the new ranks, then normal epochs.
+        A state of another dataset (length or name), batch size, rank count with exact=True, a
+        corrupted state or one from a later epoch than set_epoch() gave raises DDStoreValueError.
+        ``{}`` loads nothing (torchdata).
+
+        Example:
+            ```python
+            loader.load_state_dict(torch.load("ckpt.pt")["loader"])
+            for batch in loader:  # the rest of the interrupted epoch
+                ...
+            ```
+        """
+        self._resume.load_state_dict(state_dict, exact)
+        if self._iterator is not None:  # persistent workers: the next epoch starts afresh
+            self._iterator._shutdown_workers()
+            self._iterator = None
 
     def check_worker_number_rationality(self) -> None:
         """No warning: threads wait on reads, so more of them than CPUs is fine."""
