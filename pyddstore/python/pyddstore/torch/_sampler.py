@@ -189,8 +189,12 @@ class DistributedSampler(_tud.DistributedSampler):
         """load_state_dict(); position=False restores the epoch and seed only (a state taken
         after its epoch ended: the next iteration is a whole epoch)."""
         epoch, stream, yielded = _state.check_sampler_state(state, self, exact)
-        if not position:
-            self.seed, self.epoch, self._pending = state["seed"], epoch, None
+        if not position:  # keep an epoch set_epoch() gave, unless it is an earlier one
+            if self._epoch_set and self.epoch < epoch:
+                self._check_epoch(self.epoch, epoch, stream, yielded)
+            self.seed, self._pending = state["seed"], None
+            if not self._epoch_set:
+                self.epoch = epoch
             return
         if self._epoch_set and self.epoch != epoch:
             self._check_epoch(self.epoch, epoch, stream, yielded)
