@@ -529,8 +529,9 @@ class ThreadDataLoader(DataLoader):
 
     state_dict() / load_state_dict() follow torchdata's StatefulDataLoader: a job that stops
     mid-epoch goes on with exactly the batches it would have yielded next (see the "Restarting
-    jobs" guide). auto_epoch=True calls sampler.set_epoch() at the start of every iteration
-    (0, 1, 2, ..., counting on from a loaded state); without it, epochs are torch's (yours).
+    jobs" guide). auto_epoch=True calls sampler.set_epoch() at the start of every iteration:
+    the sampler's epoch first (0 unless set_epoch() was called), then one more each iteration,
+    counting on from a loaded state; without it, epochs are torch's (yours to set).
 
     Example:
         ```python

@@ -277,7 +277,7 @@ class LoaderResume:
     def __init__(self, loader: Any, auto_epoch: bool):
         self.loader = loader
         self.auto_epoch = bool(auto_epoch)
-        self.next_epoch = 0  # the epoch auto_epoch gives the next iteration
+        self.next_epoch: int | None = None  # auto_epoch's next epoch (None: the sampler's own)
         self.pending: dict | None = None
         self.exact = False
         self.progress: Progress | None = None
@@ -347,6 +347,8 @@ class LoaderResume:
             if st["epoch"] is not None:
                 self.next_epoch = st["epoch"] + (1 if finished else 0)
         if self.auto_epoch:
+            if self.next_epoch is None:
+                self.next_epoch = sampler.epoch
             sampler.set_epoch(self.next_epoch)
             self.next_epoch += 1
         epoch = getattr(sampler, "epoch", None)
@@ -397,7 +399,8 @@ class LoaderResume:
             "drop_last": bool(loader.drop_last),
         }
         if p is None:  # no iteration yet: the next one starts the epoch
-            epoch = self.next_epoch if self.auto_epoch else getattr(sampler, "epoch", None)
+            epoch = self.next_epoch if self.auto_epoch else None
+            epoch = getattr(sampler, "epoch", None) if epoch is None else epoch
             loader_gen, sampler_gen = self._generators()
             state.update(
                 epoch=epoch if isinstance(epoch, int) else None,
