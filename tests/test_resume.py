@@ -10,10 +10,11 @@ import json
 
 import pytest
 import torch
-from pyddstore import DDStoreUnsupportedError, DDStoreValueError
 from pyddstore.torch import DistDataset, DistributedSampler, ThreadDataLoader
 from pyddstore.torch._state import epoch_order
-from torch.utils.data import IterableDataset, RandomSampler, TensorDataset
+from torch.utils.data import IterableDataset, TensorDataset
+
+from pyddstore import DDStoreUnsupportedError, DDStoreValueError
 
 N = 23
 DS = TensorDataset(torch.arange(N) * 10, torch.arange(N))  # sample i: (10 i, i)
