@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
-APT_PACKAGES="libopenmpi-dev openmpi-bin libfabric-dev libfabric-bin libclang-dev clang pkg-config python3-venv valgrind iproute2"
+APT_PACKAGES="libopenmpi-dev openmpi-bin libfabric-dev libfabric-bin libclang-dev clang pkg-config python3-venv valgrind iproute2 shellcheck"
 missing=""
 for p in $APT_PACKAGES; do
     dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
@@ -35,6 +35,8 @@ fi
 want="numpy mpi4py maturin pytest ruff matplotlib h5py zarr tqdm mkdocs material mkdocstrings mkdocstrings_handlers.python"
 # torch_geometric: the graph tests and examples/gnn (pure Python; the `graph` extra)
 [ "${WITH_TORCH:-1}" = "1" ] && want="$want torch torch_geometric"
+# torchdata: StatefulDataLoader resume tests (the `torchdata` extra)
+[ "${WITH_TORCH:-1}" = "1" ] && want="$want torchdata"
 need=""
 for p in $want; do
     python -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('$p') is None)" 2>/dev/null || need="$need $p"

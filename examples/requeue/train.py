@@ -131,14 +131,16 @@ def main() -> None:
             ckpt = json.load(f)
 
     # -- the data: restored from the snapshot on a restart, loaded and saved on the first start
-    t0, save_s = time.perf_counter(), 0.0
+    save_s = 0.0
     if os.path.exists(os.path.join(snapshot, "manifest.json")):
         mode = "restore"
+        t0 = time.perf_counter()
         ds = DistDataset.restore(snapshot, comm=comm, method=a.method)
         data_s = time.perf_counter() - t0
     else:
         mode = "fresh"
         source = RawFeatures(os.path.join(a.work, "raw"), a.samples, a.features, rank, comm)
+        t0 = time.perf_counter()  # the raw file exists now (made once, not timed)
         ds = DistDataset(
             source if a.source == "python" else source.raw, "requeue", comm=comm, method=a.method
         )
