@@ -253,23 +253,29 @@ class _ThreadIterBase(_BaseDataLoaderIter):
         loader._resume.seed_iterator(self)  # before workers start: a resumed epoch's base seed
 
     # Position tracking for state_dict() (pyddstore.torch._state): indices sent to workers,
-    # batches handed to the caller.
+    # batches handed to the caller. Iterators call loader._resume.attach(self) once their
+    # epoch's sampler iterator exists (_reset does).
+    _progress: Any = None
+
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
         loader._resume.attach(self)
 
     def _next_index(self) -> Any:
         index = super()._next_index()
-        self._progress.dispatched(index, self._auto_collation)
+        if self._progress is not None:
+            self._progress.dispatched(index, self._auto_collation)
         return index
 
     def __next__(self) -> Any:
         try:
             data = super().__next__()
         except StopIteration:
-            self._progress.finished = True
+            if self._progress is not None:
+                self._progress.finished = True
             raise
-        self._progress.yielded()
+        if self._progress is not None:
+            self._progress.yielded()
         return data
 
 
