@@ -27,7 +27,7 @@ EVERY=${EVERY:-7}                    # steps between checkpoints
 PY=${PYTHON:-python3}
 STEPS=$(( EPOCHS * (((SAMPLES + NP - 1) / NP + BATCH - 1) / BATCH) ))
 KILL_STEP=${KILL_STEP:-$(( RANDOM % (STEPS / 2) + 1 ))}    # in the first half
-SIGNAL_STEP=${SIGNAL_STEP:-$(( (STEPS * 3) / 4 ))}        # lines of steps.r0.jsonl
+SIGNAL_STEP=${SIGNAL_STEP:-$(( (STEPS * 2) / 3 ))}        # lines of steps.r0.jsonl
 WORK=${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/requeue.XXXXXX")}
 if [ "${KEEP:-0}" != 1 ]; then
     trap 'rm -rf "$WORK"' EXIT
@@ -46,7 +46,7 @@ if timeout 300 "${MPIRUN[@]}" "${TRAIN[@]}" --work "$WORK/run" --die-at-step "$K
 fi
 
 echo "== start 2 (requeued): the time limit's warning signal at step $SIGNAL_STEP"
-"${MPIRUN[@]}" "${TRAIN[@]}" --work "$WORK/run" --step-delay 0.05 &
+"${MPIRUN[@]}" "${TRAIN[@]}" --work "$WORK/run" --step-delay 0.2 &
 JOB=$!    # mpirun itself (not under timeout, which SIGUSR1 would end): it passes SIGUSR1 on
 lines() { if [ -f "$WORK/run/steps.r0.jsonl" ]; then wc -l < "$WORK/run/steps.r0.jsonl"; else echo 0; fi; }
 deadline=$((SECONDS + 300))
