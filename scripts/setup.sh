@@ -35,6 +35,8 @@ fi
 want="numpy mpi4py maturin pytest ruff matplotlib h5py zarr tqdm mkdocs material mkdocstrings mkdocstrings_handlers.python"
 # torch_geometric: the graph tests and examples/gnn (pure Python; the `graph` extra)
 [ "${WITH_TORCH:-1}" = "1" ] && want="$want torch torch_geometric"
+# torchdata: StatefulDataLoader resume tests (the `torchdata` extra)
+[ "${WITH_TORCH:-1}" = "1" ] && want="$want torchdata"
 need=""
 for p in $want; do
     python -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('$p') is None)" 2>/dev/null || need="$need $p"

@@ -32,6 +32,7 @@ from pyddstore._env import settings as _env_settings
 
 from . import _worker_info
 from . import _procloader
+from . import _state
 
 _STATUS_INTERVAL = 1.0  # seconds between checks that worker threads are alive
 
@@ -204,6 +205,33 @@ class _ThreadIterBase(_BaseDataLoaderIter):
         if torch.accelerator.is_available():
             self._device_index = torch.accelerator.current_device_index()
         loader._live_iterators.add(self)
+        loader._resume.seed_iterator(self)  # before workers start: a resumed epoch's base seed
+
+    # Position tracking for state_dict() (pyddstore.torch._state): indices sent to workers,
+    # batches handed to the caller. Iterators call loader._resume.attach(self) once their
+    # epoch's sampler iterator exists (_reset does).
+    _progress: Any = None
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        super()._reset(loader, first_iter)
+        loader._resume.attach(self)
+
+    def _next_index(self) -> Any:
+        index = super()._next_index()
+        if self._progress is not None:
+            self._progress.dispatched(index, self._auto_collation)
+        return index
+
+    def __next__(self) -> Any:
+        try:
+            data = super().__next__()
+        except StopIteration:
+            if self._progress is not None:
+                self._progress.finished = True
+            raise
+        if self._progress is not None:
+            self._progress.yielded()
+        return data
 
 
 class _CallingThreadIter(_ThreadIterBase):
@@ -212,6 +240,7 @@ class _CallingThreadIter(_ThreadIterBase):
     def __init__(self, loader: ThreadDataLoader):
         super().__init__(loader)
         self._fetcher: _Fetcher | None = None
+        loader._resume.attach(self)
 
     def _next_data(self) -> Any:
         try:
@@ -466,11 +495,20 @@ class ThreadDataLoader(DataLoader):
     pin_memory), and a slot is written again only once no view of its batch is left: a ring grows
     by a slot per batch the caller keeps and shrinks back once they are gone (reuse_buffers=True:
     it never grows, and holding all its slots raises). Methods 1 and 2 only.
+
+    state_dict() / load_state_dict() follow torchdata's StatefulDataLoader: a job that stops
+    mid-epoch goes on with exactly the batches it would have yielded next (see the "Restarting
+    jobs" guide). auto_epoch=True calls sampler.set_epoch() at the start of every iteration:
+    the sampler's epoch first (0 unless set_epoch() was called), then one more each iteration,
+    counting on from a loaded state; without it, epochs are torch's (yours to set).
+
     Args:
         dataset (Dataset): usually a DistDataset or DistDatasetReader; any map-style dataset works.
         reuse_buffers (bool): each worker reads into one `dataset.alloc(batch_size)` buffer set it reuses
             (batches must be copied by the collate_fn).
         collate_copies (bool): with reuse_buffers and a custom collate_fn: it copies what it keeps.
+        worker_type (str): "thread" (the default) or "process" (worker processes, see above).
+        auto_epoch (bool): call sampler.set_epoch() at the start of every iteration (see above).
         **kwargs (Any): every `torch.utils.data.DataLoader` argument (batch_size, sampler, num_workers,
             collate_fn, pin_memory, ...).
 
@@ -490,6 +528,7 @@ class ThreadDataLoader(DataLoader):
         reuse_buffers: bool = False,
         collate_copies: bool = False,
         worker_type: str = "thread",
+        auto_epoch: bool = False,
         **kwargs: Any,
     ):
         if worker_type not in _procloader.WORKER_TYPES:
@@ -518,6 +557,44 @@ class ThreadDataLoader(DataLoader):
                     "copies what it keeps"
                 )
             self._buffer_pool = _BufferPool(dataset, self.batch_size)
+        self._resume = _state.LoaderResume(self, auto_epoch)
+
+    def __iter__(self) -> Any:
+        self._resume.begin()  # a loaded state and auto_epoch apply before torch's iterator starts
+        return super().__iter__()
+
+    def state_dict(self) -> dict:
+        """Where this loader is, as JSON data (torchdata's StatefulDataLoader protocol): the
+        epoch, the batches and samples this rank's current iteration has yielded (batches
+        prefetched by workers are not counted), the epoch's base seed and the sampler's state.
+
+        Example:
+            ```python
+            torch.save({"model": model.state_dict(), "loader": loader.state_dict()}, "ckpt.pt")
+            ```
+        """
+        return self._resume.state_dict()
+
+    def load_state_dict(self, state_dict: dict, exact: bool = False) -> None:
+        """Resumes at the next iteration from a state_dict(): it yields exactly the batches the
+        uninterrupted run would have yielded next, in the same order (the same rank count).
+        From another rank count (a pyddstore DistributedSampler; exact=False) the epoch's
+        samples no rank has seen yet come once across the new ranks, then normal epochs.
+        A state of another dataset (length or name), batch size, rank count with exact=True, a
+        corrupted state or one from a later epoch than set_epoch() gave raises DDStoreValueError.
+        ``{}`` loads nothing (torchdata).
+
+        Example:
+            ```python
+            loader.load_state_dict(torch.load("ckpt.pt")["loader"])
+            for batch in loader:  # the rest of the interrupted epoch
+                ...
+            ```
+        """
+        self._resume.load_state_dict(state_dict, exact)
+        if self._iterator is not None:  # persistent workers: the next epoch starts afresh
+            self._iterator._shutdown_workers()
+            self._iterator = None
 
     def check_worker_number_rationality(self) -> None:
         """No warning: threads wait on reads, so more of them than CPUs is fine."""

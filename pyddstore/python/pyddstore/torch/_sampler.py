@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 from typing import Any, Optional
 
@@ -9,6 +10,8 @@ import torch.utils.data.distributed as _tud
 
 from pyddstore import _launch
 from pyddstore._errors import DDStoreValueError
+
+from . import _state
 
 
 def _store_of(dataset: Any) -> Any:
@@ -49,6 +52,15 @@ class DistributedSampler(_tud.DistributedSampler):
     torch's sampler would with that rank and size. With torch.distributed initialised they come
     from the default group, as in torch. Everything else (``shuffle``, ``seed``, ``drop_last``,
     ``set_epoch()``, the padding of the last partial round) is torch's own.
+
+    ``state_dict()`` / ``load_state_dict()`` (torchdata's Stateful protocol, so torchdata's
+    ``StatefulDataLoader`` saves and restores it): the epoch, the seed and how many samples this
+    rank's current iteration has yielded, as JSON data. After ``load_state_dict()`` the next
+    iteration yields the rest of that epoch: on the same rank count exactly what the
+    uninterrupted run would have yielded; on another rank count (``exact=False``, the default)
+    every sample of the epoch not yet seen by any rank once across the new ranks (their counts
+    may differ by one), then normal epochs. It assumes every rank saved its state at the same
+    step, as synchronous data-parallel training does. ``len()`` stays torch's.
 
     Args:
         dataset (DistDataset | DistDatasetReader | Dataset): the dataset to draw from; its store gives rank
@@ -105,3 +117,99 @@ class DistributedSampler(_tud.DistributedSampler):
         super().__init__(
             dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
         )
+        self._pending: tuple | None = None  # (epoch, stream, yielded) for the next iteration
+        self._current: list | None = None  # [epoch, stream, yielded] of the latest iteration
+        self._epoch_set = False  # set_epoch() called since construction or the last load
+
+    def __iter__(self) -> Any:
+        # A generator: a loaded state is taken by the iteration that runs (torch's DataLoader
+        # makes iterators it never advances), as in torchdata's StatefulDistributedSampler.
+        pending, self._pending = self._pending, None
+        if pending is None or pending[1].is_fresh(self) and pending[2] == 0:
+            record = [self.epoch, _state.Stream.fresh(self), 0]
+            indices = super().__iter__()  # torch's own order
+        else:
+            record = [self.epoch, pending[1], pending[2]]
+            indices = itertools.islice(pending[1].indices(self, self.epoch), pending[2], None)
+        self._current = record
+        for i in indices:
+            record[2] += 1
+            yield i
+
+    def set_epoch(self, epoch: int) -> None:
+        """torch's set_epoch(). After load_state_dict(): the state's epoch goes on; a later
+        epoch only once the state's epoch was fully seen; an earlier one raises
+        DDStoreValueError (a state from a future epoch)."""
+        if self._pending is not None and epoch != self._pending[0]:
+            self._check_epoch(epoch, *self._pending)
+            self._pending = None
+        super().set_epoch(epoch)
+        self._epoch_set = True
+
+    def _check_epoch(self, epoch: int, state_epoch: int, stream: Any, yielded: int) -> None:
+        if epoch < state_epoch:
+            raise DDStoreValueError(
+                f"DistributedSampler: the loaded state is from epoch {state_epoch}, a future epoch for "
+                f"set_epoch({epoch}): resume at epoch {state_epoch} (the state's 'epoch')"
+            )
+        left = stream.length(self.rank) - yielded
+        if epoch > state_epoch and left > 0:
+            raise DDStoreValueError(
+                f"DistributedSampler: the loaded state is inside epoch {state_epoch} ({left} samples of "
+                f"rank {self.rank} left) but set_epoch({epoch}) was called: finish epoch {state_epoch} first"
+            )
+
+    def state_dict(self) -> dict:
+        """This sampler's position as JSON data: epoch, seed, this rank's samples yielded in
+        the current (or next, after load_state_dict) iteration, and the dataset's length/name.
+
+        Example:
+            ```python
+            json.dump({"sampler": sampler.state_dict()}, f)
+            ```
+        """
+        if self._pending is not None:
+            epoch, stream, yielded = self._pending
+        elif self._current is not None and self._current[0] == self.epoch:
+            epoch, stream, yielded = self._current
+        else:
+            epoch, stream, yielded = self.epoch, _state.Stream.fresh(self), 0
+        return _state.sampler_state(self, epoch, stream, yielded)
+
+    def _upcoming_state(self) -> dict:
+        """The state the next iteration starts from: a loaded one, else the epoch's start."""
+        if self._pending is not None:
+            return _state.sampler_state(self, *self._pending)
+        return _state.sampler_state(self, self.epoch, _state.Stream.fresh(self), 0)
+
+    def load_state_dict(self, state_dict: dict, exact: bool = False) -> None:
+        """Resumes from a state_dict(): the next iteration yields the rest of the state's epoch
+        (see the class). exact=True refuses a state from another rank count. A state of another
+        dataset (length, name), of other shuffle/drop_last settings, corrupted, or from a later
+        epoch than set_epoch() gave raises DDStoreValueError.
+
+        Example:
+            ```python
+            sampler.load_state_dict(json.load(f)["sampler"])
+            ```
+        """
+        self._restore(state_dict, exact, position=True)
+
+    def _restore(self, state: dict, exact: bool, position: bool) -> None:
+        """load_state_dict(); position=False restores the epoch and seed only (a state taken
+        after its epoch ended: the next iteration is a whole epoch)."""
+        epoch, stream, yielded = _state.check_sampler_state(state, self, exact)
+        if not position:  # keep an epoch set_epoch() gave, unless it is an earlier one
+            if self._epoch_set and self.epoch < epoch:
+                self._check_epoch(self.epoch, epoch, stream, yielded)
+            self.seed, self._pending = state["seed"], None
+            if not self._epoch_set:
+                self.epoch = epoch
+            return
+        if self._epoch_set and self.epoch != epoch:
+            self._check_epoch(self.epoch, epoch, stream, yielded)
+            self.seed, self._pending = state["seed"], None  # that epoch is over: keep set_epoch's
+            return
+        self.seed, self.epoch = state["seed"], epoch
+        self._pending = (epoch, stream, yielded)
+        self._epoch_set = False

@@ -1,0 +1,305 @@
+"""Loader and sampler state, in this process: exact resume at every stop point (ThreadDataLoader
+with 0, 1, 4 worker threads, persistent or not), the unseen rest once on another rank count,
+auto_epoch against manual set_epoch(), torch's own samplers, and every kind of bad state
+refused with a DDStoreValueError. The multi-process kill -9 runs are in test_resume_jobs.py."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from pyddstore.torch import DistDataset, DistributedSampler, ThreadDataLoader
+from pyddstore.torch._state import epoch_order
+from torch.utils.data import IterableDataset, TensorDataset
+
+from pyddstore import DDStoreUnsupportedError, DDStoreValueError
+
+N = 23
+DS = TensorDataset(torch.arange(N) * 10, torch.arange(N))  # sample i: (10 i, i)
+
+
+def ids_of(batch) -> list:
+    x, y = batch
+    assert torch.equal(x, y * 10), (x, y)  # contents of every sample
+    return y.tolist()
+
+
+def run(make, epochs=3, stop=None, state=None, manual=False):
+    """(epoch, ids) of every batch over `epochs` epochs (from a loaded state's epoch on); with
+    stop=k returns after the k-th batch, with the state (through JSON) taken right then."""
+    sampler, loader = make()
+    first = 0
+    if state is not None:
+        saved = json.loads(state)
+        loader.load_state_dict(saved["loader"])
+        first = saved["epoch"] + saved["done"]
+    out = []
+    try:
+        for epoch in range(first, epochs):
+            if manual:
+                sampler.set_epoch(epoch)
+            for batch in loader:
+                out.append((sampler.epoch, ids_of(batch)))
+                if stop is not None and len(out) == stop:
+                    return out, json.dumps({"loader": loader.state_dict(), "epoch": epoch, "done": False})
+        return out, json.dumps({"loader": loader.state_dict(), "epoch": epochs - 1, "done": True})
+    finally:
+        loader.close()
+
+
+def tdl(workers, replicas=2, rank=1, auto=True, **kw):
+    def make():
+        s = DistributedSampler(
+            DS, num_replicas=replicas, rank=rank, seed=3, drop_last=kw.pop("drop_last", False)
+        )
+        return s, ThreadDataLoader(DS, batch_size=3, sampler=s, num_workers=workers, auto_epoch=auto, **kw)
+
+    return make
+
+
+@pytest.mark.parametrize(
+    ("workers", "auto", "extra"),
+    [(0, True, {}), (1, False, {}), (4, True, {}), (2, True, {"persistent_workers": True})],
+)
+def test_exact_resume_at_every_batch(workers, auto, extra):
+    full, _ = run(tdl(workers, auto=auto, **extra), manual=not auto)
+    assert len({tuple(ids) for e, ids in full if e == 0} ^ {tuple(ids) for e, ids in full if e == 1}) > 0
+    for stop in range(1, len(full) + 1):
+        head, state = run(tdl(workers, auto=auto, **extra), stop=stop, manual=not auto)
+        tail, _ = run(tdl(workers, auto=auto, **extra), state=state, manual=not auto)
+        assert head + tail == full, (stop, head, tail)
+
+
+def test_state_before_and_after_iterating():
+    sampler, loader = tdl(1)()
+    state = loader.state_dict()  # before any iteration: the start of epoch 0
+    assert state["epoch"] == 0 and state["batches_yielded"] == 0 and not state["finished"]
+    json.dumps(state)
+    it = iter(loader)
+    next(it)
+    mid = loader.state_dict()
+    assert mid["batches_yielded"] == 1 and mid["sampler"]["yielded"] == 3  # prefetched: not counted
+    rest = [ids_of(b) for b in it]
+    done = loader.state_dict()
+    assert done["finished"] and done["batches_yielded"] == 1 + len(rest)
+    loader.close()
+    # A loaded state is what state_dict() says until the next iteration; {} loads nothing.
+    _, again = tdl(0)()
+    again.load_state_dict(mid)
+    assert again.state_dict() == mid
+    again.load_state_dict({})
+    assert again.state_dict()["batches_yielded"] == 0
+    again.load_state_dict(mid)
+    assert [ids_of(b) for b in again] == rest
+    again.close()
+
+
+def test_auto_epoch_equals_manual_set_epoch():
+    auto, _ = run(tdl(1, auto=True), epochs=4)
+    manual, _ = run(tdl(1, auto=False), epochs=4, manual=True)
+    assert auto == manual
+    orders = [[i for e, ids in auto if e == k for i in ids] for k in range(4)]
+    assert len({tuple(o) for o in orders}) == 4  # a new order every epoch
+    # Without auto_epoch (and no set_epoch) every epoch repeats torch's first order.
+    plain, _ = run(tdl(0, auto=False), epochs=2)
+    assert [ids for e, ids in plain[: len(plain) // 2]] == [ids for e, ids in plain[len(plain) // 2 :]]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize(("old", "new"), [(3, 2), (2, 3), (3, 1), (1, 4)])
+def test_other_rank_count_covers_the_unseen_rest_once(old, new, drop_last):
+    sizes = len(list(DistributedSampler(DS, num_replicas=old, rank=0, drop_last=drop_last)))
+    for stop in range(0, sizes // 3 + 1):
+        seen, states = [], []
+        for r in range(old):  # epoch 1 of `old` ranks, each `stop` batches in
+            s, loader = tdl(1, replicas=old, rank=r, drop_last=drop_last)()
+            s.set_epoch(1)
+            it = iter(loader)
+            seen += [i for _, b in zip(range(stop), it) for i in ids_of(b)]
+            states.append(json.loads(json.dumps(loader.state_dict())))
+            loader.close()
+        rest, nxt = [], []
+        for r in range(new):
+            s, loader = tdl(0, replicas=new, rank=r, drop_last=drop_last)()
+            loader.load_state_dict(states[r % old])
+            with pytest.raises(DDStoreValueError, match="ranks"):
+                s.load_state_dict(states[r % old]["sampler"], exact=True)
+            rest += [i for b in loader for i in ids_of(b)]
+            assert s.epoch == 1
+            nxt.append([i for b in loader for i in ids_of(b)])  # epoch 2: torch's, on `new` ranks
+            assert s.epoch == 2
+            loader.close()
+        epoch = set(epoch_order(DS, old, 3, 1, True, drop_last))
+        assert len(rest) == len(set(rest)) and set(rest) == epoch - set(seen), (stop, rest, seen)
+        for r in range(new):
+            ref = torch.utils.data.DistributedSampler(
+                DS, num_replicas=new, rank=r, seed=3, drop_last=drop_last
+            )
+            ref.set_epoch(2)
+            assert nxt[r] == list(ref)
+
+
+def test_resize_twice_in_one_epoch():
+    """3 ranks, then 2 (each a batch further), then 3 again: still every sample once."""
+    seen, states = [], []
+    for r in range(3):
+        s, loader = tdl(0, replicas=3, rank=r)()
+        it = iter(loader)
+        seen += ids_of(next(it))
+        states.append(loader.state_dict())
+        loader.close()
+    again = []
+    for r in range(2):
+        s, loader = tdl(0, replicas=2, rank=r)()
+        loader.load_state_dict(states[r])
+        it = iter(loader)
+        seen += ids_of(next(it))
+        again.append(loader.state_dict())
+        loader.close()
+    rest = []
+    for r in range(3):
+        s, loader = tdl(4, replicas=3, rank=r)()
+        loader.load_state_dict(again[r % 2])
+        rest += [i for b in loader for i in ids_of(b)]
+        loader.close()
+    assert len(seen + rest) == N and set(seen + rest) == set(range(N))
+
+
+def test_epoch_order_is_torchs():
+    for replicas in (1, 2, 3, 4, 5):
+        for drop_last in (False, True):
+            order = epoch_order(DS, replicas, 9, 4, True, drop_last)
+            for r in range(replicas):
+                ref = torch.utils.data.DistributedSampler(DS, replicas, r, seed=9, drop_last=drop_last)
+                ref.set_epoch(4)
+                assert order[r::replicas] == list(ref)
+
+
+def test_torch_samplers_resume_exactly():
+    """torch's DistributedSampler and a RandomSampler with a generator: the loader restores the
+    epoch or the generator and skips the batches already yielded."""
+
+    def dist():
+        s = torch.utils.data.DistributedSampler(DS, num_replicas=2, rank=0, seed=5)
+        return s, ThreadDataLoader(DS, batch_size=4, sampler=s, num_workers=2, auto_epoch=True)
+
+    def rand():
+        g = torch.Generator().manual_seed(8)
+        loader = ThreadDataLoader(DS, batch_size=4, shuffle=True, generator=g, num_workers=1)
+        loader.sampler.epoch = 0  # run() reports sampler.epoch
+        return loader.sampler, loader
+
+    for make in (dist, rand):
+        full, _ = run(make)
+        for stop in (1, 5, 6, 7, len(full) - 1):
+            head, state = run(make, stop=stop)
+            tail, _ = run(make, state=state)
+            assert [ids for _, ids in head + tail] == [ids for _, ids in full], (make, stop)
+
+
+def test_unrestorable_loaders_refused():
+    loader = ThreadDataLoader(DS, batch_size=4, shuffle=True)  # torch's global generator
+    with pytest.raises(DDStoreValueError, match="generator"):
+        loader.state_dict()
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(5))
+
+    with pytest.raises(DDStoreUnsupportedError, match="IterableDataset"):
+        ThreadDataLoader(Stream(), batch_size=2).state_dict()
+    with pytest.raises(DDStoreValueError, match="set_epoch"):
+        ThreadDataLoader(DS, batch_size=2, auto_epoch=True)
+
+
+def test_bad_states_refused():
+    sampler, loader = tdl(0)()
+    it = iter(loader)
+    next(it)
+    good = loader.state_dict()
+    loader.close()
+
+    def bad(change, match, exact=False, make=tdl(0)):
+        state = copy.deepcopy(good)
+        change(state)
+        _, fresh = make()
+        with pytest.raises(DDStoreValueError, match=match):
+            fresh.load_state_dict(state, exact=exact)
+
+    def setter(path, value):
+        def change(state):
+            d = state
+            for k in path[:-1]:
+                d = d[k]
+            d[path[-1]] = value
+
+        return change
+
+    bad(setter(["dataset_len"], N + 1), "24 samples")
+    bad(setter(["sampler", "dataset_len"], 5), "5 samples")
+    bad(setter(["format"], "torchdata"), "format")
+    bad(setter(["version"], 99), "version")
+    bad(setter(["batches_yielded"], -1), "batches_yielded")
+    bad(setter(["finished"], "no"), "finished")
+    bad(setter(["base_seed"], 1.5), "base_seed")
+    bad(setter(["generator"], [1, 2, 300]), "generator")
+    bad(setter(["mode"], "eval"), "mode")
+    bad(setter(["sampler"], None), "sampler")
+    bad(setter(["sampler", "yielded"], 10**6), "yielded")
+    bad(setter(["sampler", "epoch"], True), "epoch")
+    bad(setter(["sampler", "start"], 30), "start")
+    bad(setter(["sampler", "rank"], 7), "rank")
+    bad(setter(["sampler", "shuffle"], False), "shuffle")
+    bad(setter(["batch_size"], 5), "batch_size")
+    bad(setter(["sampler", "num_replicas"], 3), "3 ranks", exact=True)
+    bad(setter(["mode"], "skip"), "DistributedSampler")
+    with pytest.raises(DDStoreValueError, match="dict"):
+        tdl(0)()[1].load_state_dict([good])
+
+    # A state from a future epoch, whichever comes first: set_epoch() or load_state_dict().
+    s, later = tdl(0, auto=False)()
+    it = iter(later)
+    s.set_epoch(2)
+    it = iter(later)
+    next(it)
+    state2 = later.state_dict()
+    later.close()
+    s, fresh = tdl(0, auto=False)()
+    s.set_epoch(1)
+    fresh.load_state_dict(state2)
+    with pytest.raises(DDStoreValueError, match="future epoch"):
+        list(fresh)
+    s, fresh = tdl(0, auto=False)()
+    s.load_state_dict(state2["sampler"])
+    with pytest.raises(DDStoreValueError, match="future epoch"):
+        s.set_epoch(1)
+    with pytest.raises(DDStoreValueError, match="finish epoch 2"):
+        s.set_epoch(3)  # the state's epoch is not over
+    s.set_epoch(2)
+    assert len(list(s)) == len(s) - 3
+
+
+def test_dataset_name_checked():
+    a = DistDataset(TensorDataset(torch.arange(N) * 10, torch.arange(N)), "resume-a")
+    b = DistDataset(TensorDataset(torch.arange(N) * 10, torch.arange(N)), "resume-b")
+    try:
+        s = DistributedSampler(a, seed=1)
+        loader = ThreadDataLoader(a, batch_size=4, sampler=s, auto_epoch=True)
+        it = iter(loader)
+        first = ids_of(next(it))
+        state = loader.state_dict()
+        rest = [i for batch in it for i in ids_of(batch)]
+        assert state["dataset_name"] == "resume-a" and state["sampler"]["dataset_name"] == "resume-a"
+        with pytest.raises(DDStoreValueError, match="resume-a"):
+            ThreadDataLoader(b, batch_size=4, sampler=DistributedSampler(b)).load_state_dict(state)
+        with pytest.raises(DDStoreValueError, match="resume-b"):
+            DistributedSampler(b).load_state_dict(state["sampler"])
+        again = ThreadDataLoader(a, batch_size=4, sampler=DistributedSampler(a, seed=1), auto_epoch=True)
+        again.load_state_dict(state)
+        assert first + [i for batch in again for i in ids_of(batch)] == first + rest
+        assert sorted(first + rest) == list(range(N))
+    finally:
+        a.free()
+        b.free()
