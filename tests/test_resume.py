@@ -61,7 +61,13 @@ def tdl(workers, replicas=2, rank=1, auto=True, **kw):
 
 @pytest.mark.parametrize(
     ("workers", "auto", "extra"),
-    [(0, True, {}), (1, False, {}), (4, True, {}), (2, True, {"persistent_workers": True})],
+    [
+        (0, True, {}),
+        (1, False, {}),
+        (4, True, {}),
+        (2, True, {"persistent_workers": True}),
+        (2, True, {"worker_type": "process", "multiprocessing_context": "fork", "persistent_workers": True}),
+    ],
 )
 def test_exact_resume_at_every_batch(workers, auto, extra):
     full, _ = run(tdl(workers, auto=auto, **extra), manual=not auto)

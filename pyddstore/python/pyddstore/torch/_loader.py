@@ -186,7 +186,7 @@ class _Fetcher:
         return data
 
 
-class _ThreadIterBase(_BaseDataLoaderIter):
+class _ThreadIterBase(_state.PositionTracking, _BaseDataLoaderIter):
     def __init__(self, loader: ThreadDataLoader):
         super().__init__(loader)  # same sampler iterator and base seed draw as DataLoader's
         self._loader_ref = weakref.ref(loader)
@@ -207,31 +207,9 @@ class _ThreadIterBase(_BaseDataLoaderIter):
         loader._live_iterators.add(self)
         loader._resume.seed_iterator(self)  # before workers start: a resumed epoch's base seed
 
-    # Position tracking for state_dict() (pyddstore.torch._state): indices sent to workers,
-    # batches handed to the caller. Iterators call loader._resume.attach(self) once their
-    # epoch's sampler iterator exists (_reset does).
-    _progress: Any = None
-
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
-        loader._resume.attach(self)
-
-    def _next_index(self) -> Any:
-        index = super()._next_index()
-        if self._progress is not None:
-            self._progress.dispatched(index, self._auto_collation)
-        return index
-
-    def __next__(self) -> Any:
-        try:
-            data = super().__next__()
-        except StopIteration:
-            if self._progress is not None:
-                self._progress.finished = True
-            raise
-        if self._progress is not None:
-            self._progress.yielded()
-        return data
+        loader._resume.attach(self)  # position tracking for state_dict() (_state.PositionTracking)
 
 
 class _CallingThreadIter(_ThreadIterBase):

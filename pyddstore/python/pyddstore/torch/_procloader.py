@@ -45,6 +45,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 from pyddstore import DDStoreError, DDStoreValueError
 
 from ._dataset import ForkedWorkerError
+from ._state import PositionTracking
 
 _STATUS_INTERVAL = 0.5  # seconds between checks that worker processes are alive
 _ALIGN = 64  # every tensor in a slot starts on a cache line
@@ -408,12 +409,13 @@ class _ViewUnpickler(pickle.Unpickler):
         return arr.view(np.recarray) if rec else arr
 
 
-class ProcessIter(_BaseDataLoaderIter):
+class ProcessIter(PositionTracking, _BaseDataLoaderIter):
     """ThreadDataLoader(worker_type="process") with num_workers > 0."""
 
     def __init__(self, loader: Any):
         super().__init__(loader)  # same sampler iterator and base seed draw as DataLoader's
         check_process_args(loader)
+        loader._resume.seed_iterator(self)  # before workers start: a resumed epoch's base seed
         self._prefetch_factor = loader.prefetch_factor
         self._in_order = loader.in_order
         self._grow = not loader.reuse_buffers
@@ -482,6 +484,7 @@ class ProcessIter(_BaseDataLoaderIter):
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
+        loader._resume.attach(self)  # skips what a loaded state yielded, then counts (state_dict)
         left = getattr(self, "_task_info", {})  # what the last epoch left in flight or unread
         self._send_idx = 0
         self._rcvd_idx = 0

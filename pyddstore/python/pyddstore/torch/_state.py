@@ -463,3 +463,29 @@ class LoaderResume:
             )
         self.pending = copy.deepcopy(state)
         self.exact = bool(exact)
+
+
+class PositionTracking:
+    """Mixin of ThreadDataLoader's iterators (threads and processes): counts the indices sent to
+    workers and the batches handed to the caller, for state_dict(). An iterator calls
+    loader._resume.seed_iterator(self) before its workers start and loader._resume.attach(self)
+    once its epoch's sampler iterator exists."""
+
+    _progress: Any = None
+
+    def _next_index(self) -> Any:
+        index = super()._next_index()  # type: ignore[misc]
+        if self._progress is not None:
+            self._progress.dispatched(index, self._auto_collation)  # type: ignore[attr-defined]
+        return index
+
+    def __next__(self) -> Any:
+        try:
+            data = super().__next__()  # type: ignore[misc]
+        except StopIteration:
+            if self._progress is not None:
+                self._progress.finished = True
+            raise
+        if self._progress is not None:
+            self._progress.yielded()
+        return data
