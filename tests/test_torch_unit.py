@@ -310,6 +310,8 @@ def test_nested_or_garbled_manifest_is_a_snapshot_error(tmp_path, body):
         sys.setrecursionlimit(limit)
     # Brackets inside strings are text, not nesting.
     assert _json.nesting_depth(b'{"k": "[[[[{{{{\\"[[", "l": [[1]]}') == 3
+
+
 def test_load_progress_counts_samples_and_rates_round_sensibly(capsys):
     """The load progress counts samples (callers report bytes of whole samples); the fallback
     line gives 0.16 MB/s as 0.16, not 0; a share that fits the in-flight window is never

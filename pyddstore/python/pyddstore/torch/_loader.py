@@ -30,9 +30,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 from pyddstore import DDStoreTypeError, DDStoreValueError
 from pyddstore._env import settings as _env_settings
 
-from . import _worker_info
-from . import _procloader
-from . import _state
+from . import _procloader, _state, _worker_info
 
 _STATUS_INTERVAL = 1.0  # seconds between checks that worker threads are alive
 
