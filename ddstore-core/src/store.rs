@@ -612,6 +612,12 @@ impl Store {
         Ok(())
     }
 
+    /// The job's secret the transport keys its requests with, if any (handed
+    /// to this process's spawned workers only; never logged).
+    pub fn secret(&self) -> Option<Vec<u8>> {
+        self.transport().ok().and_then(|t| t.secret())
+    }
+
     /// Requests from the network that this process's transport dropped
     /// unanswered (no proof of the job's secret, or beyond its bounds).
     pub fn rejected_requests(&self) -> u64 {

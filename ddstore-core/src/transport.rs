@@ -82,6 +82,11 @@ pub trait Transport: Send + Sync {
     /// exchange no requests ignore it). Set before shares are exposed or
     /// attached; else the first `expose` draws one and shares it over `comm`.
     fn set_secret(&self, _secret: &[u8]) {}
+    /// The job's secret in use (given, or agreed at the first `expose`), for a
+    /// spawned worker of this process to authenticate its requests with.
+    fn secret(&self) -> Option<Vec<u8>> {
+        None
+    }
     /// Requests from the network dropped unanswered (see `set_secret`).
     fn rejected_requests(&self) -> u64 {
         0

@@ -286,6 +286,14 @@ impl PyStore {
         self.store.set_secret(&secret).py(py)
     }
 
+    /// The job's secret its requests are keyed with (None: none in use), for
+    /// the handle a spawned worker attaches with. Never put it in a log.
+    fn secret(&self, py: Python<'_>) -> Option<Py<pyo3::types::PyBytes>> {
+        self.store
+            .secret()
+            .map(|s| pyo3::types::PyBytes::new(py, &s).unbind())
+    }
+
     /// Collective barrier over the store's group, bounded by
     /// `DDSTORE_TIMEOUT_S` like free()'s (DDStoreTimeoutError naming absent ranks).
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {

@@ -117,6 +117,8 @@ pub struct OfiTransport {
     child_readers: Arc<Mutex<Option<Arc<EndpointPool>>>>,
     /// The job's request key (shared with the serving thread).
     access: Arc<Access>,
+    /// The secret `access`'s key derives from (for spawned workers' handles).
+    secret: Mutex<Option<Vec<u8>>>,
 }
 
 impl OfiTransport {
@@ -232,6 +234,7 @@ impl OfiTransport {
             hmem_node: Mutex::new(None),
             child_readers: Arc::new(Mutex::new(None)),
             access: Arc::new(Access::default()),
+            secret: Mutex::new(None),
         })
     }
 
@@ -332,7 +335,7 @@ impl OfiTransport {
             .first()
             .filter(|s| s.len() == secret.len())
             .ok_or_else(|| FabricError::Invalid("rank 0 sent no job key".into()))?;
-        self.access.set_key(MacKey::derive(first));
+        ddstore_core::transport::Transport::set_secret(self, first);
         Ok(())
     }
 
@@ -421,6 +424,11 @@ impl Transport for OfiTransport {
 
     fn set_secret(&self, secret: &[u8]) {
         self.access.set_key(MacKey::derive(secret));
+        *self.secret.lock().unwrap_or_else(|p| p.into_inner()) = Some(secret.to_vec());
+    }
+
+    fn secret(&self) -> Option<Vec<u8>> {
+        self.secret.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn rejected_requests(&self) -> u64 {

@@ -66,6 +66,9 @@ def store_handle(store: Any, names: list) -> dict:
         "owner_pid": os.getpid(),
         "variables": variables,
         "ragged": ragged,
+        # The job's secret: the worker's gather requests must prove it to the owners. The handle
+        # travels only through the pipe to the worker process (same user), never to a file.
+        "secret": native.secret(),
     }
 
 
@@ -99,6 +102,8 @@ def attach_store(handle: dict) -> Any:
     store._joined = {}
     store._freed_names = {}
     store._native = _native.Store(_native.Comm.single(), 2, None, settings)
+    if handle.get("secret"):
+        store._native.set_secret(bytes(handle["secret"]))
     for v in handle["variables"]:
         store._native.attach(
             v["name"], v["dtype"], v["row_bytes"], v["itemsize"], v["counts"], v["records"], v["node"]

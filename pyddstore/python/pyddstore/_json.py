@@ -40,4 +40,4 @@ def loads(raw: bytes, what: str, error: type[Exception], max_bytes: int, max_dep
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise error(f"{what} is corrupt or truncated: {e}") from None
+        raise error(f"{what} is not valid JSON (corrupt or truncated: {e})") from None
