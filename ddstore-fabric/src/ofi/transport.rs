@@ -428,7 +428,10 @@ impl Transport for OfiTransport {
     }
 
     fn secret(&self) -> Option<Vec<u8>> {
-        self.secret.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.secret
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn rejected_requests(&self) -> u64 {
