@@ -560,6 +560,10 @@ class ThreadDataLoader(DataLoader):
         corrupted state or one from a later epoch than set_epoch() gave raises DDStoreValueError.
         ``{}`` loads nothing (torchdata).
 
+        Args:
+            state_dict (dict): what state_dict() returned (JSON data).
+            exact (bool): refuse a state saved with another rank count.
+
         Example:
             ```python
             loader.load_state_dict(torch.load("ckpt.pt")["loader"])

@@ -139,7 +139,11 @@ class DistributedSampler(_tud.DistributedSampler):
     def set_epoch(self, epoch: int) -> None:
         """torch's set_epoch(). After load_state_dict(): the state's epoch goes on; a later
         epoch only once the state's epoch was fully seen; an earlier one raises
-        DDStoreValueError (a state from a future epoch)."""
+        DDStoreValueError (a state from a future epoch).
+
+        Args:
+            epoch (int): the epoch whose order the next iteration draws (seed + epoch).
+        """
         if self._pending is not None and epoch != self._pending[0]:
             self._check_epoch(epoch, *self._pending)
             self._pending = None
@@ -187,6 +191,10 @@ class DistributedSampler(_tud.DistributedSampler):
         (see the class). exact=True refuses a state from another rank count. A state of another
         dataset (length, name), of other shuffle/drop_last settings, corrupted, or from a later
         epoch than set_epoch() gave raises DDStoreValueError.
+
+        Args:
+            state_dict (dict): what state_dict() returned (JSON data).
+            exact (bool): refuse a state saved with another rank count.
 
         Example:
             ```python
