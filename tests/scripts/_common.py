@@ -4,6 +4,7 @@ rank can recompute, and checks that report the failing rank."""
 import os
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -83,3 +84,14 @@ def main_guard(main):
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
+
+
+def wait_stopped(pid: int) -> None:
+    """SIGSTOP takes effect once the target is scheduled: wait until it is ('T' in /proc)."""
+    deadline = time.monotonic() + 30
+    while True:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                return
+        assert time.monotonic() < deadline, f"process {pid} did not stop"
+        time.sleep(0.01)

@@ -22,7 +22,7 @@ import sys
 import time
 
 import numpy as np
-from _common import main_guard, rank_tag, rows_of, run_threads, share_bounds
+from _common import main_guard, rank_tag, rows_of, run_threads, share_bounds, wait_stopped
 
 import pyddstore
 
@@ -102,17 +102,6 @@ def read():
     store.barrier()
     store.free()
     print(f"{rank_tag()} gather read ok ({store.transport}, {expect})", flush=True)
-
-
-def wait_stopped(pid):
-    """SIGSTOP takes effect once the target is scheduled: wait until it is ('T' in /proc)."""
-    deadline = time.monotonic() + 30
-    while True:
-        with open(f"/proc/{pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
-                return
-        assert time.monotonic() < deadline, f"process {pid} did not stop"
-        time.sleep(0.01)
 
 
 def stopped():

@@ -22,23 +22,12 @@ import threading
 import time
 
 import numpy as np
-from _common import main_guard, rows_of, share_bounds
+from _common import main_guard, rows_of, share_bounds, wait_stopped
 from mpi4py import MPI
 
 import pyddstore
 
 N, SHAPE = 64, (16,)
-
-
-def wait_stopped(pid):
-    """SIGSTOP takes effect once the target is scheduled: wait until it is ('T' in /proc)."""
-    deadline = time.monotonic() + 30
-    while True:
-        with open(f"/proc/{pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
-                return
-        assert time.monotonic() < deadline, f"process {pid} did not stop"
-        time.sleep(0.01)
 
 
 def interrupted_after(delay, call, *args):

@@ -25,7 +25,7 @@ if sys.argv[1] == "mixed":
     os.environ["DDSTORE_HOST_ID"] = "h%d" % (int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")) // 2)
 
 import numpy as np
-from _common import main_guard, rank_tag
+from _common import main_guard, rank_tag, wait_stopped
 
 import pyddstore
 
@@ -140,16 +140,6 @@ def spread():
     store.barrier()
     store.free()
     print(f"{rank_tag()} ragged spread ok", flush=True)
-
-
-def wait_stopped(pid):
-    deadline = time.monotonic() + 30
-    while True:
-        with open(f"/proc/{pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
-                return
-        assert time.monotonic() < deadline, f"process {pid} did not stop"
-        time.sleep(0.01)
 
 
 def stopped():
