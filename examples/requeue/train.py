@@ -172,6 +172,8 @@ def main() -> None:
             kept = f.readlines()[:step]
         with open(steps_path, "w") as f:
             f.writelines(kept)
+    elif os.path.exists(steps_path):
+        os.remove(steps_path)  # killed before its first checkpoint: every step is trained again
 
     def checkpoint(why: str) -> None:
         """Collective: rank 0 writes the model and optimizer, every rank its loader state, then
