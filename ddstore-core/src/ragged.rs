@@ -35,7 +35,7 @@ use crate::dtype::DType;
 use crate::layout::Layout;
 use crate::plan::{validate_rows, Plan, RepeatCopy};
 use crate::profile::{Counters, Profile};
-use crate::store::{OwnRows, Store, Variable};
+use crate::store::{Element, OwnRows, Store, Variable};
 use crate::transport::{RaggedRequest, RemoteRead};
 use crate::{Error, Result};
 use std::sync::{Arc, Mutex};
@@ -89,6 +89,8 @@ pub fn ends_name(name: &str) -> String {
 pub struct RaggedInfo {
     /// Element type of the values.
     pub dtype: DType,
+    /// Bytes per element as `info()` reports it (the values' itemsize).
+    pub itemsize: usize,
     /// Bytes of one unit (one element, or one slice along the ragged axis).
     pub unit_bytes: usize,
     /// Where each ragged row lives.
@@ -194,7 +196,7 @@ impl Store {
         name: &str,
         lengths: &[u64],
         unit_bytes: usize,
-        dtype: DType,
+        element: impl Into<Element>,
         data: &[u8],
     ) -> Result<()> {
         let units: u64 = lengths.iter().sum();
@@ -215,7 +217,7 @@ impl Store {
             &values_name(name),
             units,
             unit_bytes.max(1),
-            dtype,
+            element.into(),
             problem,
             |t, len, opts| t.expose(self.comm(), len, opts),
         )?;
@@ -257,6 +259,7 @@ impl Store {
         }
         let info = RaggedInfo {
             dtype: values.info.dtype,
+            itemsize: values.info.itemsize,
             unit_bytes: values.info.row_bytes,
             rows: ends.info.layout.clone(),
             units: values.info.layout.clone(),
