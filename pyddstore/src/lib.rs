@@ -131,6 +131,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pid_alive, m)?)?;
     m.add_function(wrap_pyfunction!(system_info, m)?)?;
     m.add_function(wrap_pyfunction!(provider_candidates, m)?)?;
+    m.add_function(wrap_pyfunction!(errors::file_error, m)?)?;
     // A list of ints (a Vec<u8> would become bytes).
     let methods: Vec<u32> = methods::METHODS.iter().map(|&m| u32::from(m)).collect();
     m.add("METHODS", methods)?;

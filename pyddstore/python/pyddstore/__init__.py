@@ -25,6 +25,8 @@ from ._errors import (  # noqa: E402
     DDStoreBorrowError,
     DDStoreError,
     DDStoreFileError,
+    DDStoreFileNotFoundError,
+    DDStoreFilePermissionError,
     DDStoreFreedError,
     DDStoreIndexError,
     DDStoreKeyError,
@@ -58,4 +60,6 @@ __all__ = [
     "DDStoreStaleError",
     "DDStoreUnsupportedError",
     "DDStoreFileError",
+    "DDStoreFileNotFoundError",
+    "DDStoreFilePermissionError",
 ]
