@@ -32,6 +32,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::comm::gather_u64;
 use crate::dtype::DType;
+use crate::kinds::RaggedPart;
 use crate::layout::Layout;
 use crate::plan::{validate_rows, Plan, RepeatCopy};
 use crate::profile::{Counters, Profile};
@@ -76,12 +77,12 @@ pub const END_GAP_ROWS: u64 = 512;
 
 /// Name of the variable holding a ragged variable's values.
 pub fn values_name(name: &str) -> String {
-    format!("{name}#values")
+    RaggedPart::Values.of(name)
 }
 
 /// Name of the variable holding a ragged variable's row ends.
 pub fn ends_name(name: &str) -> String {
-    format!("{name}#ends")
+    RaggedPart::Ends.of(name)
 }
 
 /// Shape of a ragged variable, the same on every rank.
@@ -603,7 +604,7 @@ impl Store {
         if out.len() != batch.bytes() {
             return Err(Error::invalid(format!(
                 "output for '{}' has {} bytes, expected {} units x {} bytes = {}",
-                batch.values.name.trim_end_matches("#values"),
+                RaggedPart::owner(&batch.values.name).unwrap_or(&batch.values.name),
                 out.len(),
                 batch.units(),
                 batch.unit_bytes,

@@ -10,6 +10,7 @@ mod comm;
 mod errors;
 mod external;
 mod handshake;
+mod kinds;
 mod methods;
 mod settings;
 mod signals;
@@ -133,9 +134,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(provider_candidates, m)?)?;
     m.add_function(wrap_pyfunction!(errors::file_error, m)?)?;
     // A list of ints (a Vec<u8> would become bytes).
-    let methods: Vec<u32> = methods::METHODS.iter().map(|&m| u32::from(m)).collect();
+    let methods: Vec<u32> = methods::METHODS
+        .iter()
+        .map(|&m| u32::from(m.number()))
+        .collect();
     m.add("METHODS", methods)?;
     m.add("HAS_MPI", cfg!(feature = "mpi"))?;
+    kinds::add_to(m)?;
     // The element dtypes a variable can hold: the one table (ddstore_core::dtype), for Python.
     let dtypes: Vec<&str> = ddstore_core::DType::ALL
         .iter()

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::fork::ReaderPool;
+use crate::kinds::RaggedPart;
 use crate::plan::Plan;
 use crate::profile::Counters;
 use crate::region::{process_alive, Memory, NodeLocator, ShareState};
@@ -270,9 +271,7 @@ pub(super) struct NodeWatch {
 /// The name a user gave: a ragged variable's part (`x#values`, `x#ends`) is
 /// reported as `x`.
 fn user_name(name: &str) -> &str {
-    name.strip_suffix("#values")
-        .or_else(|| name.strip_suffix("#ends"))
-        .unwrap_or(name)
+    RaggedPart::owner(name).unwrap_or(name)
 }
 
 /// The reads of one batch by route (see [`Variable::execute`]).

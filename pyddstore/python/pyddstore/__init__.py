@@ -36,6 +36,7 @@ from ._errors import (  # noqa: E402
     DDStoreUnsupportedError,
     DDStoreValueError,
 )
+from ._kinds import CommKind, Method  # noqa: E402
 from ._store import PyDDStore  # noqa: E402
 
 __version__ = _native.__version__
@@ -46,6 +47,8 @@ __all__ = [
     "PyDDStore",
     "DeviceShare",
     "Settings",
+    "Method",
+    "CommKind",
     "FileComm",
     "TorchComm",
     "DDStoreError",

@@ -11,6 +11,7 @@
 
 use std::sync::Arc;
 
+use ddstore_core::kinds::Method;
 use ddstore_core::store::VarInfo;
 use ddstore_core::Store;
 use pyo3::prelude::*;
@@ -34,7 +35,7 @@ pub struct PyStore {
     store: Arc<Store>,
     /// What the store was made with (`store.settings`).
     settings: PySettings,
-    method: u8,
+    method: Method,
 }
 
 impl PyStore {
@@ -72,17 +73,18 @@ impl PyStore {
     fn new(
         py: Python<'_>,
         comm: &PyComm,
-        method: u8,
+        method: Bound<'_, PyAny>,
         nic_map: Option<String>,
         settings: Option<PyRef<'_, PySettings>>,
     ) -> PyResult<PyStore> {
+        let method = crate::kinds::method_arg(&method)?;
         let settings = match settings {
             Some(s) => s.inner.clone(),
             None => ddstore_core::config::Settings::from_env().py(py)?,
         };
         let mut config = settings.config().py(py)?;
         // A method-2 core job's shares are read by other jobs (extra jobs).
-        config.read_by_other_jobs = method == 2;
+        config.read_by_other_jobs = method.read_by_other_jobs();
         let transport =
             crate::methods::transport_for(method, &comm.inner, &config, nic_map.as_deref())
                 .py(py)?;
@@ -109,11 +111,11 @@ impl PyStore {
     }
     #[getter]
     fn method(&self) -> u8 {
-        self.method
+        self.method.number()
     }
     #[getter]
     fn comm_kind(&self) -> &'static str {
-        self.store.comm().kind()
+        self.store.comm().kind().name()
     }
     #[getter]
     fn transport(&self) -> String {

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from pyddstore import DDStoreError, DDStoreFileError, DDStoreTimeoutError
+from pyddstore._kinds import ragged_parts
 from pyddstore._sources import FileRows
 
 from ._schema import ChunkFiller, Field, Schema
@@ -335,7 +336,7 @@ def add_ragged_in_place(
     from pyddstore._store import _dtype_name
 
     native = store._native
-    values, ends = f"{name}#values", f"{name}#ends"
+    values, ends = ragged_parts(name)
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     unit_bytes = max(1, f.unit_count * f.dtype.itemsize)
     store._reserve(values)
