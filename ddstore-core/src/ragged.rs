@@ -29,22 +29,19 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Arc, Mutex};
 
-use crate::comm::gather_u64;
 use crate::dtype::DType;
 use crate::kinds::RaggedPart;
 use crate::layout::Layout;
-use crate::plan::{validate_rows, Plan, RepeatCopy};
-use crate::profile::{Counters, Profile};
-use crate::store::{Element, OwnRows, Store, Variable};
-use crate::transport::{RaggedRequest, RemoteRead};
-use crate::{Error, Result};
-use std::sync::{Arc, Mutex};
+use crate::plan::Plan;
+use crate::profile::Counters;
+use crate::store::Variable;
 
 /// Hashes row numbers and ranks with one multiplication: the per-row maps of
 /// a batch are on the read path, where SipHash costs more than the lookups.
 #[derive(Default)]
-struct RowHasher(u64);
+pub(crate) struct RowHasher(u64);
 
 impl Hasher for RowHasher {
     fn finish(&self) -> u64 {
@@ -66,7 +63,7 @@ impl Hasher for RowHasher {
 }
 
 /// A map keyed by row numbers or ranks.
-type RowMap<K, V> = HashMap<K, V, BuildHasherDefault<RowHasher>>;
+pub(crate) type RowMap<K, V> = HashMap<K, V, BuildHasherDefault<RowHasher>>;
 
 /// Bytes of one stored row offset.
 pub const END_BYTES: usize = 8;
@@ -103,31 +100,31 @@ pub struct RaggedInfo {
 /// A ragged variable as the store keeps it: its shape and its two parts.
 pub(crate) struct RaggedVar {
     pub(crate) info: RaggedInfo,
-    values: Arc<Variable>,
-    ends: Arc<Variable>,
+    pub(crate) values: Arc<Variable>,
+    pub(crate) ends: Arc<Variable>,
     /// Longest row of each rank in bytes, agreed at `add_ragged`: bounds the
     /// reply of a one-round-trip ragged read (`None` for an attached
     /// variable, which reads ends first, then values).
-    max_row_bytes: Option<Vec<u64>>,
+    pub(crate) max_row_bytes: Option<Vec<u64>>,
     /// Staging buffers of finished gathered batches, reused by the next ones.
-    staging: StagingPool,
+    pub(crate) staging: StagingPool,
     /// Batches, ragged rows and value bytes read, rows split by where they
     /// came from (the parts' counters count units and row ends instead).
-    counters: Counters,
+    pub(crate) counters: Counters,
 }
 
 /// Reader-filled staging buffers, handed back when their batch drops.
-type StagingPool = Arc<Mutex<Vec<Vec<u8>>>>;
+pub(crate) type StagingPool = Arc<Mutex<Vec<Vec<u8>>>>;
 
 /// Staging buffers a ragged variable keeps for reuse (more threads allocate).
 const STAGING_KEPT: usize = 4;
 
 /// Rows read in one round trip per owner through the gather path.
-struct Gathered {
+pub(crate) struct Gathered {
     /// The reader's staging buffer: the rows' values somewhere in it.
-    data: Vec<u8>,
+    pub(crate) data: Vec<u8>,
     /// Global row -> (length in units, offset of its values in `data`).
-    by_row: RowMap<u64, (u64, usize)>,
+    pub(crate) by_row: RowMap<u64, (u64, usize)>,
 }
 
 /// A batch whose row lengths are known (the `ends` were read) and whose
@@ -136,15 +133,15 @@ struct Gathered {
 pub struct RaggedBatch {
     pub(crate) values: Arc<Variable>,
     pub(crate) plan: Plan,
-    offsets: Vec<u64>,
-    unit_bytes: usize,
-    dtype: DType,
+    pub(crate) offsets: Vec<u64>,
+    pub(crate) unit_bytes: usize,
+    pub(crate) dtype: DType,
     /// Values already read through the gather path (reader-staged), and
     /// their copies into the destination: (staged offset, dst offset, len).
-    staged: Vec<u8>,
-    staged_copies: Vec<(usize, usize, usize)>,
+    pub(crate) staged: Vec<u8>,
+    pub(crate) staged_copies: Vec<(usize, usize, usize)>,
     /// Where `staged` goes back to when the batch drops.
-    pool: Option<StagingPool>,
+    pub(crate) pool: Option<StagingPool>,
 }
 
 impl Drop for RaggedBatch {
@@ -185,471 +182,6 @@ impl RaggedBatch {
     pub fn reads(&self) -> usize {
         self.plan.segments.len() + self.staged_copies.len()
     }
-}
-
-impl Store {
-    /// Collective: creates the ragged variable `name` from this rank's rows:
-    /// `lengths[i]` units of `unit_bytes` bytes each for row i, the rows'
-    /// values concatenated in `data`. Returns once every rank's rows are
-    /// readable. A bad argument on any rank fails every rank with its message.
-    pub fn add_ragged(
-        &self,
-        name: &str,
-        lengths: &[u64],
-        unit_bytes: usize,
-        element: impl Into<Element>,
-        data: &[u8],
-    ) -> Result<()> {
-        let units: u64 = lengths.iter().sum();
-        let mut problem = None;
-        if unit_bytes == 0 {
-            problem = Some("units must be at least one byte wide".to_string());
-        } else if (units as u128) * (unit_bytes as u128) != data.len() as u128 {
-            problem = Some(format!(
-                "the lengths sum to {units} units of {unit_bytes} bytes = {} bytes, but the values have {} bytes",
-                units as u128 * unit_bytes as u128,
-                data.len()
-            ));
-        } else if self.has_var(name) {
-            problem = Some(format!("variable '{name}' already exists"));
-        }
-        // Agreed first so that a bad rank fails every rank, not only itself.
-        self.init_with(
-            &values_name(name),
-            units,
-            unit_bytes.max(1),
-            element.into(),
-            problem,
-            |t, len, opts| t.expose(self.comm(), len, opts),
-        )?;
-        self.init(
-            &ends_name(name),
-            lengths.len() as u64,
-            END_BYTES,
-            DType::Int64,
-        )?;
-        let mut ends = Vec::with_capacity(lengths.len() * END_BYTES);
-        let mut end = 0u64;
-        for &l in lengths {
-            end += l;
-            ends.extend_from_slice(&end.to_le_bytes());
-        }
-        self.write_local(&ends_name(name), 0, &ends)?;
-        self.write_local(&values_name(name), 0, data)?;
-        let longest = lengths.iter().max().copied().unwrap_or(0);
-        let max_row_bytes = gather_u64(self.comm().as_ref(), longest * unit_bytes as u64)?;
-        self.link_ragged_with(name, Some(max_row_bytes))?;
-        self.comm().barrier()
-    }
-
-    /// Registers `name` as ragged once its two variables exist here (after
-    /// `add_ragged`, or after a method-2 extra job attached both).
-    pub fn link_ragged(&self, name: &str) -> Result<()> {
-        self.link_ragged_with(name, None)
-    }
-
-    fn link_ragged_with(&self, name: &str, max_row_bytes: Option<Vec<u64>>) -> Result<()> {
-        let values = self.var(&values_name(name))?;
-        let ends = self.var(&ends_name(name))?;
-        if ends.info.row_bytes != END_BYTES
-            || ends.info.layout.nranks() != values.info.layout.nranks()
-        {
-            return Err(Error::invalid(format!(
-                "'{name}': its ends and values variables do not describe one ragged variable"
-            )));
-        }
-        let info = RaggedInfo {
-            dtype: values.info.dtype,
-            itemsize: values.info.itemsize,
-            unit_bytes: values.info.row_bytes,
-            rows: ends.info.layout.clone(),
-            units: values.info.layout.clone(),
-        };
-        let var = RaggedVar {
-            info,
-            values,
-            ends,
-            max_row_bytes,
-            staging: StagingPool::default(),
-            counters: Counters::default(),
-        };
-        self.ragged
-            .write()
-            .unwrap()
-            .insert(name.to_string(), Arc::new(var));
-        Ok(())
-    }
-
-    /// The shape of ragged variable `name`.
-    pub fn ragged_info(&self, name: &str) -> Result<RaggedInfo> {
-        Ok(self.ragged_var(name)?.info.clone())
-    }
-
-    fn ragged_var(&self, name: &str) -> Result<Arc<RaggedVar>> {
-        self.check_live()?;
-        let found = self.ragged.read().unwrap().get(name).cloned();
-        // The lock is released before the error looks at every name.
-        found.ok_or_else(|| self.unknown_variable(name))
-    }
-
-    /// Read counters of ragged variable `name`: calls, rows (ragged rows),
-    /// bytes (values) and the local / same-node / remote row split counted
-    /// per batch; transport reads and times summed over its two parts.
-    pub(crate) fn ragged_profile(&self, name: &str) -> Result<Profile> {
-        let var = self.ragged_var(name)?;
-        let mut p = var.counters.snapshot();
-        for part in [&var.ends, &var.values] {
-            let q = part.counters.snapshot();
-            p.remote_reads += q.remote_reads;
-            p.remote_ns += q.remote_ns;
-            p.copy_ns += q.copy_ns;
-            p.cq_ns += q.cq_ns;
-            p.mr_ns += q.mr_ns;
-            p.lock_ns += q.lock_ns;
-            p.rejected_replies += part.remote.rejected_replies();
-        }
-        Ok(p)
-    }
-
-    /// Whether `name` is a ragged variable.
-    pub fn is_ragged(&self, name: &str) -> bool {
-        self.ragged.read().unwrap().contains_key(name)
-    }
-
-    /// Reads the lengths of `rows` (any order, repeats; every index checked
-    /// first) and plans reading their values: one round trip per remote
-    /// owner, which on the gather path also brings the values (staged for
-    /// [`Store::read_ragged`]).
-    pub fn plan_ragged(&self, name: &str, rows: &[i64]) -> Result<RaggedBatch> {
-        let var = self.ragged_var(name)?;
-        let info = &var.info;
-        let rows = validate_rows(rows, info.rows.total())?;
-        let (ends_var, values) = (&var.ends, var.values.clone());
-        let located: Vec<(usize, u64)> = rows.iter().map(|&r| info.rows.locate_valid(r)).collect();
-        // Remote owners serving the gather path: whole rows in one round trip each.
-        let gathered = self.gather_ragged(&var, &rows, &located)?;
-        let is_gathered = |row: u64| {
-            gathered
-                .as_ref()
-                .is_some_and(|g| g.by_row.contains_key(&row))
-        };
-        // Each row's (start, end) in units: read in place where the owner's ends are
-        // mapped here (own share, same-node peers: no planned copy), else collected
-        // for one read per remote owner below.
-        let mut bounds: Vec<Option<(u64, u64)>> = Vec::with_capacity(rows.len());
-        // Each remote row needs its own end and, unless first in its share, the previous one.
-        let mut need: Vec<u64> = Vec::new();
-        // Per remote owner: (owner, lowest and highest row whose end is needed, rows).
-        let mut per_owner: Vec<(usize, u64, u64, u64)> = Vec::new();
-        let mut owner_index: RowMap<usize, usize> = RowMap::default();
-        for (&row, &(owner, local)) in rows.iter().zip(&located) {
-            if is_gathered(row) {
-                bounds.push(None);
-                continue;
-            }
-            if let Some(mem) = ends_var.mapped(owner) {
-                let mut pair = [0u8; 2 * END_BYTES];
-                if local == 0 {
-                    mem.read_at(0, &mut pair[END_BYTES..])?;
-                } else {
-                    mem.read_at((local as usize - 1) * END_BYTES, &mut pair)?;
-                }
-                let start = u64::from_le_bytes(pair[..END_BYTES].try_into().unwrap());
-                let end = u64::from_le_bytes(pair[END_BYTES..].try_into().unwrap());
-                bounds.push(Some((start, end)));
-                continue;
-            }
-            bounds.push(None);
-            need.push(row);
-            let lo = if local > 0 {
-                need.push(row - 1);
-                row - 1
-            } else {
-                row
-            };
-            let k = *owner_index.entry(owner).or_insert_with(|| {
-                per_owner.push((owner, lo, row, 0));
-                per_owner.len() - 1
-            });
-            let e = &mut per_owner[k];
-            (e.1, e.2, e.3) = (e.1.min(lo), e.2.max(row), e.3 + 1);
-        }
-        // Needed ends of a remote owner closer than END_GAP_ROWS are read as one span (gaps
-        // included): a read costs about the same for 8 bytes as for a few KiB, so a batch
-        // reads each owner's ends with one read, not one per row.
-        let mut spans: Vec<(u64, u64, usize)> = Vec::new(); // (first row, last row, buffer offset)
-        let mut plan = Plan::default();
-        let max_read = ends_var.max_read.max(END_BYTES);
-        let mut buf_len = 0usize;
-        let mut push_span = |owner: usize, lo: u64, hi: u64, plan: &mut Plan| {
-            let len = (hi - lo + 1) as usize * END_BYTES;
-            plan.push_split(
-                RemoteRead {
-                    owner,
-                    offset: (lo - info.rows.start(owner)) * END_BYTES as u64,
-                    len,
-                    dst_offset: buf_len,
-                },
-                max_read,
-            );
-            spans.push((lo, hi, buf_len));
-            buf_len += len;
-        };
-        // Usually every owner's needed ends lie in one span within that budget (a batch of
-        // random rows): one span each, without sorting the rows.
-        let compact = per_owner
-            .iter()
-            .all(|&(_, lo, hi, n)| hi - lo < n * END_GAP_ROWS);
-        if compact {
-            per_owner.sort_unstable_by_key(|e| e.1);
-            for &(owner, lo, hi, _) in &per_owner {
-                push_span(owner, lo, hi, &mut plan);
-            }
-        } else {
-            need.sort_unstable();
-            need.dedup();
-            let mut i = 0;
-            while i < need.len() {
-                let (owner, _) = info.rows.locate(need[i])?;
-                let owner_end = info.rows.start(owner) + info.rows.count(owner);
-                let (lo, mut hi) = (need[i], need[i]);
-                i += 1;
-                while i < need.len() && need[i] < owner_end && need[i] - hi <= END_GAP_ROWS {
-                    hi = need[i];
-                    i += 1;
-                }
-                push_span(owner, lo, hi, &mut plan);
-            }
-        }
-        let mut ends = vec![0u8; buf_len];
-        if !plan.segments.is_empty() {
-            self.watch(ends_var.execute(&plan, &mut ends, buf_len / END_BYTES, OwnRows::Copy))?;
-        }
-        let end_of = |row: u64| -> u64 {
-            let k = spans.partition_point(|s| s.0 <= row) - 1;
-            let at = spans[k].2 + (row - spans[k].0) as usize * END_BYTES;
-            u64::from_le_bytes(ends[at..at + END_BYTES].try_into().unwrap())
-        };
-
-        let ub = info.unit_bytes;
-        let max_read = values.max_read.max(ub);
-        let mut plan = Plan {
-            segments: Vec::with_capacity(rows.len()),
-            repeats: Vec::new(),
-        };
-        let mut offsets = Vec::with_capacity(rows.len() + 1);
-        // Repeats of remote rows are read once (only rows whose ends were read remotely).
-        let remote_rows = if need.is_empty() { 0 } else { rows.len() };
-        let mut first_seen: RowMap<u64, u64> =
-            RowMap::with_capacity_and_hasher(remote_rows, Default::default());
-        let mut open: Option<RemoteRead> = None;
-        let mut dst = 0u64;
-        let mut staged_copies: Vec<(usize, usize, usize)> = Vec::new();
-        for (i, (&row, &(owner, local))) in rows.iter().zip(&located).enumerate() {
-            offsets.push(dst);
-            if let Some(&(units, at)) = gathered.as_ref().and_then(|g| g.by_row.get(&row)) {
-                let (bytes, dst_b) = (units as usize * ub, dst as usize * ub);
-                match staged_copies.last_mut() {
-                    Some(c) if c.0 + c.2 == at && c.1 + c.2 == dst_b => c.2 += bytes,
-                    _ if bytes > 0 => staged_copies.push((at, dst_b, bytes)),
-                    _ => {}
-                }
-                dst += units;
-                continue;
-            }
-            let (start, end) = match bounds[i] {
-                Some(known) => known,
-                None if local == 0 => (0, end_of(row)),
-                None => (end_of(row - 1), end_of(row)),
-            };
-            let share_units = info.units.count(owner);
-            if start > end || end > share_units {
-                return Err(Error::Transport(format!(
-                    "'{name}': rank {owner} reports row {row} at units {start}..{end} of its {share_units}: \
-                     its share is corrupt or was replaced"
-                )));
-            }
-            let len = end - start;
-            if len == 0 {
-                continue;
-            }
-            let bytes = (len as usize) * ub;
-            if values.is_remote(owner) {
-                if let Some(&from) = first_seen.get(&row) {
-                    plan.repeats.push(RepeatCopy {
-                        from: from as usize * ub,
-                        to: dst as usize * ub,
-                        len: bytes,
-                    });
-                    dst += len;
-                    continue;
-                }
-                first_seen.insert(row, dst);
-            }
-            let src = start * ub as u64;
-            let dst_b = dst as usize * ub;
-            match open.as_mut() {
-                Some(seg)
-                    if seg.owner == owner
-                        && seg.offset + seg.len as u64 == src
-                        && seg.dst_offset + seg.len == dst_b =>
-                {
-                    seg.len += bytes;
-                }
-                _ => {
-                    if let Some(seg) = open.take() {
-                        plan.push_split(seg, max_read);
-                    }
-                    open = Some(RemoteRead {
-                        owner,
-                        offset: src,
-                        len: bytes,
-                        dst_offset: dst_b,
-                    });
-                }
-            }
-            dst += len;
-        }
-        if let Some(seg) = open {
-            plan.push_split(seg, max_read);
-        }
-        offsets.push(dst);
-        count_batch(&var.counters, &values, &located, dst as usize * ub);
-        Ok(RaggedBatch {
-            values,
-            plan,
-            offsets,
-            unit_bytes: ub,
-            dtype: info.dtype,
-            pool: gathered.is_some().then(|| var.staging.clone()),
-            staged: gathered.map(|g| g.data).unwrap_or_default(),
-            staged_copies,
-        })
-    }
-
-    /// Reads the rows of `rows` whose owners serve the gather path (remote,
-    /// both parts keyed) in one request per owner, each row once; `None`
-    /// when there are none or the transport cannot (then ends, then values).
-    fn gather_ragged(
-        &self,
-        var: &RaggedVar,
-        rows: &[u64],
-        located: &[(usize, u64)],
-    ) -> Result<Option<Gathered>> {
-        let Some(max_row_bytes) = &var.max_row_bytes else {
-            return Ok(None);
-        };
-        let (values, ends) = (&var.values, &var.ends);
-        // Transports without the gather path (MPI, one-sided fabrics) skip the bookkeeping.
-        let served = |owner: usize| values.is_remote(owner) && values.gather_key(owner).is_some();
-        if !located.iter().any(|&(owner, _)| served(owner)) {
-            return Ok(None);
-        }
-        // Owner -> index in `owners` (usize::MAX: not served), owners with their rows.
-        let mut index: RowMap<usize, usize> = RowMap::default();
-        let mut owners: Vec<(usize, u64, Vec<u64>)> = Vec::new();
-        let mut seen: RowMap<u64, ()> = RowMap::default();
-        for (&row, &(owner, local)) in rows.iter().zip(located) {
-            if !values.is_remote(owner) {
-                continue;
-            }
-            let i = *index.entry(owner).or_insert_with(|| {
-                match values.gather_key(owner).zip(ends.gather_key(owner)) {
-                    Some((_, ends_key)) => {
-                        owners.push((owner, ends_key, Vec::new()));
-                        owners.len() - 1
-                    }
-                    None => usize::MAX,
-                }
-            });
-            if i != usize::MAX && seen.insert(row, ()).is_none() {
-                owners[i].2.push(local);
-            }
-        }
-        if owners.is_empty() {
-            return Ok(None);
-        }
-        let requests: Vec<RaggedRequest<'_>> = owners
-            .iter()
-            .map(|(owner, ends_key, rows)| RaggedRequest {
-                owner: *owner,
-                ends_key: *ends_key,
-                rows,
-                max_row_bytes: max_row_bytes[*owner],
-            })
-            .collect();
-        let ub = var.info.unit_bytes;
-        let staging = var.staging.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let read = values.read_ragged_rows(ub, &requests, staging.unwrap_or_default());
-        let Some(read) = self.watch(read)? else {
-            return Ok(None);
-        };
-        let mut by_row = RowMap::with_capacity_and_hasher(seen.len(), Default::default());
-        for ((owner, _, locals), got) in owners.iter().zip(&read.rows) {
-            let first = var.info.rows.start(*owner);
-            for (&local, &entry) in locals.iter().zip(got) {
-                by_row.insert(first + local, entry);
-            }
-        }
-        Ok(Some(Gathered {
-            data: read.data,
-            by_row,
-        }))
-    }
-
-    /// Reads a planned batch's values into `out` (exactly `batch.bytes()`
-    /// bytes): row i at units `offsets[i] .. offsets[i + 1]`.
-    pub fn read_ragged(&self, batch: &RaggedBatch, out: &mut [u8]) -> Result<()> {
-        self.check_live()?;
-        if out.len() != batch.bytes() {
-            return Err(Error::invalid(format!(
-                "output for '{}' has {} bytes, expected {} units x {} bytes = {}",
-                RaggedPart::owner(&batch.values.name).unwrap_or(&batch.values.name),
-                out.len(),
-                batch.units(),
-                batch.unit_bytes,
-                batch.bytes()
-            )));
-        }
-        let units = batch.units() as usize;
-        if !batch.plan.segments.is_empty() || !batch.plan.repeats.is_empty() {
-            self.watch(batch.values.execute(&batch.plan, out, units, OwnRows::Copy))?;
-        }
-        for &(from, to, len) in &batch.staged_copies {
-            out[to..to + len].copy_from_slice(&batch.staged[from..from + len]);
-        }
-        Ok(())
-    }
-
-    /// Lengths, then values, of `rows`: `(values, offsets)` as
-    /// [`Store::plan_ragged`] and [`Store::read_ragged`] give them.
-    pub fn get_ragged(&self, name: &str, rows: &[i64]) -> Result<(Vec<u8>, Vec<u64>)> {
-        let mut batch = self.plan_ragged(name, rows)?;
-        let mut out = vec![0u8; batch.bytes()];
-        self.read_ragged(&batch, &mut out)?;
-        Ok((out, std::mem::take(&mut batch.offsets)))
-    }
-}
-
-/// Adds one planned batch to a ragged variable's counters: its rows by
-/// where their values come from (own share, a same-node mapping, the
-/// transport) and the bytes of values it moves.
-fn count_batch(c: &Counters, values: &Variable, located: &[(usize, u64)], bytes: usize) {
-    let (mut own, mut node) = (0u64, 0u64);
-    for &(owner, _) in located {
-        if values.is_own(owner) {
-            own += 1;
-        } else if !values.is_remote(owner) {
-            node += 1;
-        }
-    }
-    let rows = located.len() as u64;
-    Counters::add(&c.calls, 1);
-    Counters::add(&c.rows, rows);
-    Counters::add(&c.bytes, bytes as u64);
-    Counters::add(&c.local_rows, own);
-    Counters::add(&c.node_rows, node);
-    Counters::add(&c.remote_rows, rows - own - node);
 }
 
 #[cfg(test)]

@@ -10,58 +10,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::comm::Comm;
-use crate::dtype::DType;
-use crate::layout::Layout;
 use crate::profile::Profile;
 use crate::ragged::{ends_name, values_name, RaggedVar};
 use crate::transport::Transport;
 use crate::{Config, Error, Result};
 
 mod create;
+mod info;
+mod ragged;
 mod rows;
 mod variable;
 
-pub use variable::{Variable, PARALLEL_COPY_BYTES};
-
-/// Shape of a variable, the same on every rank.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VarInfo {
-    /// Element type of the rows.
-    pub dtype: DType,
-    /// Bytes per element as `info()` reports it (upstream's `itemsize`):
-    /// the dtype's size, or for raw-bytes rows what the creator said.
-    pub itemsize: usize,
-    /// Bytes per row.
-    pub row_bytes: usize,
-    /// Rows per rank.
-    pub layout: Layout,
-}
-
-/// What a variable's rows are made of: elements of `dtype`, `itemsize`
-/// bytes each. A [`DType`] converts into one of its own size (raw bytes: 1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Element {
-    /// Element type of the rows.
-    pub dtype: DType,
-    /// Bytes per element (at least 1).
-    pub itemsize: usize,
-}
-
-impl Element {
-    /// Elements of `dtype` counted as `itemsize` bytes each (0 counts as 1).
-    pub fn new(dtype: DType, itemsize: usize) -> Element {
-        Element {
-            dtype,
-            itemsize: itemsize.max(1),
-        }
-    }
-}
-
-impl From<DType> for Element {
-    fn from(dtype: DType) -> Element {
-        Element::new(dtype, dtype.itemsize())
-    }
-}
+pub use info::{Element, VarInfo};
+pub use variable::{OwnRows, Variable, PARALLEL_COPY_BYTES};
 
 /// Named variables shared by the ranks of one group, read through one transport.
 pub struct Store {
@@ -79,19 +40,6 @@ pub struct Store {
     /// Ragged variables by name; their values and ends live in `vars`.
     pub(crate) ragged: RwLock<BTreeMap<String, Arc<RaggedVar>>>,
     freed: AtomicBool,
-}
-
-/// What a read does with rows of this rank's own share.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OwnRows {
-    /// Copy them from memory (host shares).
-    Copy,
-    /// Leave their destination bytes untouched: the caller reads them itself
-    /// (device shares, read with torch on the device).
-    Skip,
-    /// Read them through the transport like other ranks' rows (device
-    /// shares in a forked process, which cannot use the device).
-    Transport,
 }
 
 impl Store {

@@ -13,7 +13,20 @@ use crate::region::{process_alive, Memory, NodeLocator, ShareState};
 use crate::transport::{RaggedRequest, RaggedRows, RemoteRead, RemoteShares};
 use crate::{Error, Result};
 
-use super::{OwnRows, VarInfo};
+use super::VarInfo;
+
+/// What a read does with rows of this rank's own share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnRows {
+    /// Copy them from memory (host shares).
+    Copy,
+    /// Leave their destination bytes untouched: the caller reads them itself
+    /// (device shares, read with torch on the device).
+    Skip,
+    /// Read them through the transport like other ranks' rows (device
+    /// shares in a forked process, which cannot use the device).
+    Transport,
+}
 
 /// Bytes of same-node copies in one batch above which copies run on several threads.
 /// Measured with `examples/copy_threshold.rs`: below this, threads cost more
