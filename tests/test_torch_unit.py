@@ -229,7 +229,7 @@ def test_affinity_sets(monkeypatch):
 def test_ragged_schema_filler_and_json():
     """ragged={key: axis}: sample 0 may be empty there, other axes must match, the JSON keeps the
     axis and the longest row, the filler collects each field's share with its lengths."""
-    from pyddstore.torch._schema import RaggedRows
+    from pyddstore.torch._field import RaggedRows
 
     samples = [
         {"pos": torch.zeros(0, 3), "bonds": np.zeros((2, 0), np.int64), "e": 0.5},

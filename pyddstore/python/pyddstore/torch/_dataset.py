@@ -35,19 +35,8 @@ from pyddstore._sources import file_rows_of, h5py_reopener, is_npy_list, npy_fil
 from pyddstore._store import _dtype_name
 
 from . import _load, _snapshot
-from ._schema import (
-    META_VERSION,
-    NDARRAY,
-    PYG_HETERO,
-    PYG_STRUCTURES,
-    TENSOR,
-    Field,
-    Schema,
-    SchemaError,
-    SchemaTypeError,
-    pyg_structure_of,
-    share_of,
-)
+from ._field import NDARRAY, TENSOR, Field, SchemaError, SchemaTypeError
+from ._schema import META_VERSION, PYG_HETERO, PYG_STRUCTURES, Schema, pyg_structure_of, share_of
 
 _LOG = get_logger("torch")
 

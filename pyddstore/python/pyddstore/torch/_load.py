@@ -25,7 +25,8 @@ import numpy as np
 from pyddstore import DDStoreError, DDStoreFileError, DDStoreTimeoutError
 from pyddstore._sources import FileRows
 
-from ._schema import ChunkFiller, Field, Schema
+from ._field import Field
+from ._schema import ChunkFiller, Schema
 
 DEFAULT_DEPTH = 32
 

@@ -27,21 +27,13 @@ from pyddstore import DDStoreError, DDStoreFileError, _json
 from pyddstore._sources import ALIGN, AlignedReader, open_regular
 
 from . import _load
+from ._field import BOOL, FLOAT, INT, NDARRAY, NPSCALAR, RECORD, SUPPORTED_DTYPES, TENSOR, Field
 from ._schema import (
-    BOOL,
     DICT,
-    FLOAT,
-    INT,
     LIST,
-    NDARRAY,
-    NPSCALAR,
     PYG_STRUCTURES,
-    RECORD,
-    SUPPORTED_DTYPES,
-    TENSOR,
     TUPLE,
     VALUE,
-    Field,
     Schema,
     share_of,
 )
