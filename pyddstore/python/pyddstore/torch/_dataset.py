@@ -18,11 +18,9 @@ from torch.utils.data import Dataset, TensorDataset
 
 from pyddstore import (
     DDStoreError,
-    DDStoreFileError,
     DDStoreFreedError,
     DDStoreIndexError,
     DDStoreKeyError,
-    DDStoreTimeoutError,
     DDStoreTypeError,
     DDStoreUnsupportedError,
     DDStoreValueError,
@@ -35,22 +33,13 @@ from pyddstore._sources import file_rows_of, h5py_reopener, is_npy_list, npy_fil
 from pyddstore._store import _dtype_name
 
 from . import _load, _snapshot
-from ._field import NDARRAY, TENSOR, Field, SchemaError, SchemaTypeError
+from ._agree import agree, error_payload, rebuild_error
+from ._errors import ForkedWorkerError
+from ._field import NDARRAY, TENSOR, Field, SchemaError
+from ._pickle import dataset_state, restore_dataset
 from ._schema import META_VERSION, PYG_HETERO, PYG_STRUCTURES, Schema, pyg_structure_of, share_of
 
 _LOG = get_logger("torch")
-
-
-class ForkedWorkerError(DDStoreUnsupportedError):
-    """A read from a forked process, or a pickling for a spawn/forkserver one, that the
-    store's method cannot serve (method 0: MPI does not cross processes).
-
-    Example:
-        ```python
-        ds = DistDataset(src, "train", MPI.COMM_WORLD)  # method 0
-        DataLoader(ds, num_workers=2)  # workers raise ForkedWorkerError: use ThreadDataLoader
-        ```
-    """
 
 
 def _resolve_add_device(add_device: Any, host_as_device: bool) -> tuple[torch.device, str, int] | None:
@@ -243,13 +232,9 @@ class _StoredDataset(Dataset):
     def __getstate__(self) -> dict:
         """Pickling (spawn/forkserver DataLoader workers): a handle of the store's variables
         that the worker re-attaches through the fabric (methods 1 and 2; method 0 raises)."""
-        from ._pickle import dataset_state
-
         return dataset_state(self)
 
     def __setstate__(self, state: dict) -> None:
-        from ._pickle import restore_dataset
-
         restore_dataset(self, state)
 
     def _in_forked_child(self) -> bool:
@@ -520,48 +505,6 @@ class _StoredDataset(Dataset):
             if profiles and k in profiles[0]:
                 total[k] = profiles[0][k]
         return total
-
-
-def _error_payload(e: BaseException, rank: int) -> tuple[str, str]:
-    if isinstance(e, _snapshot.SnapshotError):
-        return "snapshot", f"rank {rank}: {e}"
-    if isinstance(e, DDStoreFileError):
-        return "file", f"rank {rank}: {e}"
-    if isinstance(e, DDStoreTimeoutError):
-        return "timeout", f"rank {rank}: {e}"
-    if isinstance(e, SchemaTypeError):
-        return "type", str(e)
-    if isinstance(e, SchemaError):
-        return "value", str(e)
-    return "other", f"rank {rank}: {type(e).__name__}: {e}"
-
-
-def _rebuild_error(payload: tuple[str, str]) -> Exception:
-    kind, msg = payload
-    if kind == "type":
-        return SchemaTypeError(msg)
-    if kind == "value":
-        return SchemaError(msg)
-    if kind == "snapshot":
-        return _snapshot.SnapshotError(msg)
-    if kind == "file":
-        return DDStoreFileError(msg)
-    if kind == "timeout":
-        return DDStoreTimeoutError(f"loading timed out on another rank: {msg}")
-    return DDStoreError(f"loading failed on another rank: {msg}")
-
-
-def _agree(store: Any, err: BaseException | None, value: Any = None) -> list:
-    """Collective: every rank's value (JSON-able); raises on every rank if any rank failed
-    (its own error where it failed, else one naming the rank that did)."""
-    payload = None if err is None else _error_payload(err, store.rank)
-    results = store.allgather({"error": payload, "value": value})
-    failed = [r["error"] for r in results if r["error"] is not None]
-    if err is not None:
-        raise err
-    if failed:
-        raise _rebuild_error(tuple(failed[0]))
-    return [r["value"] for r in results]
 
 
 def _type_name(t: Any) -> str | None:
@@ -851,20 +794,20 @@ class DistDataset(_StoredDataset):
                 _snapshot.prepare_directory(path)
             except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
                 err = e
-        _agree(store, err)
+        agree(store, err)
         entry, err = None, None
         try:
             entry = _snapshot.write_rank_file(self, path, start, count)
         except Exception as e:  # noqa: BLE001
             err = e
-        entries = _agree(store, err, entry)
+        entries = agree(store, err, entry)
         err = None
         if store.rank == 0:
             try:
                 _snapshot.write_manifest(path, self.name, self._n, self._schema, entries)
             except Exception as e:  # noqa: BLE001
                 err = e
-        _agree(store, err)
+        agree(store, err)
 
     @classmethod
     def restore(
@@ -916,7 +859,7 @@ class DistDataset(_StoredDataset):
                 name = _snapshot.check_restorable(manifest, path, name)
             except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
                 err = e
-            digests = _agree(store, err, digest)
+            digests = agree(store, err, digest)
             if len(set(digests)) != 1:
                 raise _snapshot.SnapshotError(
                     f"{os.path.join(path, _snapshot.MANIFEST)} differs between ranks (changed while read?)"
@@ -982,10 +925,10 @@ class DistDataset(_StoredDataset):
                 payload = ("ok", schema.to_json(), _type_name(schema.seq_type))
             except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
                 local_err = e
-                payload = ("err", _error_payload(e, 0))
+                payload = ("err", error_payload(e, 0))
         agreed = store.allgather(payload)[0]
         if agreed[0] == "err":
-            raise local_err if local_err is not None else _rebuild_error(agreed[1])
+            raise local_err if local_err is not None else rebuild_error(agreed[1])
         seq_type = schema.seq_type if store.rank == 0 else _type_from_name(agreed[2])
         if store.rank != 0 and agreed[1].get("structure") in PYG_STRUCTURES:
             seq_type = self._own_data_class(store, source, encode, n, agreed[2])
@@ -1023,12 +966,12 @@ class DistDataset(_StoredDataset):
                         if a != b:
                             varying.setdefault(f.key, set()).add(axis)
         except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
-            payload = _error_payload(e, store.rank)
+            payload = error_payload(e, store.rank)
         mine = {"error": payload, "varying": [[k, sorted(a)] for k, a in varying.items()]}
         results = store.allgather(mine)
         failed = [r["error"] for r in results if r["error"] is not None]
         if failed:
-            raise _rebuild_error(tuple(failed[0]))
+            raise rebuild_error(tuple(failed[0]))
         merged: dict = {}
         for r in results:
             for k, axes in r["varying"]:
@@ -1073,7 +1016,7 @@ class DistDataset(_StoredDataset):
             stats = fill(start, count, depth, progress)
             ragged = stats.ragged
         except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
-            err, payload = e, _error_payload(e, rank)
+            err, payload = e, error_payload(e, rank)
         finally:
             if progress is not None:
                 progress.close()
@@ -1095,13 +1038,13 @@ class DistDataset(_StoredDataset):
         results = store.allgather(mine)
         failed = [r["error"] for r in results if r["error"] is not None]
         if failed:
-            raise err if err is not None else _rebuild_error(tuple(failed[0]))
+            raise err if err is not None else rebuild_error(tuple(failed[0]))
         # Collective, in schema order on every rank: each ragged field from this rank's share.
         # Each is created from its lengths and filled in place (no second copy of the values).
         for j, f in enumerate(schema.ragged_fields):
             part = ragged.pop(f.key)
             _load.add_ragged_in_place(
-                store, f.var, f, part.lengths, lambda var, part=part: part.write(store, var), _agree
+                store, f.var, f, part.lengths, lambda var, part=part: part.write(store, var)
             )
             del part
             f.max_len = max(r["max_lens"][j] for r in results)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import mmap
 import os
+import select
 import signal
 import sys
 import threading
@@ -23,8 +25,11 @@ from typing import Any, Callable
 import numpy as np
 
 from pyddstore import DDStoreError, DDStoreFileError, DDStoreTimeoutError
+from pyddstore._env import settings
 from pyddstore._sources import FileRows
+from pyddstore._store import _dtype_name
 
+from ._agree import agree, error_payload, rebuild_error
 from ._field import Field
 from ._schema import ChunkFiller, Schema
 
@@ -327,14 +332,11 @@ def add_ragged_in_place(
     f: Field,
     lengths: np.ndarray,
     fill: Callable[[str], None],
-    agree: Callable[[Any, BaseException | None], Any],
 ) -> None:
     """Collective: creates the ragged variable `name` (values `name#values`, ends `name#ends`)
     from this rank's row lengths, then `fill(values_var)` writes the values straight into this
     rank's share (no contiguous copy of them first); every rank learns whether all filled
-    (`agree`) before the variable is linked."""
-    from pyddstore._store import _dtype_name
-
+    before the variable is linked."""
     native = store._native
     values, ends = f"{name}#values", f"{name}#ends"
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
@@ -587,10 +589,6 @@ def _child_loop(rfd: int, wfd: int, w: int, workers: int, source, schema, encode
     """A forked worker: for every chunk [a, b) the parent sends, fills rows a + w, a + w +
     workers, ... of the staging area, writing "." after each sample (the parent's deadline
     counts from the last sign of life); then a line: "ok" or the error (JSON: kind, message)."""
-    import json
-
-    from pyddstore.torch._dataset import _error_payload
-
     with os.fdopen(rfd, "r") as cmds:
         for line in cmds:
             a, b = (int(x) for x in line.split())
@@ -604,7 +602,7 @@ def _child_loop(rfd: int, wfd: int, w: int, workers: int, source, schema, encode
                     os.write(wfd, b".")
                 answer = b"ok\n"
             except BaseException as e:  # noqa: BLE001 - reported to the parent
-                answer = (json.dumps(list(_error_payload(e, -1))) + "\n").encode()
+                answer = (json.dumps(list(error_payload(e, -1))) + "\n").encode()
             while answer:
                 answer = answer[os.write(wfd, answer) :]
 
@@ -612,8 +610,6 @@ def _child_loop(rfd: int, wfd: int, w: int, workers: int, source, schema, encode
 def load_timeout() -> float:
     """DDSTORE_LOAD_TIMEOUT_S (through the settings type): how long a forked load worker may
     work on one sample, default 600 s."""
-    from pyddstore._env import settings
-
     return settings().load_timeout_s
 
 
@@ -621,8 +617,6 @@ def _await_children(children, timeout: float, stuck: Callable[[int, int], str]) 
     """Each child's answer to the chunk just sent (bytes without the dots; b"" if it died). A
     child silent for `timeout` seconds (no sample or slice finished) raises DDStoreTimeoutError
     with stuck(child, items it finished) in its message."""
-    import select
-
     fds = {pr.fileno(): k for k, (_, _, pr) in enumerate(children)}
     bufs = {k: bytearray() for k in fds.values()}
     dots = dict.fromkeys(fds.values(), 0)
@@ -705,10 +699,6 @@ def _end_children(children: list, finished: bool) -> None:
 
 def _child_error(pid: int, answer: bytes, what: str) -> Exception | None:
     """The error a child's answer reports (None for "ok")."""
-    import json
-
-    from ._dataset import _rebuild_error
-
     if not answer:
         return DDStoreChildError(f"load worker process {pid} died while loading {what}")
     if answer == b"ok":
@@ -716,7 +706,7 @@ def _child_error(pid: int, answer: bytes, what: str) -> Exception | None:
     kind, msg = json.loads(answer)
     if kind == "other":
         return DDStoreError(f"a load worker process failed: {msg.replace('rank -1: ', '', 1)}")
-    return _rebuild_error((kind, msg))
+    return rebuild_error((kind, msg))
 
 
 def load_sliced_forked(
@@ -736,8 +726,6 @@ def load_sliced_forked(
     (~10% of the share, at least 16 MiB), round after round; this process copies each round into
     the share. Children never touch the store; a child that finishes no slice within
     DDSTORE_LOAD_TIMEOUT_S is killed and named."""
-    import json
-
     rb = max(1, f.row_bytes)
     total = sum(b - a for a, b in bounds)
     limit = max(MIN_WINDOW_BYTES, total * rb // 10, max((b - a) * rb for a, b in bounds) * workers)
@@ -754,8 +742,6 @@ def load_sliced_forked(
     timeout = load_timeout()
 
     def child(w: int, rfd: int, wfd: int) -> None:
-        from pyddstore.torch._dataset import _error_payload
-
         arr = reopen()  # this process's own handle
         dst = np.frombuffer(staging, np.uint8)
         with os.fdopen(rfd, "r") as cmds:
@@ -771,7 +757,7 @@ def load_sliced_forked(
                         os.write(wfd, b".")
                     answer = b"ok\n"
                 except BaseException as e:  # noqa: BLE001 - reported to the parent
-                    answer = (json.dumps(list(_error_payload(e, -1))) + "\n").encode()
+                    answer = (json.dumps(list(error_payload(e, -1))) + "\n").encode()
                 while answer:
                     answer = answer[os.write(wfd, answer) :]
 

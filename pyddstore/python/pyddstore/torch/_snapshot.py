@@ -27,6 +27,7 @@ from pyddstore import DDStoreError, DDStoreFileError, _json
 from pyddstore._sources import ALIGN, AlignedReader, open_regular
 
 from . import _load
+from ._errors import SnapshotError
 from ._field import BOOL, FLOAT, INT, NDARRAY, NPSCALAR, RECORD, SUPPORTED_DTYPES, TENSOR, Field
 from ._schema import (
     DICT,
@@ -45,18 +46,6 @@ MAX_MANIFEST_BYTES = 64 << 20
 BLOCK_BYTES = 1 << 20  # rows per checksum block: about this many bytes
 READ_BYTES = 8 << 20  # one read while restoring: whole blocks, about this many bytes
 _FILE_RE = re.compile(r"^rank-[0-9]{5}\.ddsnap$")
-
-
-class SnapshotError(DDStoreFileError):
-    """A snapshot that cannot be restored: missing or malformed manifest, a file that is
-    truncated, a symbolic link, or whose checksums or layout do not match the manifest.
-
-    Example:
-        ```python
-        ds.save("/lustre/me/snap")
-        ds = DistDataset.restore("/lustre/me/snap")  # SnapshotError if a file was altered
-        ```
-    """
 
 
 def file_name(rank: int) -> str:
