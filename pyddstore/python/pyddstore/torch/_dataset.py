@@ -7,14 +7,13 @@ import collections.abc
 import contextlib
 import functools
 import json
-import mmap
 import os
 import sys
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset
 
 from pyddstore import (
     DDStoreError,
@@ -29,10 +28,10 @@ from pyddstore import (
 from pyddstore._env import settings as _env_settings
 from pyddstore._handshake import load_json_object, wait_and_read, write_private
 from pyddstore._log import get_logger
-from pyddstore._sources import file_rows_of, h5py_reopener, is_npy_list, npy_files
+from pyddstore._sources import is_npy_list, npy_files
 from pyddstore._store import _dtype_name
 
-from . import _load, _snapshot
+from . import _inflight, _load, _ragged_parts, _snapshot
 from ._agree import agree, error_payload, rebuild_error
 from ._errors import ForkedWorkerError
 from ._field import NDARRAY, TENSOR, Field, SchemaError
@@ -528,86 +527,6 @@ def _type_from_name(name: Any) -> Any:
     return None
 
 
-def _bulk_arrays(source: Any) -> dict | None:
-    """Array-backed sources whose shares can be copied without a Python call per sample:
-    key -> array-like sliceable along rows (numpy array/memmap, tensor, TensorDataset, or any
-    object with shape, dtype and slicing such as an h5py/zarr dataset)."""
-    if isinstance(source, (np.ndarray, torch.Tensor)):
-        return {0: source}
-    if isinstance(source, TensorDataset):
-        return dict(enumerate(source.tensors))
-    if isinstance(source, Dataset):
-        return None
-    shape = getattr(source, "shape", None)
-    if getattr(source, "dtype", None) is not None and isinstance(shape, tuple) and len(shape) >= 1:
-        return {0: source}
-    return None
-
-
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def _source_len(source: Any) -> int:
-    """len(source); array-likes without __len__ (zarr 3 arrays): their first dimension."""
-    shape = getattr(source, "shape", None)
-    if not hasattr(source, "__len__") and isinstance(shape, tuple) and shape:
-        return int(shape[0])
-    return len(source)
-
-
-def _bulk_fits(arr: Any, f: Field) -> bool:
-    """Whether rows of arr are exactly the field's values (else load sample by sample)."""
-    if isinstance(arr, torch.Tensor):
-        return f.kind == TENSOR and f.torch_dtype == arr.dtype and tuple(arr.shape[1:]) == f.shape
-    dtype = np.dtype(arr.dtype)
-    if f.is_record:
-        return dtype == f.dtype and tuple(arr.shape[1:]) == f.shape
-    return (
-        f.kind != TENSOR
-        and dtype.names is None
-        and np.dtype(dtype.name) == f.dtype
-        and tuple(arr.shape[1:]) == f.shape
-    )
-
-
-def _bulk_slice(arr: Any, a: int, b: int, f: Field) -> np.ndarray:
-    if isinstance(arr, torch.Tensor):
-        out = arr[a:b].detach().cpu().contiguous().numpy()
-    else:
-        out = np.ascontiguousarray(np.asarray(arr[a:b]))
-        if not f.is_record and out.dtype != f.dtype:
-            out = out.astype(f.dtype)
-    return f.to_store(out)
-
-
-def _bulk_slice_of(f: Field):
-    def convert(arr: Any, a: int, b: int) -> np.ndarray:
-        rows = _bulk_slice(arr, a, b, f)
-        _drop_mapped_pages(arr)
-        return rows
-
-    return convert
-
-
-def _load_summary(name: str, n: int, size: int, stats: list[dict]) -> str:
-    """One line for rank 0: sizes, time, MB/s in total and per rank, depth, what limited it."""
-    total = sum(s["nbytes"] for s in stats)
-    slowest = max(stats, key=lambda s: s["secs"])
-    secs = max(slowest["secs"], 1e-9)
-    notes = sorted({note for s in stats for note in s["notes"]})
-    extra = f"; {', '.join(notes)}" if notes else ""
-    return (
-        f"pyddstore: {name}: {n} samples, {max(s['nbytes'] for s in stats) / 2**20:.1f} MiB per rank "
-        f"({size} ranks), {secs:.2f} s, {_load.rate_text(total / secs)} total, "
-        f"{_load.rate_text(total / size / secs)} per rank; {slowest['path']} path, "
-        f"{slowest['workers']} reader(s) in flight; limited by {_load.limit_of(slowest)}{extra}"
-    )
-
-
 class DistDataset(_StoredDataset):
     """A map-style dataset held in a distributed store: each rank loads only its share of
     `source` and every rank reads every sample.
@@ -754,7 +673,7 @@ class DistDataset(_StoredDataset):
             world = getattr(store, "world_size", store.size)
             if store.method == 2 and store.size != world:
                 raise DDStoreValueError("method=2 needs one group: ddstore_width cannot split the core group")
-            n = _source_len(source)
+            n = _load.source_len(source)
             schema = self._agree_schema(store, source, name, encode, fields, n, ragged)
             if ragged == "auto":
                 self._agree_ragged_axes(store, source, schema, encode, n)
@@ -766,7 +685,17 @@ class DistDataset(_StoredDataset):
                 store,
                 schema,
                 n,
-                functools.partial(self._load_share, store, source, schema, encode, chunk_size),
+                functools.partial(
+                    _load.load_share,
+                    store,
+                    source,
+                    schema,
+                    encode,
+                    chunk_size,
+                    load_workers,
+                    functools.partial(self._put, store),
+                    self._share_device is not None,
+                ),
             )
         except BaseException:
             self._free_quietly(store)
@@ -870,10 +799,10 @@ class DistDataset(_StoredDataset):
             for f in schema.fields:
                 f.var = f"{name}/{f.key}"
             n = manifest["num_samples"]
-            direct = _load.load_direct(store.settings)
+            direct = _inflight.load_direct(store.settings)
 
             def fill(start, count, depth, progress):
-                stats = _load.LoadStats("snapshot", depth)
+                stats = _inflight.LoadStats("snapshot", depth)
                 stats.ragged = _snapshot.restore_share(
                     manifest,
                     path,
@@ -1002,12 +931,12 @@ class DistDataset(_StoredDataset):
         quiet = store.settings.quiet
         err, payload = None, None
         ragged: dict = {}
-        stats = _load.LoadStats("samples", 1)
+        stats = _inflight.LoadStats("samples", 1)
         progress = None
         try:
-            depth = _load.load_depth(store.settings)
+            depth = _inflight.load_depth(store.settings)
             fixed_bytes = count * sum(f.row_bytes for f in schema.fixed_fields)
-            progress = _load.Progress(
+            progress = _inflight.Progress(
                 fixed_bytes if not schema.ragged_fields else 0,
                 rank == 0 and not quiet,
                 f"loading {self.name}",
@@ -1043,78 +972,15 @@ class DistDataset(_StoredDataset):
         # Each is created from its lengths and filled in place (no second copy of the values).
         for j, f in enumerate(schema.ragged_fields):
             part = ragged.pop(f.key)
-            _load.add_ragged_in_place(
+            _ragged_parts.add_ragged_in_place(
                 store, f.var, f, part.lengths, lambda var, part=part: part.write(store, var)
             )
             del part
             f.max_len = max(r["max_lens"][j] for r in results)
         self.load_stats = [r["stats"] for r in results]
         if rank == 0 and not quiet:
-            summary = _load_summary(self.name, n, size, self.load_stats).removeprefix("pyddstore: ")
+            summary = _inflight.load_summary(self.name, n, size, self.load_stats).removeprefix("pyddstore: ")
             _LOG.info("loaded %s", summary, extra={"rank": rank})
-
-    def _load_share(self, store, source, schema, encode, chunk_size, start, count, depth, progress):
-        """This rank's rows into its share, by the fastest path the source allows."""
-        put = functools.partial(self._put, store)
-        plain = encode is None and not schema.ragged_fields
-        rows_src = file_rows_of(source) if plain and len(schema.fields) == 1 else None
-        f0 = schema.fields[0]
-        if rows_src is not None and _bulk_fits(rows_src, f0) and self._share_device is None:
-            stats = _load.LoadStats("files", depth)
-            _load.load_file_rows(
-                rows_src,
-                start,
-                count,
-                functools.partial(store.load_file_ranges, f0.var),
-                depth,
-                _load.load_direct(store.settings),
-                stats,
-                progress,
-                chunk_size,
-            )
-        else:
-            arrays = _bulk_arrays(source) if plain else None
-            if arrays is not None and all(
-                f.key in arrays and _bulk_fits(arrays[f.key], f) for f in schema.fields
-            ):
-                stats = _load.LoadStats("arrays", depth)
-                for f in schema.fields:
-                    _load.load_sliced(
-                        arrays[f.key],
-                        f,
-                        start,
-                        count,
-                        put,
-                        depth,
-                        stats,
-                        progress,
-                        _bulk_slice_of(f),
-                        chunk_size,
-                        h5py_reopener(arrays[f.key]),
-                        0 if self._load_workers == "threads" else min(depth, _cpus()),
-                    )
-            else:
-                mode = self._load_workers
-                if mode is None:
-                    mode = "threads" if getattr(source, "thread_safe", True) is not False else "processes"
-                if mode == "processes" and not schema.ragged_fields:
-                    workers = max(1, min(depth, count, _cpus()))
-                    stats = _load.LoadStats("samples (processes)", workers)
-                    _load.load_samples_forked(
-                        source, schema, encode, start, count, put, workers, stats, progress
-                    )
-                    return stats
-                if mode == "processes":  # ragged rows cannot come back through the staging area
-                    depth = 1
-                stats = _load.LoadStats("samples", min(depth, max(1, count)))
-                if depth == 1 and mode == "processes":
-                    stats.notes.append("ragged fields load in one thread without thread-safe sources")
-                stats.ragged = _load.load_samples(
-                    source, schema, encode, start, count, put, depth, stats, progress
-                )
-                return stats
-        stats.ragged = {}
-        return stats
 
     def _init_device_share(self, store: Any, f: Field, start: int, count: int) -> None:
         """Collective: allocates this rank's share of f on the device; the store registers it and
@@ -1252,12 +1118,3 @@ def _use_data_cls(schema: Schema, data_cls: Any, who: str) -> None:
             f"not {data_cls.__name__}"
         )
     schema.seq_type = data_cls
-
-
-def _drop_mapped_pages(array) -> None:
-    """A memory-mapped source keeps every page it was read from resident: drop them once copied,
-    so loading from a file costs one chunk besides the share, not the whole file."""
-    mm = getattr(array, "_mmap", None) or getattr(getattr(array, "base", None), "_mmap", None)
-    if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
-        with contextlib.suppress(OSError, ValueError):
-            mm.madvise(mmap.MADV_DONTNEED)

@@ -29,6 +29,7 @@ from pyddstore._sources import ALIGN, AlignedReader, open_regular
 from . import _load
 from ._errors import SnapshotError
 from ._field import BOOL, FLOAT, INT, NDARRAY, NPSCALAR, RECORD, SUPPORTED_DTYPES, TENSOR, Field
+from ._inflight import LoadStats, Progress
 from ._schema import (
     DICT,
     LIST,
@@ -429,8 +430,8 @@ def restore_share(
     native_for: Callable[[Field], Callable[..., tuple[int, bool]]],
     depth: int,
     direct: bool,
-    stats: _load.LoadStats,
-    progress: _load.Progress,
+    stats: LoadStats,
+    progress: Progress,
 ) -> dict:
     """Rows [start, start + count) of every field from the snapshot, read in Rust straight
     into the share (`native_for(field)` is the variable's load_file_ranges), one read per
