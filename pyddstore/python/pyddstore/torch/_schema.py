@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pyddstore import DDStoreValueError
+from pyddstore import DDStoreTypeError, DDStoreValueError
 
 from ._field import TENSOR, Field, SchemaError, SchemaTypeError, classify, field_where
 
@@ -430,3 +430,28 @@ class ChunkFiller:
         chunks, lengths = self.ragged[f.key]
         flat = np.concatenate(chunks) if chunks else np.empty(0, f.dtype)
         return flat.reshape(-1, f.unit_count), np.asarray(lengths, dtype=np.int64)
+
+
+def check_data_cls(data_cls: Any, who: str) -> None:
+    """data_cls= of `who` is None or a torch_geometric Data / HeteroData (subclass)."""
+    if data_cls is not None and pyg_structure_of(data_cls) is None:
+        raise DDStoreTypeError(
+            f"{who}(data_cls={data_cls!r}): expected torch_geometric.data.Data, HeteroData "
+            "or a subclass of one"
+        )
+
+
+def use_data_cls(schema: Schema, data_cls: Any, who: str) -> None:
+    """Graph samples of `schema` are built as data_cls (checked against the stored structure).
+    The class always comes from the caller, never from a name read from a file."""
+    if data_cls is None:
+        return
+    if schema.structure != pyg_structure_of(data_cls):
+        held = f"{schema.structure}s"
+        if schema.structure in PYG_STRUCTURES:
+            held = "torch_geometric " + ("HeteroData" if schema.structure == PYG_HETERO else "Data")
+        raise DDStoreTypeError(
+            f"{who} with data_cls={data_cls.__name__}: the dataset's samples are {held}, "
+            f"not {data_cls.__name__}"
+        )
+    schema.seq_type = data_cls
