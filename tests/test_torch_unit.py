@@ -332,3 +332,24 @@ def test_load_progress_counts_samples_and_rates_round_sensibly(capsys):
     stats = _inflight.LoadStats("samples", 32)
     _inflight.window(32, 1 << 30, 40, stats)  # 1 GiB: a 102 MiB window, 3.2 MiB reads (under 8 MiB)
     assert stats.window_capped
+
+
+def test_dist_dataset_takes_its_settings(monkeypatch):
+    """settings= is the dataset's and its store's: the environment's value is not used."""
+    from pyddstore.torch import DistDataset
+
+    import pyddstore
+    from pyddstore import DDStoreTypeError
+
+    monkeypatch.setenv("DDSTORE_LOAD_DEPTH", "5")
+    rows = [torch.full((3,), float(i)) for i in range(20)]  # map-style: one thread per read in flight
+    settings = pyddstore.Settings.from_env(load_depth=3, quiet=True)
+    ds = DistDataset(rows, "own-settings", pyddstore._native.Comm.single(), method=1, settings=settings)
+    try:
+        assert ds.ddstore.settings.load_depth == 3 and ds.ddstore.settings.quiet
+        assert ds.load_stats[0]["workers"] == 3, ds.load_stats
+        assert all(torch.equal(ds[i], rows[i]) for i in range(len(rows)))
+    finally:
+        ds.free()
+    with pytest.raises(DDStoreTypeError, match="settings="):
+        DistDataset(rows, "bad-settings", pyddstore._native.Comm.single(), method=1, settings={"quiet": 1})

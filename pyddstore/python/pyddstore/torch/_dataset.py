@@ -18,7 +18,15 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from pyddstore import DDStoreError, DDStoreFreedError, DDStoreUnsupportedError, DDStoreValueError, PyDDStore
+from pyddstore import (
+    DDStoreError,
+    DDStoreFreedError,
+    DDStoreTypeError,
+    DDStoreUnsupportedError,
+    DDStoreValueError,
+    PyDDStore,
+    Settings,
+)
 from pyddstore._env import settings as _env_settings
 from pyddstore._log import get_logger
 from pyddstore._sources import is_npy_list, npy_files
@@ -147,6 +155,8 @@ class DistDataset(_StoredDataset):
             "auto" (the axes that differ, found by scanning once); torch_geometric Data needs none.
         load_workers (str | None): "threads" calling `source[i]`, or "processes" (forked, for sources that
             are not thread-safe); None: threads, or processes when the source has `thread_safe = False`.
+        settings (pyddstore.Settings | None): the settings of this dataset and its store (e.g.
+            `Settings.from_env(quiet=True, load_depth=8)`); None: the environment's, read once.
 
     Example:
         ```python
@@ -178,13 +188,18 @@ class DistDataset(_StoredDataset):
         fields: Sequence[str | int] | None = None,
         ragged: dict[str | int, int] | Literal["auto"] | None = None,
         load_workers: Literal["threads", "processes"] | None = None,
+        *,
+        settings: Settings | None = None,
     ) -> None:
         super().__init__()
         _check_arguments(name, encode, fields, chunk_size, add_device, load_workers)
         self._load_workers = load_workers
         if is_npy_list(source):  # every rank reads the same headers: same result or same error
             source = npy_files(source)
-        settings = _env_settings()  # one snapshot: this dataset's and its store's
+        if settings is None:
+            settings = _env_settings()  # one snapshot: this dataset's and its store's
+        elif not isinstance(settings, Settings):
+            raise DDStoreTypeError(f"settings={settings!r} is not a pyddstore.Settings")
         self._share_device = _device.resolve_add_device(add_device, settings.test_host_as_device)
         self._device_shares = {}
         self.name = name
