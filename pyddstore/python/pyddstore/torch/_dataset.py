@@ -1160,6 +1160,7 @@ class DistDataset(_StoredDataset):
                         chunk_size,
                         h5py_reopener(arrays[f.key]),
                         0 if self._load_workers == "threads" else min(depth, _cpus()),
+                        store.settings,
                     )
             else:
                 mode = self._load_workers
@@ -1168,8 +1169,9 @@ class DistDataset(_StoredDataset):
                 if mode == "processes" and not schema.ragged_fields:
                     workers = max(1, min(depth, count, _cpus()))
                     stats = _load.LoadStats("samples (processes)", workers)
+                    timeout = _load.load_timeout(store.settings)
                     _load.load_samples_forked(
-                        source, schema, encode, start, count, put, workers, stats, progress
+                        source, schema, encode, start, count, put, workers, stats, progress, timeout
                     )
                     return stats
                 if mode == "processes":  # ragged rows cannot come back through the staging area

@@ -27,8 +27,6 @@ from pyddstore._sources import FileRows
 
 from ._schema import ChunkFiller, Field, Schema
 
-DEFAULT_DEPTH = 32
-
 
 class DDStoreChildError(DDStoreError, RuntimeError):
     """A forked load worker died (killed, out of memory) before answering."""
@@ -41,11 +39,8 @@ NATIVE_CALL_BYTES = 256 << 20  # bytes per native file-load call (progress is sh
 
 def load_depth(settings) -> int:
     """DDSTORE_LOAD_DEPTH of `settings` (a store's: reads in flight while loading;
-    DDSTORE_LOAD_THREADS is the older name), default 32."""
-    depth = settings.load_depth
-    if depth is None:
-        depth = settings.load_threads
-    return DEFAULT_DEPTH if depth is None else depth
+    DDSTORE_LOAD_THREADS is the older name; the default is the settings table's)."""
+    return settings.load_depth
 
 
 def load_direct(settings) -> bool:
@@ -526,11 +521,13 @@ def load_sliced(
     rows_per_read: int | None = None,
     reopen: Callable[[], Any] | None = None,
     processes: int = 0,
+    settings: Any = None,
 ) -> None:
     """An array-like read by slicing (chunked/compressed h5py, zarr, tensors, in-memory
     arrays): slices aligned to the array's chunks along rows (`.chunks[0]`), `depth` in flight
     for thread-safe readers. With `reopen` and processes > 1 (h5py, which runs reads one at a
-    time under its own lock), forked processes each with their own handle read the slices."""
+    time under its own lock), forked processes each with their own handle read the slices,
+    each bounded by the store's `settings` (DDSTORE_LOAD_TIMEOUT_S)."""
     row_bytes = max(1, f.row_bytes)
     step = window(depth, count * row_bytes, row_bytes, stats, rows_per_read)
     chunk_rows = _chunk_rows(arr)
@@ -548,7 +545,8 @@ def load_sliced(
     if reopen is not None and processes > 1 and len(bounds) > 1:
         stats.path = "arrays (processes)"
         stats.workers = min(processes, len(bounds))
-        load_sliced_forked(reopen, f, bounds, start, put, convert, stats.workers, stats, progress)
+        timeout = load_timeout(settings)
+        load_sliced_forked(reopen, f, bounds, start, put, convert, stats.workers, stats, progress, timeout)
         return
 
     def handle(ab) -> tuple[float, float, int]:
@@ -608,12 +606,10 @@ def _child_loop(rfd: int, wfd: int, w: int, workers: int, source, schema, encode
                 answer = answer[os.write(wfd, answer) :]
 
 
-def load_timeout() -> float:
-    """DDSTORE_LOAD_TIMEOUT_S (through the settings type): how long a forked load worker may
-    work on one sample, default 600 s."""
-    from pyddstore._env import settings
-
-    return settings().load_timeout_s
+def load_timeout(settings) -> float:
+    """DDSTORE_LOAD_TIMEOUT_S of `settings` (a store's): how long a forked load worker may
+    work on one sample."""
+    return settings.load_timeout_s
 
 
 def _await_children(children, timeout: float, stuck: Callable[[int, int], str]) -> list:
@@ -728,13 +724,14 @@ def load_sliced_forked(
     workers: int,
     stats: LoadStats,
     progress: Progress,
+    timeout: float,
 ) -> None:
     """Slices `bounds` of an array whose reads hold a lock (a compressed h5py dataset:
     decompression runs one slice at a time in one process) read by `workers` forked processes,
     each with its own handle (`reopen()` in the child), into a shared staging area of whole rows
     (~10% of the share, at least 16 MiB), round after round; this process copies each round into
     the share. Children never touch the store; a child that finishes no slice within
-    DDSTORE_LOAD_TIMEOUT_S is killed and named."""
+    `timeout` seconds (the store's DDSTORE_LOAD_TIMEOUT_S) is killed and named."""
     import json
 
     rb = max(1, f.row_bytes)
@@ -750,7 +747,6 @@ def load_sliced_forked(
         used += (b - a) * rb
     staging = mmap.mmap(-1, max(1, limit))
     stats.window_bytes = limit
-    timeout = load_timeout()
 
     def child(w: int, rfd: int, wfd: int) -> None:
         from pyddstore.torch._dataset import _error_payload
@@ -818,13 +814,14 @@ def load_samples_forked(
     workers: int,
     stats: LoadStats,
     progress: Progress,
+    timeout: float,
 ) -> None:
     """Map-style sources that are not thread-safe (or whose decoding holds the GIL): `workers`
     forked processes fill a shared staging area of whole rows (at most ~10% of the share, at
     least 16 MiB), chunk after chunk, and this process copies each chunk into the share.
     Children never touch the store; each sends "ok" or its error through a pipe, and a child
-    that dies is seen as the pipe's end; one that finishes no sample within
-    DDSTORE_LOAD_TIMEOUT_S is killed and named."""
+    that dies is seen as the pipe's end; one that finishes no sample within `timeout` seconds
+    (the store's DDSTORE_LOAD_TIMEOUT_S) is killed and named."""
     row_bytes = max(1, sum(f.row_bytes for f in schema.fixed_fields))
     rows = max(workers, min(count, max(MIN_WINDOW_BYTES, count * row_bytes // 10) // row_bytes))
     stats.window_bytes = rows * row_bytes
@@ -837,7 +834,6 @@ def load_samples_forked(
             workers,
             lambda w, rfd, wfd: _child_loop(rfd, wfd, w, workers, source, schema, encode, start, filler),
         )
-        timeout = load_timeout()
         for a in range(0, count, rows):
             b = min(count, a + rows)
             t0 = time.perf_counter()
