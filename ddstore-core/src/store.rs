@@ -8,11 +8,11 @@ use std::time::Instant;
 use crate::comm::Comm;
 use crate::dtype::DType;
 use crate::external::ExternalShare;
-use crate::fork::ReaderPool;
 use crate::layout::Layout;
 use crate::plan::{validate_rows, Plan};
 use crate::profile::{Counters, Profile};
 use crate::ragged::{ends_name, values_name, RaggedVar};
+use crate::reader_pool::ReaderPool;
 use crate::region::{map_node_peers_watched, process_alive, Memory, NodeLocator, ShareState};
 use crate::transport::{
     ExposeOptions, Exposed, RaggedRequest, RaggedRows, RemoteRead, RemoteShares, Transport,
