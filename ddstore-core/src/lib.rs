@@ -23,6 +23,7 @@ pub mod plan;
 pub mod private_dir;
 pub mod profile;
 pub mod ragged;
+pub mod reader_pool;
 pub mod region;
 pub mod store;
 pub mod transport;

@@ -32,7 +32,7 @@ pub fn mpi_comm(fortran_handle: Option<i64>, settings: &Settings) -> Result<Arc<
         None => MpiComm::world_at(settings.raw("DDSTORE_MPI_THREAD_LEVEL"))?,
     };
     Ok(Arc::new(
-        comm.with_timeout(settings.config()?.handshake_timeout),
+        comm.with_timeout(settings.config().handshake_timeout),
     ))
 }
 

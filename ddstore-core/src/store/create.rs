@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use crate::dtype::DType;
 use crate::external::ExternalShare;
-use crate::fork::ReaderPool;
 use crate::layout::Layout;
 use crate::profile::Counters;
+use crate::reader_pool::ReaderPool;
 use crate::region::{map_node_peers_watched, Memory, NodeLocator};
 use crate::transport::{ExposeOptions, Exposed, RemoteShares, Transport};
 use crate::{Error, Result};

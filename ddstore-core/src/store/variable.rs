@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::fork::ReaderPool;
 use crate::kinds::RaggedPart;
 use crate::plan::Plan;
 use crate::profile::Counters;
+use crate::reader_pool::ReaderPool;
 use crate::region::{process_alive, Memory, NodeLocator, ShareState};
 use crate::transport::{RaggedRequest, RaggedRows, RemoteRead, RemoteShares};
 use crate::{Error, Result};

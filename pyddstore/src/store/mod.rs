@@ -85,7 +85,7 @@ impl PyStore {
             Some(s) => s.inner.clone(),
             None => ddstore_core::config::Settings::from_env().py(py)?,
         };
-        let mut config = settings.config().py(py)?;
+        let mut config = settings.config();
         // A method-2 core job's shares are read by other jobs (extra jobs).
         config.read_by_other_jobs = method.read_by_other_jobs();
         let transport =
