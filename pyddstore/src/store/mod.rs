@@ -12,8 +12,6 @@
 
 use std::sync::Arc;
 
-use ddstore_core::kinds::Method;
-use ddstore_core::store::VarInfo;
 use ddstore_core::Store;
 use numpy::PyReadonlyArray2;
 use pyo3::prelude::*;
@@ -25,6 +23,7 @@ use crate::external::PyDeviceShare;
 use crate::settings::PySettings;
 
 mod args;
+mod class;
 mod load;
 mod publish;
 mod ragged;
@@ -32,42 +31,7 @@ mod read;
 mod write;
 
 pub(crate) use args::indices_of;
-
-#[pyclass(name = "Store", module = "pyddstore._native", frozen)]
-pub struct PyStore {
-    store: Arc<Store>,
-    /// What the store was made with (`store.settings`).
-    settings: PySettings,
-    method: Method,
-}
-
-impl PyStore {
-    /// Runs `call` on the store with the GIL released; its error becomes
-    /// the matching Python exception.
-    fn detached<T: Send>(
-        &self,
-        py: Python<'_>,
-        call: impl FnOnce(&Store) -> ddstore_core::Result<T> + Send,
-    ) -> PyResult<T> {
-        let store = &*self.store;
-        py.detach(|| call(store)).py(py)
-    }
-
-    /// A fixed-row variable's shape; for a ragged one, its rows with the
-    /// unit as the "row" width (what info/dtype/counts report).
-    fn var_info(&self, py: Python<'_>, name: &str) -> PyResult<VarInfo> {
-        if self.store.is_ragged(name) {
-            let r = self.store.ragged_info(name).py(py)?;
-            return Ok(VarInfo {
-                dtype: r.dtype,
-                itemsize: r.itemsize,
-                row_bytes: r.unit_bytes,
-                layout: r.rows,
-            });
-        }
-        Ok(self.store.var(name).py(py)?.info.clone())
-    }
-}
+pub use class::PyStore;
 
 #[pymethods]
 impl PyStore {
