@@ -21,6 +21,7 @@ mod info;
 mod mr;
 mod pool;
 mod progress;
+mod providers;
 mod reader;
 mod record;
 mod select;
