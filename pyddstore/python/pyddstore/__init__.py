@@ -19,6 +19,7 @@ from ._log import report_libfabric_env as _report_libfabric_env  # noqa: E402
 _sync_libfabric_environ()  # os.environ shows the FI_* variables the extension set
 _report_libfabric_env()  # DEBUG: each of them, and why
 
+from . import _attach  # noqa: E402, F401  (registers how a PyDDStore pickles)
 from ._comm import FileComm, TorchComm  # noqa: E402
 from ._errors import (  # noqa: E402
     DDStoreAccessError,

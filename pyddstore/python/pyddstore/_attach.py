@@ -10,12 +10,14 @@ MPI windows (method 0) cannot be reached from another process."""
 
 from __future__ import annotations
 
+import copyreg
 import os
 from typing import Any
 
 from ._child_env import arm_for_process_start
 from ._errors import DDStoreFreedError, DDStoreUnsupportedError
 from ._kinds import ragged_parts
+from ._store import PyDDStore, _live_stores, new_py_times
 
 HANDLE_VERSION = 1
 
@@ -76,7 +78,6 @@ def store_handle(store: Any, names: list) -> dict:
 def attach_store(handle: dict) -> Any:
     """A PyDDStore in this process reading the variables of ``handle`` (from store_handle)."""
     from . import _native
-    from ._store import PyDDStore, _live_stores, new_py_times
 
     if not isinstance(handle, dict) or handle.get("version") != HANDLE_VERSION:
         raise DDStoreUnsupportedError(
@@ -114,3 +115,17 @@ def attach_store(handle: dict) -> Any:
         store._ragged_units[name] = tuple(unit)
     _live_stores.add(store)
     return store
+
+
+def reduce_store(store: PyDDStore) -> tuple:
+    """How a PyDDStore pickles: to a handle that a spawn/forkserver process re-attaches through
+    the fabric (methods 1 and 2; method 0 raises DDStoreUnsupportedError)."""
+    names = store.names()
+    # The parts of a ragged variable travel with it, not as variables of their own.
+    parts = {p for n in names if store._native.is_ragged(n) for p in ragged_parts(n)}
+    return (attach_store, (store_handle(store, [n for n in names if n not in parts]),))
+
+
+# Registered here, not as PyDDStore.__reduce__: this module builds stores, so _store imports nothing
+# of it (one import direction).
+copyreg.pickle(PyDDStore, reduce_store)

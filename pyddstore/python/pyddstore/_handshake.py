@@ -32,8 +32,14 @@ import time
 import urllib.parse
 
 from . import _json, _native
-from ._errors import DDStoreAccessError, DDStoreError, DDStoreTimeoutError, DDStoreValueError
-from ._kinds import RAGGED_VALUES
+from ._errors import (
+    DDStoreAccessError,
+    DDStoreError,
+    DDStoreStaleError,
+    DDStoreTimeoutError,
+    DDStoreValueError,
+)
+from ._kinds import RAGGED_VALUES, ragged_parts
 
 FORMAT_VERSION = 3
 SUFFIX = ".ddstore.json"
@@ -423,3 +429,59 @@ def join(store, name: str, timeout_s: float | None = None, token: str | None = N
         name, body["dtype"], body["row_bytes"], body["itemsize"], body["counts"], body["records"], node
     )
     return body
+
+
+def join_variable(store, name: str, timeout_s: float | None, token: str | None) -> None:
+    """PyDDStore.join of a method-2 extra member `store`: waits for `name`'s record (a ragged
+    variable's two records), checks and attaches it, and notes what it was joined from."""
+    group = store.settings.core_group
+    plain = record_path(store.handshake_dir, name, group)
+    parts = ragged_parts(name)
+    ends = record_path(store.handshake_dir, parts[1], group)
+    # Whichever record appears first tells a fixed-row variable from a ragged one.
+    if timeout_s is None:
+        timeout_s = store.settings.handshake_timeout_s
+    deadline = time.monotonic() + timeout_s
+    while not (os.path.exists(plain) or os.path.exists(ends)):
+        if time.monotonic() >= deadline:
+            raise DDStoreTimeoutError(
+                f"join('{name}'): no record {plain} (nor {ends} of a ragged variable) after "
+                f"{timeout_s:g} s: is the core job running with handshake_dir={store.handshake_dir!r}? "
+                "(DDSTORE_HANDSHAKE_TIMEOUT_S sets the wait)"
+            )
+        time.sleep(0.05)
+    if not os.path.exists(ends):
+        body = join(store, name, timeout_s, token)
+        store._joined[name] = [joined_from(name, body)]
+        return
+    # A ragged variable: its values and row ends are published as two variables.
+    bodies = [join(store, part, timeout_s, token) for part in parts]
+    store._native.link_ragged(name)
+    # Values come back in the unit shape the core published.
+    store._ragged_units[name] = tuple(bodies[0].get("unit_shape") or ())
+    store._joined[name] = [joined_from(p, b) for p, b in zip(parts, bodies)]
+
+
+def stale_error(store, name: str, error: DDStoreError) -> DDStoreStaleError | None:
+    """After a failed read of `name` by extra member `store`: the DDStoreStaleError to raise when
+    the core job withdrew or replaced the record `name` was joined from while its process lives
+    (it freed the variable); None when `error` stands."""
+    if not store._joined.get(name) or type(error) not in (
+        DDStoreError,
+        DDStoreTimeoutError,
+        DDStoreAccessError,
+    ):
+        return None
+    stale = freed_record(store.handshake_dir, store.settings.core_group, store._joined[name])
+    if stale is None:
+        return None
+    peer = error.peer
+    rank = f"core rank {peer}" if peer is not None else "the core job"
+    e = DDStoreStaleError(
+        f"'{name}': the core job freed this variable while this extra job held it ({stale}); "
+        f"{rank} no longer serves it and this handle reads nothing more: attach again "
+        f"(join('{name}') on a new PyDDStore, or a new DistDatasetReader) to read what the core "
+        f"job publishes now (the read failed with: {error})"
+    )
+    e.peer = peer
+    return e

@@ -4,7 +4,6 @@ the methods pyddstore.torch builds on."""
 from __future__ import annotations
 
 import atexit
-import operator
 import os
 import time
 import weakref
@@ -12,14 +11,16 @@ import weakref
 import numpy as np
 
 from . import _handshake, _log, _native, _wire
+from ._args import as_array as _as_array
+from ._args import dtype_name as _dtype_name
+from ._args import int_arg as _int
+from ._args import recv_key as _recv_key
 from ._comm import resolve_comm
 from ._env import check_fabric, resolve_method
 from ._env import settings as _env_settings
 from ._errors import (
-    DDStoreAccessError,
     DDStoreError,
     DDStoreStaleError,
-    DDStoreTimeoutError,
     DDStoreTypeError,
     DDStoreUnsupportedError,
     DDStoreValueError,
@@ -33,14 +34,6 @@ _live_stores: weakref.WeakSet = weakref.WeakSet()
 def _at_exit_all() -> None:
     for store in list(_live_stores):
         store._at_exit()
-
-
-def _dtype_name(dtype) -> str | None:
-    """The stored dtype tag for a numpy dtype; None stores raw bytes."""
-    if dtype is None:
-        return None
-    name = np.dtype(dtype).name
-    return name if name in _native.DTYPES else None
 
 
 class PyDDStore:
@@ -705,58 +698,17 @@ class PyDDStore:
             raise DDStoreUnsupportedError(
                 "join() is for method=2 extra members: PyDDStore(None, method=2, n_core=N)"
             )
-        group = self.settings.core_group
-        plain = _handshake.record_path(self.handshake_dir, name, group)
-        parts = ragged_parts(name)
-        ends = _handshake.record_path(self.handshake_dir, parts[1], group)
-        # Whichever record appears first tells a fixed-row variable from a ragged one.
-        if timeout_s is None:
-            timeout_s = self.settings.handshake_timeout_s
-        deadline = time.monotonic() + timeout_s
-        while not (os.path.exists(plain) or os.path.exists(ends)):
-            if time.monotonic() >= deadline:
-                raise DDStoreTimeoutError(
-                    f"join('{name}'): no record {plain} (nor {ends} of a ragged variable) after "
-                    f"{timeout_s:g} s: is the core job running with handshake_dir={self.handshake_dir!r}? "
-                    "(DDSTORE_HANDSHAKE_TIMEOUT_S sets the wait)"
-                )
-            time.sleep(0.05)
-        if not os.path.exists(ends):
-            body = _handshake.join(self, name, timeout_s, token)
-            self._joined[name] = [_handshake.joined_from(name, body)]
-            return
-        # A ragged variable: its values and row ends are published as two variables.
-        bodies = [_handshake.join(self, part, timeout_s, token) for part in parts]
-        self._native.link_ragged(name)
-        # Values come back in the unit shape the core published.
-        self._ragged_units[name] = tuple(bodies[0].get("unit_shape") or ())
-        self._joined[name] = [_handshake.joined_from(p, b) for p, b in zip(parts, bodies)]
+        _handshake.join_variable(self, name, timeout_s, token)
 
     def _raise_if_freed(self, name: str, error: DDStoreError) -> None:
         """Extra members, after a failed read through the fabric: raises DDStoreStaleError when
         the core job withdrew or replaced the record `name` was joined from while its process
         lives (it freed the variable); else returns and `error` stands. Costs nothing unless a
         read failed. (Reads of same-node mappings raise DDStoreStaleError themselves.)"""
-        if not self._joined.get(name) or type(error) not in (
-            DDStoreError,
-            DDStoreTimeoutError,
-            DDStoreAccessError,
-        ):
-            return
-        stale = _handshake.freed_record(self.handshake_dir, self.settings.core_group, self._joined[name])
-        if stale is None:
-            return
-        peer = error.peer
-        rank = f"core rank {peer}" if peer is not None else "the core job"
-        e = DDStoreStaleError(
-            f"'{name}': the core job freed this variable while this extra job held it ({stale}); "
-            f"{rank} no longer serves it and this handle reads nothing more: attach again "
-            f"(join('{name}') on a new PyDDStore, or a new DistDatasetReader) to read what the core "
-            f"job publishes now (the read failed with: {error})"
-        )
-        e.peer = peer
-        self._freed_names[name] = e
-        raise e from error
+        stale = _handshake.stale_error(self, name, error)
+        if stale is not None:
+            self._freed_names[name] = stale
+            raise stale from error
 
     def _raise_if_known_freed(self, name: str) -> None:
         known = self._freed_names.get(name)
@@ -816,16 +768,6 @@ class PyDDStore:
         if self._publisher is not None:
             self._publisher.publish(name)
 
-    def __reduce__(self):
-        """Pickles to a handle that a spawn/forkserver process re-attaches through the fabric
-        (methods 1 and 2; method 0 raises DDStoreUnsupportedError). See pyddstore._attach."""
-        from ._attach import attach_store, store_handle
-
-        names = self.names()
-        # The parts of a ragged variable travel with it, not as variables of their own.
-        parts = {p for n in names if self._native.is_ragged(n) for p in ragged_parts(n)}
-        return (attach_store, (store_handle(self, [n for n in names if n not in parts]),))
-
     def __repr__(self) -> str:
         return (
             f"PyDDStore(rank={self.rank}, size={self.size}, method={self.method}, "
@@ -836,34 +778,3 @@ class PyDDStore:
 def new_py_times() -> dict:
     """The store-wide counters get_profile() adds to the variables' (see PyDDStore.get_profile)."""
     return {"py_get": 0.0, "py_gets": 0, "epoch_sync": 0.0}
-
-
-def _recv_key(name: str, arr) -> tuple:
-    """Identifies a receive buffer by its memory (address and size), as the registration does."""
-    a = arr if isinstance(arr, np.ndarray) else _as_array(arr, f"register_recv('{name}', arr)")
-    return (name, a.__array_interface__["data"][0], a.nbytes)
-
-
-def _int(value, what: str) -> int:
-    """An integer argument (int or numpy integer, not a float or bool)."""
-    if isinstance(value, (bool, float, np.floating)):
-        raise DDStoreTypeError(f"{what}={value!r} must be an integer")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise DDStoreTypeError(f"{what}={value!r} must be an integer") from None
-
-
-def _as_array(arr, what: str):
-    if isinstance(arr, np.ndarray):
-        if arr.dtype.hasobject:
-            raise DDStoreTypeError(
-                f"{what} has dtype {arr.dtype}, which holds Python object references: pyddstore "
-                "stores plain data only (numeric, bool or fixed-size bytes dtypes)"
-            )
-        return arr
-    if hasattr(arr, "numpy") and hasattr(arr, "is_cuda"):  # torch tensor
-        if arr.is_cuda:
-            raise DDStoreTypeError(f"{what}: tensor is on {arr.device}; pass a CPU tensor or numpy array")
-        return arr.detach().numpy()
-    raise DDStoreTypeError(f"{what} must be a numpy array or CPU tensor, got {type(arr).__name__}")
