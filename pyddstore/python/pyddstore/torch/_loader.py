@@ -31,6 +31,7 @@ from pyddstore import DDStoreTypeError, DDStoreValueError
 from pyddstore._env import settings as _env_settings
 
 from . import _procloader, _state, _worker_info
+from ._thread_collate import thread_collate as _thread_collate
 
 _STATUS_INTERVAL = 1.0  # seconds between checks that worker threads are alive
 
@@ -54,21 +55,6 @@ def _make_worker_info(worker_id: int, num_workers: int, base_seed: int, dataset:
         )
     except TypeError:  # older torch: no rng / worker_method
         return _worker.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
-
-
-def _thread_collate(batch: Any) -> Any:
-    """default_collate without shared-memory output tensors (pointless between threads)."""
-    fn_map = dict(_collate.default_collate_fn_map)
-    if fn_map.get(torch.Tensor) is _collate.collate_tensor_fn:
-        fn_map[torch.Tensor] = _stack_tensors
-    return _collate.collate(batch, collate_fn_map=fn_map)
-
-
-def _stack_tensors(batch: Any, *, collate_fn_map: Any = None) -> torch.Tensor:
-    elem = batch[0]
-    if elem.is_nested or elem.layout != torch.strided:
-        return _collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
-    return torch.stack(batch, 0)
 
 
 def _affinity_sets(num_workers: int, settings: Any) -> list[set[int] | None]:

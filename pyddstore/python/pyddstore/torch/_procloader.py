@@ -46,6 +46,7 @@ from pyddstore import DDStoreError, DDStoreValueError
 
 from ._errors import ForkedWorkerError
 from ._state import PositionTracking
+from ._thread_collate import thread_collate
 
 _STATUS_INTERVAL = 0.5  # seconds between checks that worker processes are alive
 _ALIGN = 64  # every tensor in a slot starts on a cache line
@@ -253,9 +254,7 @@ def _without_worker_info(collate_fn: Any) -> Any:
 
 
 def _plain_collate(batch: Any) -> Any:
-    from ._loader import _thread_collate
-
-    return _thread_collate(batch)
+    return thread_collate(batch)
 
 
 def _worker_loop(

@@ -87,6 +87,8 @@ class DistributedSampler(_tud.DistributedSampler):
         ```
     """
 
+    _ddstore_resumes_loaders = True  # _state.RESUMABLE: loaders resume from its state
+
     def __init__(
         self,
         dataset: Any,

@@ -246,10 +246,13 @@ def unsupported(what: str, why: str) -> DDStoreUnsupportedError:
     return DDStoreUnsupportedError(f"{what}: {why}")
 
 
-def _is_dist_sampler(sampler: Any) -> bool:
-    from ._sampler import DistributedSampler
+#: The class attribute by which pyddstore.torch.DistributedSampler (and subclasses) says that a
+#: loader resumes from its state (a marker, as _sampler imports this module).
+RESUMABLE = "_ddstore_resumes_loaders"
 
-    return isinstance(sampler, DistributedSampler)
+
+def _is_dist_sampler(sampler: Any) -> bool:
+    return getattr(type(sampler), RESUMABLE, False) is True
 
 
 class Progress:
