@@ -17,7 +17,8 @@ from typing import Any
 from ._child_env import arm_for_process_start
 from ._errors import DDStoreFreedError, DDStoreUnsupportedError
 from ._kinds import ragged_parts
-from ._store import PyDDStore, _live_stores, new_py_times
+from ._profile import new_py_times
+from ._store import PyDDStore, _live_stores
 
 HANDLE_VERSION = 1
 

@@ -21,6 +21,27 @@ Method = enum.IntEnum("Method", dict(_native.METHOD_NUMBERS), module=__name__)
 #: The communicator a store's group runs on; members compare equal to their names ("mpi", ...).
 CommKind = enum.Enum("CommKind", {k.upper(): k for k in _native.COMM_KINDS}, type=str, module=__name__)
 
+Method.__doc__ = """How a store reads rows of other ranks: ``MPI_RMA`` (0), ``LIBFABRIC`` (1),
+``LIBFABRIC_EXTRA_JOBS`` (2: other jobs attach too). An ``IntEnum``: ``method=1`` and
+``method=Method.LIBFABRIC`` are the same; ``store.method`` is the number.
+
+Example:
+    ```python
+    store = pyddstore.PyDDStore(comm, method=pyddstore.Method.LIBFABRIC)
+    assert store.method == 1
+    ```
+"""
+
+CommKind.__doc__ = """The communicator a store's group runs on: ``MPI``, ``FILE``, ``TORCH`` or ``SINGLE``;
+members compare equal to the names ``store.comm_kind`` gives (``"mpi"``, ...).
+
+Example:
+    ```python
+    if store.comm_kind == pyddstore.CommKind.MPI:
+        ...  # method 0 is possible
+    ```
+"""
+
 #: What a ragged variable's two parts add to its name: values, then row ends.
 RAGGED_VALUES, RAGGED_ENDS = _native.RAGGED_PARTS
 

@@ -10,7 +10,7 @@ import weakref
 
 import numpy as np
 
-from . import _handshake, _log, _native, _wire
+from . import _handshake, _log, _native, _profile, _wire
 from ._args import as_array as _as_array
 from ._args import dtype_name as _dtype_name
 from ._args import int_arg as _int
@@ -26,6 +26,7 @@ from ._errors import (
     DDStoreValueError,
 )
 from ._kinds import RAGGED_VALUES, CommKind, Method, ragged_parts
+from ._profile import new_py_times
 
 _live_stores: weakref.WeakSet = weakref.WeakSet()
 
@@ -590,22 +591,7 @@ class PyDDStore:
             ```
         """
         names = [name] if name is not None else self._native.names()
-        total: dict = {}
-        for n in names:
-            for k, v in self._native.get_profile(n).items():
-                total[k] = total.get(k, 0) + v
-        total.update(self._py_times)
-        ns = {k: total.get(k, 0) for k in ("remote_ns", "copy_ns", "cq_ns", "mr_ns", "lock_ns")}
-        total["py_sync"] = 0.0
-        total["lock_wait"] = ns["lock_ns"] / 1e9
-        total["mr"] = ns["mr_ns"] / 1e9
-        posting = ns["remote_ns"] - ns["cq_ns"] - ns["mr_ns"] - ns["lock_ns"]
-        total["read"] = (max(posting, 0) + ns["copy_ns"]) / 1e9
-        total["cq"] = ns["cq_ns"] / 1e9
-        total["mr_miss"] = 0
-        total["recv_registered"] = len(self._recv)
-        total["rejected_requests"] = self._native.rejected_requests
-        return total
+        return _profile.totals(self._native, names, self._py_times, len(self._recv))
 
     # -- collectives over the store's group ---------------------------------
     def allgather(self, obj) -> list:
@@ -739,18 +725,9 @@ class PyDDStore:
 
     def _report_profile(self) -> None:
         """DDSTORE_PROFILE=1: one line of read counters per variable on stderr."""
-        if not self.settings.profile:
-            return
-        for name in self._native.names():
-            p = self._native.get_profile(name)
-            _log.get_logger("store").info(
-                "profile %s: %s",
-                name,
-                " ".join(f"{k}={v}" for k, v in p.items()),
-                extra={"rank": self.world_rank},
-            )
+        if self.settings.profile:
+            _profile.report(self._native, self.world_rank)
 
-    # -- helpers ------------------------------------------------------------
     def _values_var(self, name: str) -> str:
         """The variable reads of ``name`` land from: a ragged variable's values part."""
         return name + RAGGED_VALUES if self._native.is_ragged(name) else name
@@ -773,8 +750,3 @@ class PyDDStore:
             f"PyDDStore(rank={self.rank}, size={self.size}, method={self.method}, "
             f"comm={self.comm_kind}, transport={self.transport})"
         )
-
-
-def new_py_times() -> dict:
-    """The store-wide counters get_profile() adds to the variables' (see PyDDStore.get_profile)."""
-    return {"py_get": 0.0, "py_gets": 0, "epoch_sync": 0.0}
