@@ -328,11 +328,11 @@ def main(argv=None) -> None:
     p_info.add_argument("--all-ranks", action="store_true", help="under a launcher, print on every rank")
     sub.add_parser(
         "bench",
-        help="the benchmark suite (python -m pyddstore.bench); `bench --help` lists its options",
+        help="the benchmark suite (pyddstore.benchmarks.stores); `bench --help` lists its options",
         add_help=False,
     )
     if argv[:1] == ["bench"]:  # everything after `bench` is the benchmark's own
-        from .bench import main as bench_main
+        from .benchmarks.stores import main as bench_main
 
         bench_main(argv[1:])
         return
