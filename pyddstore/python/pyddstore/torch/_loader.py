@@ -12,63 +12,27 @@ from __future__ import annotations
 import itertools
 import os
 import queue
-import random
 import sys
 import threading
 import weakref
 from typing import Any
 
-import numpy as np
 import torch
-from torch._utils import ExceptionWrapper
 from torch.utils.data import DataLoader, IterableDataset
-from torch.utils.data._utils import collate as _collate
-from torch.utils.data._utils import pin_memory as _pin
-from torch.utils.data._utils import worker as _worker
-from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
 from pyddstore import DDStoreTypeError, DDStoreValueError
 from pyddstore._env import settings as _env_settings
 
-from . import _procloader, _state, _worker_info
+from . import _procloader, _resume
+from . import _torch_compat as _tc
 
 _STATUS_INTERVAL = 1.0  # seconds between checks that worker threads are alive
 
-# get_worker_info() per thread while a loader's worker threads live: see _worker_info.
-_thread_info = _worker_info.thread_info
-_hook_worker_info = _worker_info.hook
-_unhook_worker_info = _worker_info.unhook
-get_worker_info = _worker_info.get_worker_info
-
-
-def _make_worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: Any) -> Any:
-    seed = base_seed + worker_id
-    rng = None
-    rng_type = getattr(_worker, "_RNG", None)
-    if rng_type is not None:
-        np_rng = np.random.default_rng(_worker._generate_state(base_seed, worker_id))
-        rng = rng_type(random.Random(seed), torch.Generator().manual_seed(seed), np_rng)
-    try:
-        return _worker.WorkerInfo(
-            id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset, rng=rng, worker_method="thread"
-        )
-    except TypeError:  # older torch: no rng / worker_method
-        return _worker.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
-
-
-def _thread_collate(batch: Any) -> Any:
-    """default_collate without shared-memory output tensors (pointless between threads)."""
-    fn_map = dict(_collate.default_collate_fn_map)
-    if fn_map.get(torch.Tensor) is _collate.collate_tensor_fn:
-        fn_map[torch.Tensor] = _stack_tensors
-    return _collate.collate(batch, collate_fn_map=fn_map)
-
-
-def _stack_tensors(batch: Any, *, collate_fn_map: Any = None) -> torch.Tensor:
-    elem = batch[0]
-    if elem.is_nested or elem.layout != torch.strided:
-        return _collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
-    return torch.stack(batch, 0)
+# get_worker_info() per thread while a loader's worker threads live: see _torch_compat.
+_thread_info = _tc.thread_info
+_hook_worker_info = _tc.hook
+_unhook_worker_info = _tc.unhook
+get_worker_info = _tc.get_worker_info
 
 
 def _affinity_sets(num_workers: int, settings: Any) -> list[set[int] | None]:
@@ -149,9 +113,13 @@ class _Fetcher:
         self.pool = it._pool  # outlives the iterator: buffers go back on close()
         self.bufs = self.pool.acquire() if self.pool is not None else None
         self.iter_fetcher = None
-        if it._dataset_kind == _DatasetKind.Iterable:
-            self.iter_fetcher = _DatasetKind.create_fetcher(
-                _DatasetKind.Iterable, self.dataset, it._auto_collation, it._thread_collate_fn, it._drop_last
+        if it._dataset_kind == _tc.DatasetKind.Iterable:
+            self.iter_fetcher = _tc.DatasetKind.create_fetcher(
+                _tc.DatasetKind.Iterable,
+                self.dataset,
+                it._auto_collation,
+                it._thread_collate_fn,
+                it._drop_last,
             )
 
     def close(self) -> None:
@@ -180,22 +148,22 @@ class _Fetcher:
                 samples = [self.dataset[i] for i in index]
             data = it._thread_collate_fn(samples)
         if it._pin_memory:
-            data = _pin.pin_memory(data, it._pin_memory_device)
+            data = _tc.pin_memory(data, it._pin_memory_device)
         return data
 
 
-class _ThreadIterBase(_state.PositionTracking, _BaseDataLoaderIter):
+class _ThreadIterBase(_resume.PositionTracking, _tc.BaseLoaderIter):
     def __init__(self, loader: ThreadDataLoader):
         super().__init__(loader)  # same sampler iterator and base seed draw as DataLoader's
         self._loader_ref = weakref.ref(loader)
         self._pool = loader._buffer_pool
         self._worker_init_fn = loader.worker_init_fn
         collate_fn = loader.collate_fn
-        self._thread_collate_fn = _thread_collate if collate_fn is _collate.default_collate else collate_fn
+        self._thread_collate_fn = _tc.thread_collate if collate_fn is _tc.default_collate else collate_fn
         self._direct = (
-            collate_fn is _collate.default_collate
+            collate_fn is _tc.default_collate
             and self._auto_collation
-            and self._dataset_kind == _DatasetKind.Map
+            and self._dataset_kind == _tc.DatasetKind.Map
             and getattr(self._dataset, "collates_directly", False) is True
             and loader._settings.fast_collate
         )
@@ -207,7 +175,7 @@ class _ThreadIterBase(_state.PositionTracking, _BaseDataLoaderIter):
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
-        loader._resume.attach(self)  # position tracking for state_dict() (_state.PositionTracking)
+        loader._resume.attach(self)  # position tracking for state_dict() (_resume.PositionTracking)
 
 
 class _CallingThreadIter(_ThreadIterBase):
@@ -343,7 +311,7 @@ class _ThreadIter(_ThreadIterBase):
             if isinstance(idx, _ResumeEpoch):
                 continue
             self._tasks_outstanding -= 1
-            if isinstance(data, _worker._IterableDatasetStopIteration):
+            if isinstance(data, _tc.IterableStop):
                 self._workers_status[data.worker_id] = False
                 self._try_put_index()
                 continue
@@ -360,7 +328,7 @@ class _ThreadIter(_ThreadIterBase):
     def _process_data(self, data: Any, wid: int) -> Any:
         self._workers_num_tasks[wid] -= 1
         self._try_put_index()
-        if isinstance(data, ExceptionWrapper):
+        if isinstance(data, _tc.ExceptionWrapper):
             data.reraise()
         return data
 
@@ -399,7 +367,7 @@ def _worker_main(
     init_error = None
     try:
         dataset = it._dataset
-        _thread_info.info = _make_worker_info(wid, it._num_workers, it._base_seed, dataset)
+        _thread_info.info = _tc.thread_worker_info(wid, it._num_workers, it._base_seed, dataset)
         if cpus:
             os.sched_setaffinity(0, cpus)  # pid 0: this thread only (Linux)
         if it._device_index is not None:
@@ -410,7 +378,7 @@ def _worker_main(
     except ReferenceError:
         return  # the iterator was collected before this thread started
     except Exception:  # noqa: BLE001 - reported with the first batch, as DataLoader does
-        init_error = ExceptionWrapper(where=f"in ThreadDataLoader worker thread {wid}")
+        init_error = _tc.ExceptionWrapper(where=f"in ThreadDataLoader worker thread {wid}")
     try:
         while True:
             r = index_queue.get()
@@ -428,7 +396,7 @@ def _worker_main(
             if init_error is not None:
                 data, init_error = init_error, None
             elif fetcher is None:
-                data = ExceptionWrapper(
+                data = _tc.ExceptionWrapper(
                     (RuntimeError, RuntimeError("worker failed to start"), None),
                     where=f"in ThreadDataLoader worker thread {wid}",
                 )
@@ -436,9 +404,9 @@ def _worker_main(
                 try:
                     data = fetcher.fetch(index)
                 except StopIteration:
-                    data = _worker._IterableDatasetStopIteration(wid)
+                    data = _tc.IterableStop(wid)
                 except BaseException:  # noqa: BLE001 - re-raised in the caller
-                    data = ExceptionWrapper(where=f"in ThreadDataLoader worker thread {wid}")
+                    data = _tc.ExceptionWrapper(where=f"in ThreadDataLoader worker thread {wid}")
             results.put((idx, data))
             del data, idx, index, r
     except ReferenceError:
@@ -525,7 +493,7 @@ class ThreadDataLoader(DataLoader):
                 )
             if isinstance(dataset, IterableDataset):
                 raise DDStoreValueError("reuse_buffers=True needs a map-style dataset")
-            default = self.collate_fn is _collate.default_collate
+            default = self.collate_fn is _tc.default_collate
             if not self.collate_copies and (self.batch_size is None or not default):
                 raise DDStoreValueError(
                     "reuse_buffers=True reuses each worker's buffers, so batches must be copies: it needs "
@@ -533,7 +501,7 @@ class ThreadDataLoader(DataLoader):
                     "copies what it keeps"
                 )
             self._buffer_pool = _BufferPool(dataset, self.batch_size)
-        self._resume = _state.LoaderResume(self, auto_epoch)
+        self._resume = _resume.LoaderResume(self, auto_epoch)
 
     def __iter__(self) -> Any:
         self._resume.begin()  # a loaded state and auto_epoch apply before torch's iterator starts
