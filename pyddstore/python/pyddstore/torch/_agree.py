@@ -17,10 +17,11 @@ import numpy as np
 import torch
 
 from pyddstore import DDStoreError, DDStoreFileError, DDStoreTimeoutError
+from pyddstore._shares import share_of
 
 from ._errors import SnapshotError
 from ._field import NDARRAY, TENSOR, SchemaError, SchemaTypeError
-from ._schema import PYG_STRUCTURES, Schema, pyg_structure_of, share_of
+from ._schema import PYG_STRUCTURES, Schema, pyg_structure_of
 
 
 def error_payload(e: BaseException, rank: int) -> tuple[str, str]:

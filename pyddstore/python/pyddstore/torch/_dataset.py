@@ -29,13 +29,14 @@ from pyddstore import (
 )
 from pyddstore._env import settings as _env_settings
 from pyddstore._log import get_logger
+from pyddstore._shares import share_of
 from pyddstore._sources import is_npy_list, npy_files
 
 from . import _device, _inflight, _load, _ragged_parts, _snapshot
 from ._agree import agree, agree_ragged_axes, agree_schema, error_payload, rebuild_error
 from ._field import Field
 from ._read import _StoredDataset
-from ._schema import Schema, check_data_cls, share_of, use_data_cls
+from ._schema import Schema, check_data_cls, use_data_cls
 
 _LOG = get_logger("torch")
 
