@@ -28,6 +28,12 @@ PYG_HETERO = "pyg-hetero"  # torch_geometric.data.HeteroData
 PYG_STRUCTURES = (PYG, PYG_HETERO)
 
 
+def sample_of(source: Any, i: int, encode: Any) -> Any:
+    """Sample i of a source as it is stored: through encode= where given."""
+    s = source[i]
+    return encode(s) if encode is not None else s
+
+
 def _pyg_class_named(cls: Any, name: str) -> bool:
     """Whether cls is torch_geometric's class `name` or a subclass of it (without importing it)."""
     if not isinstance(cls, type):
