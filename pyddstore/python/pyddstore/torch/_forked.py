@@ -23,7 +23,6 @@ from typing import Any, Callable
 import numpy as np
 
 from pyddstore import DDStoreError, DDStoreTimeoutError
-from pyddstore._env import settings
 
 from . import _inflight
 from ._agree import error_payload, rebuild_error
@@ -78,10 +77,10 @@ def _answer(wfd: int, work: Callable[[], None]) -> None:
         answer = answer[os.write(wfd, answer) :]
 
 
-def load_timeout() -> float:
-    """DDSTORE_LOAD_TIMEOUT_S (through the settings type): how long a forked load worker may
-    work on one sample, default 600 s."""
-    return settings().load_timeout_s
+def load_timeout(settings) -> float:
+    """DDSTORE_LOAD_TIMEOUT_S of `settings` (a store's): how long a forked load worker may
+    work on one sample."""
+    return settings.load_timeout_s
 
 
 def _await_children(children, timeout: float, stuck: Callable[[int, int], str]) -> list:
@@ -190,13 +189,14 @@ def load_sliced_forked(
     workers: int,
     stats: LoadStats,
     progress: Progress,
+    timeout: float,
 ) -> None:
     """Slices `bounds` of an array whose reads hold a lock (a compressed h5py dataset:
     decompression runs one slice at a time in one process) read by `workers` forked processes,
     each with its own handle (`reopen()` in the child), into a shared staging area of whole rows
     (~10% of the share, at least 16 MiB), round after round; this process copies each round into
     the share. Children never touch the store; a child that finishes no slice within
-    DDSTORE_LOAD_TIMEOUT_S is killed and named."""
+    `timeout` seconds (the store's DDSTORE_LOAD_TIMEOUT_S) is killed and named."""
     rb = max(1, f.row_bytes)
     total = sum(b - a for a, b in bounds)
     limit = max(_inflight.MIN_WINDOW_BYTES, total * rb // 10, max((b - a) * rb for a, b in bounds) * workers)
@@ -210,7 +210,6 @@ def load_sliced_forked(
         used += (b - a) * rb
     staging = mmap.mmap(-1, max(1, limit))
     stats.window_bytes = limit
-    timeout = load_timeout()
 
     def child(w: int, rfd: int, wfd: int) -> None:
         arr = reopen()  # this process's own handle
@@ -274,13 +273,14 @@ def load_samples_forked(
     workers: int,
     stats: LoadStats,
     progress: Progress,
+    timeout: float,
 ) -> None:
     """Map-style sources that are not thread-safe (or whose decoding holds the GIL): `workers`
     forked processes fill a shared staging area of whole rows (at most ~10% of the share, at
     least 16 MiB), chunk after chunk, and this process copies each chunk into the share.
     Children never touch the store; each sends "ok" or its error through a pipe, and a child
-    that dies is seen as the pipe's end; one that finishes no sample within
-    DDSTORE_LOAD_TIMEOUT_S is killed and named."""
+    that dies is seen as the pipe's end; one that finishes no sample within `timeout` seconds
+    (the store's DDSTORE_LOAD_TIMEOUT_S) is killed and named."""
     row_bytes = max(1, sum(f.row_bytes for f in schema.fixed_fields))
     rows = max(workers, min(count, max(_inflight.MIN_WINDOW_BYTES, count * row_bytes // 10) // row_bytes))
     stats.window_bytes = rows * row_bytes
@@ -293,7 +293,6 @@ def load_samples_forked(
             workers,
             lambda w, rfd, wfd: _child_loop(rfd, wfd, w, workers, source, schema, encode, start, filler),
         )
-        timeout = load_timeout()
         for a in range(0, count, rows):
             b = min(count, a + rows)
             t0 = time.perf_counter()

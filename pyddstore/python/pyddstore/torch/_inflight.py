@@ -15,18 +15,14 @@ import threading
 import time
 from typing import Any, Callable
 
-DEFAULT_DEPTH = 32
 MAX_READ_BYTES = 8 << 20  # one read of a file source
 MIN_WINDOW_BYTES = 16 << 20  # the reads in flight may always hold this much
 
 
 def load_depth(settings) -> int:
     """DDSTORE_LOAD_DEPTH of `settings` (a store's: reads in flight while loading;
-    DDSTORE_LOAD_THREADS is the older name), default 32."""
-    depth = settings.load_depth
-    if depth is None:
-        depth = settings.load_threads
-    return DEFAULT_DEPTH if depth is None else depth
+    DDSTORE_LOAD_THREADS is the older name; the default is the settings table's)."""
+    return settings.load_depth
 
 
 def load_direct(settings) -> bool:

@@ -27,7 +27,7 @@ from pyddstore import DDStoreError, DDStoreFileError, DDStoreTimeoutError
 from pyddstore._sources import FileRows, file_rows_of, h5py_reopener
 
 from ._field import TENSOR, Field
-from ._forked import load_samples_forked, load_sliced_forked
+from ._forked import load_samples_forked, load_sliced_forked, load_timeout
 from ._inflight import LoadStats, Progress, cpus, load_direct, run_tasks, run_workers, window
 from ._ragged_parts import RaggedParts
 from ._schema import ChunkFiller, Schema, sample_of
@@ -188,11 +188,13 @@ def load_sliced(
     rows_per_read: int | None = None,
     reopen: Callable[[], Any] | None = None,
     processes: int = 0,
+    settings: Any = None,
 ) -> None:
     """An array-like read by slicing (chunked/compressed h5py, zarr, tensors, in-memory
     arrays): slices aligned to the array's chunks along rows (`.chunks[0]`), `depth` in flight
     for thread-safe readers. With `reopen` and processes > 1 (h5py, which runs reads one at a
-    time under its own lock), forked processes each with their own handle read the slices."""
+    time under its own lock), forked processes each with their own handle read the slices,
+    each bounded by the store's `settings` (DDSTORE_LOAD_TIMEOUT_S)."""
     row_bytes = max(1, f.row_bytes)
     step = window(depth, count * row_bytes, row_bytes, stats, rows_per_read)
     chunk_rows = _chunk_rows(arr)
@@ -210,7 +212,8 @@ def load_sliced(
     if reopen is not None and processes > 1 and len(bounds) > 1:
         stats.path = "arrays (processes)"
         stats.workers = min(processes, len(bounds))
-        load_sliced_forked(reopen, f, bounds, start, put, convert, stats.workers, stats, progress)
+        timeout = load_timeout(settings)
+        load_sliced_forked(reopen, f, bounds, start, put, convert, stats.workers, stats, progress, timeout)
         return
 
     def handle(ab) -> tuple[float, float, int]:
@@ -352,9 +355,11 @@ def load_share(
                 chunk_size,
                 h5py_reopener(arr),
                 processes,
+                store.settings,
             )
         return stats
-    return _load_samples_of(source, schema, encode, load_workers, put, start, count, depth, progress)
+    timeout = load_timeout(store.settings)
+    return _load_samples_of(source, schema, encode, load_workers, put, start, count, depth, progress, timeout)
 
 
 def _load_samples_of(
@@ -367,6 +372,7 @@ def _load_samples_of(
     count: int,
     depth: int,
     progress: Progress,
+    timeout: float,
 ) -> LoadStats:
     """A map-style source, sample by sample: `depth` threads, or (load_workers="processes",
     or a source with thread_safe = False) forked processes; ragged fields need threads (their
@@ -377,7 +383,7 @@ def _load_samples_of(
     if mode == "processes" and not schema.ragged_fields:
         workers = max(1, min(depth, count, cpus()))
         stats = LoadStats("samples (processes)", workers)
-        load_samples_forked(source, schema, encode, start, count, put, workers, stats, progress)
+        load_samples_forked(source, schema, encode, start, count, put, workers, stats, progress, timeout)
         return stats
     if mode == "processes":
         depth = 1

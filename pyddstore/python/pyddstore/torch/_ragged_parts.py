@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from pyddstore._kinds import ragged_parts
 from pyddstore._store import _dtype_name
 
 from ._agree import agree
@@ -99,7 +100,7 @@ def add_ragged_in_place(
     rank's share (no contiguous copy of them first); every rank learns whether all filled
     before the variable is linked."""
     native = store._native
-    values, ends = f"{name}#values", f"{name}#ends"
+    values, ends = ragged_parts(name)
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     unit_bytes = max(1, f.unit_count * f.dtype.itemsize)
     store._reserve(values)
