@@ -9,7 +9,6 @@ arguments and seed give the same batches in the same order.
 
 from __future__ import annotations
 
-import itertools
 import os
 import queue
 import sys
@@ -25,6 +24,7 @@ from pyddstore._env import settings as _env_settings
 
 from . import _procloader, _resume
 from . import _torch_compat as _tc
+from ._epochs import ResumeEpoch, finish_last_epoch, reset_dispatch
 
 _STATUS_INTERVAL = 1.0  # seconds between checks that worker threads are alive
 
@@ -44,10 +44,6 @@ def _affinity_sets(num_workers: int, settings: Any) -> list[set[int] | None]:
     offset = settings.affinity_offset
     cpus = sorted(os.sched_getaffinity(0))
     return [{cpus[(offset + w * width + k) % len(cpus)] for k in range(width)} for w in range(num_workers)]
-
-
-class _ResumeEpoch:
-    """Sent to persistent workers at a new epoch; echoed back once the old tasks are done."""
 
 
 class _StopWorker:
@@ -235,22 +231,9 @@ class _ThreadIter(_ThreadIterBase):
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
-        self._send_idx = 0
-        self._rcvd_idx = 0
-        self._task_info: dict[int, tuple] = {}
-        self._tasks_outstanding = 0
-        self._workers_status = [True] * self._num_workers
-        self._workers_num_tasks = [0] * self._num_workers
-        self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
+        reset_dispatch(self)
         if not first_iter:
-            # Persistent workers: finish (and drop) what the last epoch left in flight.
-            for q in self._index_queues:
-                q.put(_ResumeEpoch())
-            waiting = self._num_workers
-            while waiting > 0:
-                idx, _ = self._get_data()
-                if isinstance(idx, _ResumeEpoch):
-                    waiting -= 1
+            finish_last_epoch(self)  # persistent workers: what the last epoch left is dropped
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
 
@@ -308,7 +291,7 @@ class _ThreadIter(_ThreadIterBase):
                 self._rcvd_idx += 1
                 return self._process_data(data, wid)
             idx, data = self._get_data()
-            if isinstance(idx, _ResumeEpoch):
+            if isinstance(idx, ResumeEpoch):
                 continue
             self._tasks_outstanding -= 1
             if isinstance(data, _tc.IterableStop):
@@ -384,7 +367,7 @@ def _worker_main(
             r = index_queue.get()
             if isinstance(r, _StopWorker):
                 break
-            if isinstance(r, _ResumeEpoch):
+            if isinstance(r, ResumeEpoch):
                 if fetcher is not None and fetcher.iter_fetcher is not None:
                     fetcher.close()
                     fetcher = _Fetcher(it, wid)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import collections
 import gc
 import io
-import itertools
 import pickle
 import queue
 import random
@@ -41,6 +40,7 @@ import torch.multiprocessing as torch_mp
 from pyddstore import DDStoreError, DDStoreValueError
 
 from . import _torch_compat as _tc
+from ._epochs import ResumeEpoch, finish_last_epoch, reset_dispatch
 from ._errors import ForkedWorkerError
 from ._resume import PositionTracking
 
@@ -224,10 +224,6 @@ class _DirectReader:
 # -- worker process ---------------------------------------------------------------------------
 
 
-class _ResumeEpoch:
-    """Sent to persistent workers at a new epoch; echoed back once the old tasks are done."""
-
-
 class _DropSlot:
     """Tells a worker to let go of a slot the ring grew by (its batch is gone)."""
 
@@ -287,7 +283,7 @@ def _worker_loop(
             writer.unregister(r.slot)
             writer.memory.pop(r.slot, None)
             continue
-        if isinstance(r, _ResumeEpoch):
+        if isinstance(r, ResumeEpoch):
             iteration_end = False
             if fetcher is not None:
                 fetcher = _tc.DatasetKind.create_fetcher(
@@ -463,25 +459,14 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
         super()._reset(loader, first_iter)
         loader._resume.attach(self)  # skips what a loaded state yielded, then counts (state_dict)
         left = getattr(self, "_task_info", {})  # what the last epoch left in flight or unread
-        self._send_idx = 0
-        self._rcvd_idx = 0
-        self._task_info: dict[int, tuple] = {}  # idx -> (wid, slot[, message])
+        reset_dispatch(self)  # _task_info: idx -> (wid, slot[, message])
         self._pending: tuple | None = None  # (index, wid) waiting for a free slot
-        self._tasks_outstanding = 0
-        self._workers_status = [True] * self._num_workers
-        self._workers_num_tasks = [0] * self._num_workers
-        self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
         if not first_iter:
-            # Persistent workers: finish (and drop) what the last epoch left in flight.
-            for q in self._index_queues:
-                q.put(_ResumeEpoch())
-            waiting = self._num_workers
-            while waiting > 0:
-                idx, data = self._get_data()
-                if isinstance(idx, _ResumeEpoch):
-                    waiting -= 1
-                else:
-                    left[idx] = left[idx][:2] + (data,)
+
+            def keep(idx: int, data: Any) -> None:  # its slot and memory are freed below
+                left[idx] = left[idx][:2] + (data,)
+
+            finish_last_epoch(self, keep)  # persistent workers: what the last epoch left is dropped
             for info in left.values():
                 self._take_memory(info)
         self._fill()
@@ -596,7 +581,7 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
                 self._rcvd_idx += 1
                 return self._process_data(info)
             idx, data = self._get_data()
-            if isinstance(idx, _ResumeEpoch):
+            if isinstance(idx, ResumeEpoch):
                 continue
             self._tasks_outstanding -= 1
             info = self._task_info[idx] + (data,)
