@@ -41,7 +41,7 @@ impl PyComm {
             .map(|inner| PyComm { inner })
     }
 
-    /// Files in `handshake_dir`; rank and size default to SLURM_PROCID/SLURM_NTASKS.
+    /// Files in `handshake_dir`; rank and size default to the launcher's (ddstore_core::launcher).
     #[staticmethod]
     #[pyo3(signature = (handshake_dir, rank=None, size=None, job_id=None, timeout_s=300.0))]
     fn file(

@@ -10,6 +10,7 @@ mod comm;
 mod errors;
 mod external;
 mod handshake;
+mod launcher;
 mod methods;
 mod settings;
 mod signals;
@@ -119,6 +120,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::bind(m.py())?;
     signals::install(m.py())?;
     m.add_class::<settings::PySettings>()?;
+    launcher::register(m)?;
     m.add_class::<external::PyDeviceShare>()?;
     m.add_class::<comm::PyComm>()?;
     m.add_class::<store::PyStore>()?;

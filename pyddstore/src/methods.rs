@@ -85,25 +85,12 @@ pub fn transport_for(
         (1 | 2, _) => Ok(Arc::new(OfiTransport::from_env(
             config,
             nic_map,
-            local_rank(),
+            ddstore_core::launcher::local_rank_env()?,
         )?)),
         (m, _) => Err(Error::invalid(format!(
             "method={m} is not valid: expected 0 (MPI RMA), 1 or 2 (libfabric)"
         ))),
     }
-}
-
-/// This process's rank among the ranks of its node, from the launcher.
-fn local_rank() -> usize {
-    [
-        "SLURM_LOCALID",
-        "OMPI_COMM_WORLD_LOCAL_RANK",
-        "MPI_LOCALRANKID",
-        "PALS_LOCAL_RANKID",
-    ]
-    .iter()
-    .find_map(|k| std::env::var(k).ok()?.trim().parse().ok())
-    .unwrap_or(0)
 }
 
 /// Methods this build can serve, for `pyddstore info` and test skips.

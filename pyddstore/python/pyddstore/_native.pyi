@@ -18,6 +18,12 @@ def pid_alive(pid: int) -> bool: ...
 
 DTYPES: list[str]
 
+# The launcher table (ddstore_core::launcher), one dict per launcher, and what it reads.
+LAUNCHERS: list[dict[str, Any]]
+
+def launcher(environ: Optional[dict[str, str]] = None) -> Optional[dict[str, Any]]: ...
+def mpi_launched(environ: Optional[dict[str, str]] = None) -> bool: ...
+
 class Settings:
     """Every DDSTORE_* setting, typed: attributes are the names without DDSTORE_, lower case."""
 
