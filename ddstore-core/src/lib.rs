@@ -16,6 +16,7 @@ pub mod file_comm;
 pub mod file_load;
 pub mod fork;
 pub mod interrupt;
+pub mod kinds;
 pub mod launcher;
 pub mod layout;
 pub mod node_only;
