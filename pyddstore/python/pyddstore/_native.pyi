@@ -69,7 +69,7 @@ class Comm:
         rank: Optional[int] = None,
         size: Optional[int] = None,
         job_id: Optional[str] = None,
-        timeout_s: float = 300.0,
+        timeout_s: Optional[float] = None,
     ) -> Comm: ...
     @staticmethod
     def callback(obj: Any) -> Comm: ...
