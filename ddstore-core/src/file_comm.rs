@@ -500,45 +500,54 @@ impl FileComm {
 mod tests {
     use super::*;
 
-    #[test]
-    fn threads_as_ranks_allgather_split_and_time_out() {
-        let dir = tempfile::tempdir().unwrap();
-        let n = 4;
-        let handles: Vec<_> = (0..n)
+    /// Ranks `ranks` of a `size`-rank job `job` in `dir`, one thread each,
+    /// each running `body` with its communicator; joined (a panic fails the test).
+    fn in_threads(
+        dir: &Path,
+        ranks: std::ops::Range<usize>,
+        size: usize,
+        job: &str,
+        body: impl Fn(FileComm, usize) + Send + Sync + 'static,
+    ) {
+        let body = Arc::new(body);
+        let handles: Vec<_> = ranks
             .map(|rank| {
-                let dir = dir.path().to_path_buf();
+                let (dir, job, body) = (dir.to_path_buf(), job.to_string(), body.clone());
                 std::thread::spawn(move || {
-                    let c = FileComm::new(
-                        &dir,
-                        Some(rank),
-                        Some(n),
-                        Some("job1".into()),
-                        Duration::from_secs(10),
-                    )
-                    .unwrap();
-                    for round in 0..3u8 {
-                        let all = c.allgather(&[rank as u8, round]).unwrap();
-                        assert_eq!(
-                            all,
-                            (0..n).map(|r| vec![r as u8, round]).collect::<Vec<_>>()
-                        );
-                    }
-                    let sub = c.split(rank % 2, n - rank).unwrap();
-                    assert_eq!(sub.size(), 2);
-                    let got = sub.allgather(&[rank as u8]).unwrap();
-                    let mut expect: Vec<Vec<u8>> = (0..n)
-                        .filter(|r| r % 2 == rank % 2)
-                        .map(|r| vec![r as u8])
-                        .collect();
-                    expect.reverse(); // keys n - rank order them backwards
-                    assert_eq!(got, expect);
-                    c.barrier().unwrap();
+                    let timeout = Duration::from_secs(10);
+                    let c = FileComm::new(&dir, Some(rank), Some(size), Some(job), timeout);
+                    body(c.unwrap(), rank)
                 })
             })
             .collect();
         for h in handles {
             h.join().unwrap();
         }
+    }
+
+    #[test]
+    fn threads_as_ranks_allgather_split_and_time_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = 4;
+        in_threads(dir.path(), 0..n, n, "job1", move |c, rank| {
+            for round in 0..3u8 {
+                let all = c.allgather(&[rank as u8, round]).unwrap();
+                assert_eq!(
+                    all,
+                    (0..n).map(|r| vec![r as u8, round]).collect::<Vec<_>>()
+                );
+            }
+            let sub = c.split(rank % 2, n - rank).unwrap();
+            assert_eq!(sub.size(), 2);
+            let got = sub.allgather(&[rank as u8]).unwrap();
+            let mut expect: Vec<Vec<u8>> = (0..n)
+                .filter(|r| r % 2 == rank % 2)
+                .map(|r| vec![r as u8])
+                .collect();
+            expect.reverse(); // keys n - rank order them backwards
+            assert_eq!(got, expect);
+            c.barrier().unwrap();
+        });
         // A stale file from job1 is not taken for job2, and a missing peer times out.
         let c = FileComm::new(
             dir.path(),
@@ -635,51 +644,19 @@ mod tests {
     fn a_clean_run_leaves_nothing_and_a_barrier_names_the_absent() {
         let dir = tempfile::tempdir().unwrap();
         let hs = dir.path().join("hs");
-        let handles: Vec<_> = (0..3)
-            .map(|rank| {
-                let hs = hs.clone();
-                std::thread::spawn(move || {
-                    let c = FileComm::new(
-                        &hs,
-                        Some(rank),
-                        Some(3),
-                        Some("j".into()),
-                        Duration::from_secs(10),
-                    )
-                    .unwrap();
-                    c.allgather(&[rank as u8]).unwrap();
-                    c.allgather(&[rank as u8]).unwrap();
-                    c.barrier().unwrap();
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().unwrap();
-        }
+        in_threads(&hs, 0..3, 3, "j", |c, rank| {
+            c.allgather(&[rank as u8]).unwrap();
+            c.allgather(&[rank as u8]).unwrap();
+            c.barrier().unwrap();
+        });
         assert_eq!(fs::read_dir(&hs).unwrap().count(), 0);
         // Rank 2 never comes: ranks 0 and 1 both name it.
-        let handles: Vec<_> = (0..2)
-            .map(|rank| {
-                let hs = hs.clone();
-                std::thread::spawn(move || {
-                    let c = FileComm::new(
-                        &hs,
-                        Some(rank),
-                        Some(3),
-                        Some("k".into()),
-                        Duration::from_secs(10),
-                    )
-                    .unwrap();
-                    let t0 = Instant::now();
-                    let e = c.barrier_timeout(Duration::from_millis(300)).unwrap_err();
-                    assert!(t0.elapsed() < Duration::from_secs(4));
-                    assert!(e.to_string().contains("ranks [2]"), "{e}");
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().unwrap();
-        }
+        in_threads(&hs, 0..2, 3, "k", |c, _| {
+            let t0 = Instant::now();
+            let e = c.barrier_timeout(Duration::from_millis(300)).unwrap_err();
+            assert!(t0.elapsed() < Duration::from_secs(4));
+            assert!(e.to_string().contains("ranks [2]"), "{e}");
+        });
     }
 
     #[test]
