@@ -206,3 +206,14 @@ def test_libfabric_defaults_keep_what_the_user_set():
     assert got["at_import"]["FI_UNIVERSE_SIZE"] == "" and got["at_import"]["FI_OFI_RXM_BUFFER_SIZE"] == "", (
         got
     )
+
+
+def test_file_comm_timeout_is_checked_as_its_setting_is(tmp_path):
+    # An argument goes through the settings table's parser (inf used to panic converting it).
+    for bad in (float("inf"), 0.0, -1.0):
+        with pytest.raises(
+            DDStoreValueError, match=r"timeout_s=.* \(DDSTORE_HANDSHAKE_TIMEOUT_S\) is not valid"
+        ):
+            pyddstore.FileComm(tmp_path / "hs", rank=0, size=1, timeout_s=bad)
+    comm = pyddstore.FileComm(tmp_path / "hs", rank=0, size=1, timeout_s=0.5)
+    assert comm.allgather({"rank": comm.rank}) == [{"rank": 0}]

@@ -93,6 +93,8 @@ pub struct RawMemory {
 // SAFETY: the bytes are plain data reachable from every thread; all access
 // goes through bounds-checked copies, and `_owner` keeps them mapped.
 unsafe impl Send for RawMemory {}
+// SAFETY: as for Send: `&RawMemory` only copies bytes in and out (no
+// reference into them escapes), so sharing it between threads is sound.
 unsafe impl Sync for RawMemory {}
 
 impl RawMemory {
@@ -384,12 +386,12 @@ impl Region {
         let ptr = match &mut mapping {
             Mapping::Anonymous(m) | Mapping::Shared(m) => m.as_mut_ptr(),
         };
-        // SAFETY: the mapping is at least `len` bytes, writable, and is moved
-        // into the owner so it lives as long as the RawMemory.
         let owned = Arc::new(OwnedMapping {
             mapping: ManuallyDrop::new(mapping),
             keep_address,
         });
+        // SAFETY: the mapping is at least `len` bytes, writable, and is moved
+        // into the owner so it lives as long as the RawMemory.
         let memory = unsafe { RawMemory::new(ptr, len, true, owned) };
         Region {
             memory,
@@ -457,6 +459,7 @@ struct OwnedMapping {
 }
 // SAFETY: a mapping is plain memory; ownership only decides when it is unmapped.
 unsafe impl Send for OwnedMapping {}
+// SAFETY: `&OwnedMapping` gives no access to the bytes (only Drop touches the mapping).
 unsafe impl Sync for OwnedMapping {}
 
 impl Drop for OwnedMapping {
@@ -540,6 +543,7 @@ pub struct ShareState {
 // SAFETY: the word is only ever loaded atomically, from any thread; the Arc
 // keeps it mapped.
 unsafe impl Send for ShareState {}
+// SAFETY: as for Send: `&ShareState` only loads the word atomically.
 unsafe impl Sync for ShareState {}
 
 impl ShareState {

@@ -57,7 +57,7 @@ def _choose_comm(s) -> tuple[str, str]:
     if _torch_initialized():
         return "torch.distributed default group", "torch.distributed is initialised"
     hs = s.handshake_dir or ""
-    if hs or int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1:
+    if hs or _launch.srun_tasks(launcher):
         where = f"handshake_dir {hs}" if hs else "no DDSTORE_HANDSHAKE_DIR: pass handshake_dir="
         ranks = f" ({launcher.source})" if launcher else ""
         return f"file ({where})", f"no MPI and no torch.distributed group{ranks}"

@@ -24,6 +24,12 @@ RAGGED_PARTS: list[str]  # the suffixes of a ragged variable's values and ends
 
 DTYPES: list[str]
 
+# The launcher table (ddstore_core::launcher), one dict per launcher, and what it reads.
+LAUNCHERS: list[dict[str, Any]]
+
+def launcher(environ: Optional[dict[str, str]] = None) -> Optional[dict[str, Any]]: ...
+def mpi_launched(environ: Optional[dict[str, str]] = None) -> bool: ...
+
 class Settings:
     """Every DDSTORE_* setting, typed: attributes are the names without DDSTORE_, lower case."""
 
@@ -63,7 +69,7 @@ class Comm:
         rank: Optional[int] = None,
         size: Optional[int] = None,
         job_id: Optional[str] = None,
-        timeout_s: float = 300.0,
+        timeout_s: Optional[float] = None,
     ) -> Comm: ...
     @staticmethod
     def callback(obj: Any) -> Comm: ...
