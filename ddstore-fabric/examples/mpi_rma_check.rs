@@ -255,8 +255,16 @@ fn check_shares(comm: &Arc<dyn Comm>, node_sharing: bool) -> CheckResult {
     }
     drop(reader);
     comm.barrier().map_err(|e| format!("barrier: {e}"))?;
-    drop(exposed); // collective MPI_Win_free
-    Ok(())
+    // As a store's free: the variable goes, then its shares close (a
+    // collective MPI_Win_free) and report MPI's answer.
+    let remote = exposed.remote.clone();
+    drop(exposed);
+    if Arc::strong_count(&remote) != 1 {
+        return Err("the shares are still held after their variable went".into());
+    }
+    remote
+        .close()
+        .map_err(|e| format!("closing the shares (MPI_Win_free): {e}"))
 }
 
 /// Microseconds per row for 128 random 3 KB rows across all ranks.
@@ -342,6 +350,13 @@ pub fn run() -> CheckResult {
         ));
     }
     drop(halves);
+    // Explicit frees report MPI's answer (a drop can only log it).
+    let dup = MpiComm::world().map_err(|e| e.to_string())?;
+    let node = dup.split_node().map_err(|e| e.to_string())?;
+    node.close()
+        .map_err(|e| format!("MPI_Comm_free of a node communicator: {e}"))?;
+    dup.close()
+        .map_err(|e| format!("MPI_Comm_free of a duplicate: {e}"))?;
 
     for node_sharing in [true, false] {
         check_shares(&comm, node_sharing)?;

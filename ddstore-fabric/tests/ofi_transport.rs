@@ -343,8 +343,10 @@ fn full(comm: Arc<FileComm>) {
         verify(&reads, &dst, 1, "attached from records");
     }
     drop(reader);
-    drop(attached);
-    drop(joiner);
+    // A store's free: the attached shares, then the joining transport's
+    // objects close in order and report success.
+    attached.close().unwrap();
+    joiner.close().unwrap();
     let mut garbled = v1.records.clone();
     garbled[0][0] ^= 0xff;
     assert!(transport.attach(&garbled).is_err());
@@ -355,9 +357,17 @@ fn full(comm: Arc<FileComm>) {
     comm.barrier().unwrap();
     drop(reader2);
     drop(shares);
+    // As a store's free: the variables go, their shares close (the shares'
+    // registrations), then the transport's node (endpoints, domain, fabric).
+    let remotes = [v1.remote.clone(), v2.remote.clone()];
     drop(v1);
     drop(v2);
+    for remote in remotes {
+        assert_eq!(Arc::strong_count(&remote), 1, "the shares are still held");
+        remote.close().unwrap();
+    }
     comm.barrier().unwrap();
+    transport.close().unwrap();
 }
 
 /// A forked child abandons the inherited objects and reads through fresh ones.

@@ -4,7 +4,9 @@
 //! [`Av`], [`Endpoint`], [`MemoryRegion`], [`Info`]); children hold an `Arc`
 //! of their parent, so objects close in fabtests' order (endpoint, CQ/AV,
 //! MR, domain, fabric). Objects record the process that opened them and are
-//! abandoned, never closed, in a forked child.
+//! abandoned, never closed, in a forked child. Each has a `close()` that
+//! reports `fi_close`'s answer (a store's `free` closes through it); a drop
+//! closes too, but can only log a failure (and fails a debug assertion).
 
 mod av;
 mod context;
