@@ -246,88 +246,10 @@ fn full(comm: Arc<FileComm>) {
     reader2.read_many(&reads, &mut dst).unwrap();
     verify(&reads, &dst, 2, "v2 whole shares");
 
-    // Four reading threads with their own readers.
     let shares: Arc<dyn RemoteShares> = v1.remote.clone();
-    std::thread::scope(|s| {
-        for t in 0..4u64 {
-            let shares = shares.clone();
-            let lens = lens.clone();
-            s.spawn(move || {
-                let mut reader = shares.open_reader().unwrap();
-                let mut rng = StdRng::seed_from_u64(rank as u64 * 1000 + t);
-                for _ in 0..25 {
-                    let (reads, n) = random_batch(&mut rng, &lens);
-                    let mut dst = vec![0u8; n];
-                    reader.read_many(&reads, &mut dst).unwrap();
-                    verify(&reads, &dst, 1, "random batch");
-                }
-                // Every share whole: wider than DDSTORE_MAX_READ_BYTES, which only
-                // the store's planner applies; the reader posts each as one fi_read.
-                let whole: Vec<RemoteRead> = (0..lens.len())
-                    .scan(0, |at, p| {
-                        let r = RemoteRead {
-                            owner: p,
-                            offset: 0,
-                            len: lens[p],
-                            dst_offset: *at,
-                        };
-                        *at += lens[p];
-                        Some(r)
-                    })
-                    .collect();
-                let mut dst = vec![0u8; lens.iter().sum()];
-                reader.read_many(&whole, &mut dst).unwrap();
-                verify(&whole, &dst, 1, "whole shares");
-            });
-        }
-    });
+    read_from_threads(&shares, &lens, rank);
 
-    // Bad reads are refused before anything moves; the reader stays usable.
-    let mut reader = shares.open_reader().unwrap();
-    let beyond = RemoteRead {
-        owner: 0,
-        offset: lens[0] as u64,
-        len: 1,
-        dst_offset: 0,
-    };
-    assert!(reader.read_many(&[beyond], &mut [0u8; 1]).is_err());
-    let no_rank = RemoteRead {
-        owner: size,
-        offset: 0,
-        len: 1,
-        dst_offset: 0,
-    };
-    assert!(reader.read_many(&[no_rank], &mut [0u8; 1]).is_err());
-    let empty_owner = RemoteRead {
-        owner: 1,
-        offset: 0,
-        len: 0,
-        dst_offset: 0,
-    };
-    reader.read_many(&[empty_owner], &mut []).unwrap();
-
-    // A registered destination: reads land in sub-slices of it.
-    let mut big = vec![0u8; 1 << 20];
-    shares
-        .register_dst(big.as_ptr() as usize, big.len())
-        .unwrap();
-    let mut rng = StdRng::seed_from_u64(99 + rank as u64);
-    for round in 0..10 {
-        let (reads, n) = random_batch(&mut rng, &lens);
-        let at = round * 4096;
-        reader.read_many(&reads, &mut big[at..at + n]).unwrap();
-        verify(&reads, &big[at..at + n], 1, "registered destination");
-    }
-    shares
-        .unregister_dst(big.as_ptr() as usize, big.len())
-        .unwrap();
-    assert!(shares
-        .unregister_dst(big.as_ptr() as usize, big.len())
-        .is_err());
-    let (reads, n) = random_batch(&mut rng, &lens);
-    reader.read_many(&reads, &mut big[..n]).unwrap();
-    verify(&reads, &big[..n], 1, "after unregister");
-    drop(reader);
+    bad_and_registered_reads(&shares, &lens, rank);
 
     // Method 2: another transport instance (its own fabric, domain and
     // endpoints, as in a job that joins) attaches to the published records.
@@ -368,6 +290,95 @@ fn full(comm: Arc<FileComm>) {
     }
     comm.barrier().unwrap();
     transport.close().unwrap();
+}
+
+/// Four reading threads with their own readers: random batches, then every share whole.
+fn read_from_threads(shares: &Arc<dyn RemoteShares>, lens: &[usize], rank: usize) {
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let shares = shares.clone();
+            let lens = lens.to_vec();
+            s.spawn(move || {
+                let mut reader = shares.open_reader().unwrap();
+                let mut rng = StdRng::seed_from_u64(rank as u64 * 1000 + t);
+                for _ in 0..25 {
+                    let (reads, n) = random_batch(&mut rng, &lens);
+                    let mut dst = vec![0u8; n];
+                    reader.read_many(&reads, &mut dst).unwrap();
+                    verify(&reads, &dst, 1, "random batch");
+                }
+                // Every share whole: wider than DDSTORE_MAX_READ_BYTES, which only
+                // the store's planner applies; the reader posts each as one fi_read.
+                let whole: Vec<RemoteRead> = (0..lens.len())
+                    .scan(0, |at, p| {
+                        let r = RemoteRead {
+                            owner: p,
+                            offset: 0,
+                            len: lens[p],
+                            dst_offset: *at,
+                        };
+                        *at += lens[p];
+                        Some(r)
+                    })
+                    .collect();
+                let mut dst = vec![0u8; lens.iter().sum()];
+                reader.read_many(&whole, &mut dst).unwrap();
+                verify(&whole, &dst, 1, "whole shares");
+            });
+        }
+    });
+}
+
+/// Bad reads are refused before anything moves and the reader stays
+/// usable; reads land in a registered destination, before and after it is
+/// unregistered.
+fn bad_and_registered_reads(shares: &Arc<dyn RemoteShares>, lens: &[usize], rank: usize) {
+    let size = lens.len();
+    let mut reader = shares.open_reader().unwrap();
+    let beyond = RemoteRead {
+        owner: 0,
+        offset: lens[0] as u64,
+        len: 1,
+        dst_offset: 0,
+    };
+    assert!(reader.read_many(&[beyond], &mut [0u8; 1]).is_err());
+    let no_rank = RemoteRead {
+        owner: size,
+        offset: 0,
+        len: 1,
+        dst_offset: 0,
+    };
+    assert!(reader.read_many(&[no_rank], &mut [0u8; 1]).is_err());
+    let empty_owner = RemoteRead {
+        owner: 1,
+        offset: 0,
+        len: 0,
+        dst_offset: 0,
+    };
+    reader.read_many(&[empty_owner], &mut []).unwrap();
+
+    // A registered destination: reads land in sub-slices of it.
+    let mut big = vec![0u8; 1 << 20];
+    shares
+        .register_dst(big.as_ptr() as usize, big.len())
+        .unwrap();
+    let mut rng = StdRng::seed_from_u64(99 + rank as u64);
+    for round in 0..10 {
+        let (reads, n) = random_batch(&mut rng, lens);
+        let at = round * 4096;
+        reader.read_many(&reads, &mut big[at..at + n]).unwrap();
+        verify(&reads, &big[at..at + n], 1, "registered destination");
+    }
+    shares
+        .unregister_dst(big.as_ptr() as usize, big.len())
+        .unwrap();
+    assert!(shares
+        .unregister_dst(big.as_ptr() as usize, big.len())
+        .is_err());
+    let (reads, n) = random_batch(&mut rng, lens);
+    reader.read_many(&reads, &mut big[..n]).unwrap();
+    verify(&reads, &big[..n], 1, "after unregister");
+    drop(reader);
 }
 
 /// A forked child abandons the inherited objects and reads through fresh ones.
@@ -513,6 +524,58 @@ fn ragged_len(rank: usize, row: u64) -> u64 {
 const RAGGED_ROWS: u64 = 300;
 const UNIT: usize = 3;
 
+/// Reads `rows` of rank 1 through the ragged gather and checks every byte.
+fn check_ragged_rows(
+    reader: &mut dyn ShareReader,
+    ends_key: u64,
+    max_row_bytes: u64,
+    rows: &[u64],
+) {
+    let req = RaggedRequest {
+        owner: 1,
+        ends_key,
+        rows,
+        max_row_bytes,
+    };
+    let got = reader
+        .read_ragged_rows(UNIT, &[req], vec![0xee; 1000]) // a reused buffer: junk replaced
+        .unwrap()
+        .expect("gathered");
+    assert_eq!(got.rows.len(), 1);
+    assert_eq!(got.rows[0].len(), rows.len());
+    for (&row, &(units, at)) in rows.iter().zip(&got.rows[0]) {
+        assert_eq!(units, ragged_len(1, row), "row {row}");
+        let start: u64 = (0..row).map(|r| ragged_len(1, r)).sum();
+        for k in 0..units as usize * UNIT {
+            let want = pattern(7, 1, start * UNIT as u64 + k as u64);
+            assert_eq!(got.data[at + k], want, "row {row} byte {k}");
+        }
+    }
+}
+
+/// A ragged gather of rank 1's `rows` that rank 1 refuses (`why`).
+fn assert_ragged_refused(
+    reader: &mut dyn ShareReader,
+    ends_key: u64,
+    rows: &[u64],
+    max_row_bytes: u64,
+    why: &str,
+) {
+    let req = RaggedRequest {
+        owner: 1,
+        ends_key,
+        rows,
+        max_row_bytes,
+    };
+    let err = match reader.read_ragged_rows(UNIT, &[req], Vec::new()) {
+        Err(err) => err,
+        Ok(_) => panic!("{why}: served, expected a refusal"),
+    };
+    let msg = err.to_string();
+    assert!(msg.contains("rank 1 refused"), "{why}: {msg}");
+    eprintln!("{why}: {msg}");
+}
+
 fn ragged_gather(comm: Arc<FileComm>) {
     let rank = comm.rank();
     let config = Config::from_env().unwrap();
@@ -554,82 +617,46 @@ fn ragged_gather(comm: Arc<FileComm>) {
         assert!(v.remote.gather_key(1).is_some());
         let max_row_bytes = 40 * UNIT as u64;
         let mut reader = v.remote.open_reader().unwrap();
-        let check = |reader: &mut dyn ShareReader, rows: &[u64]| {
-            let req = RaggedRequest {
-                owner: 1,
-                ends_key,
-                rows,
-                max_row_bytes,
-            };
-            let got = reader
-                .read_ragged_rows(UNIT, &[req], vec![0xee; 1000]) // a reused buffer: junk replaced
-                .unwrap()
-                .expect("gathered");
-            assert_eq!(got.rows.len(), 1);
-            assert_eq!(got.rows[0].len(), rows.len());
-            for (&row, &(units, at)) in rows.iter().zip(&got.rows[0]) {
-                assert_eq!(units, ragged_len(1, row), "row {row}");
-                let start: u64 = (0..row).map(|r| ragged_len(1, r)).sum();
-                for k in 0..units as usize * UNIT {
-                    let want = pattern(7, 1, start * UNIT as u64 + k as u64);
-                    assert_eq!(got.data[at + k], want, "row {row} byte {k}");
-                }
-            }
-        };
         // Any order, repeats, zero-length rows; 298 rows of up to 120 B: with 4 KiB
         // messages and a 4-deep window, several messages and several requests.
-        check(reader.as_mut(), &[3, 0, 5, 17, 3, 1]);
-        check(reader.as_mut(), &[0, 5, 10]);
+        check_ragged_rows(
+            reader.as_mut(),
+            ends_key,
+            max_row_bytes,
+            &[3, 0, 5, 17, 3, 1],
+        );
+        check_ragged_rows(reader.as_mut(), ends_key, max_row_bytes, &[0, 5, 10]);
         let all: Vec<u64> = (0..298).rev().collect();
-        check(reader.as_mut(), &all);
-        let refused = |reader: &mut dyn ShareReader,
-                       ends_key: u64,
-                       rows: &[u64],
-                       max_row_bytes: u64,
-                       why: &str| {
-            let req = RaggedRequest {
-                owner: 1,
-                ends_key,
-                rows,
-                max_row_bytes,
-            };
-            let err = match reader.read_ragged_rows(UNIT, &[req], Vec::new()) {
-                Err(err) => err,
-                Ok(_) => panic!("{why}: served, expected a refusal"),
-            };
-            let msg = err.to_string();
-            assert!(msg.contains("rank 1 refused"), "{why}: {msg}");
-            eprintln!("{why}: {msg}");
-        };
-        refused(
+        check_ragged_rows(reader.as_mut(), ends_key, max_row_bytes, &all);
+        assert_ragged_refused(
             reader.as_mut(),
             ends_key ^ 0x5a5a_0000,
             &[1, 2],
             max_row_bytes,
             "unknown key",
         );
-        refused(
+        assert_ragged_refused(
             reader.as_mut(),
             ends_key,
             &[1, RAGGED_ROWS],
             max_row_bytes,
             "row past the share",
         );
-        refused(
+        assert_ragged_refused(
             reader.as_mut(),
             ends_key,
             &[1, u64::MAX / 8],
             max_row_bytes,
             "row overflowing",
         );
-        refused(
+        assert_ragged_refused(
             reader.as_mut(),
             ends_key,
             &[299],
             max_row_bytes,
             "corrupt ends",
         );
-        refused(
+        assert_ragged_refused(
             reader.as_mut(),
             ends_key,
             &[1, 2, 3],
@@ -648,7 +675,7 @@ fn ragged_gather(comm: Arc<FileComm>) {
             assert!(got.rows[0][0].0 * UNIT as u64 <= max_row_bytes);
         }
         // Refusals leave the reader usable.
-        check(reader.as_mut(), &[9, 8, 7]);
+        check_ragged_rows(reader.as_mut(), ends_key, max_row_bytes, &[9, 8, 7]);
     }
     comm.barrier().unwrap();
     println!("rank {rank} ragged-gather ok");

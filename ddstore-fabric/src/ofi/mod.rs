@@ -36,7 +36,7 @@ pub use endpoint::Endpoint;
 pub use env::{apply_libfabric_defaults, defaults_for, reason, started_after_defaults, Applied};
 pub use error::strerror;
 pub use fabric::Fabric;
-pub use info::{Info, InfoEntry, InfoRequest, MR_MODES};
+pub use info::{Info, InfoEntry, MR_MODES};
 pub use mr::MemoryRegion;
 pub use reader::OfiReader;
 
@@ -49,7 +49,8 @@ pub mod wire {
 }
 pub use record::ShareRecord;
 pub use select::{
-    is_provider_name, nic_for_rank, provider_candidates, DEFAULT_CANDIDATES, FABRIC_VALUES,
+    is_provider_name, nic_for_rank, provider_candidates, InfoRequest, DEFAULT_CANDIDATES,
+    FABRIC_VALUES,
 };
 pub use transport::{gather_by_default, OfiShares, OfiTransport};
 

@@ -18,13 +18,14 @@ use super::fabric::Fabric;
 use super::gather::answer::{Access, ServedShares};
 use super::gather::server;
 use super::gather::wire::MacKey;
-use super::info::{Info, InfoRequest};
+use super::info::Info;
 use super::mr::MemoryRegion;
 use super::pool::EndpointPool;
 use super::progress::Progress;
 use super::reader::{OfiReader, ReaderSettings};
 use super::record::ShareRecord;
 use super::select;
+use super::select::InfoRequest;
 use crate::error::{close_last, FabricError, FabricResult};
 
 // Shares in device memory (FI_HMEM); a child module, for this file's private items.
