@@ -91,6 +91,12 @@ pub trait Transport: Send + Sync {
     fn rejected_requests(&self) -> u64 {
         0
     }
+    /// Closes what the transport opened, at the store's `free` (after every
+    /// variable's [`RemoteShares::close`]), reporting the first failure;
+    /// objects something else still holds close when it drops them.
+    fn close(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Remote access to the shares of one variable.
@@ -130,6 +136,12 @@ pub trait RemoteShares: Send + Sync {
     /// a request they made).
     fn rejected_replies(&self) -> u64 {
         0
+    }
+    /// Closes the variable's shares at the store's `free` when this is their
+    /// last holder, reporting the first failure (dropping them closes them
+    /// too, but can only log one).
+    fn close(self: Arc<Self>) -> Result<()> {
+        Ok(())
     }
 }
 

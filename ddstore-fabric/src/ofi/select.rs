@@ -1,8 +1,27 @@
 //! Which provider and which NIC: `DDSTORE_FABRIC`, `FABRIC_IFACE`, `nic_map`.
 
 use super::iface::ipv4_of;
-use super::info::InfoRequest;
 use crate::error::{FabricError, FabricResult};
+
+/// What to ask `fi_getinfo` for: an RDM endpoint with one-sided reads.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InfoRequest {
+    /// `fabric_attr.prov_name`, e.g. "tcp;ofi_rxm"; `None` = any provider.
+    pub provider: Option<String>,
+    /// `domain_attr.name`: a NIC such as "cxi0" or "mlx5_0".
+    pub domain: Option<String>,
+    /// A local address to bind to (`FI_SOURCE`), e.g. the IP of an interface.
+    pub node: Option<String>,
+    /// Ask for `FI_HMEM` and declare `FI_MR_HMEM` (shares in device memory).
+    pub hmem: bool,
+    /// Also ask for tagged messages (`FI_TAGGED`, send and receive): the
+    /// owner-side gather path. Only set where that path is used, so the
+    /// choice among NIC providers (cxi, verbs) is never narrowed by it.
+    pub tagged: bool,
+    /// With `tagged`: also ask for directed receives (`FI_DIRECTED_RECV`),
+    /// so gather replies are matched from their owner's address only.
+    pub directed: bool,
+}
 
 /// `DDSTORE_FABRIC` values with a meaning of their own, for messages; any other
 /// libfabric provider name (e.g. "udp;ofi_rxd") is passed through as given.
