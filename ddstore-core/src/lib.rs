@@ -23,6 +23,7 @@ pub mod private_dir;
 pub mod profile;
 pub mod ragged;
 pub mod region;
+pub mod spill;
 pub mod store;
 pub mod transport;
 
