@@ -41,6 +41,10 @@ pub struct Config {
     /// caller, not by a variable): freed shares keep their address range
     /// reserved (see [`crate::transport::ExposeOptions::keep_address`]).
     pub read_by_other_jobs: bool,
+    /// Bytes of this rank's shares kept in memory; the rest spills (`DDSTORE_MEMORY_LIMIT`).
+    pub memory_limit: Option<u64>,
+    /// Where spill files go (`DDSTORE_SPILL_DIR`; None: `$TMPDIR/ddstore-spill-<uid>`).
+    pub spill_dir: Option<std::path::PathBuf>,
 }
 
 /// `DDSTORE_REMOTE_GATHER`: how remote rows are read over libfabric.
@@ -92,6 +96,8 @@ impl Default for Config {
             ofi_local_mr: false,
             ofi_hmem: false,
             read_by_other_jobs: false,
+            memory_limit: None,
+            spill_dir: None,
         }
     }
 }
@@ -124,6 +130,9 @@ impl Config {
             ofi_local_mr: parse_flag(&get, "DDSTORE_OFI_LOCAL_MR")?.unwrap_or(d.ofi_local_mr),
             ofi_hmem: parse_flag(&get, "DDSTORE_OFI_HMEM")?.unwrap_or(d.ofi_hmem),
             read_by_other_jobs: d.read_by_other_jobs,
+            memory_limit: setting(&get, "DDSTORE_MEMORY_LIMIT")?
+                .map(|v| v.parse().expect("checked integer")),
+            spill_dir: setting(&get, "DDSTORE_SPILL_DIR")?.map(std::path::PathBuf::from),
         })
         .and_then(|c| {
             check_env(&get)?;
@@ -234,6 +243,15 @@ pub const SETTINGS: &[(&str, Kind)] = &[
     ("DDSTORE_TEST_LONG", Kind::Flag),
     ("DDSTORE_VCLUSTER_HARNESS", Kind::Text),
     ("DDSTORE_HOST_ID", Kind::Text),
+    // Bytes of a rank's shares kept in memory (0: every row spills).
+    (
+        "DDSTORE_MEMORY_LIMIT",
+        Kind::Int {
+            min: 0,
+            max: 1 << 53,
+        },
+    ),
+    ("DDSTORE_SPILL_DIR", Kind::Text),
     (
         "DDSTORE_MPI_FAKE_NODE_SIZE",
         Kind::Int {

@@ -39,6 +39,11 @@ pub trait Memory: Send + Sync {
     }
     /// Start address, for registration with a NIC or an MPI window.
     fn as_ptr(&self) -> *const u8;
+    /// Bytes addressable at `as_ptr()`: all of them, but for a spilled
+    /// share (its memory part only; see [`crate::spill::SpilledShare`]).
+    fn mapped_len(&self) -> usize {
+        self.len()
+    }
     /// Copies `dst.len()` bytes from `offset`; out of range is an error.
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()>;
     /// Copies `src` to `offset`; out of range is an error.

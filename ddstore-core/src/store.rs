@@ -14,6 +14,7 @@ use crate::plan::{validate_rows, Plan};
 use crate::profile::{Counters, Profile};
 use crate::ragged::{ends_name, values_name, RaggedVar};
 use crate::region::{map_node_peers_watched, process_alive, Memory, NodeLocator, ShareState};
+use crate::spill::store::{FileRead, Split};
 use crate::transport::{
     ExposeOptions, Exposed, RaggedRequest, RaggedRows, RemoteRead, RemoteShares, Transport,
 };
@@ -60,6 +61,8 @@ pub struct Variable {
     pub(crate) max_read: usize,
     /// What reads of this variable did (`get_profile`).
     pub(crate) counters: Counters,
+    /// Routes to spilled rows, when any rank's share spills (see [`crate::spill`]).
+    pub(crate) spill: Option<crate::spill::store::VarSpill>,
 }
 
 /// Named variables shared by the ranks of one group, read through one transport.
@@ -78,6 +81,8 @@ pub struct Store {
     /// Ragged variables by name; their values and ends live in `vars`.
     pub(crate) ragged: RwLock<BTreeMap<String, Arc<RaggedVar>>>,
     freed: AtomicBool,
+    /// The memory budget used so far and the spill directories (see [`crate::spill`]).
+    spill: crate::spill::store::StoreSpill,
 }
 
 /// What every rank announces when a variable is created, to agree or fail together.
@@ -91,6 +96,9 @@ struct InitRecord {
     /// Why this rank cannot create the variable (reported by every rank).
     #[serde(default)]
     problem: Option<String>,
+    /// Rows this rank keeps in memory when its share spills (None: all).
+    #[serde(default)]
+    mem_rows: Option<u64>,
 }
 
 /// What a read does with rows of this rank's own share.
@@ -119,6 +127,7 @@ impl Store {
             vars: RwLock::new(BTreeMap::new()),
             ragged: RwLock::new(BTreeMap::new()),
             freed: AtomicBool::new(false),
+            spill: Default::default(),
         }
     }
 
@@ -215,9 +224,77 @@ impl Store {
     /// checks every rank's announcement, so a mismatch fails everywhere
     /// with the same message instead of hanging.
     pub fn init(&self, name: &str, rows: u64, row_bytes: usize, dtype: DType) -> Result<()> {
-        self.init_with(name, rows, row_bytes, dtype, None, |t, len, opts| {
-            t.expose(&self.comm, len, opts)
-        })
+        self.init_spilling(name, rows, row_bytes, dtype, None)
+    }
+
+    /// Collective: as [`Store::init`], with this variable's own memory budget
+    /// and spill directory where `request` gives them (else the store's,
+    /// `DDSTORE_MEMORY_LIMIT`, `DDSTORE_SPILL_DIR`): rows past the budget go
+    /// to a spill file (see [`crate::spill`]).
+    pub fn init_spilling(
+        &self,
+        name: &str,
+        rows: u64,
+        row_bytes: usize,
+        dtype: DType,
+        request: Option<&crate::spill::SpillRequest>,
+    ) -> Result<()> {
+        self.init_spilling_with(name, rows, row_bytes, dtype, request, None)
+    }
+
+    /// As [`Store::init_spilling`]; `problem` is this rank's reason it
+    /// cannot create the variable (every rank then fails with it).
+    pub(crate) fn init_spilling_with(
+        &self,
+        name: &str,
+        rows: u64,
+        row_bytes: usize,
+        dtype: DType,
+        request: Option<&crate::spill::SpillRequest>,
+        problem: Option<String>,
+    ) -> Result<()> {
+        if problem.is_some() {
+            return self.init_with(name, rows, row_bytes, dtype, problem, |t, len, opts| {
+                t.expose(&self.comm, len, opts)
+            });
+        }
+        let pending = self.spill.prepare(
+            &self.config,
+            self.comm.rank(),
+            name,
+            rows,
+            row_bytes,
+            request,
+        );
+        let (problem, pending, own_error) = match pending {
+            Ok(p) => (None, p, None),
+            Err(e) => (Some(e.to_string()), None, Some(e)),
+        };
+        let len = (rows as usize).saturating_mul(row_bytes);
+        let mem_len = pending.as_ref().map(|p| p.mem_rows as usize * row_bytes);
+        let (wrap, own) = crate::spill::store::wrapper(&pending, len);
+        let mem_rows = pending.as_ref().map(|p| p.mem_rows);
+        let made = self.init_with_spill(
+            name,
+            rows,
+            row_bytes,
+            dtype,
+            problem,
+            mem_rows,
+            own,
+            |t, len, opts| match mem_len {
+                Some(m) => t.expose_spilled(&self.comm, m, len, opts, &wrap),
+                None => t.expose(&self.comm, len, opts),
+            },
+        );
+        if made.is_err() {
+            self.spill.release(&pending);
+        }
+        // Every rank fails; this rank with its own error (its class: access, I/O).
+        match own_error {
+            Some(e) => Err(e),
+            None => made,
+        }
     }
 
     /// Collective: as [`Store::init`], with this rank's share in `share`
@@ -253,6 +330,30 @@ impl Store {
         problem: Option<String>,
         expose: impl FnOnce(&Arc<dyn Transport>, usize, &ExposeOptions) -> Result<Exposed>,
     ) -> Result<()> {
+        self.init_with_spill(
+            name,
+            rows,
+            row_bytes,
+            dtype,
+            problem,
+            None,
+            Default::default(),
+            expose,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn init_with_spill(
+        &self,
+        name: &str,
+        rows: u64,
+        row_bytes: usize,
+        dtype: DType,
+        problem: Option<String>,
+        mem_rows: Option<u64>,
+        own_spill: crate::spill::store::MadeShare,
+        expose: impl FnOnce(&Arc<dyn Transport>, usize, &ExposeOptions) -> Result<Exposed>,
+    ) -> Result<()> {
         self.check_live()?;
         let mine = InitRecord {
             name: name.to_string(),
@@ -261,6 +362,7 @@ impl Store {
             dtype,
             exists: self.has_var(name),
             problem,
+            mem_rows,
         };
         let all = self
             .comm
@@ -315,7 +417,24 @@ impl Store {
             node_sharing: self.config.node_sharing,
             keep_address: self.config.read_by_other_jobs,
         };
-        let exposed = expose(&self.transport()?, len, &opts)?;
+        let transport = self.transport()?;
+        let mut exposed = expose(&transport, len, &opts)?;
+        let spill_rows: Vec<Option<u64>> = all.iter().map(|r| r.mem_rows).collect();
+        let spill = if spill_rows.iter().any(Option::is_some) {
+            let own = own_spill.lock().unwrap().clone();
+            Some(crate::spill::store::connect(
+                self.comm.as_ref(),
+                &mut exposed,
+                own,
+                &spill_rows,
+                &counts,
+                row_bytes,
+                &self.config,
+                transport.remote_path() == "gather",
+            )?)
+        } else {
+            None
+        };
         let var = Variable {
             name: name.to_string(),
             info: VarInfo {
@@ -333,6 +452,7 @@ impl Store {
             node_watch: Vec::new(),
             readers: self.reader_pool(),
             counters: Counters::default(),
+            spill,
         };
         self.insert(var);
         Ok(())
@@ -418,6 +538,7 @@ impl Store {
             node_watch,
             readers: self.reader_pool(),
             counters: Counters::default(),
+            spill: None,
         };
         self.insert(var);
         Ok(())
@@ -702,7 +823,7 @@ impl Variable {
         nrows: usize,
         own: OwnRows,
     ) -> Result<()> {
-        let routes = self.route(plan, own);
+        let routes = self.route(plan, own)?;
         self.check_core_alive(&routes.copies)?;
         if !routes.remote.is_empty() {
             let started = Instant::now();
@@ -715,6 +836,9 @@ impl Variable {
         }
         let started = Instant::now();
         copy_segments(&routes.copies, out, routes.local_bytes + routes.node_bytes)?;
+        if let Some(spill) = &self.spill {
+            self.read_spilled(spill, &routes.files, out)?;
+        }
         if let Err(e) = self.check_not_freed(&routes.copies) {
             // The copy may have raced with the free: none of it is returned.
             out.fill(0);
@@ -730,24 +854,41 @@ impl Variable {
 
     /// Which reads of `plan` are memory copies (own share, same-node peers),
     /// which go through the transport, and which are left to the caller.
-    fn route<'a>(&'a self, plan: &'a Plan, own: OwnRows) -> Routes<'a> {
+    fn route<'a>(&'a self, plan: &'a Plan, own: OwnRows) -> Result<Routes<'a>> {
         let mut routes = Routes::default();
         for seg in &plan.segments {
             let is_own = Some(seg.owner) == self.my_rank;
+            if let Some(spill) = &self.spill {
+                if own != OwnRows::Skip || !is_own {
+                    if let Split::Parts(head, file) = spill.split(seg, &self.name)? {
+                        if let Some((head, mem)) = head {
+                            routes.copies.push((head, mem));
+                        }
+                        // Spilled rows still count as own or same-node rows.
+                        if is_own {
+                            routes.local_bytes += seg.len;
+                        } else {
+                            routes.node_bytes += seg.len;
+                        }
+                        routes.files.push(file);
+                        continue;
+                    }
+                }
+            }
             if is_own && own == OwnRows::Skip {
                 routes.skipped_bytes += seg.len;
             } else if is_own && own == OwnRows::Copy {
                 let local = self.local.as_deref().expect("a member has a local share");
-                routes.copies.push((seg, local));
+                routes.copies.push((*seg, local));
                 routes.local_bytes += seg.len;
             } else if let Some(peer) = self.node_peers.get(seg.owner).and_then(|p| p.as_deref()) {
-                routes.copies.push((seg, peer));
+                routes.copies.push((*seg, peer));
                 routes.node_bytes += seg.len;
             } else {
                 routes.remote.push(*seg);
             }
         }
-        routes
+        Ok(routes)
     }
 
     /// Adds a batch of `nrows` rows, routed as `routes`, to the counters.
@@ -765,11 +906,19 @@ impl Variable {
         Counters::add(&c.node_rows, (routes.node_bytes / rb) as u64);
         let remote_bytes: usize = routes.remote.iter().map(|r| r.len).sum();
         Counters::add(&c.remote_rows, (remote_bytes / rb) as u64);
+        let file_bytes: usize = routes.files.iter().map(|r| r.len).sum();
+        Counters::add(&c.spilled_rows, (file_bytes / rb) as u64);
+        Counters::add(&c.spilled_reads, routes.files.len() as u64);
+        Counters::add(
+            &c.memory_rows,
+            ((routes.local_bytes + routes.node_bytes + routes.skipped_bytes - file_bytes) / rb)
+                as u64,
+        );
     }
 
     /// Extra jobs only, before copying: the owners of mapped shares must
     /// still be running and must not have freed them.
-    fn check_core_alive(&self, copies: &[(&RemoteRead, &dyn Memory)]) -> Result<()> {
+    fn check_core_alive(&self, copies: &[(RemoteRead, &dyn Memory)]) -> Result<()> {
         self.each_watched_owner(copies, |owner, watch| {
             if !process_alive(watch.pid) {
                 return Err(Error::Timeout {
@@ -788,7 +937,7 @@ impl Variable {
     /// Extra jobs only, after copying: a share freed meanwhile fails the
     /// batch (a copy that completed before the free is returned; one that
     /// raced with it is not, and no byte from after a free ever is).
-    fn check_not_freed(&self, copies: &[(&RemoteRead, &dyn Memory)]) -> Result<()> {
+    fn check_not_freed(&self, copies: &[(RemoteRead, &dyn Memory)]) -> Result<()> {
         self.each_watched_owner(copies, |owner, watch| self.live_or_stale(owner, watch))
     }
 
@@ -796,7 +945,7 @@ impl Variable {
     /// extra job's mapped core share); nothing for a member of the group.
     fn each_watched_owner(
         &self,
-        copies: &[(&RemoteRead, &dyn Memory)],
+        copies: &[(RemoteRead, &dyn Memory)],
         mut check: impl FnMut(usize, &NodeWatch) -> Result<()>,
     ) -> Result<()> {
         if self.node_watch.is_empty() {
@@ -876,6 +1025,22 @@ impl Variable {
         Ok(rows)
     }
 
+    /// Reads the spilled rows of a batch from their files, many in flight.
+    fn read_spilled(
+        &self,
+        spill: &crate::spill::store::VarSpill,
+        files: &[FileRead<'_>],
+        out: &mut [u8],
+    ) -> Result<()> {
+        if files.is_empty() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        crate::spill::store::read_files(files, out, spill.inflight)?;
+        Counters::add(&self.counters.spill_ns, started.elapsed().as_nanos() as u64);
+        Ok(())
+    }
+
     fn read_remote(&self, reads: &[RemoteRead], out: &mut [u8]) -> Result<()> {
         self.readers.read(self.remote.as_ref(), |reader| {
             let before = reader.times();
@@ -905,7 +1070,9 @@ fn user_name(name: &str) -> &str {
 #[derive(Default)]
 struct Routes<'a> {
     /// Memory copies: a read and the memory it copies from.
-    copies: Vec<(&'a RemoteRead, &'a dyn Memory)>,
+    copies: Vec<(RemoteRead, &'a dyn Memory)>,
+    /// Reads of spill files (own and same-node owners' spilled rows).
+    files: Vec<FileRead<'a>>,
     /// Reads through the transport.
     remote: Vec<RemoteRead>,
     local_bytes: usize,
@@ -915,11 +1082,7 @@ struct Routes<'a> {
 }
 
 /// Memory copies of a batch; large batches are split across threads.
-fn copy_segments(
-    copies: &[(&RemoteRead, &dyn Memory)],
-    out: &mut [u8],
-    total: usize,
-) -> Result<()> {
+fn copy_segments(copies: &[(RemoteRead, &dyn Memory)], out: &mut [u8], total: usize) -> Result<()> {
     if total < PARALLEL_COPY_BYTES || copies.len() < 2 {
         for (seg, mem) in copies {
             mem.read_at(
@@ -930,7 +1093,7 @@ fn copy_segments(
         return Ok(());
     }
     // Hand each copy its own disjoint slice of `out`, then copy in parallel.
-    let mut sorted: Vec<&(&RemoteRead, &dyn Memory)> = copies.iter().collect();
+    let mut sorted: Vec<&(RemoteRead, &dyn Memory)> = copies.iter().collect();
     sorted.sort_unstable_by_key(|(s, _)| s.dst_offset);
     let mut jobs = Vec::with_capacity(sorted.len());
     let mut rest: &mut [u8] = out;

@@ -224,6 +224,9 @@ impl PyStore {
             None => ddstore_core::config::Settings::from_env().py(py)?,
         };
         let mut config = settings.config().py(py)?;
+        if method == 0 && config.memory_limit.is_some() {
+            return Err(crate::errors::to_py(py, spill_unsupported_on_method0()));
+        }
         // A method-2 core job's shares are read by other jobs (extra jobs).
         config.read_by_other_jobs = method == 2;
         let transport =
@@ -309,7 +312,8 @@ impl PyStore {
     }
 
     /// Collective: `nrows` rows on this rank, each `row_bytes` bytes.
-    #[pyo3(signature = (name, nrows, row_bytes, itemsize=1, dtype=None))]
+    #[pyo3(signature = (name, nrows, row_bytes, itemsize=1, dtype=None, memory_limit=None, spill_dir=None))]
+    #[allow(clippy::too_many_arguments)]
     fn init(
         &self,
         py: Python<'_>,
@@ -318,7 +322,10 @@ impl PyStore {
         row_bytes: Bound<'_, PyAny>,
         itemsize: usize,
         dtype: Option<&str>,
+        memory_limit: Option<Bound<'_, PyAny>>,
+        spill_dir: Option<std::path::PathBuf>,
     ) -> PyResult<()> {
+        let request = self.spill_request(py, &name, memory_limit, spill_dir)?;
         let nrows = int_arg(&nrows, &format!("init('{name}'): nrows"))?;
         let row_bytes = int_arg(&row_bytes, &format!("init('{name}'): row_bytes"))?;
         if nrows < 0 {
@@ -339,14 +346,31 @@ impl PyStore {
         };
         let store = self.store.clone();
         let n = name.clone();
-        py.detach(move || store.init(&n, nrows as u64, row_bytes as usize, dtype))
-            .py(py)?;
+        py.detach(move || {
+            store.init_spilling(
+                &n,
+                nrows as u64,
+                row_bytes as usize,
+                dtype,
+                request.as_ref(),
+            )
+        })
+        .py(py)?;
         self.itemsizes.lock().unwrap().insert(name, itemsize.max(1));
         Ok(())
     }
 
     /// Collective: creates `name` from this rank's rows (`arr`, first axis = rows).
-    fn add(&self, py: Python<'_>, name: String, arr: Bound<'_, PyAny>) -> PyResult<()> {
+    #[pyo3(signature = (name, arr, memory_limit=None, spill_dir=None))]
+    fn add(
+        &self,
+        py: Python<'_>,
+        name: String,
+        arr: Bound<'_, PyAny>,
+        memory_limit: Option<Bound<'_, PyAny>>,
+        spill_dir: Option<std::path::PathBuf>,
+    ) -> PyResult<()> {
+        let request = self.spill_request(py, &name, memory_limit, spill_dir)?;
         let arg = format!("add('{name}', arr)");
         let a = Array::new(&arr, &arg, false)?;
         if a.arr.ndim() == 0 {
@@ -363,7 +387,7 @@ impl PyStore {
         let src = a.borrow(&arg)?;
         let data = src.bytes();
         py.detach(|| {
-            store.init(&n, nrows as u64, per_row, dtype)?;
+            store.init_spilling(&n, nrows as u64, per_row, dtype, request.as_ref())?;
             store.write_local(&n, 0, data)?;
             // Collective like upstream: every rank's rows are readable once add returns.
             // Bounded: a rank that never arrives is named, not waited for forever.
@@ -377,13 +401,17 @@ impl PyStore {
     /// Collective: creates the ragged variable `name` from this rank's rows:
     /// row i is `lengths[i]` consecutive units (first-axis entries) of
     /// `values`; lengths may be 0 and a rank may have no rows.
+    #[pyo3(signature = (name, values, lengths, memory_limit=None, spill_dir=None))]
     fn add_ragged(
         &self,
         py: Python<'_>,
         name: String,
         values: Bound<'_, PyAny>,
         lengths: Bound<'_, PyAny>,
+        memory_limit: Option<Bound<'_, PyAny>>,
+        spill_dir: Option<std::path::PathBuf>,
     ) -> PyResult<()> {
+        let request = self.spill_request(py, &name, memory_limit, spill_dir)?;
         let arg = format!("add('{name}', values)");
         let a = Array::new(&values, &arg, false)?;
         if a.arr.ndim() == 0 {
@@ -409,8 +437,10 @@ impl PyStore {
         let n = name.clone();
         let src = a.borrow(&arg)?;
         let data = src.bytes();
-        py.detach(|| store.add_ragged(&n, &lengths, unit_bytes, dtype, data))
-            .py(py)?;
+        py.detach(|| {
+            store.add_ragged_spilling(&n, &lengths, unit_bytes, dtype, data, request.as_ref())
+        })
+        .py(py)?;
         // The parts too: their info() is what a method-2 record or a pickled handle carries.
         let mut itemsizes = self.itemsizes.lock().unwrap();
         itemsizes.insert(ddstore_core::ragged::values_name(&name), a.itemsize());
@@ -874,4 +904,50 @@ impl PyStore {
 
 fn to_index(py: Python<'_>, msg: String) -> PyErr {
     crate::errors::to_py(py, Error::IndexOutOfRange(msg))
+}
+
+/// Method 0 (MPI windows over every rank's memory) has no owner to read a
+/// spill file: `memory_limit` is refused there.
+fn spill_unsupported_on_method0() -> ddstore_core::Error {
+    ddstore_core::Error::Unsupported(
+        "memory_limit (DDSTORE_MEMORY_LIMIT) needs method 1 or 2: method 0 reads shares through \
+         MPI windows over memory only, so rows past the budget could not be served"
+            .into(),
+    )
+}
+
+impl PyStore {
+    /// A variable's own budget and spill directory from `add`/`init`
+    /// arguments (`None` when neither is given).
+    fn spill_request(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        memory_limit: Option<Bound<'_, PyAny>>,
+        spill_dir: Option<std::path::PathBuf>,
+    ) -> PyResult<Option<ddstore_core::spill::SpillRequest>> {
+        let memory_limit = match memory_limit {
+            None => None,
+            Some(v) => {
+                let n = int_arg(&v, &format!("memory_limit of '{name}'"))?;
+                if n < 0 {
+                    return Err(value_error(
+                        py,
+                        format!("memory_limit={n} of '{name}' must be >= 0 bytes"),
+                    ));
+                }
+                Some(n as u64)
+            }
+        };
+        if memory_limit.is_none() && spill_dir.is_none() {
+            return Ok(None);
+        }
+        if self.method == 0 && memory_limit.is_some() {
+            return Err(crate::errors::to_py(py, spill_unsupported_on_method0()));
+        }
+        Ok(Some(ddstore_core::spill::SpillRequest {
+            memory_limit,
+            spill_dir,
+        }))
+    }
 }

@@ -15,11 +15,13 @@ pub mod dir;
 pub mod file;
 pub mod read;
 pub mod share;
+pub mod store;
 
 pub use dir::SpillDir;
 pub use file::{SpillFile, SpillLocator};
 pub use read::{read_all, SpillRead};
 pub use share::SpilledShare;
+pub use store::SpillRequest;
 
 /// How many of `rows` rows of `row_bytes` bytes fit in `budget` bytes.
 pub fn rows_in_budget(rows: u64, row_bytes: usize, budget: u64) -> u64 {
@@ -27,6 +29,13 @@ pub fn rows_in_budget(rows: u64, row_bytes: usize, budget: u64) -> u64 {
         return rows;
     }
     rows.min(budget / row_bytes as u64)
+}
+
+/// The name a user gave: a ragged variable's part (`x#values`, `x#ends`) is `x`.
+pub(crate) fn user_name(name: &str) -> &str {
+    name.strip_suffix("#values")
+        .or_else(|| name.strip_suffix("#ends"))
+        .unwrap_or(name)
 }
 
 /// A file name part made of `name`'s letters, digits, `-` and `_` (at most

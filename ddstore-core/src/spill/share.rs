@@ -94,6 +94,9 @@ impl Memory for SpilledShare {
     fn as_ptr(&self) -> *const u8 {
         self.memory.as_ptr()
     }
+    fn mapped_len(&self) -> usize {
+        self.mem_len
+    }
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.check(offset, dst.len())?;
         let (in_mem, file_at) = self.split(offset, dst.len());

@@ -447,7 +447,12 @@ impl Server {
             let mut ranges_iov: Vec<(*const u8, usize)> = Vec::new();
             match &reply.body {
                 Body::Empty | Body::Packed(_) => {}
-                Body::Ranges { share, ranges } if ranges.len() <= self.zero_copy_ranges => {
+                Body::Ranges { share, ranges }
+                    if ranges.len() <= self.zero_copy_ranges
+                        && ranges
+                            .iter()
+                            .all(|&(o, l)| o + l <= share.mapped_len() as u64) =>
+                {
                     let base = share.as_ptr();
                     // In bounds: check_request saw every range inside the share.
                     ranges_iov.extend(

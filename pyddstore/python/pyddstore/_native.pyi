@@ -114,10 +114,26 @@ class Store:
     def comm(self) -> Comm: ...
     def barrier(self) -> None: ...
     def init(
-        self, name: str, nrows: int, row_bytes: int, itemsize: int = 1, dtype: Optional[str] = None
+        self,
+        name: str,
+        nrows: int,
+        row_bytes: int,
+        itemsize: int = 1,
+        dtype: Optional[str] = None,
+        memory_limit: Optional[int] = None,
+        spill_dir: Optional[str] = None,
     ) -> None: ...
-    def add(self, name: str, arr: np.ndarray) -> None: ...
-    def add_ragged(self, name: str, values: np.ndarray, lengths: Sequence[int] | np.ndarray) -> None: ...
+    def add(
+        self, name: str, arr: np.ndarray, memory_limit: Optional[int] = None, spill_dir: Optional[str] = None
+    ) -> None: ...
+    def add_ragged(
+        self,
+        name: str,
+        values: np.ndarray,
+        lengths: Sequence[int] | np.ndarray,
+        memory_limit: Optional[int] = None,
+        spill_dir: Optional[str] = None,
+    ) -> None: ...
     def get_ragged(
         self, name: str, indices: Sequence[int] | np.ndarray, out: Optional[np.ndarray] = None
     ) -> tuple[np.ndarray, np.ndarray]: ...

@@ -158,6 +158,16 @@ class Buffers(dict):
         self.rows = min((len(a) for a in arrays.values()), default=0)
 
 
+def _spill_settings(settings, memory_limit, spill_dir):
+    """`settings` with a dataset's memory budget and spill directory (arguments win over variables)."""
+    over = {}
+    if memory_limit is not None:
+        over["memory_limit"] = memory_limit
+    if spill_dir is not None:
+        over["spill_dir"] = os.fspath(spill_dir)
+    return settings.replace(**over) if over else settings
+
+
 class _StoredDataset(Dataset):
     """Reading side shared by DistDataset and DistDatasetReader."""
 
@@ -750,6 +760,11 @@ class DistDataset(_StoredDataset):
             "auto" (the axes that differ, found by scanning once); torch_geometric Data needs none.
         load_workers (str | None): "threads" calling `source[i]`, or "processes" (forked, for sources that
             are not thread-safe); None: threads, or processes when the source has `thread_safe = False`.
+        memory_limit (int | None): bytes of this rank's share kept in memory (all fields together);
+            later samples go to a spill file in `spill_dir`, written during the same load (see the
+            "Datasets larger than memory" guide). None: `DDSTORE_MEMORY_LIMIT`, else all in memory.
+        spill_dir (str | None): where spill files go; None: `DDSTORE_SPILL_DIR`, else
+            `$TMPDIR/ddstore-spill-<uid>`.
 
     Example:
         ```python
@@ -781,6 +796,9 @@ class DistDataset(_StoredDataset):
         fields: Any = None,
         ragged: Any = None,
         load_workers: str | None = None,
+        *,
+        memory_limit: int | None = None,
+        spill_dir: str | None = None,
     ):
         super().__init__()
         if load_workers not in (None, "threads", "processes"):
@@ -805,7 +823,7 @@ class DistDataset(_StoredDataset):
             )
         if is_npy_list(source):  # every rank reads the same headers: same result or same error
             source = npy_files(source)
-        settings = _env_settings()  # one snapshot: this dataset's and its store's
+        settings = _spill_settings(_env_settings(), memory_limit, spill_dir)  # this dataset's and its store's
         self._share_device = _resolve_add_device(add_device, settings.test_host_as_device)
         self._device_shares = {}
         self.name = name
@@ -889,6 +907,9 @@ class DistDataset(_StoredDataset):
         handshake_dir: str | None = None,
         decode: Any = None,
         data_cls: Any = None,
+        *,
+        memory_limit: int | None = None,
+        spill_dir: str | None = None,
     ) -> DistDataset:
         """Collective: the dataset a DistDataset.save(path) wrote, loaded with large reads
         (DDSTORE_LOAD_DEPTH in flight, O_DIRECT with DDSTORE_LOAD_DIRECT=1) on this group of
@@ -909,6 +930,8 @@ class DistDataset(_StoredDataset):
             decode (Callable | None): applied to each sample read back (snapshots do not keep one).
             data_cls (type | None): the torch_geometric Data or HeteroData subclass graph samples come back
                 as; None: Data or HeteroData.
+            memory_limit (int | None): as for `DistDataset`: rows past it are restored into spill files.
+            spill_dir (str | None): as for `DistDataset`.
         """
         _check_data_cls(data_cls, "DistDataset.restore")
         self = cls.__new__(cls)
@@ -918,7 +941,13 @@ class DistDataset(_StoredDataset):
         self._add_device = None
         self._load_workers = None
         path = os.fspath(path)
-        store = PyDDStore(comm, method=method, handshake_dir=handshake_dir or "", ddstore_width=ddstore_width)
+        store = PyDDStore(
+            comm,
+            method=method,
+            handshake_dir=handshake_dir or "",
+            ddstore_width=ddstore_width,
+            settings=_spill_settings(_env_settings(), memory_limit, spill_dir),
+        )
         hs = self._handshake_dir = store.handshake_dir
         try:
             manifest, digest, err = None, None, None
