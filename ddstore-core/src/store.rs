@@ -266,9 +266,9 @@ impl Store {
             row_bytes,
             request,
         );
-        let (problem, pending, own_error) = match pending {
-            Ok(p) => (None, p, None),
-            Err(e) => (Some(e.to_string()), None, Some(e)),
+        let (problem, pending, stage, own_error) = match pending {
+            Ok((p, stage)) => (None, p, stage, None),
+            Err(e) => (Some(e.to_string()), None, 0, Some(e)),
         };
         let len = (rows as usize).saturating_mul(row_bytes);
         let mem_len = pending.as_ref().map(|p| p.mem_rows as usize * row_bytes);
@@ -280,7 +280,7 @@ impl Store {
             row_bytes,
             dtype,
             problem,
-            mem_rows,
+            (mem_rows, stage),
             own,
             |t, len, opts| match mem_len {
                 Some(m) => t.expose_spilled(&self.comm, m, len, opts, &wrap),
@@ -336,7 +336,7 @@ impl Store {
             row_bytes,
             dtype,
             problem,
-            None,
+            (None, 0),
             Default::default(),
             expose,
         )
@@ -350,7 +350,7 @@ impl Store {
         row_bytes: usize,
         dtype: DType,
         problem: Option<String>,
-        mem_rows: Option<u64>,
+        (mem_rows, stage_bytes): (Option<u64>, u64),
         own_spill: crate::spill::store::MadeShare,
         expose: impl FnOnce(&Arc<dyn Transport>, usize, &ExposeOptions) -> Result<Exposed>,
     ) -> Result<()> {
@@ -431,6 +431,7 @@ impl Store {
                 row_bytes,
                 &self.config,
                 transport.remote_path() == "gather",
+                stage_bytes,
             )?)
         } else {
             None
@@ -705,6 +706,60 @@ impl Store {
         self.watch(var.read_remote(&plan.segments, out))
     }
 
+    /// Whether any rank's share of `name` spills (see [`crate::spill`]).
+    pub fn is_spilled(&self, name: &str) -> Result<bool> {
+        Ok(self.var(name)?.spill.is_some())
+    }
+
+    /// Reads ahead: stages the spilled rows among global `rows` (rows soon
+    /// read by this process; others and out-of-range ones are skipped) in
+    /// the variable's read-ahead stage, up to its capacity, so a read that
+    /// needs them copies them from memory. Returns the rows staged. Not
+    /// counted as reads (`get_profile`'s `prefetch_hits` counts the rows
+    /// later reads found staged).
+    pub fn prefetch(&self, name: &str, rows: &[i64]) -> Result<usize> {
+        let var = self.var(name)?;
+        let Some(spill) = &var.spill else {
+            return Ok(0);
+        };
+        let rb = var.info.row_bytes;
+        let layout = &var.info.layout;
+        let room = spill.stage.capacity() / rb;
+        let total = layout.total();
+        let mut want: Vec<i64> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for &r in rows {
+            if want.len() >= room {
+                break;
+            }
+            if r < 0 || r as u64 >= total || spill.stage.contains(r as u64) || !seen.insert(r) {
+                continue;
+            }
+            let (owner, local) = layout.locate_valid(r as u64);
+            let probe = RemoteRead {
+                owner,
+                offset: local * rb as u64,
+                len: rb,
+                dst_offset: 0,
+            };
+            let readable = matches!(spill.split(&probe, &var.name), Ok(Split::Parts(..)))
+                || (spill.remote_serves && spill.spilled_part(&probe).is_some());
+            if readable {
+                want.push(r);
+            }
+        }
+        if want.is_empty() {
+            return Ok(0);
+        }
+        let mut buf = vec![0u8; want.len() * rb];
+        let plan = Plan::build(layout, &want, rb, var.max_read, |o| var.is_remote(o))?;
+        self.watch(var.execute_counted(&plan, &mut buf, want.len(), OwnRows::Copy, false))?;
+        for (r, bytes) in want.iter().zip(buf.chunks_exact(rb)) {
+            spill.stage.insert(*r as u64, bytes.to_vec());
+        }
+        Ok(want.len())
+    }
+
     /// Registers a destination buffer of `name`'s reads once, so reads into it skip registration.
     pub fn register_dst(&self, name: &str, addr: usize, len: usize) -> Result<()> {
         self.var(name)?.remote.register_dst(addr, len)
@@ -823,6 +878,19 @@ impl Variable {
         nrows: usize,
         own: OwnRows,
     ) -> Result<()> {
+        self.execute_counted(plan, out, nrows, own, true)
+    }
+
+    /// As [`Variable::execute`]; `counted: false` leaves the read counters
+    /// alone (reads ahead of use, see `Store::prefetch`).
+    pub(crate) fn execute_counted(
+        &self,
+        plan: &Plan,
+        out: &mut [u8],
+        nrows: usize,
+        own: OwnRows,
+        counted: bool,
+    ) -> Result<()> {
         let routes = self.route(plan, own)?;
         self.check_core_alive(&routes.copies)?;
         if !routes.remote.is_empty() {
@@ -838,6 +906,9 @@ impl Variable {
         copy_segments(&routes.copies, out, routes.local_bytes + routes.node_bytes)?;
         if let Some(spill) = &self.spill {
             self.read_spilled(spill, &routes.files, out)?;
+            for (at, bytes) in &routes.staged {
+                out[*at..*at + bytes.len()].copy_from_slice(bytes);
+            }
         }
         if let Err(e) = self.check_not_freed(&routes.copies) {
             // The copy may have raced with the free: none of it is returned.
@@ -847,8 +918,10 @@ impl Variable {
         for r in &plan.repeats {
             out.copy_within(r.from..r.from + r.len, r.to);
         }
-        Counters::add(&self.counters.copy_ns, started.elapsed().as_nanos() as u64);
-        self.count(&routes, nrows);
+        if counted {
+            Counters::add(&self.counters.copy_ns, started.elapsed().as_nanos() as u64);
+            self.count(&routes, nrows);
+        }
         Ok(())
     }
 
@@ -856,7 +929,68 @@ impl Variable {
     /// which go through the transport, and which are left to the caller.
     fn route<'a>(&'a self, plan: &'a Plan, own: OwnRows) -> Result<Routes<'a>> {
         let mut routes = Routes::default();
+        let mut pieces = Vec::new();
         for seg in &plan.segments {
+            pieces.clear();
+            self.take_staged(seg, &mut routes, &mut pieces);
+            for seg in &pieces {
+                self.route_one(seg, own, &mut routes)?;
+            }
+        }
+        Ok(routes)
+    }
+
+    /// Takes the rows of `seg` that the read-ahead stage holds out of it
+    /// (into `routes.staged`); the rest of `seg` goes to `pieces`.
+    fn take_staged(&self, seg: &RemoteRead, routes: &mut Routes<'_>, pieces: &mut Vec<RemoteRead>) {
+        let spill = match &self.spill {
+            Some(s) if !s.stage.is_empty() => s,
+            _ => return pieces.push(*seg),
+        };
+        let Some((first, end)) = spill.spilled_part(seg) else {
+            return pieces.push(*seg);
+        };
+        let rb = self.info.row_bytes;
+        let base = self.info.layout.start(seg.owner);
+        let at = |off: usize| seg.dst_offset + (off - seg.offset as usize);
+        let mut run = seg.offset as usize; // start of the bytes not staged yet
+        let push = |from: usize, to: usize, pieces: &mut Vec<RemoteRead>| {
+            if to > from {
+                pieces.push(RemoteRead {
+                    offset: from as u64,
+                    len: to - from,
+                    dst_offset: at(from),
+                    ..*seg
+                });
+            }
+        };
+        let mut off = first;
+        while off < end {
+            if let Some(bytes) = spill.stage.take(base + (off / rb) as u64) {
+                push(run, off, pieces);
+                routes.staged.push((at(off), bytes));
+                run = off + rb;
+                if Some(seg.owner) == self.my_rank {
+                    routes.local_bytes += rb;
+                } else if self.node_peers.get(seg.owner).is_some_and(|p| p.is_some()) {
+                    routes.node_bytes += rb;
+                } else {
+                    routes.staged_remote_bytes += rb;
+                }
+            }
+            off += rb;
+        }
+        push(run, end, pieces);
+    }
+
+    /// Routes one read (or a part of one the stage did not hold).
+    fn route_one<'a>(
+        &'a self,
+        seg: &RemoteRead,
+        own: OwnRows,
+        routes: &mut Routes<'a>,
+    ) -> Result<()> {
+        {
             let is_own = Some(seg.owner) == self.my_rank;
             if let Some(spill) = &self.spill {
                 if own != OwnRows::Skip || !is_own {
@@ -871,7 +1005,7 @@ impl Variable {
                             routes.node_bytes += seg.len;
                         }
                         routes.files.push(file);
-                        continue;
+                        return Ok(());
                     }
                 }
             }
@@ -888,7 +1022,7 @@ impl Variable {
                 routes.remote.push(*seg);
             }
         }
-        Ok(routes)
+        Ok(())
     }
 
     /// Adds a batch of `nrows` rows, routed as `routes`, to the counters.
@@ -905,15 +1039,21 @@ impl Variable {
         );
         Counters::add(&c.node_rows, (routes.node_bytes / rb) as u64);
         let remote_bytes: usize = routes.remote.iter().map(|r| r.len).sum();
-        Counters::add(&c.remote_rows, (remote_bytes / rb) as u64);
+        Counters::add(
+            &c.remote_rows,
+            ((remote_bytes + routes.staged_remote_bytes) / rb) as u64,
+        );
         let file_bytes: usize = routes.files.iter().map(|r| r.len).sum();
         Counters::add(&c.spilled_rows, (file_bytes / rb) as u64);
         Counters::add(&c.spilled_reads, routes.files.len() as u64);
         Counters::add(
             &c.memory_rows,
-            ((routes.local_bytes + routes.node_bytes + routes.skipped_bytes - file_bytes) / rb)
-                as u64,
+            ((routes.local_bytes + routes.node_bytes + routes.skipped_bytes
+                - file_bytes
+                - (routes.staged.len() * rb - routes.staged_remote_bytes))
+                / rb) as u64,
         );
+        Counters::add(&c.prefetch_hits, routes.staged.len() as u64);
     }
 
     /// Extra jobs only, before copying: the owners of mapped shares must
@@ -1073,6 +1213,10 @@ struct Routes<'a> {
     copies: Vec<(RemoteRead, &'a dyn Memory)>,
     /// Reads of spill files (own and same-node owners' spilled rows).
     files: Vec<FileRead<'a>>,
+    /// Rows taken from the read-ahead stage: destination offset and bytes.
+    staged: Vec<(usize, Vec<u8>)>,
+    /// Bytes of `staged` whose owners are remote.
+    staged_remote_bytes: usize,
     /// Reads through the transport.
     remote: Vec<RemoteRead>,
     local_bytes: usize,

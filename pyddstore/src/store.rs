@@ -820,6 +820,19 @@ impl PyStore {
             .py(py)
     }
 
+    /// Whether any rank's share of `name` spills past its memory budget.
+    fn is_spilled(&self, py: Python<'_>, name: &str) -> PyResult<bool> {
+        self.store.is_spilled(name).py(py)
+    }
+
+    /// Reads ahead: stages the spilled rows among global `rows` (soon read
+    /// by this process) in `name`'s read-ahead stage; returns how many.
+    fn prefetch(&self, py: Python<'_>, name: &str, rows: Bound<'_, PyAny>) -> PyResult<usize> {
+        let rows = indices_of(&rows)?;
+        let store = self.store.clone();
+        py.detach(|| store.prefetch(name, &rows)).py(py)
+    }
+
     fn get_profile<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
         let p = self.store.profile(name).py(py)?;
         let d = PyDict::new(py);

@@ -77,6 +77,20 @@ def member(spill_dir, method, expect):
     check_fixed(store, "v", 3, np.arange(N))  # every row once, runs across the memory boundary
     check_ragged(store, np.arange(NR))
 
+    # Read-ahead: rows staged before the batch that needs them, which mixes staged, spilled
+    # (not staged) and memory rows of both ranks.
+    before = store.get_profile("v")
+    ahead = rng.permutation(N)[:150]
+    staged = store._native.prefetch("v", ahead[:100])
+    assert staged > 0, "spilled rows among the next batch were staged"
+    assert store.get_profile("v")["rows"] == before["rows"], "reading ahead is not counted as reads"
+    check_fixed(store, "v", 3, ahead)
+    hits = store.get_profile("v")["prefetch_hits"] - before["prefetch_hits"]
+    assert hits == staged, (hits, staged)
+    check_fixed(store, "v", 3, ahead)  # taken by the first read: read from the files again
+    assert store.get_profile("v")["prefetch_hits"] - before["prefetch_hits"] == staged
+    assert store._native.prefetch("big", ahead) == 0, "nothing to stage for a share in memory"
+
     prof = store.get_profile("v")
     # Repeated rows of a batch are read once: rows >= what the routes read.
     assert prof["rows"] >= prof["local_rows"] + prof["node_rows"] + prof["remote_rows"], prof

@@ -39,16 +39,41 @@ def check_samples(ds, idx, where):
 
 
 def check_loader(ds, rank, size, where):
+    """ThreadDataLoader over a shuffling DistributedSampler: set_epoch, read-ahead of spilled
+    rows, and a resume from state_dict() mid-epoch; every sample compared with the source."""
     sampler = DistributedSampler(ds, num_replicas=size, rank=rank, shuffle=True, seed=3)
-    loader = ThreadDataLoader(ds, batch_size=16, sampler=sampler, num_workers=2, collate_fn=list)
-    for epoch in (1,):  # set_epoch before iterating, as training loops do
-        sampler.set_epoch(epoch)
-        order = list(iter(sampler))
-        seen = [s for batch in loader for s in batch]
-        assert len(seen) == len(order), (len(seen), len(order))
-        for i, s in zip(order, seen):
-            same(s, Src()[i], f"{where} epoch {epoch} sample {i}")
+    loader = ThreadDataLoader(
+        ds, batch_size=8, sampler=sampler, num_workers=1, prefetch_factor=1, collate_fn=list
+    )
+    before = ds._store.get_profile()["prefetch_hits"]
+    sampler.set_epoch(1)  # set_epoch before iterating, as training loops do
+    order = list(iter(sampler))
+    seen = [s for batch in loader for s in batch]
+    assert len(seen) == len(order), (len(seen), len(order))
+    for i, s in zip(order, seen):
+        same(s, Src()[i], f"{where} epoch 1 sample {i}")
+    hits = ds._store.get_profile()["prefetch_hits"] - before
+    assert hits > 0, "the loader read spilled rows ahead"
+    print(f"rank {rank}: read-ahead hits {hits} of {len(order)} samples' rows", flush=True)
+
+    sampler.set_epoch(2)
+    it = iter(loader)
+    first = [s for _ in range(3) for s in next(it)]
+    state = loader.state_dict()
+    del it
+    sampler2 = DistributedSampler(ds, num_replicas=size, rank=rank, shuffle=True, seed=3)
+    resumed = ThreadDataLoader(
+        ds, batch_size=8, sampler=sampler2, num_workers=1, prefetch_factor=1, collate_fn=list
+    )
+    resumed.load_state_dict(state)
+    rest = [s for batch in resumed for s in batch]
+    sampler.set_epoch(2)
+    order = list(iter(sampler))
+    assert len(first) + len(rest) == len(order), (len(first), len(rest), len(order))
+    for i, s in zip(order, first + rest):
+        same(s, Src()[i], f"{where} resumed epoch 2 sample {i}")
     loader.close()
+    resumed.close()
 
 
 def main():

@@ -15,12 +15,14 @@ pub mod dir;
 pub mod file;
 pub mod read;
 pub mod share;
+pub mod stage;
 pub mod store;
 
 pub use dir::SpillDir;
 pub use file::{SpillFile, SpillLocator};
 pub use read::{read_all, SpillRead};
 pub use share::SpilledShare;
+pub use stage::Stage;
 pub use store::SpillRequest;
 
 /// How many of `rows` rows of `row_bytes` bytes fit in `budget` bytes.

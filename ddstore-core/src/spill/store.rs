@@ -44,6 +44,10 @@ pub(crate) struct PendingSpill {
     reserved: u64,
 }
 
+/// Bytes of read-ahead stage a reader without a budget of its own uses
+/// when other ranks' shares spill.
+pub(crate) const UNBUDGETED_STAGE: u64 = 16 << 20;
+
 impl StoreSpill {
     fn dir(&self, path: PathBuf) -> Result<Arc<SpillDir>> {
         let mut dirs = self.dirs.lock().unwrap();
@@ -56,8 +60,11 @@ impl StoreSpill {
     }
 
     /// What a new variable of `rows` rows of `rb` bytes keeps in memory and
-    /// spills on this rank: `None` when it fits (no file). The spill file is
-    /// created with its room reserved, so a full disk fails here.
+    /// spills on this rank: `None` when it fits (no file), and the bytes of
+    /// its read-ahead stage (for the rows of other ranks' spilled shares
+    /// too). A share that spills keeps [`super::stage::stage_bytes`] of its
+    /// budget for the stage. The spill file is created with its room
+    /// reserved, so a full disk fails here.
     pub(crate) fn prepare(
         &self,
         config: &Config,
@@ -66,22 +73,36 @@ impl StoreSpill {
         rows: u64,
         rb: usize,
         request: Option<&SpillRequest>,
-    ) -> Result<Option<PendingSpill>> {
+    ) -> Result<(Option<PendingSpill>, u64)> {
         let own_limit = request.and_then(|r| r.memory_limit);
         let Some(limit) = own_limit.or(config.memory_limit) else {
-            return Ok(None);
+            return Ok((None, UNBUDGETED_STAGE));
         };
         let budget = if own_limit.is_some() {
             limit
         } else {
             limit.saturating_sub(self.used.load(Ordering::Relaxed))
         };
-        let mem_rows = rows_in_budget(rows, rb, budget);
+        let share = rows.saturating_mul(rb as u64);
+        let stage = if share <= budget {
+            super::stage::stage_bytes(budget - share)
+        } else {
+            super::stage::stage_bytes(budget)
+        };
+        let mem_rows = if share <= budget {
+            rows
+        } else {
+            rows_in_budget(rows, rb, budget - stage)
+        };
         let mem_bytes = mem_rows * rb as u64;
-        let reserved = if own_limit.is_some() { 0 } else { mem_bytes };
+        let reserved = if own_limit.is_some() {
+            0
+        } else {
+            mem_bytes + if mem_rows < rows { stage } else { 0 }
+        };
         self.used.fetch_add(reserved, Ordering::Relaxed);
         if mem_rows == rows {
-            return Ok(None);
+            return Ok((None, stage));
         }
         let path = request
             .and_then(|r| r.spill_dir.clone())
@@ -97,11 +118,14 @@ impl StoreSpill {
             SpillFile::create(&dir, &dir.file_name(name), spilled, &what)
         });
         match made {
-            Ok(file) => Ok(Some(PendingSpill {
-                mem_rows,
-                file: Arc::new(file),
-                reserved,
-            })),
+            Ok(file) => Ok((
+                Some(PendingSpill {
+                    mem_rows,
+                    file: Arc::new(file),
+                    reserved,
+                }),
+                stage,
+            )),
             Err(e) => {
                 self.used.fetch_sub(reserved, Ordering::Relaxed);
                 Err(e)
@@ -139,6 +163,8 @@ pub(crate) struct VarSpill {
     pub remote_serves: bool,
     /// Spilled reads in flight (`DDSTORE_MAX_INFLIGHT`).
     pub inflight: usize,
+    /// Spilled rows read ahead of use (`Store::prefetch`).
+    pub stage: super::Stage,
 }
 
 /// Where [`wrapper`] leaves the spilled share it made (for the routes).
@@ -175,6 +201,7 @@ pub(crate) fn connect(
     rb: usize,
     config: &Config,
     gather: bool,
+    stage_bytes: u64,
 ) -> Result<VarSpill> {
     let me = comm.rank();
     let mine = SpillRecord {
@@ -215,6 +242,7 @@ pub(crate) fn connect(
         owners,
         remote_serves: gather,
         inflight: config.max_inflight,
+        stage: super::Stage::new(stage_bytes as usize),
     })
 }
 
@@ -235,6 +263,13 @@ pub(crate) enum Split<'a> {
 }
 
 impl VarSpill {
+    /// The part of `seg` in its owner's spill file (`None`: all in memory, or the owner does not spill).
+    pub(crate) fn spilled_part(&self, seg: &RemoteRead) -> Option<(usize, usize)> {
+        let o = self.owners.get(seg.owner)?.as_ref()?;
+        let (start, end) = (seg.offset as usize, seg.offset as usize + seg.len);
+        (end > o.mem_len).then(|| (start.max(o.mem_len), end))
+    }
+
     /// Splits `seg` at the owner's memory boundary when this process reads
     /// the owner's file; a remote owner's spilled rows go to the transport
     /// when the owner serves them, else this is an error naming the rows.

@@ -30,7 +30,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 from pyddstore import DDStoreTypeError, DDStoreValueError
 from pyddstore._env import settings as _env_settings
 
-from . import _procloader, _state, _worker_info
+from . import _procloader, _readahead, _state, _worker_info
 
 _STATUS_INTERVAL = 1.0  # seconds between checks that worker threads are alive
 
@@ -263,6 +263,7 @@ class _ThreadIter(_ThreadIterBase):
             self._index_queues.append(q)
             self._workers.append(t)
             t.start()
+        self._read_ahead = _readahead.ReadAhead.for_loader(loader)  # spilled rows, staged ahead
         self._reset(loader, first_iter=True)
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
@@ -301,6 +302,8 @@ class _ThreadIter(_ThreadIterBase):
         else:
             return
         self._index_queues[wid].put((self._send_idx, index))
+        if self._read_ahead is not None:
+            self._read_ahead.announce()
         self._task_info[self._send_idx] = (wid,)
         self._workers_num_tasks[wid] += 1
         self._tasks_outstanding += 1
@@ -369,6 +372,8 @@ class _ThreadIter(_ThreadIterBase):
         if self._shutdown:
             return
         self._shutdown = True
+        if getattr(self, "_read_ahead", None) is not None:
+            self._read_ahead.close()
         if getattr(self, "_hooked", False):
             self._hooked = False
             _unhook_worker_info()
