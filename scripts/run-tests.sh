@@ -15,12 +15,21 @@ cargo test --workspace --exclude pyddstore --quiet
 # The binding's unit tests (its error mapping); no Python needed to run them.
 cargo test -p pyddstore --lib --quiet
 # A tier with nothing selected (pytest's exit status 5, e.g. after `-k`) is not a failure.
-tier() {
+# Each tier runs on TEST_WORKERS pytest workers (pytest-xdist; 0 = in this process), then
+# its `serial` tests (host-wide state: other users, /dev/shm listings, namespaces) alone.
+WORKERS=${TEST_WORKERS:-2}
+run() {
     local rc=0
     python -m pytest tests -q -x --durations=10 "$@" || rc=$?
     [ "$rc" -eq 0 ] || [ "$rc" -eq 5 ] || exit "$rc"
 }
+tier() {
+    local marks=$1
+    shift
+    run -m "$marks and not serial" -n "$WORKERS" "$@"
+    run -m "$marks and serial" "$@"
+}
 echo "==> pytest (default tier)"
-tier -m "not slow" "$@"
+tier "not slow" "$@"
 echo "==> pytest (slow tier)"
-tier -m slow "$@"
+tier "slow" "$@"

@@ -32,7 +32,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 
-want="numpy mpi4py maturin pytest ruff matplotlib h5py zarr tqdm mkdocs material mkdocstrings mkdocstrings_handlers.python"
+want="numpy mpi4py maturin pytest xdist ruff matplotlib h5py zarr tqdm mkdocs material mkdocstrings mkdocstrings_handlers.python"
 # torch_geometric: the graph tests and examples/gnn (pure Python; the `graph` extra)
 [ "${WITH_TORCH:-1}" = "1" ] && want="$want torch torch_geometric"
 # torchdata: StatefulDataLoader resume tests (the `torchdata` extra)
@@ -45,7 +45,7 @@ if [ -n "$need" ]; then
     echo "==> pip install$need"
     python -m pip install -q --no-cache-dir --upgrade pip >/dev/null
     # import names -> pip names (the docs toolchain: mkdocs-material + mkdocstrings)
-    need=$(echo "$need" | sed -e 's/ material/ mkdocs-material/' -e 's/ mkdocstrings_handlers.python/ mkdocstrings-python/')
+    need=$(echo "$need" | sed -e 's/ xdist/ pytest-xdist/' -e 's/ material/ mkdocs-material/' -e 's/ mkdocstrings_handlers.python/ mkdocstrings-python/')
     python -m pip install -q --no-cache-dir -c scripts/constraints.txt $need   # the versions CI was green with
 fi
 

@@ -103,6 +103,17 @@ def run_procs(
     return done
 
 
+# Modules that look at or change host-wide state (other users, /dev/shm listings, network namespaces)
+# are marked `serial`: scripts/run-tests.sh runs them alone, after the rest ran on two pytest workers.
+SERIAL_MODULES = {"test_access.py", "test_attacks.py", "test_node_shm.py", "test_vcluster.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SERIAL_MODULES:
+            item.add_marker(pytest.mark.serial)
+
+
 @pytest.fixture
 def handshake_dir(tmp_path):
     d = tmp_path / "hs"

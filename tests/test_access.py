@@ -279,7 +279,7 @@ def test_tampered_records_are_refused_by_join(core_job, tmp_path):
 
 def parse_meta_as_reader_does(path):
     """The parsing steps of DistDatasetReader.__init__ before it joins the store."""
-    from pyddstore.torch._dataset import read_meta
+    from pyddstore.torch._meta import read_meta
     from pyddstore.torch._schema import Schema
 
     meta = read_meta(path, 0.05)
@@ -293,7 +293,7 @@ def test_meta_json_fuzz_raises_only_ddstore_errors(tmp_path):
     np = pytest.importorskip("numpy")
     pytest.importorskip("torch")
     try:
-        from pyddstore.torch._dataset import META_VERSION
+        from pyddstore.torch._meta import META_VERSION
         from pyddstore.torch._schema import Schema
     except ImportError:
         pytest.skip("pyddstore.torch has no meta.json reader in this tree")

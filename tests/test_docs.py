@@ -214,6 +214,10 @@ def test_changelog_and_constraints():
     }
     want = re.search(r'^want="([^"]+)"', setup, re.M).group(1).split()
     want += ["torch", "torch_geometric"]
-    names = {"material": "mkdocs-material", "mkdocstrings_handlers.python": "mkdocstrings-python"}
+    names = {
+        "xdist": "pytest-xdist",
+        "material": "mkdocs-material",
+        "mkdocstrings_handlers.python": "mkdocstrings-python",
+    }
     missing = [w for w in want if names.get(w, w).replace("_", "-").lower() not in pins]
     assert not missing, f"scripts/constraints.txt pins none of {missing}"

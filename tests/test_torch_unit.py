@@ -229,7 +229,7 @@ def test_affinity_sets(monkeypatch):
 def test_ragged_schema_filler_and_json():
     """ragged={key: axis}: sample 0 may be empty there, other axes must match, the JSON keeps the
     axis and the longest row, the filler collects each field's share with its lengths."""
-    from pyddstore.torch._schema import RaggedRows
+    from pyddstore.torch._field import RaggedRows
 
     samples = [
         {"pos": torch.zeros(0, 3), "bonds": np.zeros((2, 0), np.int64), "e": 0.5},
@@ -316,19 +316,40 @@ def test_load_progress_counts_samples_and_rates_round_sensibly(capsys):
     """The load progress counts samples (callers report bytes of whole samples); the fallback
     line gives 0.16 MB/s as 0.16, not 0; a share that fits the in-flight window is never
     'limited by memory'."""
-    from pyddstore.torch import _load
+    from pyddstore.torch import _inflight
 
-    assert _load.rate_text(0.16e6) == "0.16 MB/s" and _load.rate_text(42.34e6) == "42.3 MB/s"
-    assert _load.rate_text(1234.4e6) == "1234 MB/s"
-    progress = _load.Progress(1000 * 40, True, "loading t", samples=1000)
+    assert _inflight.rate_text(0.16e6) == "0.16 MB/s" and _inflight.rate_text(42.34e6) == "42.3 MB/s"
+    assert _inflight.rate_text(1234.4e6) == "1234 MB/s"
+    progress = _inflight.Progress(1000 * 40, True, "loading t", samples=1000)
     progress._every = 0.0  # a line at every update (stderr is not a terminal here)
     progress.update(40 * 250)
     line = capsys.readouterr().err
     assert "loading t: 250/1000 samples (0.0/0.0 MiB)" in line, line
     progress.close()
-    stats = _load.LoadStats("samples", 32)
-    _load.window(32, 40_000, 40, stats)
+    stats = _inflight.LoadStats("samples", 32)
+    _inflight.window(32, 40_000, 40, stats)
     assert not stats.window_capped
-    stats = _load.LoadStats("samples", 32)
-    _load.window(32, 1 << 30, 40, stats)  # 1 GiB: a 102 MiB window, 3.2 MiB reads (under 8 MiB)
+    stats = _inflight.LoadStats("samples", 32)
+    _inflight.window(32, 1 << 30, 40, stats)  # 1 GiB: a 102 MiB window, 3.2 MiB reads (under 8 MiB)
     assert stats.window_capped
+
+
+def test_dist_dataset_takes_its_settings(monkeypatch):
+    """settings= is the dataset's and its store's: the environment's value is not used."""
+    from pyddstore.torch import DistDataset
+
+    import pyddstore
+    from pyddstore import DDStoreTypeError
+
+    monkeypatch.setenv("DDSTORE_LOAD_DEPTH", "5")
+    rows = [torch.full((3,), float(i)) for i in range(20)]  # map-style: one thread per read in flight
+    settings = pyddstore.Settings.from_env(load_depth=3, quiet=True)
+    ds = DistDataset(rows, "own-settings", pyddstore._native.Comm.single(), method=1, settings=settings)
+    try:
+        assert ds.ddstore.settings.load_depth == 3 and ds.ddstore.settings.quiet
+        assert ds.load_stats[0]["workers"] == 3, ds.load_stats
+        assert all(torch.equal(ds[i], rows[i]) for i in range(len(rows)))
+    finally:
+        ds.free()
+    with pytest.raises(DDStoreTypeError, match="settings="):
+        DistDataset(rows, "bad-settings", pyddstore._native.Comm.single(), method=1, settings={"quiet": 1})

@@ -6,6 +6,7 @@
 use std::any::Any;
 use std::sync::Arc;
 
+use crate::kinds::CommKind;
 use crate::Result;
 
 /// The collective operations a store needs. Every rank of the group must
@@ -28,8 +29,8 @@ pub trait Comm: Send + Sync {
     }
     /// Ranks with equal `color` form a new group, ordered by `key` then rank.
     fn split(&self, color: usize, key: usize) -> Result<Arc<dyn Comm>>;
-    /// Short name for messages and `info`: "mpi", "file", "torch", "single".
-    fn kind(&self) -> &'static str;
+    /// Which kind of communicator it is (named in messages and `info`).
+    fn kind(&self) -> CommKind;
     /// Lets a transport that needs a specific communicator (MPI RMA) find it.
     fn as_any(&self) -> &dyn Any;
 }
@@ -54,8 +55,8 @@ impl Comm for SingleComm {
     fn split(&self, _color: usize, _key: usize) -> Result<Arc<dyn Comm>> {
         Ok(Arc::new(SingleComm))
     }
-    fn kind(&self) -> &'static str {
-        "single"
+    fn kind(&self) -> CommKind {
+        CommKind::Single
     }
     fn as_any(&self) -> &dyn Any {
         self

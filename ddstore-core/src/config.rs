@@ -1,9 +1,11 @@
 //! Settings read from the environment once, when a store is created.
 //!
 //! One table ([`SETTINGS`]) lists every `DDSTORE_*` variable with what it
-//! accepts and its default; [`Settings`] is one validated snapshot of them
+//! accepts and what an unset variable means; one parser ([`Kind::parse`])
+//! checks a value against its row. [`Settings`] is one validated snapshot
 //! (the environment plus a store constructor's arguments), taken once per
-//! store, and [`Config`] the typed part the core and transports use. Nothing
+//! store, each variable checked once; [`Config`] is the typed part the core
+//! and transports use, built from a snapshot without parsing again. Nothing
 //! below reads a `DDSTORE_*` variable on the read path.
 
 use std::collections::BTreeMap;
@@ -61,83 +63,22 @@ pub enum RemoteGather {
     On,
 }
 
-impl RemoteGather {
-    /// Parses `DDSTORE_REMOTE_GATHER` (auto, 0, 1); a bad value names the variable.
-    pub fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<RemoteGather> {
-        const KEY: &str = "DDSTORE_REMOTE_GATHER";
-        match get(KEY).map(|v| v.trim().to_ascii_lowercase()).as_deref() {
-            None | Some("" | "auto") => Ok(RemoteGather::Auto),
-            Some(_) => Ok(match parse_flag(get, KEY) {
-                Ok(Some(true)) => RemoteGather::On,
-                Ok(_) => RemoteGather::Off,
-                Err(_) => {
-                    let raw = get(KEY).unwrap_or_default();
-                    return Err(Error::invalid(format!(
-                        "environment variable {KEY}={raw:?} is not valid: expected auto, 0 or 1"
-                    )));
-                }
-            }),
-        }
-    }
-}
-
 impl Default for Config {
+    /// What every variable unset means (the table's defaults).
     fn default() -> Self {
-        Config {
-            max_read_bytes: 64 << 20,
-            max_inflight: 64,
-            timeout: Duration::from_secs(60),
-            handshake_timeout: Duration::from_secs(300),
-            node_sharing: true,
-            thread_readers: true,
-            remote_gather: RemoteGather::Auto,
-            fabric: None,
-            nic_map: None,
-            ofi_local_mr: false,
-            ofi_hmem: false,
-            read_by_other_jobs: false,
-            memory_limit: None,
-            spill_dir: None,
-        }
+        Settings::default().config()
     }
 }
 
 impl Config {
     /// Reads every `DDSTORE_*` setting; a malformed value is an error naming it.
     pub fn from_env() -> Result<Config> {
-        Self::from_lookup(|k| std::env::var(k).ok())
+        Ok(Settings::from_env()?.config())
     }
 
     /// As [`Config::from_env`], reading variables through `get` (tests pass a map).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
-        let d = Config::default();
-        Ok(Config {
-            max_read_bytes: parse_positive(&get, "DDSTORE_MAX_READ_BYTES")?
-                .unwrap_or(d.max_read_bytes as f64) as usize,
-            max_inflight: setting(&get, "DDSTORE_MAX_INFLIGHT")?
-                .map_or(d.max_inflight, |v| v.parse().expect("checked integer")),
-            timeout: parse_positive(&get, "DDSTORE_TIMEOUT_S")?
-                .map(Duration::from_secs_f64)
-                .unwrap_or(d.timeout),
-            handshake_timeout: parse_positive(&get, "DDSTORE_HANDSHAKE_TIMEOUT_S")?
-                .map(Duration::from_secs_f64)
-                .unwrap_or(d.handshake_timeout),
-            node_sharing: parse_flag(&get, "DDSTORE_SHM")?.unwrap_or(d.node_sharing),
-            thread_readers: parse_flag(&get, "DDSTORE_THREAD_READERS")?.unwrap_or(d.thread_readers),
-            remote_gather: RemoteGather::from_lookup(&get)?,
-            fabric: setting(&get, "DDSTORE_FABRIC")?,
-            nic_map: setting(&get, "DDSTORE_NIC_MAP")?,
-            ofi_local_mr: parse_flag(&get, "DDSTORE_OFI_LOCAL_MR")?.unwrap_or(d.ofi_local_mr),
-            ofi_hmem: parse_flag(&get, "DDSTORE_OFI_HMEM")?.unwrap_or(d.ofi_hmem),
-            read_by_other_jobs: d.read_by_other_jobs,
-            memory_limit: setting(&get, "DDSTORE_MEMORY_LIMIT")?
-                .map(|v| v.parse().expect("checked integer")),
-            spill_dir: setting(&get, "DDSTORE_SPILL_DIR")?.map(std::path::PathBuf::from),
-        })
-        .and_then(|c| {
-            check_env(&get)?;
-            Ok(c)
-        })
+        Ok(Settings::from_lookup(get)?.config())
     }
 }
 
@@ -167,221 +108,7 @@ pub enum Kind {
     Provider,
 }
 
-/// Every `DDSTORE_*` variable pyddstore reads, in one table: `check_env`
-/// validates all of them at store creation (Rust and Python read the same
-/// table). To add a setting, add its row here.
-pub const SETTINGS: &[(&str, Kind)] = &[
-    ("DDSTORE_METHOD", Kind::Int { min: 0, max: 2 }),
-    ("DDSTORE_COMM", Kind::Choice(&["mpi", "torch", "file"])),
-    ("DDSTORE_MPI", Kind::Flag),
-    ("DDSTORE_HANDSHAKE_DIR", Kind::Text),
-    ("DDSTORE_HANDSHAKE_TIMEOUT_S", Kind::Seconds),
-    (
-        "DDSTORE_N_CORE",
-        Kind::Int {
-            min: 0,
-            max: 1 << 24,
-        },
-    ),
-    ("DDSTORE_MAX_READ_BYTES", Kind::Positive),
-    (
-        "DDSTORE_MAX_INFLIGHT",
-        Kind::Int {
-            min: 1,
-            max: 1 << 20,
-        },
-    ),
-    ("DDSTORE_TIMEOUT_S", Kind::Seconds),
-    ("DDSTORE_ABORT_ON_EXCEPTION", Kind::Flag),
-    ("DDSTORE_SHM", Kind::Flag),
-    ("DDSTORE_THREAD_READERS", Kind::Flag),
-    // Any libfabric provider name (efa, opx, psm3, ucx, ...), not only the known ones.
-    ("DDSTORE_FABRIC", Kind::Provider),
-    ("DDSTORE_NIC_MAP", Kind::Text),
-    ("DDSTORE_FORK_WORKERS", Kind::Flag),
-    ("DDSTORE_BATCH_GET", Kind::Flag),
-    ("DDSTORE_FAST_COLLATE", Kind::Flag),
-    (
-        "DDSTORE_AFFINITY_WIDTH",
-        Kind::Int {
-            min: 0,
-            max: 1 << 16,
-        },
-    ),
-    (
-        "DDSTORE_AFFINITY_OFFSET",
-        Kind::Int {
-            min: 0,
-            max: 1 << 16,
-        },
-    ),
-    ("DDSTORE_PROFILE", Kind::Flag),
-    ("DDSTORE_QUIET", Kind::Flag),
-    // debug, info, warning, error or a number: checked by pyddstore's logging set-up.
-    ("DDSTORE_LOG_LEVEL", Kind::Text),
-    ("DDSTORE_LOAD_THREADS", Kind::Int { min: 1, max: 1024 }),
-    ("DDSTORE_LOAD_DEPTH", Kind::Int { min: 1, max: 1024 }),
-    ("DDSTORE_LOAD_DIRECT", Kind::Flag),
-    ("DDSTORE_LOAD_TIMEOUT_S", Kind::Seconds),
-    (
-        "DDSTORE_CORE_GROUP",
-        Kind::Int {
-            min: 0,
-            max: 1 << 24,
-        },
-    ),
-    ("DDSTORE_OFI_LOCAL_MR", Kind::Flag),
-    ("DDSTORE_OFI_HMEM", Kind::Flag),
-    ("DDSTORE_TEST_HOST_AS_DEVICE", Kind::Flag),
-    (
-        "DDSTORE_MPI_THREAD_LEVEL",
-        Kind::Choice(&["single", "funneled", "serialized", "multiple"]),
-    ),
-    ("DDSTORE_JOB_ID", Kind::Text),
-    ("DDSTORE_JOB_TOKEN", Kind::Text),
-    ("DDSTORE_REMOTE_GATHER", Kind::Choice(&["auto", "0", "1"])),
-    ("DDSTORE_TEST_LONG", Kind::Flag),
-    ("DDSTORE_VCLUSTER_HARNESS", Kind::Text),
-    ("DDSTORE_HOST_ID", Kind::Text),
-    // Bytes of a rank's shares kept in memory (0: every row spills).
-    (
-        "DDSTORE_MEMORY_LIMIT",
-        Kind::Int {
-            min: 0,
-            max: 1 << 53,
-        },
-    ),
-    ("DDSTORE_SPILL_DIR", Kind::Text),
-    (
-        "DDSTORE_MPI_FAKE_NODE_SIZE",
-        Kind::Int {
-            min: 1,
-            max: 1 << 20,
-        },
-    ),
-];
-
-/// One setting read from the process environment and checked against
-/// `SETTINGS` (for the few read where no store exists yet: job and host ids,
-/// test knobs); `None` when unset or empty.
-pub fn env_setting(key: &str) -> Result<Option<String>> {
-    setting(&|k| std::env::var(k).ok(), key)
-}
-
-/// The value of a flag or integer setting, checked against `SETTINGS`;
-/// `None` when unset or empty. Unknown keys are an error (a typo in code).
-pub fn setting(get: &impl Fn(&str) -> Option<String>, key: &str) -> Result<Option<String>> {
-    let kind = kind_of(key)?;
-    let Some(raw) = get(key) else { return Ok(None) };
-    let raw = raw.trim();
-    if raw.is_empty() {
-        return Ok(None);
-    }
-    check_value(key, kind, raw).map(Some).map_err(|expected| {
-        Error::invalid(format!(
-            "environment variable {key}={raw:?} is not valid: expected {expected}"
-        ))
-    })
-}
-
-/// What `SETTINGS` says `key` accepts; an unknown key is an error (a typo in code).
-fn kind_of(key: &str) -> Result<Kind> {
-    SETTINGS
-        .iter()
-        .find(|(k, _)| *k == key)
-        .map(|(_, kind)| *kind)
-        .ok_or_else(|| Error::invalid(format!("{key} is not a pyddstore setting")))
-}
-
-/// `raw` (trimmed, not empty) checked as a value of `key`: its normalised
-/// form (flags "0"/"1", words lower case), or what was expected instead.
-fn check_value(key: &str, kind: Kind, raw: &str) -> std::result::Result<String, String> {
-    match kind {
-        Kind::Flag => match raw.to_ascii_lowercase().as_str() {
-            "1" | "true" => Ok("1".into()),
-            "0" | "false" => Ok("0".into()),
-            _ => Err("0, 1, true or false".into()),
-        },
-        Kind::Int { min, max } => match raw.parse::<i64>() {
-            Ok(v) if (min..=max).contains(&v) => Ok(v.to_string()),
-            _ => Err(format!("an integer from {min} to {max}")),
-        },
-        Kind::Positive | Kind::Seconds => positive(key, raw).map(|v| v.to_string()),
-        Kind::Choice(words) => {
-            let low = raw.to_ascii_lowercase();
-            if words.contains(&low.as_str()) {
-                Ok(low)
-            } else {
-                Err(format!("one of {}", words.join(", ")))
-            }
-        }
-        Kind::Text => Ok(raw.to_string()),
-        Kind::Provider => {
-            let low = raw.to_ascii_lowercase();
-            let part_ok = |p: &str| {
-                p.len() <= 32
-                    && p.starts_with(|c: char| c.is_ascii_alphabetic())
-                    && p.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-            };
-            if low.split(';').all(part_ok) {
-                Ok(low)
-            } else {
-                Err("a libfabric provider name such as cxi, verbs, efa, opx, psm3, ucx, tcp, shm or \
-                     tcp;ofi_rxm"
-                    .into())
-            }
-        }
-    }
-}
-
-/// A positive number: seconds (`*_S`, 0.001 to a year) or a count (1 to 2^53).
-fn positive(key: &str, raw: &str) -> std::result::Result<f64, String> {
-    // Durations up to a year, counts up to 2^53: beyond that a value is a typo, not a setting.
-    let seconds = key.ends_with("_S");
-    let max = if seconds {
-        365.0 * 86400.0
-    } else {
-        (1u64 << 53) as f64
-    };
-    match raw.parse::<f64>() {
-        Ok(v) if v.is_finite() && v <= max && (v >= 1.0 || (seconds && v >= 1e-3)) => Ok(v),
-        _ => Err("a positive number".into()),
-    }
-}
-
-/// Validates every `DDSTORE_*` setting that is set; the first bad one is an
-/// error naming the variable and what it accepts.
-pub fn check_env(get: &impl Fn(&str) -> Option<String>) -> Result<()> {
-    for (key, _) in SETTINGS {
-        setting(get, key)?;
-    }
-    Ok(())
-}
-
-/// Defaults of the settings that have one (what an unset variable means);
-/// the others are "unset" (None) and their users decide.
-pub const DEFAULTS: &[(&str, &str)] = &[
-    ("DDSTORE_MPI", "1"),
-    ("DDSTORE_HANDSHAKE_TIMEOUT_S", "300"),
-    ("DDSTORE_N_CORE", "0"),
-    ("DDSTORE_MAX_READ_BYTES", "67108864"),
-    ("DDSTORE_MAX_INFLIGHT", "64"),
-    ("DDSTORE_TIMEOUT_S", "60"),
-    ("DDSTORE_ABORT_ON_EXCEPTION", "0"),
-    ("DDSTORE_SHM", "1"),
-    ("DDSTORE_THREAD_READERS", "1"),
-    ("DDSTORE_BATCH_GET", "1"),
-    ("DDSTORE_FAST_COLLATE", "1"),
-    ("DDSTORE_AFFINITY_WIDTH", "0"),
-    ("DDSTORE_AFFINITY_OFFSET", "0"),
-    ("DDSTORE_CORE_GROUP", "0"),
-    ("DDSTORE_MPI_THREAD_LEVEL", "multiple"),
-    ("DDSTORE_REMOTE_GATHER", "auto"),
-    ("DDSTORE_LOAD_TIMEOUT_S", "600"),
-];
-
-/// What a setting of `kind` is once checked, for typed access.
+/// What a setting is once checked, for typed access.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
     /// A switch.
@@ -394,14 +121,229 @@ pub enum Value {
     Text(String),
 }
 
+/// A checked value: its normalised spelling (flags "0"/"1", words lower
+/// case), which snapshots keep and pickle, and its typed value.
+#[derive(Clone, Debug, PartialEq)]
+struct Checked {
+    text: String,
+    value: Value,
+}
+
+impl Kind {
+    /// The one parser: `raw` (trimmed, not empty) as a value of this kind,
+    /// or what was expected instead.
+    fn parse(self, raw: &str) -> std::result::Result<Checked, String> {
+        let checked = |text: String, value| Ok(Checked { text, value });
+        match self {
+            Kind::Flag => match raw.to_ascii_lowercase().as_str() {
+                "1" | "true" => checked("1".into(), Value::Flag(true)),
+                "0" | "false" => checked("0".into(), Value::Flag(false)),
+                _ => Err("0, 1, true or false".into()),
+            },
+            Kind::Int { min, max } => match raw.parse::<i64>() {
+                Ok(v) if (min..=max).contains(&v) => checked(v.to_string(), Value::Int(v)),
+                _ => Err(format!("an integer from {min} to {max}")),
+            },
+            // Counts up to 2^53, durations up to a year: beyond that a value is a typo.
+            Kind::Positive => match raw.parse::<f64>() {
+                Ok(v) if v.is_finite() && (1.0..=(1u64 << 53) as f64).contains(&v) => {
+                    checked(v.to_string(), Value::Int(v as i64))
+                }
+                _ => Err("a positive number".into()),
+            },
+            Kind::Seconds => match raw.parse::<f64>() {
+                Ok(v) if v.is_finite() && (1e-3..=365.0 * 86400.0).contains(&v) => {
+                    checked(v.to_string(), Value::Seconds(v))
+                }
+                _ => Err("a positive number".into()),
+            },
+            Kind::Choice(words) => {
+                let low = raw.to_ascii_lowercase();
+                if words.contains(&low.as_str()) {
+                    checked(low.clone(), Value::Text(low))
+                } else {
+                    Err(format!("one of {}", words.join(", ")))
+                }
+            }
+            Kind::Text => checked(raw.to_string(), Value::Text(raw.to_string())),
+            Kind::Provider => {
+                let low = raw.to_ascii_lowercase();
+                let part_ok = |p: &str| {
+                    p.len() <= 32
+                        && p.starts_with(|c: char| c.is_ascii_alphabetic())
+                        && p.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+                };
+                if low.split(';').all(part_ok) {
+                    checked(low.clone(), Value::Text(low))
+                } else {
+                    Err(
+                        "a libfabric provider name such as cxi, verbs, efa, opx, psm3, ucx, \
+                         tcp, shm or tcp;ofi_rxm"
+                            .into(),
+                    )
+                }
+            }
+        }
+    }
+}
+
+/// One `DDSTORE_*` variable: what it accepts and what leaving it unset means.
+#[derive(Clone, Copy, Debug)]
+pub struct Setting {
+    /// The variable's name.
+    pub key: &'static str,
+    /// What it accepts.
+    pub kind: Kind,
+    /// What an unset variable means, spelled as the variable would be; None:
+    /// unset has a meaning of its own, decided where it is used.
+    pub default: Option<&'static str>,
+    /// An older name of this variable, read when this one is unset.
+    pub older: Option<&'static str>,
+}
+
+impl Setting {
+    const fn new(key: &'static str, kind: Kind, default: Option<&'static str>) -> Setting {
+        Setting {
+            key,
+            kind,
+            default,
+            older: None,
+        }
+    }
+
+    /// The row itself, or an error (a typo in code) for a name that is no setting.
+    pub fn of(key: &str) -> Result<&'static Setting> {
+        SETTINGS
+            .iter()
+            .find(|s| s.key == key)
+            .ok_or_else(|| Error::invalid(format!("{key} is not a pyddstore setting")))
+    }
+
+    /// `raw` (trimmed, not empty) checked as the variable's value.
+    fn check_env(&self, raw: &str) -> Result<Checked> {
+        self.kind.parse(raw).map_err(|expected| {
+            Error::invalid(format!(
+                "environment variable {}={raw:?} is not valid: expected {expected}",
+                self.key
+            ))
+        })
+    }
+
+    /// `raw` (trimmed, not empty) checked as the value of the argument `source`.
+    fn check_arg(&self, raw: &str, source: &str) -> Result<Checked> {
+        self.kind.parse(raw).map_err(|expected| {
+            Error::invalid(format!(
+                "{source}={raw:?} ({}) is not valid: expected {expected}",
+                self.key
+            ))
+        })
+    }
+}
+
+/// An integer setting's range.
+const fn range(min: i64, max: i64) -> Kind {
+    Kind::Int { min, max }
+}
+
+/// Every `DDSTORE_*` variable pyddstore reads, in one table, with its
+/// default: [`Settings`] validates all of them at store creation (Rust and
+/// Python read the same table, Python as `pyddstore.Settings`). To add a
+/// setting, add its row here (and to docs/guides/tuning.md).
+pub const SETTINGS: &[Setting] = &[
+    Setting::new("DDSTORE_METHOD", range(0, 2), None),
+    Setting::new(
+        "DDSTORE_COMM",
+        Kind::Choice(&["mpi", "torch", "file"]),
+        None,
+    ),
+    Setting::new("DDSTORE_MPI", Kind::Flag, Some("1")),
+    Setting::new("DDSTORE_HANDSHAKE_DIR", Kind::Text, None),
+    Setting::new("DDSTORE_HANDSHAKE_TIMEOUT_S", Kind::Seconds, Some("300")),
+    Setting::new("DDSTORE_N_CORE", range(0, 1 << 24), Some("0")),
+    Setting::new("DDSTORE_MAX_READ_BYTES", Kind::Positive, Some("67108864")),
+    Setting::new("DDSTORE_MAX_INFLIGHT", range(1, 1 << 20), Some("64")),
+    Setting::new("DDSTORE_TIMEOUT_S", Kind::Seconds, Some("60")),
+    Setting::new("DDSTORE_ABORT_ON_EXCEPTION", Kind::Flag, Some("0")),
+    Setting::new("DDSTORE_SHM", Kind::Flag, Some("1")),
+    Setting::new("DDSTORE_THREAD_READERS", Kind::Flag, Some("1")),
+    // Any libfabric provider name (efa, opx, psm3, ucx, ...), not only the known ones.
+    Setting::new("DDSTORE_FABRIC", Kind::Provider, None),
+    Setting::new("DDSTORE_NIC_MAP", Kind::Text, None),
+    Setting::new("DDSTORE_FORK_WORKERS", Kind::Flag, Some("0")),
+    Setting::new("DDSTORE_BATCH_GET", Kind::Flag, Some("1")),
+    Setting::new("DDSTORE_FAST_COLLATE", Kind::Flag, Some("1")),
+    Setting::new("DDSTORE_AFFINITY_WIDTH", range(0, 1 << 16), Some("0")),
+    Setting::new("DDSTORE_AFFINITY_OFFSET", range(0, 1 << 16), Some("0")),
+    Setting::new("DDSTORE_PROFILE", Kind::Flag, Some("0")),
+    Setting::new("DDSTORE_QUIET", Kind::Flag, Some("0")),
+    // debug, info, warning, error or a number: checked by pyddstore's logging set-up.
+    Setting::new("DDSTORE_LOG_LEVEL", Kind::Text, None),
+    Setting {
+        older: Some("DDSTORE_LOAD_THREADS"),
+        ..Setting::new("DDSTORE_LOAD_DEPTH", range(1, 1024), Some("32"))
+    },
+    Setting::new("DDSTORE_LOAD_THREADS", range(1, 1024), None),
+    Setting::new("DDSTORE_LOAD_DIRECT", Kind::Flag, Some("0")),
+    Setting::new("DDSTORE_LOAD_TIMEOUT_S", Kind::Seconds, Some("600")),
+    Setting::new("DDSTORE_CORE_GROUP", range(0, 1 << 24), Some("0")),
+    Setting::new("DDSTORE_OFI_LOCAL_MR", Kind::Flag, Some("0")),
+    Setting::new("DDSTORE_OFI_HMEM", Kind::Flag, Some("0")),
+    Setting::new("DDSTORE_TEST_HOST_AS_DEVICE", Kind::Flag, Some("0")),
+    Setting::new(
+        "DDSTORE_MPI_THREAD_LEVEL",
+        Kind::Choice(&["single", "funneled", "serialized", "multiple"]),
+        Some("multiple"),
+    ),
+    Setting::new("DDSTORE_JOB_ID", Kind::Text, None),
+    Setting::new("DDSTORE_JOB_TOKEN", Kind::Text, None),
+    Setting::new(
+        "DDSTORE_REMOTE_GATHER",
+        Kind::Choice(&["auto", "0", "1"]),
+        Some("auto"),
+    ),
+    Setting::new("DDSTORE_TEST_LONG", Kind::Flag, Some("0")),
+    Setting::new("DDSTORE_VCLUSTER_HARNESS", Kind::Text, None),
+    Setting::new("DDSTORE_HOST_ID", Kind::Text, None),
+    Setting::new("DDSTORE_MPI_FAKE_NODE_SIZE", range(1, 1 << 20), None),
+    // Bytes of a rank's shares kept in memory (0: every row spills); unset: all in memory.
+    Setting::new("DDSTORE_MEMORY_LIMIT", range(0, 1 << 53), None),
+    Setting::new("DDSTORE_SPILL_DIR", Kind::Text, None),
+];
+
+/// One setting read from the process environment and checked against
+/// `SETTINGS` (for the few read where no store exists yet: job and host ids,
+/// test knobs); `None` when unset or empty.
+pub fn env_setting(key: &str) -> Result<Option<String>> {
+    setting(&|k| std::env::var(k).ok(), key)
+}
+
+/// The checked, normalised value of `key` read through `get`; `None` when
+/// unset or empty. Unknown keys are an error (a typo in code).
+pub fn setting(get: &impl Fn(&str) -> Option<String>, key: &str) -> Result<Option<String>> {
+    let row = Setting::of(key)?;
+    Ok(read(row, get)?.map(|c| c.text))
+}
+
+/// `row`'s variable read through `get` and checked; None when unset or empty.
+fn read(row: &Setting, get: &impl Fn(&str) -> Option<String>) -> Result<Option<Checked>> {
+    let Some(raw) = get(row.key) else {
+        return Ok(None);
+    };
+    match raw.trim() {
+        "" => Ok(None),
+        raw => row.check_env(raw).map(Some),
+    }
+}
+
 /// One validated snapshot of every `DDSTORE_*` setting: the environment,
 /// read once, with the values a store's constructor arguments give on top
 /// (an argument wins over its variable). Each value was checked against
-/// [`SETTINGS`]; a bad one is an error naming the variable (or the argument).
+/// [`SETTINGS`] once; a bad one is an error naming the variable (or the argument).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Settings {
-    /// Checked, normalised values of the settings that are set (flags as "0"/"1").
-    values: BTreeMap<&'static str, String>,
+    /// Checked values of the settings that are set.
+    values: BTreeMap<&'static str, Checked>,
 }
 
 impl Settings {
@@ -413,48 +355,29 @@ impl Settings {
     /// As [`Settings::from_env`] with the environment given by `get`.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Settings> {
         let mut values = BTreeMap::new();
-        for (key, _) in SETTINGS {
-            if let Some(v) = setting(&get, key)? {
-                values.insert(*key, v);
+        for row in SETTINGS {
+            if let Some(v) = read(row, &get)? {
+                values.insert(row.key, v);
             }
         }
-        let settings = Settings { values };
-        settings.config()?; // the typed part parses too (one error, naming the variable)
-        Ok(settings)
+        Ok(Settings { values })
     }
 
     /// These settings with `key` set to `value` (a constructor argument:
     /// `source` names it in the error, e.g. "method"). An empty value unsets it.
     pub fn with(&self, key: &str, value: &str, source: &str) -> Result<Settings> {
-        let key = Self::known(key)?;
+        let row = Setting::of(key)?;
         let mut values = self.values.clone();
-        let raw = value.trim();
-        if raw.is_empty() {
-            values.remove(key);
-        } else {
-            let v = check_value(key, kind_of(key)?, raw).map_err(|expected| {
-                Error::invalid(format!(
-                    "{source}={raw:?} ({key}) is not valid: expected {expected}"
-                ))
-            })?;
-            values.insert(key, v);
-        }
-        let settings = Settings { values };
-        settings.config()?;
-        Ok(settings)
-    }
-
-    fn known(key: &str) -> Result<&'static str> {
-        SETTINGS
-            .iter()
-            .find(|(k, _)| *k == key)
-            .map(|(k, _)| *k)
-            .ok_or_else(|| Error::invalid(format!("{key} is not a pyddstore setting")))
+        match value.trim() {
+            "" => values.remove(row.key),
+            raw => values.insert(row.key, row.check_arg(raw, source)?),
+        };
+        Ok(Settings { values })
     }
 
     /// The checked value of `key` as set (flags "0"/"1"), None when unset.
     pub fn raw(&self, key: &str) -> Option<&str> {
-        self.values.get(key).map(String::as_str)
+        self.values.get(key).map(|c| c.text.as_str())
     }
 
     /// Whether `key` was set (in the environment or by an argument).
@@ -462,25 +385,21 @@ impl Settings {
         self.values.contains_key(key)
     }
 
-    /// The value of `key`, else its default ([`DEFAULTS`]; flags default to
-    /// off), typed by its kind; None when unset without a default.
+    /// The value of `key`, else of its older name, else its default, typed
+    /// by its kind; None when unset without a default.
     pub fn value(&self, key: &str) -> Result<Option<Value>> {
-        let key = Self::known(key)?;
-        let kind = SETTINGS.iter().find(|(k, _)| *k == key).expect("known").1;
-        let raw = self
-            .raw(key)
-            .or_else(|| DEFAULTS.iter().find(|(k, _)| *k == key).map(|(_, v)| *v));
-        let Some(raw) = raw else {
-            return Ok(matches!(kind, Kind::Flag).then_some(Value::Flag(false)));
-        };
-        let bad = || Error::invalid(format!("{key}={raw:?} does not parse as its kind"));
-        Ok(Some(match kind {
-            Kind::Flag => Value::Flag(raw == "1"),
-            Kind::Int { .. } => Value::Int(raw.parse().map_err(|_| bad())?),
-            Kind::Positive => Value::Int(raw.parse::<f64>().map_err(|_| bad())? as i64),
-            Kind::Seconds => Value::Seconds(raw.parse().map_err(|_| bad())?),
-            Kind::Choice(_) | Kind::Text | Kind::Provider => Value::Text(raw.to_string()),
-        }))
+        let row = Setting::of(key)?;
+        let set = self
+            .values
+            .get(row.key)
+            .or_else(|| row.older.and_then(|k| self.values.get(k)));
+        if let Some(c) = set {
+            return Ok(Some(c.value.clone()));
+        }
+        match row.default {
+            None => Ok(None),
+            Some(d) => Ok(Some(row.check_arg(d, "the default")?.value)),
+        }
     }
 
     /// A switch's value (its default when unset).
@@ -500,40 +419,46 @@ impl Settings {
         }
     }
 
-    /// The typed settings the core and the transports use.
-    pub fn config(&self) -> Result<Config> {
-        Config::from_lookup(|k| self.raw(k).map(str::to_string))
+    /// The typed settings the core and the transports use (no parsing: the
+    /// values were checked when the snapshot was taken).
+    pub fn config(&self) -> Config {
+        let int = |k| match self.value(k) {
+            Ok(Some(Value::Int(v))) => v,
+            other => unreachable!("{k} is an integer with a default in SETTINGS: {other:?}"),
+        };
+        let seconds = |k| match self.value(k) {
+            Ok(Some(Value::Seconds(v))) => Duration::from_secs_f64(v),
+            other => unreachable!("{k} is seconds with a default in SETTINGS: {other:?}"),
+        };
+        let text = |k| self.raw(k).map(str::to_string);
+        Config {
+            max_read_bytes: int("DDSTORE_MAX_READ_BYTES") as usize,
+            max_inflight: int("DDSTORE_MAX_INFLIGHT") as usize,
+            timeout: seconds("DDSTORE_TIMEOUT_S"),
+            handshake_timeout: seconds("DDSTORE_HANDSHAKE_TIMEOUT_S"),
+            node_sharing: self.flag("DDSTORE_SHM"),
+            thread_readers: self.flag("DDSTORE_THREAD_READERS"),
+            remote_gather: match self.raw("DDSTORE_REMOTE_GATHER") {
+                Some("1") => RemoteGather::On,
+                Some("0") => RemoteGather::Off,
+                _ => RemoteGather::Auto,
+            },
+            fabric: text("DDSTORE_FABRIC"),
+            nic_map: text("DDSTORE_NIC_MAP"),
+            ofi_local_mr: self.flag("DDSTORE_OFI_LOCAL_MR"),
+            ofi_hmem: self.flag("DDSTORE_OFI_HMEM"),
+            read_by_other_jobs: false,
+            memory_limit: match self.value("DDSTORE_MEMORY_LIMIT") {
+                Ok(Some(Value::Int(v))) => Some(v as u64),
+                _ => None,
+            },
+            spill_dir: text("DDSTORE_SPILL_DIR").map(std::path::PathBuf::from),
+        }
     }
 
     /// Every setting that is set, as (variable, checked value).
     pub fn iter(&self) -> impl Iterator<Item = (&'static str, &str)> + '_ {
-        self.values.iter().map(|(k, v)| (*k, v.as_str()))
-    }
-}
-
-fn parse_positive(get: &impl Fn(&str) -> Option<String>, key: &str) -> Result<Option<f64>> {
-    let Some(raw) = get(key) else { return Ok(None) };
-    let raw = raw.trim();
-    if raw.is_empty() {
-        return Ok(None);
-    }
-    positive(key, raw).map(Some).map_err(|expected| {
-        Error::invalid(format!(
-            "environment variable {key}={raw:?} is not valid: expected {expected}"
-        ))
-    })
-}
-
-/// Parses a switch: exactly `0`, `1`, `true` or `false`.
-pub fn parse_flag(get: &impl Fn(&str) -> Option<String>, key: &str) -> Result<Option<bool>> {
-    let Some(raw) = get(key) else { return Ok(None) };
-    match raw.trim().to_ascii_lowercase().as_str() {
-        "" => Ok(None),
-        "1" | "true" => Ok(Some(true)),
-        "0" | "false" => Ok(Some(false)),
-        other => Err(Error::invalid(format!(
-            "environment variable {key}={other:?} is not valid: expected 0, 1, true or false"
-        ))),
+        self.values.iter().map(|(k, c)| (*k, c.text.as_str()))
     }
 }
 
@@ -561,6 +486,33 @@ mod tests {
     }
 
     #[test]
+    fn defaults_come_from_the_table() {
+        let c = Config::default();
+        assert_eq!((c.max_read_bytes, c.max_inflight), (64 << 20, 64), "{c:?}");
+        assert_eq!(c.timeout, Duration::from_secs(60));
+        assert_eq!(c.handshake_timeout, Duration::from_secs(300));
+        assert!(c.node_sharing && c.thread_readers && !c.ofi_local_mr && !c.ofi_hmem);
+        assert_eq!(c.remote_gather, RemoteGather::Auto);
+        assert_eq!((c.fabric, c.nic_map), (None, None));
+        // Every default is a valid value of its row, and every switch has one.
+        for row in SETTINGS {
+            if let Some(d) = row.default {
+                assert!(row.kind.parse(d).is_ok(), "{} default {d:?}", row.key);
+            }
+            if matches!(row.kind, Kind::Flag) {
+                assert!(
+                    row.default.is_some(),
+                    "{} is a flag without a default",
+                    row.key
+                );
+            }
+            if let Some(older) = row.older {
+                assert!(Setting::of(older).is_ok(), "{older} has no row");
+            }
+        }
+    }
+
+    #[test]
     fn remote_gather_values() {
         let with = |v: &'static str| {
             Config::from_lookup(move |k| (k == "DDSTORE_REMOTE_GATHER").then(|| v.to_string()))
@@ -572,9 +524,30 @@ mod tests {
         assert_eq!(with("").unwrap().remote_gather, RemoteGather::Auto);
         let err = with("fast").unwrap_err().to_string();
         assert!(
-            err.contains("DDSTORE_REMOTE_GATHER") && err.contains("auto, 0 or 1"),
+            err.contains("DDSTORE_REMOTE_GATHER") && err.contains("one of auto, 0, 1"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn an_older_name_counts_when_the_new_one_is_unset() {
+        let s = |pairs: &'static [(&str, &str)]| {
+            Settings::from_lookup(move |k| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            })
+            .unwrap()
+        };
+        let depth = |s: Settings| s.value("DDSTORE_LOAD_DEPTH").unwrap();
+        assert_eq!(depth(s(&[])), Some(Value::Int(32)));
+        assert_eq!(
+            depth(s(&[("DDSTORE_LOAD_THREADS", "5")])),
+            Some(Value::Int(5))
+        );
+        const BOTH: &[(&str, &str)] = &[("DDSTORE_LOAD_THREADS", "5"), ("DDSTORE_LOAD_DEPTH", "8")];
+        assert_eq!(depth(s(BOTH)), Some(Value::Int(8)));
     }
 
     #[test]
@@ -600,7 +573,7 @@ mod tests {
         );
         assert_eq!(s.value("DDSTORE_N_CORE").unwrap(), Some(Value::Int(0)));
         assert_eq!(s.value("DDSTORE_JOB_ID").unwrap(), None);
-        let c = s.config().unwrap();
+        let c = s.config();
         assert_eq!(c.fabric.as_deref(), Some("tcp"));
         assert!(!c.node_sharing);
         // An argument wins over the variable, and is checked with its name.
@@ -611,10 +584,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("method=") && err.contains("DDSTORE_METHOD"),
+            err.contains("method=\"7\" (DDSTORE_METHOD)") && err.contains("from 0 to 2"),
             "{err}"
         );
         assert!(s.with("NOT_A_SETTING", "1", "x").is_err());
+        assert!(!s
+            .with("DDSTORE_SHM", "", "shm")
+            .unwrap()
+            .is_set("DDSTORE_SHM"));
         // A bad value anywhere names its variable.
         let err = Settings::from_lookup(|k| (k == "DDSTORE_QUIET").then(|| "yes".into()))
             .unwrap_err()

@@ -118,7 +118,14 @@ pub enum Error {
     /// The operation is not possible in this configuration.
     #[error("{0}")]
     Unsupported(String),
-    /// A file or shared-memory operation failed.
+    /// A source file that cannot be used as it is: a symbolic link where
+    /// none is followed, not a regular file, truncated or longer than
+    /// described, changed while it was opened, or corrupt (a checksum
+    /// mismatch). Maps to `DDStoreFileError`, like [`Error::Io`].
+    #[error("{0}")]
+    File(String),
+    /// A file or shared-memory operation failed (maps to `DDStoreFileError`,
+    /// `FileNotFoundError` and `PermissionError` subclasses by the error's kind).
     #[error("{context}: {source}")]
     Io {
         /// What was being done, and to which file.

@@ -10,10 +10,7 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use crate::comm::Comm;
-use crate::node_only::Unreachable;
 use crate::region::{Memory, RawMemory};
-use crate::transport::Exposed;
 use crate::{Error, Result};
 
 /// Where a share's bytes live, as libfabric's `enum fi_hmem_iface` names it.
@@ -136,29 +133,6 @@ impl Memory for ExternalShare {
         }
         self.memory.pread_into(offset, len, file, file_offset)
     }
-}
-
-/// A single rank's external share, with no peer to reach: what a transport
-/// without device-memory support can still offer (a one-process store).
-pub fn expose_alone(
-    transport: &str,
-    comm: &Arc<dyn Comm>,
-    share: ExternalShare,
-) -> Result<Exposed> {
-    if comm.size() != 1 {
-        return Err(Error::Unsupported(format!(
-            "the {transport} transport cannot give other ranks access to a share in {} memory: \
-             use method=1 (libfabric) with add_device=, or drop add_device=",
-            share.iface().name()
-        )));
-    }
-    Ok(Exposed {
-        local: Arc::new(share),
-        node_peers: vec![None],
-        remote: Arc::new(Unreachable),
-        records: Vec::new(),
-        node_locators: Vec::new(),
-    })
 }
 
 #[cfg(test)]

@@ -410,8 +410,8 @@ impl Comm for FileComm {
         self.split_group(color, key)
     }
 
-    fn kind(&self) -> &'static str {
-        "file"
+    fn kind(&self) -> crate::kinds::CommKind {
+        crate::kinds::CommKind::File
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -68,16 +68,16 @@ impl SourceFile {
         };
         let file = open(0).map_err(|e| {
             if nofollow && e.raw_os_error() == Some(libc::ELOOP) {
-                Error::Access(format!("{path} is a symbolic link"))
+                Error::File(format!("{path} is a symbolic link"))
             } else {
-                Error::Access(format!("{path} cannot be opened ({e})"))
+                Error::io(format!("{path} cannot be opened"), e)
             }
         })?;
         let meta = file
             .metadata()
             .map_err(|e| Error::io(format!("{path}: fstat"), e))?;
         if !meta.file_type().is_file() {
-            return Err(Error::Access(format!("{path} is not a regular file")));
+            return Err(Error::File(format!("{path} is not a regular file")));
         }
         if let Some(want) = size {
             if meta.len() != want {
@@ -86,7 +86,7 @@ impl SourceFile {
                 } else {
                     "longer than expected"
                 };
-                return Err(Error::invalid(format!(
+                return Err(Error::File(format!(
                     "{path} is {what}: {} bytes, expected {want}",
                     meta.len()
                 )));
@@ -104,7 +104,7 @@ impl SourceFile {
                     .metadata()
                     .map_err(|e| Error::io(format!("{path}: fstat"), e))?;
                 if (dmeta.dev(), dmeta.ino()) != (meta.dev(), meta.ino()) {
-                    return Err(Error::Access(format!("{path} changed while it was opened")));
+                    return Err(Error::File(format!("{path} changed while it was opened")));
                 }
                 out.file = dfile;
                 out.direct = true;
@@ -124,7 +124,7 @@ impl SourceFile {
     }
 
     fn truncated(&self, at: u64, need: u64) -> Error {
-        Error::invalid(format!(
+        Error::File(format!(
             "{} is truncated: it ends at byte {at}, the rows need {need}",
             self.path
         ))
@@ -438,7 +438,7 @@ pub fn read_ranges(
 
 fn check_crc(f: &SourceFile, r: &FileRange, got: u32) -> Result<()> {
     match r.crc32 {
-        Some(want) if want != got => Err(Error::invalid(format!(
+        Some(want) if want != got => Err(Error::File(format!(
             "{}: checksum mismatch in bytes {}..{} (CRC32 {got:#010x}, expected {want:#010x}): the file is corrupt",
             f.path,
             r.file_offset,
@@ -499,7 +499,7 @@ fn read_one(sh: &Shared, f: &SourceFile, r: &FileRange, bounce: &mut Bounce) -> 
     while pos < need {
         pos += pread_some(sh, f, &mut buf[pos..], a0 + pos as u64, end)?;
         if !pos.is_multiple_of(DIRECT_ALIGN) && pos < need {
-            return Err(Error::invalid(format!(
+            return Err(Error::File(format!(
                 "{}: unaligned short read at byte {} with O_DIRECT",
                 f.path,
                 a0 + pos as u64

@@ -6,15 +6,12 @@ use std::sync::Arc;
 
 use crate::comm::Comm;
 use crate::region::{share_on_node, Region};
-use crate::transport::{ExposeOptions, Exposed, RemoteRead, RemoteShares, ShareReader, Transport};
+use crate::transport::{ExposeOptions, Exposed, RemoteShares, Transport, Unreachable};
 use crate::{Error, Result};
 
 /// The transport of a store with no MPI or libfabric: same-node shares only.
 #[derive(Debug, Default)]
 pub struct NodeOnlyTransport;
-
-/// The remote route of a store with no transport: any read of another rank is refused.
-pub(crate) struct Unreachable;
 
 impl Transport for NodeOnlyTransport {
     fn name(&self) -> String {
@@ -47,23 +44,5 @@ impl Transport for NodeOnlyTransport {
         Err(Error::Unsupported(
             "the node-only transport cannot be read from another job".into(),
         ))
-    }
-}
-
-impl RemoteShares for Unreachable {
-    fn open_reader(&self) -> Result<Box<dyn ShareReader>> {
-        Ok(Box::new(Unreachable))
-    }
-}
-
-impl ShareReader for Unreachable {
-    fn read_many(&mut self, reads: &[RemoteRead], _dst: &mut [u8]) -> Result<()> {
-        match reads.first() {
-            None => Ok(()),
-            Some(r) => Err(Error::Unsupported(format!(
-                "rank {} is not reachable by memory copy",
-                r.owner
-            ))),
-        }
     }
 }

@@ -32,10 +32,11 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::comm::gather_u64;
 use crate::dtype::DType;
+use crate::kinds::RaggedPart;
 use crate::layout::Layout;
 use crate::plan::{validate_rows, Plan, RepeatCopy};
 use crate::profile::{Counters, Profile};
-use crate::store::{OwnRows, Store, Variable};
+use crate::store::{Element, OwnRows, Store, Variable};
 use crate::transport::{RaggedRequest, RemoteRead};
 use crate::{Error, Result};
 use std::sync::{Arc, Mutex};
@@ -76,12 +77,12 @@ pub const END_GAP_ROWS: u64 = 512;
 
 /// Name of the variable holding a ragged variable's values.
 pub fn values_name(name: &str) -> String {
-    format!("{name}#values")
+    RaggedPart::Values.of(name)
 }
 
 /// Name of the variable holding a ragged variable's row ends.
 pub fn ends_name(name: &str) -> String {
-    format!("{name}#ends")
+    RaggedPart::Ends.of(name)
 }
 
 /// Shape of a ragged variable, the same on every rank.
@@ -89,6 +90,8 @@ pub fn ends_name(name: &str) -> String {
 pub struct RaggedInfo {
     /// Element type of the values.
     pub dtype: DType,
+    /// Bytes per element as `info()` reports it (the values' itemsize).
+    pub itemsize: usize,
     /// Bytes of one unit (one element, or one slice along the ragged axis).
     pub unit_bytes: usize,
     /// Where each ragged row lives.
@@ -194,10 +197,10 @@ impl Store {
         name: &str,
         lengths: &[u64],
         unit_bytes: usize,
-        dtype: DType,
+        element: impl Into<Element>,
         data: &[u8],
     ) -> Result<()> {
-        self.add_ragged_spilling(name, lengths, unit_bytes, dtype, data, None)
+        self.add_ragged_spilling(name, lengths, unit_bytes, element, data, None)
     }
 
     /// As [`Store::add_ragged`], with the variable's own memory budget and
@@ -208,7 +211,7 @@ impl Store {
         name: &str,
         lengths: &[u64],
         unit_bytes: usize,
-        dtype: DType,
+        element: impl Into<Element>,
         data: &[u8],
         request: Option<&crate::spill::SpillRequest>,
     ) -> Result<()> {
@@ -230,7 +233,7 @@ impl Store {
             &values_name(name),
             units,
             unit_bytes.max(1),
-            dtype,
+            element.into(),
             request,
             problem,
         )?;
@@ -273,6 +276,7 @@ impl Store {
         }
         let info = RaggedInfo {
             dtype: values.info.dtype,
+            itemsize: values.info.itemsize,
             unit_bytes: values.info.row_bytes,
             rows: ends.info.layout.clone(),
             units: values.info.layout.clone(),
@@ -616,7 +620,7 @@ impl Store {
         if out.len() != batch.bytes() {
             return Err(Error::invalid(format!(
                 "output for '{}' has {} bytes, expected {} units x {} bytes = {}",
-                batch.values.name.trim_end_matches("#values"),
+                RaggedPart::owner(&batch.values.name).unwrap_or(&batch.values.name),
                 out.len(),
                 batch.units(),
                 batch.unit_bytes,

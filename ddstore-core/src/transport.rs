@@ -7,9 +7,9 @@
 use std::sync::Arc;
 
 use crate::comm::Comm;
-use crate::external::{expose_alone, ExternalShare};
+use crate::external::ExternalShare;
 use crate::region::{Memory, NodeLocator};
-use crate::Result;
+use crate::{Error, Result};
 
 /// One byte range of a remote share, to land at `dst_offset` of the destination.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -236,4 +236,45 @@ pub trait ShareReader: Send {
     ) -> Result<Option<RaggedRows>> {
         Ok(None)
     }
+}
+
+/// The remote route of a share no other rank reaches (a node-only store, a
+/// one-rank external share): any read of another rank is refused.
+pub(crate) struct Unreachable;
+
+impl RemoteShares for Unreachable {
+    fn open_reader(&self) -> Result<Box<dyn ShareReader>> {
+        Ok(Box::new(Unreachable))
+    }
+}
+
+impl ShareReader for Unreachable {
+    fn read_many(&mut self, reads: &[RemoteRead], _dst: &mut [u8]) -> Result<()> {
+        match reads.first() {
+            None => Ok(()),
+            Some(r) => Err(Error::Unsupported(format!(
+                "rank {} is not reachable by memory copy",
+                r.owner
+            ))),
+        }
+    }
+}
+
+/// A single rank's external share, with no peer to reach: what a transport
+/// without device-memory support can still offer (a one-process store).
+fn expose_alone(transport: &str, comm: &Arc<dyn Comm>, share: ExternalShare) -> Result<Exposed> {
+    if comm.size() != 1 {
+        return Err(Error::Unsupported(format!(
+            "the {transport} transport cannot give other ranks access to a share in {} memory: \
+             use method=1 (libfabric) with add_device=, or drop add_device=",
+            share.iface().name()
+        )));
+    }
+    Ok(Exposed {
+        local: Arc::new(share),
+        node_peers: vec![None],
+        remote: Arc::new(Unreachable),
+        records: Vec::new(),
+        node_locators: Vec::new(),
+    })
 }

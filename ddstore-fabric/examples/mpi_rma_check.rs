@@ -336,7 +336,7 @@ pub fn run() -> CheckResult {
         .map(|r| vec![r as u8])
         .collect();
     expected.reverse();
-    if gathered != expected || halves.kind() != "mpi" {
+    if gathered != expected || halves.kind() != ddstore_core::kinds::CommKind::Mpi {
         return Err(format!(
             "split by parity with reversed keys gathered {gathered:?}"
         ));

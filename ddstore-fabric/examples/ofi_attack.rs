@@ -42,7 +42,7 @@ struct Attacker {
     ok: u64,
     /// Receives that brought a refusal (a reply tag with status bits).
     refused: u64,
-    /// Their statuses (see `Refusal` in gather.rs).
+    /// Their statuses (see `Refusal` in gather/wire.rs).
     statuses: Vec<u64>,
 }
 

@@ -216,7 +216,9 @@ def main() -> None:
                         "step": step,
                         "epoch": epoch,
                     }
-                    print("requeue-start", json.dumps(info), flush=True)
+                    # One write per report, so that the lines of ranks sharing a pipe stay whole.
+                    sys.stdout.write(f"requeue-start {json.dumps(info)}\n")
+                    sys.stdout.flush()
                 if step == a.die_at_step and rank == 0:
                     os.kill(os.getpid(), signal.SIGKILL)  # a node failure: no checkpoint
                 loss = torch.nn.functional.cross_entropy(model(x), y)

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ddstore_core::file_comm::FileComm;
+use ddstore_core::kinds::CommKind;
 use ddstore_core::{Comm, Error, Result, SingleComm};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
@@ -91,7 +92,7 @@ impl PyComm {
     }
     #[getter]
     fn kind(&self) -> &'static str {
-        self.inner.kind()
+        self.inner.kind().name()
     }
 
     fn allgather<'py>(&self, py: Python<'py>, data: Vec<u8>) -> PyResult<Bound<'py, PyList>> {
@@ -198,8 +199,8 @@ impl Comm for CallbackComm {
             }) as Arc<dyn Comm>)
         })
     }
-    fn kind(&self) -> &'static str {
-        "torch"
+    fn kind(&self) -> CommKind {
+        CommKind::Torch
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -6,7 +6,11 @@
 //!
 //! Every exception carries `call` (the failing libfabric or MPI call, e.g.
 //! `fi_read`, `MPI_Get`), `code` (its return code) and `peer` (the rank
-//! involved): `None` where absent.
+//! involved): `None` where absent. File errors are `OSError`s: their class
+//! follows the `io::ErrorKind` ([`io_class`]), they carry `errno`, and Python
+//! code reporting a file it cannot use builds them here too ([`file_error`]).
+
+use std::io::ErrorKind;
 
 use ddstore_core::error::RefusedFor;
 use ddstore_core::Error;
@@ -15,7 +19,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
 /// Every class `class_name` can name: bound and checked at import.
-const CLASSES: [&str; 11] = [
+const CLASSES: [&str; 14] = [
     "DDStoreError",
     "DDStoreValueError",
     "DDStoreIndexError",
@@ -27,6 +31,9 @@ const CLASSES: [&str; 11] = [
     "DDStoreTimeoutError",
     "DDStoreUnsupportedError",
     "DDStoreAccessError",
+    "DDStoreFileError",
+    "DDStoreFileNotFoundError",
+    "DDStoreFilePermissionError",
 ];
 
 /// The classes of [`CLASSES`], in that order.
@@ -60,10 +67,21 @@ fn class_name(err: &Error) -> &'static str {
         | Error::Refused {
             reason: RefusedFor::Other,
             ..
-        }
-        | Error::Io { .. } => "DDStoreError",
+        } => "DDStoreError",
+        Error::File(_) => "DDStoreFileError",
+        Error::Io { source, .. } => io_class(source.kind()),
         // Raised as what the signal handler raised (see `to_py`).
         Error::Interrupted => "DDStoreError",
+    }
+}
+
+/// The class of a failed file operation: the `FileNotFoundError` and
+/// `PermissionError` kinds have a subclass each, like Python's own `OSError`s.
+fn io_class(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::NotFound => "DDStoreFileNotFoundError",
+        ErrorKind::PermissionDenied => "DDStoreFilePermissionError",
+        _ => "DDStoreFileError",
     }
 }
 
@@ -89,33 +107,76 @@ pub fn bind(py: Python<'_>) -> PyResult<()> {
     Ok(())
 }
 
-fn class_of<'py>(py: Python<'py>, err: &Error) -> Option<Bound<'py, PyType>> {
-    let name = class_name(err);
+fn class_of<'py>(py: Python<'py>, name: &str) -> Option<Bound<'py, PyType>> {
     let at = CLASSES.iter().position(|&c| c == name)?;
     BOUND.get(py).map(|all| all[at].bind(py).clone())
 }
 
-/// Builds the Python exception for `err`, with its `call`, `code` and `peer`.
-pub fn to_py(py: Python<'_>, err: Error) -> PyErr {
-    // A signal's handler interrupted the wait: raise what it raised (KeyboardInterrupt).
-    if let Some(raised) = crate::signals::take_raised(&err) {
-        return raised;
-    }
-    let msg = err.to_string();
-    let Some(cls) = class_of(py, &err) else {
+/// The attributes every exception carries (`None` where absent).
+#[derive(Default)]
+struct Details {
+    call: Option<&'static str>,
+    code: Option<i64>,
+    peer: Option<usize>,
+    errno: Option<i32>,
+}
+
+/// An exception of class `name` with `msg` and `details`.
+fn build(py: Python<'_>, name: &str, msg: String, details: Details) -> PyErr {
+    let Some(cls) = class_of(py, name) else {
         // Only before `bind` ran (it runs in the module's init).
         return pyo3::exceptions::PyRuntimeError::new_err(msg);
     };
-    let built = cls.call1((msg.clone(),)).and_then(|exc| {
-        exc.setattr("call", err.call())?;
-        exc.setattr("code", err.code())?;
-        exc.setattr("peer", err.peer())?;
+    let built = cls.call1((msg,)).and_then(|exc| {
+        exc.setattr("call", details.call)?;
+        exc.setattr("code", details.code)?;
+        exc.setattr("peer", details.peer)?;
+        if let Some(errno) = details.errno {
+            exc.setattr("errno", errno)?;
+        }
         Ok(exc)
     });
     match built {
         Ok(exc) => PyErr::from_value(exc),
         Err(e) => e,
     }
+}
+
+/// Builds the Python exception for `err`, with its `call`, `code` and `peer`
+/// (and `errno` for a failed file operation).
+pub fn to_py(py: Python<'_>, err: Error) -> PyErr {
+    // A signal's handler interrupted the wait: raise what it raised (KeyboardInterrupt).
+    if let Some(raised) = crate::signals::take_raised(&err) {
+        return raised;
+    }
+    let details = Details {
+        call: err.call(),
+        code: err.code(),
+        peer: err.peer(),
+        errno: match &err {
+            Error::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        },
+    };
+    build(py, class_name(&err), err.to_string(), details)
+}
+
+/// The exception Python code raises for a file it cannot use: a
+/// `DDStoreFileError` with `message`, of the subclass `errno` calls for
+/// (ENOENT: `DDStoreFileNotFoundError`, EACCES or EPERM:
+/// `DDStoreFilePermissionError`), the same mapping as a failing file
+/// operation in Rust. Returned, not raised: `raise _native.file_error(...)`.
+#[pyfunction]
+#[pyo3(signature = (message, errno=None))]
+pub fn file_error(py: Python<'_>, message: String, errno: Option<i32>) -> Py<PyAny> {
+    let name = errno.map_or("DDStoreFileError", |n| {
+        io_class(std::io::Error::from_raw_os_error(n).kind())
+    });
+    let details = Details {
+        errno,
+        ..Details::default()
+    };
+    build(py, name, message, details).into_value(py).into_any()
 }
 
 /// `?`-friendly conversion: `result.map_err(py_err)?` needs the GIL token,
@@ -198,6 +259,7 @@ mod tests {
             Error::Access("x".into()),
             Error::Unsupported("x".into()),
             Error::io("x", std::io::Error::other("x")),
+            Error::File("x".into()),
             Error::Interrupted,
         ]
     }
@@ -240,5 +302,28 @@ mod tests {
             class_name(&refused(RefusedFor::Range, None)),
             class_name(&Error::IndexOutOfRange("x".into()))
         );
+    }
+
+    #[test]
+    fn file_errors_are_file_errors_by_kind_whichever_side_met_them() {
+        let io = |kind| Error::io("x", std::io::Error::from(kind));
+        assert_eq!(
+            class_name(&io(ErrorKind::NotFound)),
+            "DDStoreFileNotFoundError"
+        );
+        assert_eq!(
+            class_name(&io(ErrorKind::PermissionDenied)),
+            "DDStoreFilePermissionError"
+        );
+        assert_eq!(
+            class_name(&io(ErrorKind::UnexpectedEof)),
+            "DDStoreFileError"
+        );
+        assert_eq!(class_name(&Error::File("x".into())), "DDStoreFileError");
+        // Python's errno goes through the same mapping.
+        let by_errno = |n| io_class(std::io::Error::from_raw_os_error(n).kind());
+        assert_eq!(by_errno(libc::ENOENT), "DDStoreFileNotFoundError");
+        assert_eq!(by_errno(libc::EACCES), "DDStoreFilePermissionError");
+        assert_eq!(by_errno(libc::EIO), "DDStoreFileError");
     }
 }

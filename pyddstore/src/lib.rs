@@ -2,6 +2,10 @@
 //! pure-Python package around it (python/pyddstore).
 
 #![warn(missing_docs)]
+// Every `unsafe` block says why it is sound, and an `unsafe fn` body gets no
+// implicit unsafe block: each unsafe operation in it has a block and a reason.
+#![warn(clippy::undocumented_unsafe_blocks)]
+#![warn(unsafe_op_in_unsafe_fn)]
 
 use pyo3::prelude::*;
 
@@ -10,6 +14,7 @@ mod comm;
 mod errors;
 mod external;
 mod handshake;
+mod kinds;
 mod methods;
 mod settings;
 mod signals;
@@ -131,10 +136,15 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pid_alive, m)?)?;
     m.add_function(wrap_pyfunction!(system_info, m)?)?;
     m.add_function(wrap_pyfunction!(provider_candidates, m)?)?;
+    m.add_function(wrap_pyfunction!(errors::file_error, m)?)?;
     // A list of ints (a Vec<u8> would become bytes).
-    let methods: Vec<u32> = methods::METHODS.iter().map(|&m| u32::from(m)).collect();
+    let methods: Vec<u32> = methods::METHODS
+        .iter()
+        .map(|&m| u32::from(m.number()))
+        .collect();
     m.add("METHODS", methods)?;
     m.add("HAS_MPI", cfg!(feature = "mpi"))?;
+    kinds::add_to(m)?;
     // The element dtypes a variable can hold: the one table (ddstore_core::dtype), for Python.
     let dtypes: Vec<&str> = ddstore_core::DType::ALL
         .iter()

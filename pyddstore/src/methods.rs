@@ -4,9 +4,14 @@ use std::sync::Arc;
 
 use ddstore_core::config::Settings;
 #[cfg(feature = "mpi")]
+use ddstore_core::kinds::CommKind;
+use ddstore_core::kinds::Method;
+#[cfg(feature = "mpi")]
 use ddstore_core::node_only::NodeOnlyTransport;
 use ddstore_core::transport::Transport;
-use ddstore_core::{Comm, Config, Error, Result};
+#[cfg(not(feature = "mpi"))]
+use ddstore_core::Error;
+use ddstore_core::{Comm, Config, Result};
 #[cfg(feature = "mpi")]
 use ddstore_fabric::mpi_rma::{self, MpiComm, MpiRma};
 use ddstore_fabric::ofi::OfiTransport;
@@ -27,7 +32,7 @@ pub fn mpi_comm(fortran_handle: Option<i64>, settings: &Settings) -> Result<Arc<
         None => MpiComm::world_at(settings.raw("DDSTORE_MPI_THREAD_LEVEL"))?,
     };
     Ok(Arc::new(
-        comm.with_timeout(settings.config()?.handshake_timeout),
+        comm.with_timeout(settings.config().handshake_timeout),
     ))
 }
 
@@ -68,7 +73,7 @@ pub fn mpi_library_version() -> String {
 
 /// The transport for `method`; `comm` is the store's group.
 pub fn transport_for(
-    method: u8,
+    method: Method,
     comm: &Arc<dyn Comm>,
     config: &Config,
     nic_map: Option<&str>,
@@ -76,20 +81,15 @@ pub fn transport_for(
     match (method, comm.kind()) {
         // Method 0 is not in a build without MPI, even for one process.
         #[cfg(not(feature = "mpi"))]
-        (0, _) => Err(Error::Unsupported(NO_MPI.to_string())),
+        (Method::MpiRma, _) => Err(Error::Unsupported(NO_MPI.to_string())),
         // One process has no peer to reach: its reads are memory copies.
         #[cfg(feature = "mpi")]
-        (0, "single") => Ok(Arc::new(NodeOnlyTransport)),
+        (Method::MpiRma, CommKind::Single) => Ok(Arc::new(NodeOnlyTransport)),
         #[cfg(feature = "mpi")]
-        (0, _) => Ok(Arc::new(MpiRma::new())),
-        (1 | 2, _) => Ok(Arc::new(OfiTransport::from_env(
-            config,
-            nic_map,
-            local_rank(),
-        )?)),
-        (m, _) => Err(Error::invalid(format!(
-            "method={m} is not valid: expected 0 (MPI RMA), 1 or 2 (libfabric)"
-        ))),
+        (Method::MpiRma, _) => Ok(Arc::new(MpiRma::new())),
+        (Method::Libfabric | Method::LibfabricExtraJobs, _) => Ok(Arc::new(
+            OfiTransport::from_env(config, nic_map, local_rank())?,
+        )),
     }
 }
 
@@ -108,7 +108,11 @@ fn local_rank() -> usize {
 
 /// Methods this build can serve, for `pyddstore info` and test skips.
 #[cfg(feature = "mpi")]
-pub const METHODS: &[u8] = &[0, 1, 2];
+pub const METHODS: &[Method] = &[
+    Method::MpiRma,
+    Method::Libfabric,
+    Method::LibfabricExtraJobs,
+];
 /// Methods this build can serve: no method 0 without MPI.
 #[cfg(not(feature = "mpi"))]
-pub const METHODS: &[u8] = &[1, 2];
+pub const METHODS: &[Method] = &[Method::Libfabric, Method::LibfabricExtraJobs];

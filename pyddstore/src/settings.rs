@@ -30,7 +30,7 @@ pub struct PySettings {
 /// `DDSTORE_TIMEOUT_S` for "timeout_s" (None for a name that is no setting).
 fn key_of(name: &str) -> Option<&'static str> {
     let want = format!("DDSTORE_{}", name.to_ascii_uppercase());
-    SETTINGS.iter().map(|(k, _)| *k).find(|k| *k == want)
+    SETTINGS.iter().map(|s| s.key).find(|k| *k == want)
 }
 
 fn to_py(py: Python<'_>, v: Option<Value>) -> PyResult<Py<PyAny>> {
@@ -140,9 +140,9 @@ impl PySettings {
     /// Every setting by name (typed, defaults filled in).
     fn as_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
-        for (key, _) in SETTINGS {
-            let name = key.trim_start_matches("DDSTORE_").to_ascii_lowercase();
-            d.set_item(name, to_py(py, self.inner.value(key).py(py)?)?)?;
+        for row in SETTINGS {
+            let name = row.key.trim_start_matches("DDSTORE_").to_ascii_lowercase();
+            d.set_item(name, to_py(py, self.inner.value(row.key).py(py)?)?)?;
         }
         Ok(d)
     }
@@ -150,7 +150,7 @@ impl PySettings {
     fn __dir__(&self) -> Vec<String> {
         SETTINGS
             .iter()
-            .map(|(k, _)| k.trim_start_matches("DDSTORE_").to_ascii_lowercase())
+            .map(|s| s.key.trim_start_matches("DDSTORE_").to_ascii_lowercase())
             .collect()
     }
 

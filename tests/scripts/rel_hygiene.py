@@ -104,7 +104,9 @@ def main():
     report.update({"warm": before, "end": after, "delta": delta})
     halves = (middle["rss_kib"] - before["rss_kib"], after["rss_kib"] - middle["rss_kib"])
     report["rss_halves_kib"] = halves
-    print("hygiene", json.dumps(report), flush=True)
+    # One write per report, so that the lines of ranks sharing a pipe stay whole.
+    sys.stdout.write(f"hygiene {json.dumps(report)}\n")
+    sys.stdout.flush()
     grew = [k for k in ("fds", "threads", "shm_files", "maps") if delta[k] > 0]
     if after["shm_files"]:
         grew.append("shm_files left")

@@ -105,7 +105,9 @@ def main():
         "node_rows": prof.get("node_rows", 0),
         "registered": register,
     }
-    print("soak", json.dumps(report), flush=True)
+    # One write per report, so that the lines of ranks sharing a pipe stay whole.
+    sys.stdout.write(f"soak {json.dumps(report)}\n")
+    sys.stdout.flush()
     assert sum(mismatches) == 0, f"{rank_tag()} {sum(mismatches)} rows differ"
     assert growth < RSS_GROWTH_LIMIT, f"{rank_tag()} RSS grew {growth:.1%} after warm-up: {report}"
     assert late_per_row < LATE_BYTES_PER_ROW_LIMIT, (

@@ -179,7 +179,8 @@ def phase_first(a, plan, W, dss):
             counts[name] += 1
     mark("scenarios", W.rank)
     W.barrier()
-    print("resume-killing", json.dumps({"rank": W.rank, "events": counts}), flush=True)
+    # One write per report, so that the lines of ranks sharing a pipe stay whole.
+    sys.stdout.write(f"resume-killing {json.dumps({'rank': W.rank, 'events': counts})}\n")
     sys.stdout.flush()
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -197,7 +198,9 @@ def phase_resume(a, plan, W, dss):
         assert got == want, f"{name} rank {W.rank}: resumed {got} != uninterrupted {want}"
         took = round(time.monotonic() - t0, 2)
         report = {"rank": W.rank, "scenario": name, "batches": len(got), "s": took}
-        print("resume-ok", json.dumps(report), flush=True)
+        # One write per report, so that the lines of ranks sharing a pipe stay whole.
+        sys.stdout.write(f"resume-ok {json.dumps(report)}\n")
+        sys.stdout.flush()
 
 
 def phase_resize(a, plan, W, dss, old_size):
@@ -237,7 +240,9 @@ def phase_resize(a, plan, W, dss, old_size):
         if hasattr(loader, "close"):
             loader.close()
         report = {"rank": W.rank, "scenario": name, "resized_from": old_size}
-        print("resume-ok", json.dumps(report), flush=True)
+        # One write per report, so that the lines of ranks sharing a pipe stay whole.
+        sys.stdout.write(f"resume-ok {json.dumps(report)}\n")
+        sys.stdout.flush()
 
 
 def main():

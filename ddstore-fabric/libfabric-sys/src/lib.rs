@@ -13,6 +13,9 @@
 
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 #![allow(clippy::all)]
+// Generated code: its unsafe blocks carry no SAFETY lines (the workspace lints
+// for them apply to the hand-written crates).
+#![allow(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 #[cfg(feature = "bindgen")]
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));

@@ -518,8 +518,8 @@ impl Comm for MpiComm {
             self.split_raw(dense_color as c_int, dense_key as c_int)?,
         ))
     }
-    fn kind(&self) -> &'static str {
-        "mpi"
+    fn kind(&self) -> ddstore_core::kinds::CommKind {
+        ddstore_core::kinds::CommKind::Mpi
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -22,6 +22,7 @@ pub struct Av {
 
 // SAFETY: opened in an FI_THREAD_SAFE domain; libfabric serialises access.
 unsafe impl Send for Av {}
+// SAFETY: as for Send: libfabric serialises access to the AV.
 unsafe impl Sync for Av {}
 
 impl Av {

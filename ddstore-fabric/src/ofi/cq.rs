@@ -22,6 +22,7 @@ pub struct Cq {
 
 // SAFETY: opened in an FI_THREAD_SAFE domain; libfabric serialises access.
 unsafe impl Send for Cq {}
+// SAFETY: as for Send: libfabric serialises access to the CQ.
 unsafe impl Sync for Cq {}
 
 /// A failed operation reported by `fi_cq_readerr`.

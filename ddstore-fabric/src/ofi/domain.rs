@@ -26,6 +26,7 @@ pub struct Domain {
 
 // SAFETY: domains are opened with FI_THREAD_SAFE; libfabric serialises access.
 unsafe impl Send for Domain {}
+// SAFETY: as for Send: libfabric serialises access to the domain.
 unsafe impl Sync for Domain {}
 
 impl Domain {

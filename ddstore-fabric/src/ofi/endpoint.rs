@@ -24,6 +24,7 @@ pub struct Endpoint {
 
 // SAFETY: opened in an FI_THREAD_SAFE domain; libfabric serialises access.
 unsafe impl Send for Endpoint {}
+// SAFETY: as for Send: libfabric serialises access to the endpoint.
 unsafe impl Sync for Endpoint {}
 
 /// `fi_read` was not accepted now: progress the CQ and post it again.
@@ -125,16 +126,20 @@ impl Endpoint {
         key: u64,
         context: *mut c_void,
     ) -> FabricResult<Result<(), TryAgain>> {
-        let rc = sys::ddfi_read(
-            self.ptr,
-            buf as *mut c_void,
-            len,
-            desc,
-            peer,
-            remote_addr,
-            key,
-            context,
-        );
+        // SAFETY: the endpoint is live; the caller keeps buf, desc and
+        // context valid until the read completes (this function's contract).
+        let rc = unsafe {
+            sys::ddfi_read(
+                self.ptr,
+                buf as *mut c_void,
+                len,
+                desc,
+                peer,
+                remote_addr,
+                key,
+                context,
+            )
+        };
         if rc == -(sys::FI_EAGAIN as isize) {
             return Ok(Err(TryAgain));
         }
@@ -156,16 +161,20 @@ impl Endpoint {
         ignore: u64,
         context: *mut c_void,
     ) -> FabricResult<Result<(), TryAgain>> {
-        let rc = sys::ddfi_trecv(
-            self.ptr,
-            buf as *mut c_void,
-            len,
-            ptr::null_mut(),
-            sys::FI_ADDR_UNSPEC,
-            tag,
-            ignore,
-            context,
-        );
+        // SAFETY: the endpoint is live; the caller keeps buf and context
+        // valid until the receive completes (this function's contract).
+        let rc = unsafe {
+            sys::ddfi_trecv(
+                self.ptr,
+                buf as *mut c_void,
+                len,
+                ptr::null_mut(),
+                sys::FI_ADDR_UNSPEC,
+                tag,
+                ignore,
+                context,
+            )
+        };
         if rc == -(sys::FI_EAGAIN as isize) {
             return Ok(Err(TryAgain));
         }
@@ -190,16 +199,21 @@ impl Endpoint {
         context: *mut c_void,
     ) -> FabricResult<Result<(), TryAgain>> {
         let mut desc = [ptr::null_mut::<c_void>(); 4];
-        let rc = sys::ddfi_trecvv(
-            self.ptr,
-            iov.as_ptr(),
-            desc.as_mut_ptr(),
-            iov.len().min(desc.len()),
-            src,
-            tag,
-            ignore,
-            context,
-        );
+        // SAFETY: the endpoint is live; iov and desc hold at least the count
+        // passed; the caller keeps the iov's memory and context valid until
+        // the receive completes (this function's contract).
+        let rc = unsafe {
+            sys::ddfi_trecvv(
+                self.ptr,
+                iov.as_ptr(),
+                desc.as_mut_ptr(),
+                iov.len().min(desc.len()),
+                src,
+                tag,
+                ignore,
+                context,
+            )
+        };
         if rc == -(sys::FI_EAGAIN as isize) {
             return Ok(Err(TryAgain));
         }
@@ -221,26 +235,33 @@ impl Endpoint {
         context: *mut c_void,
     ) -> FabricResult<Result<(), TryAgain>> {
         let rc = if iov.len() == 1 {
-            sys::ddfi_tsend(
-                self.ptr,
-                iov[0].iov_base,
-                iov[0].iov_len,
-                ptr::null_mut(),
-                peer,
-                tag,
-                context,
-            )
+            // SAFETY: the endpoint is live; the caller keeps the buffer and
+            // context valid until the send completes (this function's contract).
+            unsafe {
+                sys::ddfi_tsend(
+                    self.ptr,
+                    iov[0].iov_base,
+                    iov[0].iov_len,
+                    ptr::null_mut(),
+                    peer,
+                    tag,
+                    context,
+                )
+            }
         } else {
             let mut desc = [ptr::null_mut::<c_void>(); 16];
-            sys::ddfi_tsendv(
-                self.ptr,
-                iov.as_ptr(),
-                desc.as_mut_ptr(),
-                iov.len().min(desc.len()),
-                peer,
-                tag,
-                context,
-            )
+            // SAFETY: as above; iov and desc hold at least the count passed.
+            unsafe {
+                sys::ddfi_tsendv(
+                    self.ptr,
+                    iov.as_ptr(),
+                    desc.as_mut_ptr(),
+                    iov.len().min(desc.len()),
+                    peer,
+                    tag,
+                    context,
+                )
+            }
         };
         if rc == -(sys::FI_EAGAIN as isize) {
             return Ok(Err(TryAgain));
@@ -255,7 +276,9 @@ impl Endpoint {
     /// `context` must be the context of an operation posted on this endpoint
     /// (or one that completed); providers compare or dereference it.
     pub unsafe fn cancel(&self, context: *mut c_void) {
-        sys::ddfi_cancel(self.fid(), context);
+        // SAFETY: the endpoint is live; context is one of its operations'
+        // (this function's contract).
+        unsafe { sys::ddfi_cancel(self.fid(), context) };
     }
 }
 

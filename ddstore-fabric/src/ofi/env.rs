@@ -92,7 +92,7 @@ fn defaults_for_machine(
     nic_present: bool,
 ) -> Vec<(&'static str, String)> {
     let settings = Settings::from_lookup(&get).unwrap_or_default();
-    let config = settings.config().unwrap_or_default();
+    let config = settings.config();
     let mut out = vec![("FI_CXI_DISABLE_HOST_REGISTER", "1".to_string())];
     if settings.flag("DDSTORE_FORK_WORKERS")
         && matches!(

@@ -19,6 +19,7 @@ pub struct Fabric {
 // SAFETY: fabrics are opened with FI_THREAD_SAFE hints; the handle is only
 // passed to libfabric, which serialises access itself.
 unsafe impl Send for Fabric {}
+// SAFETY: shared use only passes the handle to libfabric, which serialises access.
 unsafe impl Sync for Fabric {}
 
 impl Fabric {

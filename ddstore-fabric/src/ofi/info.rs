@@ -44,6 +44,7 @@ pub struct Info {
 // SAFETY: the list is plain heap data owned by this value; libfabric keeps no
 // reference to it, and we only read it through `&self`.
 unsafe impl Send for Info {}
+// SAFETY: shared use only reads the list.
 unsafe impl Sync for Info {}
 
 fn strdup(s: &str) -> FabricResult<*mut c_char> {
@@ -198,9 +199,8 @@ impl Info {
     /// The first (preferred) entry.
     pub fn first(&self) -> InfoEntry<'_> {
         // SAFETY: head is non-null and owned for the lifetime of self.
-        InfoEntry {
-            info: unsafe { self.head.as_ref() },
-        }
+        let info = unsafe { self.head.as_ref() };
+        InfoEntry { info }
     }
 
     /// An owned copy of the first entry alone (`fi_dupinfo`).

@@ -10,6 +10,7 @@ mod av;
 mod context;
 mod cq;
 mod domain;
+mod dst;
 mod endpoint;
 mod env;
 mod error;
@@ -18,12 +19,13 @@ mod gather;
 mod iface;
 mod info;
 mod mr;
+mod pool;
 mod progress;
 mod reader;
 mod record;
 mod select;
-mod serve;
 mod transport;
+mod window;
 
 pub use av::Av;
 pub use cq::{Cq, CqError, Poll};
@@ -39,7 +41,7 @@ pub use reader::OfiReader;
 /// The gather path's wire format, for tools that speak it (the tests'
 /// attacker, `examples/ofi_attack.rs`).
 pub mod wire {
-    pub use super::gather::{
+    pub use super::gather::wire::{
         encode, reply_tag, MacKey, Nonce, Request, MAC_BYTES, REQUEST_TAG, STATUS_MASK,
     };
 }

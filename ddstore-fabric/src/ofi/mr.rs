@@ -25,6 +25,7 @@ pub struct MemoryRegion {
 // SAFETY: opened in an FI_THREAD_SAFE domain; the key and descriptor are
 // read-only after registration.
 unsafe impl Send for MemoryRegion {}
+// SAFETY: the key and descriptor are only read after registration.
 unsafe impl Sync for MemoryRegion {}
 
 impl MemoryRegion {
@@ -44,20 +45,25 @@ impl MemoryRegion {
     ) -> FabricResult<MemoryRegion> {
         let mut ptr = ptr::null_mut();
         let rc = with_fresh_key(domain, |requested_key| {
-            sys::ddfi_mr_reg(
-                domain.as_ptr(),
-                addr as *const c_void,
-                len,
-                access,
-                0,
-                requested_key,
-                0,
-                &mut ptr,
-                ptr::null_mut(),
-            )
+            // SAFETY: the domain is live; registration never writes the
+            // memory, which the caller keeps mapped (this function's contract).
+            unsafe {
+                sys::ddfi_mr_reg(
+                    domain.as_ptr(),
+                    addr as *const c_void,
+                    len,
+                    access,
+                    0,
+                    requested_key,
+                    0,
+                    &mut ptr,
+                    ptr::null_mut(),
+                )
+            }
         });
         check("fi_mr_reg", rc as i64)?;
-        Self::finish(domain, endpoint, ptr, addr, len)
+        // SAFETY: ptr is the live MR just registered on domain over addr..addr+len.
+        unsafe { Self::finish(domain, endpoint, ptr, addr, len) }
     }
 
     /// Wraps a registered `ptr`; for FI_MR_ENDPOINT binds it to `endpoint`
@@ -82,9 +88,11 @@ impl MemoryRegion {
             _domain: domain.clone(),
         };
         if bind {
-            let rc = sys::ddfi_mr_bind(mr.ptr, endpoint.fid(), 0);
+            // SAFETY: the MR and the endpoint are live objects of one domain.
+            let rc = unsafe { sys::ddfi_mr_bind(mr.ptr, endpoint.fid(), 0) };
             check("fi_mr_bind", rc as i64)?;
-            let rc = sys::ddfi_mr_enable(mr.ptr);
+            // SAFETY: the MR is live and bound.
+            let rc = unsafe { sys::ddfi_mr_enable(mr.ptr) };
             check("fi_mr_enable", rc as i64)?;
         }
         Ok(mr)
@@ -141,8 +149,8 @@ impl MemoryRegion {
             iov_base: addr as *mut c_void,
             iov_len: len,
         };
-        // All-zero is a valid fi_mr_attr (pointers, integers, a union of integers).
-        let mut attr: sys::fi_mr_attr = std::mem::zeroed();
+        // SAFETY: all-zero is a valid fi_mr_attr (pointers, integers, a union of integers).
+        let mut attr: sys::fi_mr_attr = unsafe { std::mem::zeroed() };
         attr.mr_iov = &iov;
         attr.iov_count = 1;
         attr.access = access;
@@ -156,10 +164,13 @@ impl MemoryRegion {
         let mut ptr = ptr::null_mut();
         let rc = with_fresh_key(domain, |requested_key| {
             attr.requested_key = requested_key;
-            sys::ddfi_mr_regattr(domain.as_ptr(), &attr, 0, &mut ptr)
+            // SAFETY: the domain is live and attr points at iov, both alive for
+            // the call; the caller keeps the device memory allocated.
+            unsafe { sys::ddfi_mr_regattr(domain.as_ptr(), &attr, 0, &mut ptr) }
         });
         check("fi_mr_regattr", rc as i64)?;
-        Self::finish(domain, endpoint, ptr, addr, len)
+        // SAFETY: ptr is the live MR just registered on domain over addr..addr+len.
+        unsafe { Self::finish(domain, endpoint, ptr, addr, len) }
     }
 }
 

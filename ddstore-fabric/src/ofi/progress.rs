@@ -12,7 +12,7 @@ use libfabric_sys as sys;
 use super::cq::Cq;
 use super::endpoint::Endpoint;
 use super::error::OpenedBy;
-use super::serve::{self, Server};
+use super::gather::server::{self, Server};
 use crate::error::{FabricError, FabricResult};
 
 /// How long one blocking wait lasts before the stop flag is checked again.
@@ -35,7 +35,7 @@ pub struct Progress {
 
 impl Progress {
     /// Starts polling `endpoint`'s CQ; the thread keeps the endpoint open.
-    /// With `server`, the thread also answers gather requests (`serve.rs`).
+    /// With `server`, the thread also answers gather requests (`gather/server.rs`).
     pub fn start(endpoint: Arc<Endpoint>, server: Option<Server>) -> FabricResult<Progress> {
         let stop = Arc::new(AtomicBool::new(false));
         let cq = endpoint.cq().clone();
@@ -43,7 +43,7 @@ impl Progress {
         let handle = std::thread::Builder::new()
             .name("ddstore-ofi-progress".into())
             .spawn(move || match server {
-                Some(server) => serve::run(server, &flag),
+                Some(server) => server::run(server, &flag),
                 None => run(&endpoint, &flag),
             })
             .map_err(|e| FabricError::Unavailable(format!("cannot start progress thread: {e}")))?;

@@ -14,16 +14,19 @@ use libfabric_sys as sys;
 use super::av::Av;
 use super::cq::Cq;
 use super::domain::Domain;
+use super::dst::DstRegistry;
 use super::endpoint::Endpoint;
 use super::fabric::Fabric;
-use super::gather::MacKey;
+use super::gather::answer::{Access, ServedShares};
+use super::gather::server;
+use super::gather::wire::MacKey;
 use super::info::{Info, InfoRequest};
 use super::mr::MemoryRegion;
+use super::pool::EndpointPool;
 use super::progress::Progress;
-use super::reader::{DstRegistry, EndpointPool, OfiReader, ReaderSettings};
+use super::reader::{OfiReader, ReaderSettings};
 use super::record::ShareRecord;
 use super::select;
-use super::serve::{self, Access, ServedShares};
 use crate::error::{FabricError, FabricResult};
 
 // Shares in device memory (FI_HMEM); a child module, for this file's private items.
@@ -65,7 +68,11 @@ impl Node {
         let manual = domain.info().manual_data_progress() || domain.info().provider() == "sockets";
         // A wait object lets the progress thread sleep until a request arrives.
         let cq = if gather {
-            Cq::open_blocking_if_possible_format(&domain, serve::CQ_SIZE, sys::FI_CQ_FORMAT_TAGGED)?
+            Cq::open_blocking_if_possible_format(
+                &domain,
+                server::CQ_SIZE,
+                sys::FI_CQ_FORMAT_TAGGED,
+            )?
         } else if manual {
             Cq::open_blocking_if_possible(&domain, 64)?
         } else {
@@ -77,7 +84,7 @@ impl Node {
         let progress = match &served {
             Some(shares) => {
                 let server =
-                    serve::Server::new(target.clone(), shares.clone(), access.clone(), timeout)?;
+                    server::Server::new(target.clone(), shares.clone(), access.clone(), timeout)?;
                 Some(Progress::start(target.clone(), Some(server))?)
             }
             None if manual => Some(Progress::start(target.clone(), None)?),

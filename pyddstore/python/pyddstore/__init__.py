@@ -25,6 +25,8 @@ from ._errors import (  # noqa: E402
     DDStoreBorrowError,
     DDStoreError,
     DDStoreFileError,
+    DDStoreFileNotFoundError,
+    DDStoreFilePermissionError,
     DDStoreFreedError,
     DDStoreIndexError,
     DDStoreKeyError,
@@ -34,6 +36,7 @@ from ._errors import (  # noqa: E402
     DDStoreUnsupportedError,
     DDStoreValueError,
 )
+from ._kinds import CommKind, Method  # noqa: E402
 from ._store import PyDDStore  # noqa: E402
 
 __version__ = _native.__version__
@@ -44,6 +47,8 @@ __all__ = [
     "PyDDStore",
     "DeviceShare",
     "Settings",
+    "Method",
+    "CommKind",
     "FileComm",
     "TorchComm",
     "DDStoreError",
@@ -58,4 +63,6 @@ __all__ = [
     "DDStoreStaleError",
     "DDStoreUnsupportedError",
     "DDStoreFileError",
+    "DDStoreFileNotFoundError",
+    "DDStoreFilePermissionError",
 ]

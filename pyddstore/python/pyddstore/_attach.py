@@ -15,6 +15,7 @@ from typing import Any
 
 from ._child_env import arm_for_process_start
 from ._errors import DDStoreFreedError, DDStoreUnsupportedError
+from ._kinds import ragged_parts
 
 HANDLE_VERSION = 1
 
@@ -40,7 +41,7 @@ def store_handle(store: Any, names: list) -> dict:
     variables = []
     for name in names:
         # A ragged variable is two store variables (values, row ends) read as one.
-        parts = [name + "#values", name + "#ends"] if native.is_ragged(name) else [name]
+        parts = ragged_parts(name) if native.is_ragged(name) else [name]
         for part in parts:
             _, _, itemsize = native.info(part)
             variables.append(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from . import _native
 from ._errors import DDStoreValueError
+from ._kinds import check_method
 
 # DDSTORE_FABRIC values with a meaning of their own (hsn and tcp both mean tcp;ofi_rxm, verbs
 # verbs;ofi_rxm); any other libfabric provider name is passed through (efa, opx, psm3, ucx, ...).
@@ -60,9 +61,7 @@ def resolve_method(method, s: _native.Settings) -> int | None:
     """`method` argument, else DDSTORE_METHOD (from `s`); None means 'choose by communicator'."""
     if method is None:
         return s.method
-    if isinstance(method, bool) or not isinstance(method, int) or method not in (0, 1, 2):
-        raise DDStoreValueError(f"method={method!r} is not valid: expected 0 (MPI RMA), 1 or 2 (libfabric)")
-    return method
+    return check_method(method)
 
 
 def sync_libfabric_environ() -> None:

@@ -169,7 +169,9 @@ __all__ = [
 class DDStoreFileError(DDStoreError, OSError):
     """A source or snapshot file that cannot be used: missing, a symbolic link, not a regular
     file, truncated, or (snapshots) not what its manifest says (sizes, checksums, schema);
-    also an `OSError`.
+    also an `OSError`, whether Python or Rust (a failing `pread`, a shared-memory file) met the
+    failure. `errno` is set where the operating system gave one; a missing file raises the
+    `DDStoreFileNotFoundError` subclass, a refused one `DDStoreFilePermissionError`.
 
     Example:
         ```python
@@ -179,3 +181,28 @@ class DDStoreFileError(DDStoreError, OSError):
 
 
 __all__ += ["DDStoreFileError"]
+
+
+class DDStoreFileNotFoundError(DDStoreFileError, FileNotFoundError):
+    """A file that does not exist (ENOENT); also a `FileNotFoundError`.
+
+    Example:
+        ```python
+        except FileNotFoundError as e:  # a source file deleted before the load read it
+            print(e.errno, e)
+        ```
+    """
+
+
+class DDStoreFilePermissionError(DDStoreFileError, PermissionError):
+    """A file this process may not open or read (EACCES, EPERM); also a `PermissionError`.
+
+    Example:
+        ```python
+        except PermissionError as e:  # a source file another user's mode bits keep from us
+            print(e)
+        ```
+    """
+
+
+__all__ += ["DDStoreFileNotFoundError", "DDStoreFilePermissionError"]

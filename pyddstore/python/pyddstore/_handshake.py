@@ -33,6 +33,7 @@ import urllib.parse
 
 from . import _json, _native
 from ._errors import DDStoreAccessError, DDStoreError, DDStoreTimeoutError, DDStoreValueError
+from ._kinds import RAGGED_VALUES
 
 FORMAT_VERSION = 3
 SUFFIX = ".ddstore.json"
@@ -195,7 +196,8 @@ class Publisher:
             return
         total, disp, itemsize = native.info(name)
         # A ragged variable's values part: the shape of one unit (what a row's entries look like).
-        unit = self.store._ragged_units.get(name[: -len("#values")]) if name.endswith("#values") else None
+        values = name.endswith(RAGGED_VALUES)
+        unit = self.store._ragged_units.get(name[: -len(RAGGED_VALUES)]) if values else None
         body = {
             "format": FORMAT_VERSION,
             "name": name,

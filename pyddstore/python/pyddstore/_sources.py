@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _native
 from ._errors import DDStoreFileError, DDStoreTypeError, DDStoreValueError
 
 ALIGN = 4096  # O_DIRECT: offsets, lengths and buffers aligned to this
@@ -106,7 +107,8 @@ def npy_files(paths: list) -> FileRows:
                 offset = fh.tell()
                 size = os.fstat(fh.fileno()).st_size
         except OSError as e:
-            raise DDStoreFileError(f"{path}: cannot read the .npy header: {e}") from None
+            # The class by errno (a missing file: DDStoreFileNotFoundError), as Rust's file errors.
+            raise _native.file_error(f"{path}: cannot read the .npy header: {e}", e.errno) from None
         except ValueError as e:
             raise DDStoreValueError(f"{path}: not a .npy file ({e})") from None
         if dt.hasobject:
@@ -248,7 +250,7 @@ def open_regular(path: str, direct: bool, nofollow: bool = False) -> tuple[int, 
         fd = os.open(path, flags)
     except OSError as e:
         what = "is a symbolic link" if nofollow and e.errno == 40 else f"cannot be opened ({e.strerror})"
-        raise DDStoreFileError(f"{path} {what}") from None
+        raise _native.file_error(f"{path} {what}", e.errno) from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise DDStoreFileError(f"{path} is not a regular file")

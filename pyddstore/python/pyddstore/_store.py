@@ -24,6 +24,7 @@ from ._errors import (
     DDStoreUnsupportedError,
     DDStoreValueError,
 )
+from ._kinds import RAGGED_VALUES, CommKind, Method, ragged_parts
 
 _live_stores: weakref.WeakSet = weakref.WeakSet()
 
@@ -131,7 +132,7 @@ class PyDDStore:
         check_fabric(settings)
         self.handshake_dir = settings.handshake_dir or ""
         self.n_core = n_core
-        self.is_extra = method == 2 and n_core > 0 and comm_or_none is None
+        self.is_extra = method == Method.LIBFABRIC_EXTRA_JOBS and n_core > 0 and comm_or_none is None
         if self.is_extra:
             if not self.handshake_dir:
                 raise DDStoreValueError(
@@ -140,18 +141,19 @@ class PyDDStore:
             comm = _native.Comm.single()
         else:
             comm = resolve_comm(comm_or_none, settings)
-        if comm.kind == "mpi" and settings.abort_on_exception:
+        if comm.kind == CommKind.MPI and settings.abort_on_exception:
             from . import _abort
 
             _abort.install()
         if method is None:
-            method = 0 if comm.kind == "mpi" else 1
-        if method == 0 and comm.kind not in ("mpi", "single"):
+            method = Method.MPI_RMA if comm.kind == CommKind.MPI else Method.LIBFABRIC
+        method = int(method)  # store.method is the plain number, as upstream's
+        if method == Method.MPI_RMA and comm.kind not in (CommKind.MPI, CommKind.SINGLE):
             raise DDStoreUnsupportedError(
                 f"method=0 (MPI RMA) needs an MPI communicator, got a {comm.kind} communicator: "
                 "use method=1 (libfabric), or pass an mpi4py communicator"
             )
-        if method == 2 and not self.handshake_dir:
+        if method == Method.LIBFABRIC_EXTRA_JOBS and not self.handshake_dir:
             raise DDStoreValueError("method=2 needs handshake_dir (a directory the extra jobs can read)")
         self.world_rank, self.world_size = comm.rank, comm.size
         if ddstore_width is not None:
@@ -181,7 +183,7 @@ class PyDDStore:
         self._joined: dict = {}
         self._freed_names: dict = {}
         self._publisher = None
-        if method == 2 and not self.is_extra:
+        if method == Method.LIBFABRIC_EXTRA_JOBS and not self.is_extra:
             self._publisher = _handshake.Publisher(self, self.handshake_dir)
         # A weak reference: the exit hook must not keep a dropped store (and its memory) alive.
         _live_stores.add(self)
@@ -353,12 +355,12 @@ class PyDDStore:
                 f"add('{name}'): lengths must be a 1-D sequence of non-negative ints, got "
                 f"shape {lengths.shape} of {lengths.dtype}"
             )
-        self._reserve(name + "#values")
-        self._reserve(name + "#ends")
+        for part in ragged_parts(name):
+            self._reserve(part)
         self._native.add_ragged(name, arr, lengths.astype(np.int64), memory_limit, _path(spill_dir))
         self._ragged_units[name] = tuple(arr.shape[1:])
-        self._published(name + "#values")
-        self._published(name + "#ends")
+        for part in ragged_parts(name):
+            self._published(part)
 
     def is_ragged(self, name: str) -> bool:
         """Whether ``name`` was added with ``lengths`` (rows of different lengths).
@@ -669,7 +671,7 @@ class PyDDStore:
             store.epoch_end()
             ```
         """
-        if self.method != 0:
+        if self.method != Method.MPI_RMA:
             return
         if self._in_epoch:
             raise DDStoreValueError("epoch_begin(): an epoch is already open: call epoch_end() first")
@@ -679,7 +681,7 @@ class PyDDStore:
     def epoch_end(self) -> None:
         """Closes the epoch :meth:`epoch_begin` opened (method 0: collective; without an open
         epoch it raises DDStoreValueError); nothing for methods 1 and 2, as upstream."""
-        if self.method != 0:
+        if self.method != Method.MPI_RMA:
             return
         if not self._in_epoch:
             raise DDStoreValueError("epoch_end(): no epoch is open: call epoch_begin() first")
@@ -732,7 +734,8 @@ class PyDDStore:
             )
         group = self.settings.core_group
         plain = _handshake.record_path(self.handshake_dir, name, group)
-        ends = _handshake.record_path(self.handshake_dir, name + "#ends", group)
+        parts = ragged_parts(name)
+        ends = _handshake.record_path(self.handshake_dir, parts[1], group)
         # Whichever record appears first tells a fixed-row variable from a ragged one.
         if timeout_s is None:
             timeout_s = self.settings.handshake_timeout_s
@@ -750,7 +753,6 @@ class PyDDStore:
             self._joined[name] = [_handshake.joined_from(name, body)]
             return
         # A ragged variable: its values and row ends are published as two variables.
-        parts = [name + "#values", name + "#ends"]
         bodies = [_handshake.join(self, part, timeout_s, token) for part in parts]
         self._native.link_ragged(name)
         # Values come back in the unit shape the core published.
@@ -826,7 +828,7 @@ class PyDDStore:
     # -- helpers ------------------------------------------------------------
     def _values_var(self, name: str) -> str:
         """The variable reads of ``name`` land from: a ragged variable's values part."""
-        return name + "#values" if self._native.is_ragged(name) else name
+        return name + RAGGED_VALUES if self._native.is_ragged(name) else name
 
     def _check_name(self, name) -> None:
         if not isinstance(name, str) or not name:
@@ -848,7 +850,7 @@ class PyDDStore:
 
         names = self.names()
         # The parts of a ragged variable travel with it, not as variables of their own.
-        parts = {n + suffix for n in names if self._native.is_ragged(n) for suffix in ("#values", "#ends")}
+        parts = {p for n in names if self._native.is_ragged(n) for p in ragged_parts(n)}
         return (attach_store, (store_handle(self, [n for n in names if n not in parts]),))
 
     def __repr__(self) -> str:

@@ -23,12 +23,15 @@ Settings this package uses (read once, with the store's: ``ds.ddstore.settings``
 
 from pyddstore import FileComm
 
-from ._dataset import Buffers, DistDataset, DistDatasetReader, ForkedWorkerError
+from ._dataset import DistDataset
+from ._errors import ForkedWorkerError, SnapshotError
+from ._field import RaggedRows, SchemaError, SchemaTypeError
 from ._loader import ThreadDataLoader, get_worker_info
 from ._procloader import WorkerProcessError
+from ._read import Buffers
+from ._reader import DistDatasetReader
 from ._sampler import DistributedSampler
-from ._schema import RaggedRows, SchemaError, SchemaTypeError, share_of
-from ._snapshot import SnapshotError
+from ._schema import share_of
 from ._windowed import WindowedDataset, row_of
 
 __all__ = [

@@ -14,7 +14,7 @@ from typing import Any
 from pyddstore._attach import METHOD0_ALTERNATIVES, attach_store, store_handle
 from pyddstore._errors import DDStoreFreedError
 
-from ._dataset import ForkedWorkerError
+from ._errors import ForkedWorkerError
 
 # Process-local state that never travels: rebuilt in the worker.
 _LOCAL = ("_store", "_device_shares", "_buffer_sets", "_share_device", "_pid", "_reader_pid")

@@ -44,7 +44,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
 from pyddstore import DDStoreError, DDStoreValueError
 
-from ._dataset import ForkedWorkerError
+from ._errors import ForkedWorkerError
 from ._state import PositionTracking
 
 _STATUS_INTERVAL = 0.5  # seconds between checks that worker processes are alive

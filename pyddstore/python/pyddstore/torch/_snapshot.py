@@ -27,21 +27,15 @@ from pyddstore import DDStoreError, DDStoreFileError, _json
 from pyddstore._sources import ALIGN, AlignedReader, open_regular
 
 from . import _load
+from ._errors import SnapshotError
+from ._field import BOOL, FLOAT, INT, NDARRAY, NPSCALAR, RECORD, SUPPORTED_DTYPES, TENSOR, Field
+from ._inflight import LoadStats, Progress
 from ._schema import (
-    BOOL,
     DICT,
-    FLOAT,
-    INT,
     LIST,
-    NDARRAY,
-    NPSCALAR,
     PYG_STRUCTURES,
-    RECORD,
-    SUPPORTED_DTYPES,
-    TENSOR,
     TUPLE,
     VALUE,
-    Field,
     Schema,
     share_of,
 )
@@ -53,18 +47,6 @@ MAX_MANIFEST_BYTES = 64 << 20
 BLOCK_BYTES = 1 << 20  # rows per checksum block: about this many bytes
 READ_BYTES = 8 << 20  # one read while restoring: whole blocks, about this many bytes
 _FILE_RE = re.compile(r"^rank-[0-9]{5}\.ddsnap$")
-
-
-class SnapshotError(DDStoreFileError):
-    """A snapshot that cannot be restored: missing or malformed manifest, a file that is
-    truncated, a symbolic link, or whose checksums or layout do not match the manifest.
-
-    Example:
-        ```python
-        ds.save("/lustre/me/snap")
-        ds = DistDataset.restore("/lustre/me/snap")  # SnapshotError if a file was altered
-        ```
-    """
 
 
 def file_name(rank: int) -> str:
@@ -448,8 +430,8 @@ def restore_share(
     native_for: Callable[[Field], Callable[..., tuple[int, bool]]],
     depth: int,
     direct: bool,
-    stats: _load.LoadStats,
-    progress: _load.Progress,
+    stats: LoadStats,
+    progress: Progress,
 ) -> dict:
     """Rows [start, start + count) of every field from the snapshot, read in Rust straight
     into the share (`native_for(field)` is the variable's load_file_ranges), one read per

@@ -10,7 +10,7 @@ from torch.utils.data import ConcatDataset, Dataset
 
 from pyddstore import DDStoreIndexError, DDStoreKeyError, DDStoreTypeError, DDStoreValueError
 
-from ._schema import RaggedRows
+from ._field import RaggedRows
 
 
 def window_starts(

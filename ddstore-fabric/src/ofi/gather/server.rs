@@ -1,11 +1,11 @@
 //! The owner's side of the gather path: the shares this process serves (by
 //! memory key) and the progress-thread loop that answers requests with
-//! tagged messages. See `gather.rs` for the wire format.
+//! tagged messages. See [`super`] for the protocol.
 //!
 //! Bounds, whatever the sender or the provider: a request is used only once
 //! its MAC holds under the job's key (anything else is dropped without a
 //! reply and without touching the AV); its reply address must look like this
-//! endpoint's own; its replies are bounded ([`gather::check_request`]); each
+//! endpoint's own; its replies are bounded ([`check_request`](super::answer::check_request)); each
 //! reader has at most [`PEER_SENDS`] replies in flight and [`PEER_BACKLOG`]
 //! queued ([`TOTAL_BACKLOG`] over all readers), packed replies are built
 //! when sent, within [`PACKED_IN_FLIGHT`] bytes, from fallible allocations;
@@ -14,61 +14,18 @@
 //! the others keep being served.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ddstore_core::region::Memory;
 use libfabric_sys as sys;
 
-use super::context::Contexts;
-use super::cq::Poll;
-use super::endpoint::Endpoint;
-use super::gather::{self, Body as RequestBody, MacKey, Nonce, Refusal};
-
-/// Shares readers may gather from, by the memory key their records publish:
-/// a request naming any other key (a freed variable, a key this owner never
-/// issued) is refused, never served.
-#[derive(Default)]
-pub struct ServedShares {
-    map: Mutex<HashMap<u64, Arc<dyn Memory>>>,
-}
-
-impl ServedShares {
-    pub fn add(&self, key: u64, share: Arc<dyn Memory>) {
-        self.lock().insert(key, share);
-    }
-    pub fn remove(&self, key: u64) {
-        self.lock().remove(&key);
-    }
-    fn get(&self, key: u64) -> Option<Arc<dyn Memory>> {
-        self.lock().get(&key).cloned()
-    }
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<dyn Memory>>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// The job's request key, set once the job's secret is known, and what the
-/// owner dropped for want of it.
-#[derive(Default)]
-pub struct Access {
-    key: Mutex<Option<MacKey>>,
-    /// Requests dropped unanswered: no valid MAC, a reply address unlike
-    /// ours, or beyond a reader's backlog.
-    pub rejected_requests: AtomicU64,
-}
-
-impl Access {
-    /// Sets (or replaces) the key requests must be MACed under.
-    pub fn set_key(&self, key: MacKey) {
-        *self.key.lock().unwrap_or_else(|p| p.into_inner()) = Some(key);
-    }
-    /// The key, if set.
-    pub fn key(&self) -> Option<MacKey> {
-        self.key.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-}
+use super::answer::{self, Access, Bounds, ReplyBody as Body, ServedShares};
+use super::wire::{self, Nonce, Refusal};
+use crate::ofi::context::Contexts;
+use crate::ofi::cq::Poll;
+use crate::ofi::endpoint::Endpoint;
 
 /// Requests received at once (each slot holds one request of up to 16 KiB);
 /// more wait in the provider until a slot is posted again.
@@ -97,19 +54,6 @@ const SPARE_PACKING_BUFFERS: usize = 8;
 /// How long shutdown waits for cancelled operations before abandoning buffers.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
 
-enum Body {
-    /// A refusal: the header only, the status is in the tag.
-    Empty,
-    /// Ranges of a share, sent straight from it when they fit one send's
-    /// iov limit, else packed into one buffer when the reply is sent.
-    Ranges {
-        share: Arc<dyn Memory>,
-        ranges: Vec<(u64, u64)>,
-    },
-    /// Bytes built when the request was answered (ragged replies).
-    Packed(Vec<u8>),
-}
-
 struct Reply {
     nonce: Nonce,
     index: u32,
@@ -125,7 +69,7 @@ struct Reply {
 struct Sending {
     peer: sys::fi_addr_t,
     reply: Reply,
-    header: [u8; gather::REPLY_HEADER_BYTES],
+    header: [u8; wire::REPLY_HEADER_BYTES],
     /// A buffer packed for it (counted in `packed_in_flight`).
     packed: Option<Vec<u8>>,
     iov: Vec<sys::iovec>,
@@ -143,6 +87,15 @@ unsafe impl Send for Sending {}
 struct Peer {
     backlog: VecDeque<Reply>,
     in_flight: usize,
+}
+
+/// What became of a reply taken from the front of a reader's queue.
+enum Flushed {
+    /// Posted, dropped, or replaced by a refusal: the next reply may go.
+    Next,
+    /// Back at the front of the queue until the provider (or the packing
+    /// budget) takes more.
+    Later,
 }
 
 /// State of the serving loop, owned by the progress thread.
@@ -192,7 +145,7 @@ impl Server {
             zero_copy_ranges: iov_limit - 1,
             name,
             requests: (0..REQUEST_SLOTS)
-                .map(|_| vec![0u8; gather::MAX_REQUEST_BYTES].into_boxed_slice())
+                .map(|_| vec![0u8; wire::MAX_REQUEST_BYTES].into_boxed_slice())
                 .collect(),
             posted: vec![false; REQUEST_SLOTS],
             contexts: Contexts::new(REQUEST_SLOTS + SEND_SLOTS),
@@ -221,7 +174,7 @@ impl Server {
             self.ep.post_trecv(
                 buf.as_mut_ptr(),
                 buf.len(),
-                gather::REQUEST_TAG,
+                wire::REQUEST_TAG,
                 u64::MAX,
                 self.contexts.ptr(slot),
             )
@@ -285,7 +238,7 @@ impl Server {
     fn on_request(&mut self, slot: usize, len: usize) {
         let len = len.min(self.requests[slot].len());
         let opened = match self.access.key() {
-            Some(key) => gather::open(&self.requests[slot][..len], &key),
+            Some(key) => wire::open(&self.requests[slot][..len], &key),
             None => None,
         };
         let Some(opened) = opened else {
@@ -302,12 +255,11 @@ impl Server {
         };
         let now = Instant::now();
         let nonce = opened.nonce;
-        let replies = match opened.body {
-            Ok(RequestBody::Plain(req)) => self.answer_plain(req),
-            Ok(RequestBody::Ragged(req)) => self.answer_ragged(req),
-            Err(r) => Err(r),
+        let bounds = Bounds {
+            max_msg: self.max_msg,
+            zero_copy_ranges: self.zero_copy_ranges,
         };
-        let bodies = replies.unwrap_or_else(|r| vec![(r as u64, Body::Empty)]);
+        let bodies = answer::answer(&self.shares, opened.body, bounds, &mut self.spare);
         let entry = self.peers.entry(peer).or_default();
         if entry.backlog.len() + bodies.len() > PEER_BACKLOG
             || self.queued_total + bodies.len() > TOTAL_BACKLOG
@@ -331,58 +283,6 @@ impl Server {
                 queued: now,
             });
         }
-    }
-
-    /// The replies of a plain request: (status 0, body) per message.
-    fn answer_plain(&mut self, req: gather::Request) -> Result<Vec<(u64, Body)>, Refusal> {
-        let share = self.shares.get(req.key).ok_or(Refusal::UnknownKey)?;
-        gather::check_request(
-            &req,
-            share.len() as u64,
-            self.max_msg,
-            self.zero_copy_ranges,
-        )?;
-        let mut next = 0usize;
-        let mut out = Vec::with_capacity(req.msg_ranges.len());
-        for &n in &req.msg_ranges {
-            let ranges = req.ranges[next..next + n as usize].to_vec();
-            next += n as usize;
-            out.push((
-                0,
-                Body::Ranges {
-                    share: share.clone(),
-                    ranges,
-                },
-            ));
-        }
-        Ok(out)
-    }
-
-    /// The replies of a ragged request: its rows' lengths, then their
-    /// values, cut into the messages the reader posted.
-    fn answer_ragged(&mut self, req: gather::RaggedRequest) -> Result<Vec<(u64, Body)>, Refusal> {
-        let values = self.shares.get(req.key).ok_or(Refusal::UnknownKey)?;
-        let ends = self
-            .shares
-            .get(req.part.ends_key)
-            .ok_or(Refusal::UnknownKey)?;
-        // A packing buffer of an earlier reply: no fresh pages per reply.
-        let stream = self.spare.pop().unwrap_or_default();
-        let msgs =
-            gather::answer_ragged(&req, ends.as_ref(), values.as_ref(), self.max_msg, stream)?;
-        Ok(msgs
-            .into_iter()
-            .map(|b| {
-                (
-                    0,
-                    if b.is_empty() {
-                        Body::Empty
-                    } else {
-                        Body::Packed(b)
-                    },
-                )
-            })
-            .collect())
     }
 
     /// Packs `ranges` of `share` into one buffer (fallible: `None` when
@@ -442,121 +342,143 @@ impl Server {
             if reply.queued.elapsed() >= self.expiry {
                 continue; // its reader has given up on it
             }
-            // Build what the send reads: header, then the share's ranges or a buffer.
-            let mut packed = None;
-            let mut ranges_iov: Vec<(*const u8, usize)> = Vec::new();
-            match &reply.body {
-                Body::Empty | Body::Packed(_) => {}
-                Body::Ranges { share, ranges }
-                    if ranges.len() <= self.zero_copy_ranges
-                        && ranges
-                            .iter()
-                            .all(|&(o, l)| o + l <= share.mapped_len() as u64) =>
-                {
-                    let base = share.as_ptr();
-                    // In bounds: check_request saw every range inside the share.
-                    ranges_iov.extend(
-                        ranges
-                            .iter()
-                            .map(|&(off, len)| (base.wrapping_add(off as usize), len as usize)),
-                    );
+            if let Flushed::Later = self.send_reply(peer, slot, reply) {
+                return true;
+            }
+        }
+    }
+
+    /// Sends `reply` to `peer` from send slot `slot`: straight from the
+    /// share when its ranges fit one send, else packed first (within
+    /// [`PACKED_IN_FLIGHT`]; a refusal when there is no memory for it).
+    fn send_reply(&mut self, peer: sys::fi_addr_t, slot: usize, reply: Reply) -> Flushed {
+        // Build what the send reads: header, then the share's ranges or a buffer.
+        let mut packed = None;
+        let mut ranges_iov: Vec<(*const u8, usize)> = Vec::new();
+        match &reply.body {
+            Body::Empty | Body::Packed(_) => {}
+            // A spilled share's rows past its memory are not addressable: packed.
+            Body::Ranges { share, ranges }
+                if ranges.len() <= self.zero_copy_ranges
+                    && ranges
+                        .iter()
+                        .all(|&(o, l)| o + l <= share.mapped_len() as u64) =>
+            {
+                let base = share.as_ptr();
+                // In bounds: check_request saw every range inside the share.
+                ranges_iov.extend(
+                    ranges
+                        .iter()
+                        .map(|&(off, len)| (base.wrapping_add(off as usize), len as usize)),
+                );
+            }
+            Body::Ranges { share, ranges } => {
+                let total: usize = ranges.iter().map(|r| r.1 as usize).sum();
+                if self.packed_in_flight > 0 && self.packed_in_flight + total > PACKED_IN_FLIGHT {
+                    // Wait for packed replies in flight to complete.
+                    self.requeue(peer, reply);
+                    return Flushed::Later;
                 }
-                Body::Ranges { share, ranges } => {
-                    let total: usize = ranges.iter().map(|r| r.1 as usize).sum();
-                    if self.packed_in_flight > 0 && self.packed_in_flight + total > PACKED_IN_FLIGHT
-                    {
-                        // Wait for packed replies in flight to complete.
-                        let p = self.peers.get_mut(&peer).expect("present");
-                        p.backlog.push_front(reply);
-                        self.queued_total += 1;
-                        return true;
+                let share = share.clone();
+                let ranges = ranges.clone();
+                match self.pack(share.as_ref(), &ranges) {
+                    Some(buf) => {
+                        self.packed_in_flight += buf.len();
+                        packed = Some(buf);
                     }
-                    let share = share.clone();
-                    let ranges = ranges.clone();
-                    match self.pack(share.as_ref(), &ranges) {
-                        Some(buf) => {
-                            self.packed_in_flight += buf.len();
-                            packed = Some(buf);
-                        }
-                        // No memory now: refuse rather than abort.
-                        None => {
-                            // Tagged as this message, whose receive ignores status bits.
-                            let refusal = Reply {
-                                status: Refusal::OverLimit as u64,
-                                body: Body::Empty,
-                                ..reply
-                            };
-                            let p = self.peers.get_mut(&peer).expect("present");
-                            p.backlog.push_front(refusal);
-                            self.queued_total += 1;
-                            continue;
-                        }
+                    // No memory now: refuse rather than abort.
+                    None => {
+                        // Tagged as this message, whose receive ignores status bits.
+                        let refusal = Reply {
+                            status: Refusal::OverLimit as u64,
+                            body: Body::Empty,
+                            ..reply
+                        };
+                        self.requeue(peer, refusal);
+                        return Flushed::Next;
                     }
                 }
             }
-            self.free_sends.pop();
-            let tag = gather::reply_tag(&reply.nonce, reply.index, reply.status);
-            let sending = self.sending[slot].insert(Sending {
-                peer,
-                header: reply.nonce.reply_header(),
-                reply,
-                packed,
-                iov: Vec::new(),
-                posted: Instant::now(),
-                abandoned: false,
-            });
-            // The iov points into the Sending, whose slot does not move until it completes.
+        }
+        self.post_reply(peer, slot, reply, packed, &ranges_iov)
+    }
+
+    /// Puts `reply` back at the front of `peer`'s queue.
+    fn requeue(&mut self, peer: sys::fi_addr_t, reply: Reply) {
+        let p = self.peers.get_mut(&peer).expect("present");
+        p.backlog.push_front(reply);
+        self.queued_total += 1;
+    }
+
+    /// Posts the send of `reply` (its header, then `packed` or its packed
+    /// body, then `ranges_iov` of its share) from send slot `slot`.
+    fn post_reply(
+        &mut self,
+        peer: sys::fi_addr_t,
+        slot: usize,
+        reply: Reply,
+        packed: Option<Vec<u8>>,
+        ranges_iov: &[(*const u8, usize)],
+    ) -> Flushed {
+        self.free_sends.pop();
+        let tag = wire::reply_tag(&reply.nonce, reply.index, reply.status);
+        let sending = self.sending[slot].insert(Sending {
+            peer,
+            header: reply.nonce.reply_header(),
+            reply,
+            packed,
+            iov: Vec::new(),
+            posted: Instant::now(),
+            abandoned: false,
+        });
+        // The iov points into the Sending, whose slot does not move until it completes.
+        sending.iov.push(sys::iovec {
+            iov_base: sending.header.as_ptr() as *mut _,
+            iov_len: sending.header.len(),
+        });
+        match (&sending.packed, &sending.reply.body) {
+            (Some(buf), _) | (None, Body::Packed(buf)) => sending.iov.push(sys::iovec {
+                iov_base: buf.as_ptr() as *mut _,
+                iov_len: buf.len(),
+            }),
+            _ => {}
+        }
+        for &(ptr, len) in ranges_iov {
             sending.iov.push(sys::iovec {
-                iov_base: sending.header.as_ptr() as *mut _,
-                iov_len: sending.header.len(),
+                iov_base: ptr as *mut _,
+                iov_len: len,
             });
-            match (&sending.packed, &sending.reply.body) {
-                (Some(buf), _) | (None, Body::Packed(buf)) => sending.iov.push(sys::iovec {
-                    iov_base: buf.as_ptr() as *mut _,
-                    iov_len: buf.len(),
-                }),
-                _ => {}
+        }
+        // SAFETY: the iov points into this Sending (header, packed
+        // buffer: heap blocks that stay put) or into the reply's share,
+        // kept alive by its Arc; all stay until the send completes or
+        // shutdown abandons them. The context slot is free.
+        let rc = unsafe {
+            self.ep.post_tsendv(
+                &sending.iov,
+                peer,
+                tag,
+                self.contexts.ptr(REQUEST_SLOTS + slot),
+            )
+        };
+        if matches!(rc, Ok(Ok(()))) {
+            self.peers.get_mut(&peer).expect("present").in_flight += 1;
+            return Flushed::Next;
+        }
+        let back = self.sending[slot].take().expect("just placed");
+        self.free_sends.push(slot);
+        if let Some(buf) = back.packed {
+            self.packed_in_flight -= buf.len();
+            self.recycle(buf);
+        }
+        match rc {
+            // Not taken now: it waits at the front of its reader's queue.
+            Ok(Err(_again)) => {
+                self.requeue(peer, back.reply);
+                Flushed::Later
             }
-            for &(ptr, len) in &ranges_iov {
-                sending.iov.push(sys::iovec {
-                    iov_base: ptr as *mut _,
-                    iov_len: len,
-                });
-            }
-            // SAFETY: the iov points into this Sending (header, packed
-            // buffer: heap blocks that stay put) or into the reply's share,
-            // kept alive by its Arc; all stay until the send completes or
-            // shutdown abandons them. The context slot is free.
-            let rc = unsafe {
-                self.ep.post_tsendv(
-                    &sending.iov,
-                    peer,
-                    tag,
-                    self.contexts.ptr(REQUEST_SLOTS + slot),
-                )
-            };
-            let posted = matches!(rc, Ok(Ok(())));
-            if posted {
-                self.peers.get_mut(&peer).expect("present").in_flight += 1;
-                continue;
-            }
-            let back = self.sending[slot].take().expect("just placed");
-            self.free_sends.push(slot);
-            if let Some(buf) = back.packed {
-                self.packed_in_flight -= buf.len();
-                self.recycle(buf);
-            }
-            match rc {
-                // Not taken now: it waits at the front of its reader's queue.
-                Ok(Err(_again)) => {
-                    let p = self.peers.get_mut(&peer).expect("present");
-                    p.backlog.push_front(back.reply);
-                    self.queued_total += 1;
-                    return true;
-                }
-                // The reader is gone (or unreachable): drop its reply.
-                _ => continue,
-            }
+            // The reader is gone (or unreachable): drop its reply.
+            _ => Flushed::Next,
         }
     }
 

@@ -1,0 +1,283 @@
+//! The store: named variables, each split across the ranks of a group.
+//!
+//! This file: the store itself, its lookups and its teardown. Creating
+//! variables (collective agreement, attaching another job's) is in
+//! `create.rs`, writing and reading rows by name in `rows.rs`, and a
+//! variable with its read execution (routes, memory copies) in `variable.rs`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use crate::comm::Comm;
+use crate::dtype::DType;
+use crate::layout::Layout;
+use crate::profile::Profile;
+use crate::ragged::{ends_name, values_name, RaggedVar};
+use crate::transport::Transport;
+use crate::{Config, Error, Result};
+
+mod create;
+mod rows;
+mod spilling;
+mod variable;
+
+pub use variable::{Variable, PARALLEL_COPY_BYTES};
+
+/// Shape of a variable, the same on every rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VarInfo {
+    /// Element type of the rows.
+    pub dtype: DType,
+    /// Bytes per element as `info()` reports it (upstream's `itemsize`):
+    /// the dtype's size, or for raw-bytes rows what the creator said.
+    pub itemsize: usize,
+    /// Bytes per row.
+    pub row_bytes: usize,
+    /// Rows per rank.
+    pub layout: Layout,
+}
+
+/// What a variable's rows are made of: elements of `dtype`, `itemsize`
+/// bytes each. A [`DType`] converts into one of its own size (raw bytes: 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Element {
+    /// Element type of the rows.
+    pub dtype: DType,
+    /// Bytes per element (at least 1).
+    pub itemsize: usize,
+}
+
+impl Element {
+    /// Elements of `dtype` counted as `itemsize` bytes each (0 counts as 1).
+    pub fn new(dtype: DType, itemsize: usize) -> Element {
+        Element {
+            dtype,
+            itemsize: itemsize.max(1),
+        }
+    }
+}
+
+impl From<DType> for Element {
+    fn from(dtype: DType) -> Element {
+        Element::new(dtype, dtype.itemsize())
+    }
+}
+
+/// Named variables shared by the ranks of one group, read through one transport.
+pub struct Store {
+    comm: Arc<dyn Comm>,
+    /// Released by `free()`: fabric objects and progress threads go with it.
+    transport: RwLock<Option<Arc<dyn Transport>>>,
+    transport_name: String,
+    /// The transport's [`Transport::remote_path`].
+    remote_path: &'static str,
+    /// A peer stopped answering: `free()` then skips its barrier (it would wait for the dead).
+    peer_lost: AtomicBool,
+    config: Config,
+    /// Ordered so teardown (collective for MPI windows) runs in the same order on every rank.
+    vars: RwLock<BTreeMap<String, Arc<Variable>>>,
+    /// Ragged variables by name; their values and ends live in `vars`.
+    pub(crate) ragged: RwLock<BTreeMap<String, Arc<RaggedVar>>>,
+    freed: AtomicBool,
+    /// The memory budget used so far and the spill directories (see [`crate::spill`]).
+    spill: crate::spill::store::StoreSpill,
+}
+
+/// What a read does with rows of this rank's own share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnRows {
+    /// Copy them from memory (host shares).
+    Copy,
+    /// Leave their destination bytes untouched: the caller reads them itself
+    /// (device shares, read with torch on the device).
+    Skip,
+    /// Read them through the transport like other ranks' rows (device
+    /// shares in a forked process, which cannot use the device).
+    Transport,
+}
+
+impl Store {
+    /// A store of no variables over `comm`, reading through `transport`.
+    pub fn new(comm: Arc<dyn Comm>, transport: Arc<dyn Transport>, config: Config) -> Store {
+        Store {
+            comm,
+            transport_name: transport.name(),
+            remote_path: transport.remote_path(),
+            transport: RwLock::new(Some(transport)),
+            peer_lost: AtomicBool::new(false),
+            config,
+            vars: RwLock::new(BTreeMap::new()),
+            ragged: RwLock::new(BTreeMap::new()),
+            freed: AtomicBool::new(false),
+            spill: Default::default(),
+        }
+    }
+
+    /// The group's communicator.
+    pub fn comm(&self) -> &Arc<dyn Comm> {
+        &self.comm
+    }
+    /// The settings this store was created with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+    /// The transport's name (kept after `free()` for messages).
+    pub fn transport_name(&self) -> String {
+        self.transport_name.clone()
+    }
+    /// "one-sided" or "gather": how remote rows are read.
+    pub fn remote_path(&self) -> &'static str {
+        self.remote_path
+    }
+
+    fn transport(&self) -> Result<Arc<dyn Transport>> {
+        self.transport.read().unwrap().clone().ok_or(Error::Freed)
+    }
+
+    /// Notes a lost peer on the way out of a read.
+    pub(crate) fn watch<T>(&self, result: Result<T>) -> Result<T> {
+        if let Err(Error::Timeout { .. }) = &result {
+            self.peer_lost.store(true, Ordering::Release);
+        }
+        result
+    }
+
+    pub(crate) fn check_live(&self) -> Result<()> {
+        if self.freed.load(Ordering::Acquire) {
+            Err(Error::Freed)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The variable `name`, or `Error::UnknownVariable`.
+    pub fn var(&self, name: &str) -> Result<Arc<Variable>> {
+        self.check_live()?;
+        if let Some(v) = self.vars.read().unwrap().get(name) {
+            return Ok(v.clone());
+        }
+        if self.is_ragged(name) {
+            return Err(Error::WrongType(format!(
+                "'{name}' is a ragged variable: read it with get_batch(name, indices) (values and offsets)"
+            )));
+        }
+        Err(self.unknown_variable(name))
+    }
+
+    /// `Error::UnknownVariable` for `name`, suggesting a close variable of this store.
+    pub(crate) fn unknown_variable(&self, name: &str) -> Error {
+        let vars = self.vars.read().unwrap();
+        let ragged = self.ragged.read().unwrap();
+        // A ragged variable's parts (`x#values`, `x#ends`) are not names users give.
+        let known = vars
+            .keys()
+            .filter(|k| !k.contains('#'))
+            .chain(ragged.keys());
+        Error::unknown_variable(name, known.map(String::as_str))
+    }
+
+    /// Whether a fixed-row or ragged variable `name` exists here.
+    pub(crate) fn has_var(&self, name: &str) -> bool {
+        self.vars.read().unwrap().contains_key(name) || self.is_ragged(name)
+    }
+
+    /// Every variable by the name it was added with (a ragged variable once,
+    /// not its two parts), sorted.
+    pub fn names(&self) -> Vec<String> {
+        let ragged = self.ragged.read().unwrap();
+        let parts: Vec<String> = ragged
+            .keys()
+            .flat_map(|n| [values_name(n), ends_name(n)])
+            .collect();
+        let mut v: Vec<String> = self
+            .vars
+            .read()
+            .unwrap()
+            .keys()
+            .filter(|n| !parts.contains(n))
+            .cloned()
+            .chain(ragged.keys().cloned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Read counters of `name` (for a ragged variable, rows are its ragged
+    /// rows and bytes its values: see `Store::ragged_profile`).
+    pub fn profile(&self, name: &str) -> Result<Profile> {
+        if self.is_ragged(name) {
+            return self.ragged_profile(name);
+        }
+        let var = self.var(name)?;
+        let mut p = var.counters.snapshot();
+        p.rejected_replies = var.remote.rejected_replies();
+        Ok(p)
+    }
+
+    /// Gives the transport the job's secret (a method-2 core job's token,
+    /// which its extra jobs present): it keys what remote reads exchange.
+    pub fn set_secret(&self, secret: &[u8]) -> Result<()> {
+        self.transport()?.set_secret(secret);
+        Ok(())
+    }
+
+    /// The job's secret the transport keys its requests with, if any (handed
+    /// to this process's spawned workers only; never logged).
+    pub fn secret(&self) -> Option<Vec<u8>> {
+        self.transport().ok().and_then(|t| t.secret())
+    }
+
+    /// Requests from the network that this process's transport dropped
+    /// unanswered (no proof of the job's secret, or beyond its bounds).
+    pub fn rejected_requests(&self) -> u64 {
+        self.transport().map_or(0, |t| t.rejected_requests())
+    }
+
+    /// Abandons readers and transport objects inherited across `fork()` now.
+    /// Not needed: the first read of a forked child does the same for the
+    /// variable it reads (see [`crate::fork`]); kept for callers that made it.
+    pub fn fork_reader(&self) -> Result<()> {
+        self.check_live()?;
+        for var in self.vars.read().unwrap().values() {
+            var.readers.forget_inherited(var.remote.as_ref())?;
+        }
+        Ok(())
+    }
+
+    /// Releases every variable; later calls fail with `Error::Freed`.
+    /// Collective: every rank of the group calls it, and no rank tears its
+    /// shares down before every rank has stopped reading them. The barrier is
+    /// bounded by `DDSTORE_TIMEOUT_S`: when a rank does not arrive in time this
+    /// returns `Error::Timeout` naming it, and this rank's shares are left
+    /// mapped and registered (leaked until the process exits) instead of torn
+    /// down, so a late peer still reading them reads valid rows, and no
+    /// collective teardown (MPI windows) waits for a rank that is not there.
+    pub fn free(&self) -> Result<()> {
+        if self.freed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        // Always synchronise, even after a read timed out: the peer may be back
+        // (a stall, not a death), and skipping here would leave it waiting.
+        // Extra jobs (attached, not members) run on a group of their own.
+        let synced = self.comm.barrier_timeout(self.config.timeout);
+        self.ragged.write().unwrap().clear();
+        let vars = std::mem::take(&mut *self.vars.write().unwrap());
+        let transport = self.transport.write().unwrap().take();
+        if synced.is_err() {
+            std::mem::forget(vars);
+            std::mem::forget(transport);
+            return synced;
+        }
+        for (_, var) in vars {
+            drop(var);
+        }
+        drop(transport);
+        synced
+    }
+
+    /// Whether `free()` was called.
+    pub fn is_freed(&self) -> bool {
+        self.freed.load(Ordering::Acquire)
+    }
+}

@@ -1,0 +1,457 @@
+//! What an owner answers gather requests with (safe code): the shares it
+//! serves by memory key, the job's request key, and the replies to an
+//! authenticated request, every range checked against the share it names
+//! and the owner's bounds before anything is read.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use ddstore_core::region::Memory;
+
+use super::wire::{
+    Body, MacKey, RaggedRequest, Refusal, Request, END_BYTES, MAX_PACKED_BYTES, MAX_REPLY_BYTES,
+};
+
+/// Shares readers may gather from, by the memory key their records publish:
+/// a request naming any other key (a freed variable, a key this owner never
+/// issued) is refused, never served.
+#[derive(Default)]
+pub struct ServedShares {
+    map: Mutex<HashMap<u64, Arc<dyn Memory>>>,
+}
+
+impl ServedShares {
+    pub fn add(&self, key: u64, share: Arc<dyn Memory>) {
+        self.lock().insert(key, share);
+    }
+    pub fn remove(&self, key: u64) {
+        self.lock().remove(&key);
+    }
+    fn get(&self, key: u64) -> Option<Arc<dyn Memory>> {
+        self.lock().get(&key).cloned()
+    }
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<dyn Memory>>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The job's request key, set once the job's secret is known, and what the
+/// owner dropped for want of it.
+#[derive(Default)]
+pub struct Access {
+    key: Mutex<Option<MacKey>>,
+    /// Requests dropped unanswered: no valid MAC, a reply address unlike
+    /// ours, or beyond a reader's backlog.
+    pub rejected_requests: AtomicU64,
+}
+
+impl Access {
+    /// Sets (or replaces) the key requests must be MACed under.
+    pub fn set_key(&self, key: MacKey) {
+        *self.key.lock().unwrap_or_else(|p| p.into_inner()) = Some(key);
+    }
+    /// The key, if set.
+    pub fn key(&self) -> Option<MacKey> {
+        self.key.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// The body of one reply message.
+pub enum ReplyBody {
+    /// A refusal: the header only, the status is in the tag.
+    Empty,
+    /// Ranges of a share, sent straight from it when they fit one send's
+    /// iov limit, else packed into one buffer when the reply is sent.
+    Ranges {
+        /// The share the request's key named.
+        share: Arc<dyn Memory>,
+        /// (offset, len) in the share, checked inside it.
+        ranges: Vec<(u64, u64)>,
+    },
+    /// Bytes built when the request was answered (ragged replies).
+    Packed(Vec<u8>),
+}
+
+/// What an owner's replies respect.
+#[derive(Clone, Copy)]
+pub struct Bounds {
+    /// The provider's longest message.
+    pub max_msg: usize,
+    /// Ranges one send takes besides the reply header (more are packed).
+    pub zero_copy_ranges: usize,
+}
+
+/// The replies to an authenticated request's body: (status 0, body) per
+/// message, or one refusal (its status, an empty body). `spare`: packing
+/// buffers to reuse (no fresh pages per ragged reply).
+pub fn answer(
+    shares: &ServedShares,
+    body: Result<Body, Refusal>,
+    bounds: Bounds,
+    spare: &mut Vec<Vec<u8>>,
+) -> Vec<(u64, ReplyBody)> {
+    let replies = match body {
+        Ok(Body::Plain(req)) => answer_plain(shares, req, bounds),
+        Ok(Body::Ragged(req)) => ragged_replies(shares, req, bounds, spare),
+        Err(r) => Err(r),
+    };
+    replies.unwrap_or_else(|r| vec![(r as u64, ReplyBody::Empty)])
+}
+
+/// The replies of a plain request: (status 0, body) per message.
+fn answer_plain(
+    shares: &ServedShares,
+    req: Request,
+    bounds: Bounds,
+) -> Result<Vec<(u64, ReplyBody)>, Refusal> {
+    let share = shares.get(req.key).ok_or(Refusal::UnknownKey)?;
+    check_request(
+        &req,
+        share.len() as u64,
+        bounds.max_msg,
+        bounds.zero_copy_ranges,
+    )?;
+    let mut next = 0usize;
+    let mut out = Vec::with_capacity(req.msg_ranges.len());
+    for &n in &req.msg_ranges {
+        let ranges = req.ranges[next..next + n as usize].to_vec();
+        next += n as usize;
+        out.push((
+            0,
+            ReplyBody::Ranges {
+                share: share.clone(),
+                ranges,
+            },
+        ));
+    }
+    Ok(out)
+}
+
+/// The replies of a ragged request: its rows' lengths, then their
+/// values, cut into the messages the reader posted.
+fn ragged_replies(
+    shares: &ServedShares,
+    req: RaggedRequest,
+    bounds: Bounds,
+    spare: &mut Vec<Vec<u8>>,
+) -> Result<Vec<(u64, ReplyBody)>, Refusal> {
+    let values = shares.get(req.key).ok_or(Refusal::UnknownKey)?;
+    let ends = shares.get(req.part.ends_key).ok_or(Refusal::UnknownKey)?;
+    // A packing buffer of an earlier reply: no fresh pages per reply.
+    let stream = spare.pop().unwrap_or_default();
+    let msgs = answer_ragged(&req, ends.as_ref(), values.as_ref(), bounds.max_msg, stream)?;
+    Ok(msgs
+        .into_iter()
+        .map(|b| {
+            (
+                0,
+                if b.is_empty() {
+                    ReplyBody::Empty
+                } else {
+                    ReplyBody::Packed(b)
+                },
+            )
+        })
+        .collect())
+}
+
+/// Checks a plain request against the share it names (`share_len` bytes)
+/// and the owner's bounds: every range inside the share; every message at
+/// most `max_msg` (the provider's longest) and, when it has more than
+/// `zero_copy_ranges` ranges (so the owner packs it), at most
+/// [`MAX_PACKED_BYTES`]; all of them at most [`MAX_REPLY_BYTES`].
+pub fn check_request(
+    req: &Request,
+    share_len: u64,
+    max_msg: usize,
+    zero_copy_ranges: usize,
+) -> Result<(), Refusal> {
+    let mut next = 0usize;
+    let mut total: u64 = 0;
+    for &n in &req.msg_ranges {
+        let end = next + n as usize;
+        let mut bytes: u64 = 0;
+        for &(off, len) in &req.ranges[next..end] {
+            match off.checked_add(len) {
+                Some(e) if e <= share_len && len > 0 => {}
+                _ => return Err(Refusal::OutOfRange),
+            }
+            bytes = bytes.saturating_add(len);
+        }
+        let packed = n as usize > zero_copy_ranges;
+        if bytes > max_msg as u64 || (packed && bytes > MAX_PACKED_BYTES as u64) {
+            return Err(Refusal::OverLimit);
+        }
+        total = total.saturating_add(bytes);
+        next = end;
+    }
+    if total > MAX_REPLY_BYTES {
+        return Err(Refusal::OverLimit);
+    }
+    Ok(())
+}
+
+/// The owner's answer to a ragged request: the reply messages (`n_msgs` of
+/// them, each at most `msg_bytes`), or why it is refused. `ends` and
+/// `values` are the owner's shares the request's keys named; every row and
+/// every range is checked against them, and the stream must fit the
+/// receives the reader posted (at most `max_msg` bytes each). `stream` is a
+/// buffer to reuse for the first message (its contents are replaced).
+pub fn answer_ragged(
+    req: &RaggedRequest,
+    ends: &dyn Memory,
+    values: &dyn Memory,
+    max_msg: usize,
+    mut stream: Vec<u8>,
+) -> Result<Vec<Vec<u8>>, Refusal> {
+    let part = &req.part;
+    let m = part.msg_bytes as usize;
+    if !ends.len().is_multiple_of(END_BYTES) {
+        return Err(Refusal::Malformed);
+    }
+    let capacity = m as u64 * req.n_msgs as u64;
+    if m > max_msg.min(MAX_PACKED_BYTES) || capacity > MAX_REPLY_BYTES {
+        return Err(Refusal::OverLimit);
+    }
+    let n_rows = (ends.len() / END_BYTES) as u64;
+    let ub = part.unit_bytes as u64;
+    // Each row's byte range, from its end and its predecessor's.
+    let mut spans = Vec::with_capacity(part.rows.len());
+    let mut total = (END_BYTES * part.rows.len()) as u64;
+    for &row in &part.rows {
+        if row >= n_rows {
+            return Err(Refusal::OutOfRange);
+        }
+        let mut pair = [0u8; 2 * END_BYTES];
+        let (at, dst) = if row == 0 {
+            (0, &mut pair[END_BYTES..])
+        } else {
+            ((row as usize - 1) * END_BYTES, &mut pair[..])
+        };
+        ends.read_at(at, dst).map_err(|_| Refusal::OutOfRange)?;
+        let start = u64::from_le_bytes(pair[..END_BYTES].try_into().unwrap());
+        let end = u64::from_le_bytes(pair[END_BYTES..].try_into().unwrap());
+        let range = start
+            .checked_mul(ub)
+            .zip(end.checked_mul(ub))
+            .filter(|&(s, e)| s <= e && e <= values.len() as u64)
+            .ok_or(Refusal::OutOfRange)?;
+        total = total.saturating_add(range.1 - range.0);
+        spans.push((end - start, range.0 as usize, (range.1 - range.0) as usize));
+    }
+    if total > capacity {
+        return Err(Refusal::TooLarge);
+    }
+    // Readers ask for distinct rows, whose values fit in the share: what a
+    // request makes this owner allocate is bounded by its own share.
+    if total - (END_BYTES * part.rows.len()) as u64 > values.len() as u64 {
+        return Err(Refusal::Malformed);
+    }
+    // Every byte is overwritten below: a reused buffer is only zeroed where
+    // it grows. No memory for it refuses the request (never aborts).
+    let total = total as usize;
+    stream
+        .try_reserve(total.saturating_sub(stream.len()))
+        .map_err(|_| Refusal::OverLimit)?;
+    stream.resize(total, 0);
+    let mut at = 0;
+    for &(units, _, _) in &spans {
+        stream[at..at + END_BYTES].copy_from_slice(&units.to_le_bytes());
+        at += END_BYTES;
+    }
+    for &(_, off, len) in &spans {
+        values
+            .read_at(off, &mut stream[at..at + len])
+            .map_err(|_| Refusal::OutOfRange)?;
+        at += len;
+    }
+    // Cut into the posted messages, from the back (each tail copied once).
+    let mut msgs = Vec::with_capacity(req.n_msgs as usize);
+    for i in (1..req.n_msgs as usize).rev() {
+        let at = (i * m).min(stream.len());
+        msgs.push(stream.split_off(at));
+    }
+    msgs.push(stream);
+    msgs.reverse();
+    Ok(msgs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ofi::gather::client::parse_ragged_reply;
+    use crate::ofi::gather::wire::RaggedPart;
+
+    #[test]
+    fn owners_check_requests_against_the_share_and_their_bounds() {
+        let back = Request {
+            key: 0xdead,
+            msg_ranges: vec![2, 1],
+            ranges: vec![(0, 8), (64, 8), (512, 3)],
+        };
+        assert_eq!(check_request(&back, 515, 1 << 20, 3), Ok(()));
+        assert_eq!(
+            check_request(&back, 514, 1 << 20, 3),
+            Err(Refusal::OutOfRange)
+        );
+        assert_eq!(check_request(&back, 515, 15, 3), Err(Refusal::OverLimit));
+        let wide = Request {
+            key: 1,
+            msg_ranges: vec![2],
+            ranges: vec![(0, 3 << 20), (0, 3 << 20)],
+        };
+        // Two ranges in one send: fine; packed (one range per send): over 4 MiB.
+        assert_eq!(check_request(&wide, 4 << 20, 1 << 30, 2), Ok(()));
+        assert_eq!(
+            check_request(&wide, 4 << 20, 1 << 30, 1),
+            Err(Refusal::OverLimit)
+        );
+        // 900 ranges of 64 MiB each: over the request's byte bound.
+        let many = Request {
+            key: 1,
+            msg_ranges: vec![1; 900],
+            ranges: vec![(0, 64 << 20); 900],
+        };
+        assert_eq!(
+            check_request(&many, 64 << 20, usize::MAX, 3),
+            Err(Refusal::OverLimit)
+        );
+        let huge = Request {
+            ranges: vec![(u64::MAX - 1, 8)],
+            msg_ranges: vec![1],
+            key: 0,
+        };
+        assert_eq!(
+            check_request(&huge, u64::MAX, 1 << 20, 3),
+            Err(Refusal::OutOfRange)
+        );
+    }
+    fn region(bytes: &[u8]) -> ddstore_core::region::Region {
+        let r = ddstore_core::region::Region::anonymous(bytes.len().max(1)).unwrap();
+        r.write_at(0, bytes).unwrap();
+        r
+    }
+
+    /// Ends of rows of lengths `lens`, as an owner stores them.
+    fn ends_of(lens: &[u64]) -> Vec<u8> {
+        let mut end = 0;
+        lens.iter()
+            .flat_map(|l| {
+                end += l;
+                end.to_le_bytes()
+            })
+            .collect()
+    }
+
+    fn ragged_req(rows: Vec<u64>, n_msgs: u32, msg_bytes: u32) -> RaggedRequest {
+        RaggedRequest {
+            key: 11,
+            n_msgs,
+            part: RaggedPart {
+                ends_key: 12,
+                unit_bytes: 2,
+                msg_bytes,
+                rows,
+            },
+        }
+    }
+
+    #[test]
+    fn owners_answer_ragged_rows_or_refuse() {
+        // Rows of 3, 0, 5 and 1 units of 2 bytes.
+        let lens = [3u64, 0, 5, 1];
+        let values: Vec<u8> = (0..18).collect();
+        let (ends, vals) = (region(&ends_of(&lens)), region(&values));
+        let stream = |msgs: Vec<Vec<u8>>| msgs.concat();
+        // Rows 2, 1, 0, 3: lengths first, then values, in request order.
+        let got = answer_ragged(
+            &ragged_req(vec![2, 1, 0, 3], 1, 64),
+            &ends,
+            &vals,
+            1 << 20,
+            Vec::new(),
+        )
+        .unwrap();
+        assert_eq!(got.len(), 1);
+        let s = stream(got);
+        let lens_back: Vec<u64> = s[..32]
+            .chunks(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(lens_back, vec![5, 0, 3, 1]);
+        let want: Vec<u8> = [&values[6..16], &values[0..6], &values[16..18]].concat();
+        assert_eq!(&s[32..], &want[..]);
+        assert_eq!(
+            parse_ragged_reply(&s, 4, 2, 10).unwrap(),
+            vec![(5, 32), (0, 42), (3, 42), (1, 48)]
+        );
+        // Cut into 3 messages of 20 bytes: 20, 20, 10 (50 bytes), or with room to spare.
+        let got = answer_ragged(
+            &ragged_req(vec![2, 1, 0, 3], 3, 20),
+            &ends,
+            &vals,
+            1 << 20,
+            Vec::new(),
+        )
+        .unwrap();
+        assert_eq!(
+            got.iter().map(Vec::len).collect::<Vec<_>>(),
+            vec![20, 20, 10]
+        );
+        assert_eq!(stream(got), s);
+        let got = answer_ragged(
+            &ragged_req(vec![1], 4, 20),
+            &ends,
+            &vals,
+            1 << 20,
+            Vec::new(),
+        )
+        .unwrap();
+        assert_eq!(
+            got.iter().map(Vec::len).collect::<Vec<_>>(),
+            vec![8, 0, 0, 0]
+        );
+        // Refusals: a row past the share, a reply larger than the receives, a
+        // message over the owner's limit, an owner's own corrupt ends.
+        let refuse = |req: RaggedRequest, ends: &dyn Memory| {
+            answer_ragged(&req, ends, &vals, 64, vec![1, 2, 3])
+        };
+        assert_eq!(
+            refuse(ragged_req(vec![4], 1, 64), &ends),
+            Err(Refusal::OutOfRange)
+        );
+        assert_eq!(
+            refuse(ragged_req(vec![u64::MAX], 1, 64), &ends),
+            Err(Refusal::OutOfRange)
+        );
+        assert_eq!(
+            refuse(ragged_req(vec![2, 2], 1, 30), &ends),
+            Err(Refusal::TooLarge)
+        );
+        assert_eq!(
+            refuse(ragged_req(vec![0], 1, 65), &ends),
+            Err(Refusal::OverLimit)
+        );
+        // Repeated rows whose values exceed the share (readers send distinct rows).
+        assert_eq!(
+            refuse(ragged_req(vec![2; 3], 1, 64), &ends),
+            Err(Refusal::Malformed)
+        );
+        let corrupt = region(&ends_of(&[3, 100]));
+        assert_eq!(
+            refuse(ragged_req(vec![1], 1, 64), &corrupt),
+            Err(Refusal::OutOfRange)
+        );
+        let mut backwards = ends_of(&[3, 0]);
+        backwards[8..16].copy_from_slice(&1u64.to_le_bytes());
+        assert_eq!(
+            refuse(ragged_req(vec![1], 1, 64), &region(&backwards)),
+            Err(Refusal::OutOfRange)
+        );
+        assert_eq!(
+            refuse(ragged_req(vec![0], 1, 64), &region(&[1, 2, 3])),
+            Err(Refusal::Malformed)
+        );
+    }
+}
