@@ -7,9 +7,10 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 
 import pytest
-from conftest import run_mpi, run_procs
+from conftest import SCRIPTS, _env, run_mpi, run_procs
 
 USER = "ddattack"  # the second local user of tests/test_attacks.py
 
@@ -84,3 +85,37 @@ def test_dist_dataset_with_a_budget_loads_reads_forks_saves_and_restores(tmp_pat
     d, snap = _dir(tmp_path), str(tmp_path / "snap")
     out = run_mpi(2, "spill_torch.py", d, snap, env={"DDSTORE_FABRIC": "tcp"}).stdout
     assert "spill torch ok" in out
+
+
+def test_a_method2_extra_job_reads_the_core_jobs_spilled_rows(tmp_path, handshake_dir):
+    env = {"DDSTORE_FABRIC": "tcp"}
+    hs = str(handshake_dir)
+    core = subprocess.Popen(
+        [
+            "mpirun",
+            "-n",
+            "2",
+            "--bind-to",
+            "none",
+            sys.executable,
+            str(SCRIPTS / "spill_job.py"),
+            "core",
+            hs,
+            _dir(tmp_path),
+        ],
+        env=_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        extra = run_procs(1, "spill_job.py", "extra", hs, env=env, timeout=180)[0]
+        assert "extra: spill ok" in extra.stdout
+    finally:
+        (handshake_dir / "STOP").touch()
+        try:
+            core.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            core.kill()
+    assert core.returncode == 0, core.stderr

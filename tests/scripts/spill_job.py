@@ -122,6 +122,31 @@ def member(spill_dir, method, expect):
     print(f"rank {MPI.COMM_WORLD.rank}: spill ok")
 
 
+def core(hs, spill_dir):
+    """A method-2 core job whose shares spill, serving until {hs}/STOP."""
+    import time
+
+    from mpi4py import MPI
+
+    store = pyddstore.PyDDStore(MPI.COMM_WORLD, method=2, handshake_dir=hs)
+    first, count, _ = share_bounds(N, store.size, store.rank)
+    rows = rows_of(3, np.arange(first, first + count), SHAPE, "float32")
+    store.add("v", rows, memory_limit=(count // 4) * ROW, spill_dir=spill_dir)
+    print(f"rank {store.rank}: serving", flush=True)
+    while not os.path.exists(os.path.join(hs, "STOP")):
+        time.sleep(0.05)
+    store.free()
+
+
+def extra(hs):
+    """An extra job on the node reads every row of the core's spilled shares."""
+    store = pyddstore.PyDDStore(None, method=2, handshake_dir=hs, n_core=2)
+    store.join("v")
+    check_fixed(store, "v", 3, np.arange(N))
+    check_fixed(store, "v", 3, np.random.default_rng(0).integers(0, N, 500))
+    print("extra: spill ok", store.get_profile("v")["rows"])
+
+
 def rank_tag_of(store):
     return f"[rank {store.rank}]"
 
@@ -206,6 +231,10 @@ if __name__ == "__main__":
     what = sys.argv[1]
     if what == "member":
         main_guard(lambda: member(*sys.argv[2:5]))
+    elif what == "core":
+        main_guard(lambda: core(sys.argv[2], sys.argv[3]))
+    elif what == "extra":
+        main_guard(lambda: extra(sys.argv[2]))
     elif what == "method0":
         main_guard(refused_on_method0)
     else:

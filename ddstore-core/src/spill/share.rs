@@ -12,8 +12,10 @@ use super::file::SpillFile;
 use crate::region::Memory;
 use crate::{Error, Result};
 
-/// Bytes a file load moves through one bounce buffer into the spill file.
-const LOAD_CHUNK: usize = 8 << 20;
+/// Bytes a file load moves through one bounce buffer into the spill file:
+/// small, as a load runs `DDSTORE_LOAD_DEPTH` of them at once (32 x 512 KiB
+/// = 16 MiB transient, outside the budget).
+const LOAD_CHUNK: usize = 512 << 10;
 
 /// A share whose first `mem_len` bytes are in memory and the rest in a file.
 pub struct SpilledShare {

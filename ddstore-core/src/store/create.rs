@@ -271,10 +271,20 @@ impl Store {
             Vec::new()
         };
         mapped.resize_with(info.layout.nranks(), || None);
+        let counts = info.layout.counts();
         let (node_peers, node_watch) = mapped
             .into_iter()
             .zip(node_locators.iter().chain(std::iter::repeat(&None)))
-            .map(|(m, loc)| match (m, loc) {
+            .enumerate()
+            .map(|(r, (m, loc))| match (m, loc) {
+                // A share shorter than its rows spills (see crate::spill): its
+                // owner serves it whole through the transport instead.
+                (Some(m), Some(_))
+                    if (m.memory.len() as u64)
+                        < counts[r].saturating_mul(info.row_bytes as u64) =>
+                {
+                    (None, None)
+                }
                 (Some(m), Some(loc)) => (
                     Some(Arc::new(m.memory) as Arc<dyn Memory>),
                     Some(NodeWatch {
