@@ -48,6 +48,18 @@ pub trait Memory: Send + Sync {
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()>;
     /// Copies `src` to `offset`; out of range is an error.
     fn write_at(&self, offset: usize, src: &[u8]) -> Result<()>;
+    /// Copies `ranges` (offset, length) one after another into `dst` (their
+    /// lengths add up to `dst.len()`); a spilled share reads its file's
+    /// ranges many at a time.
+    fn read_ranges(&self, ranges: &[(u64, u64)], dst: &mut [u8]) -> Result<()> {
+        let mut at = 0usize;
+        for &(off, len) in ranges {
+            let len = len as usize;
+            self.read_at(off as usize, &mut dst[at..at + len])?;
+            at += len;
+        }
+        Ok(())
+    }
     /// One `pread` of up to `len` bytes of `file` at `file_offset` straight
     /// into the share at `offset` (no intermediate buffer); the bytes read
     /// (0 at the end of the file). Memory that cannot take it (read-only,

@@ -109,6 +109,16 @@ fn a_spilled_share_is_one_share_of_its_full_length() {
     assert_eq!(share.split(100, 40), (20, Some(0)));
     assert_eq!(share.split(130, 10), (0, Some(10)));
     assert!(share.read_at(rows * rb - 1, &mut [0u8; 2]).is_err());
+    // What the owner's gather server does for a remote batch: many ranges, files in parallel.
+    let share = SpilledShare::new(region.clone(), Some(file.clone()), rows * rb).with_inflight(4);
+    let ranges = [(0u64, 24u64), (100, 40), (200, 10), (24, 96), (250, 38)];
+    let mut got = vec![0u8; ranges.iter().map(|r| r.1 as usize).sum()];
+    share.read_ranges(&ranges, &mut got).unwrap();
+    let want: Vec<u8> = ranges
+        .iter()
+        .flat_map(|&(o, l)| data[o as usize..(o + l) as usize].to_vec())
+        .collect();
+    assert_eq!(got, want);
 
     // A file load straight into the share (straddling the boundary).
     let src = base.path().join("src.bin");

@@ -23,6 +23,8 @@ pub struct SpilledShare {
     file: Option<Arc<SpillFile>>,
     mem_len: usize,
     len: usize,
+    /// File reads in flight when serving many ranges (`read_ranges`).
+    inflight: usize,
 }
 
 impl SpilledShare {
@@ -36,7 +38,14 @@ impl SpilledShare {
             file,
             mem_len,
             len,
+            inflight: 1,
         }
+    }
+
+    /// This share, reading up to `inflight` file ranges at a time in `read_ranges`.
+    pub fn with_inflight(mut self, inflight: usize) -> SpilledShare {
+        self.inflight = inflight.max(1);
+        self
     }
 
     /// Bytes in memory (the first ones).
@@ -110,6 +119,35 @@ impl Memory for SpilledShare {
             self.file_or_err()?.read_at(at, tail, &mut Vec::new())?;
         }
         Ok(())
+    }
+    /// Ranges in memory are copied; the file parts of all of them are read
+    /// up to `inflight` at a time (the owner serving a remote batch).
+    fn read_ranges(&self, ranges: &[(u64, u64)], dst: &mut [u8]) -> Result<()> {
+        let file = self.file.as_deref();
+        let mut reads = Vec::new();
+        let mut rest: &mut [u8] = dst;
+        for &(off, len) in ranges {
+            let (off, len) = (off as usize, len as usize);
+            self.check(off, len)?;
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(len);
+            rest = tail;
+            let (in_mem, file_at) = self.split(off, len);
+            let (head, spilled) = piece.split_at_mut(in_mem);
+            if in_mem > 0 {
+                self.memory.read_at(off, head)?;
+            }
+            if let Some(at) = file_at {
+                let Some(file) = file else {
+                    return Err(self.file_or_err().unwrap_err());
+                };
+                reads.push(super::SpillRead {
+                    file,
+                    offset: at,
+                    dst: spilled,
+                });
+            }
+        }
+        super::read_all(reads, self.inflight)
     }
     fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
         self.check(offset, src.len())?;

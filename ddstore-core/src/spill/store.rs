@@ -175,13 +175,15 @@ pub(crate) type MadeShare = Arc<Mutex<Option<Arc<SpilledShare>>>>;
 pub(crate) fn wrapper(
     pending: &Option<PendingSpill>,
     len: usize,
+    inflight: usize,
 ) -> (impl Fn(Arc<dyn Memory>) -> Arc<dyn Memory>, MadeShare) {
     let made: MadeShare = Arc::default();
     let keep = made.clone();
     let file = pending.as_ref().map(|p| p.file.clone());
     let wrap = move |region: Arc<dyn Memory>| -> Arc<dyn Memory> {
         let Some(file) = &file else { return region };
-        let share = Arc::new(SpilledShare::new(region, Some(file.clone()), len));
+        let share =
+            Arc::new(SpilledShare::new(region, Some(file.clone()), len).with_inflight(inflight));
         *keep.lock().unwrap() = Some(share.clone());
         share
     };

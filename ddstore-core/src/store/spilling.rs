@@ -54,7 +54,7 @@ impl Store {
         };
         let len = (rows as usize).saturating_mul(row_bytes);
         let mem_len = pending.as_ref().map(|p| p.mem_rows as usize * row_bytes);
-        let (wrap, own) = crate::spill::store::wrapper(&pending, len);
+        let (wrap, own) = crate::spill::store::wrapper(&pending, len, self.config.max_inflight);
         let mem_rows = pending.as_ref().map(|p| p.mem_rows);
         let made = self.init_with_spill(
             name,

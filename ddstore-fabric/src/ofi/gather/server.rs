@@ -293,14 +293,7 @@ impl Server {
         packed.clear();
         packed.try_reserve(total).ok()?;
         packed.resize(total, 0);
-        let mut at = 0usize;
-        for &(off, len) in ranges {
-            let len = len as usize;
-            share
-                .read_at(off as usize, &mut packed[at..at + len])
-                .ok()?;
-            at += len;
-        }
+        share.read_ranges(ranges, &mut packed).ok()?;
         Some(packed)
     }
 
