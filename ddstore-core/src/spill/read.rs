@@ -19,8 +19,12 @@ pub struct SpillRead<'a> {
     pub dst: &'a mut [u8],
 }
 
-/// Most threads one batch's spilled reads use, whatever `DDSTORE_MAX_INFLIGHT` says.
-pub const MAX_READ_THREADS: usize = 64;
+/// Most threads one batch's spilled reads use, whatever `DDSTORE_MAX_INFLIGHT`
+/// says. Measured (`make bench-spill`'s 3 KB rows, 4 loader threads, a
+/// virtio disk): 64 threads per batch read 10k rows/s, 16 read 25k/s, 8
+/// read 25-29k/s (the disk's random-read limit with 32 in flight: 18k/s per
+/// rank); several loader threads reading at once add up.
+pub const MAX_READ_THREADS: usize = 8;
 
 /// Carries out `reads` with up to `inflight` of them in flight (at most
 /// [`MAX_READ_THREADS`]); the first error is returned after every thread
