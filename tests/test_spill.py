@@ -58,6 +58,7 @@ def test_a_killed_jobs_spill_files_are_removed_by_the_next(tmp_path):
     assert "next job ok" in run_procs(1, "spill_job.py", "next", d)[0].stdout
 
 
+@pytest.mark.serial  # creates and acts as a second local user (host-wide state)
 def test_a_spill_dir_made_by_another_user_is_refused(tmp_path):
     if os.geteuid() != 0 or shutil.which("runuser") is None:
         pytest.skip("needs root and runuser to act as a second local user")
