@@ -81,7 +81,7 @@ def test_resident_memory_stays_within_the_budget(tmp_path):
     assert "rss ok" in out
 
 
-@pytest.mark.slow  # ~30 s on a loaded 2-core machine (torch import, forked workers, a snapshot)
+@pytest.mark.slow  # ~45 s on a loaded 2-core machine (torch import, forked and spawned workers, a snapshot)
 def test_dist_dataset_with_a_budget_loads_reads_forks_saves_and_restores(tmp_path):
     d, snap = _dir(tmp_path), str(tmp_path / "snap")
     out = run_mpi(2, "spill_torch.py", d, snap, env={"DDSTORE_FABRIC": "tcp"}).stdout

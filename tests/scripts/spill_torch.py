@@ -1,6 +1,6 @@
 """DistDataset with a memory budget (issue 27): samples past it live in spill files; every
-sample read (ds[i], ThreadDataLoader batches over a shuffling DistributedSampler, a forked torch
-DataLoader worker, a restored snapshot) is compared with the source.
+sample read (ds[i], ThreadDataLoader batches over a shuffling DistributedSampler, forked and spawned torch
+DataLoader workers, a restored snapshot) is compared with the source.
 
 mpirun -n 2 python spill_torch.py <spill_dir> <snapshot_dir>
 """
@@ -95,6 +95,11 @@ def main():
     seen = [s for batch in loader for s in batch]
     for i in range(0, N, 7):
         same(seen[i], Src()[i], f"forked worker sample {i}")
+    # A spawned worker too (it attaches to the store; spilled rows come through their owners).
+    loader = DataLoader(ds, batch_size=8, num_workers=1, collate_fn=list, multiprocessing_context="spawn")
+    seen = [s for batch in loader for s in batch]
+    for i in range(0, N, 5):
+        same(seen[i], Src()[i], f"spawned worker sample {i}")
     prof = ds._store.get_profile()
     assert prof["spilled_rows"] > 0 and prof["memory_rows"] > 0, prof
 
