@@ -21,10 +21,10 @@ def _dir(tmp_path, name="spill"):
     return str(d)
 
 
-def test_spilled_rows_read_by_own_and_same_node_ranks(tmp_path):
-    out = run_mpi(
-        2, "spill_job.py", "member", _dir(tmp_path), "1", "node", env={"DDSTORE_FABRIC": "tcp"}
-    ).stdout
+@pytest.mark.parametrize("method", ["1", "2"])
+def test_spilled_rows_read_by_own_and_same_node_ranks(tmp_path, handshake_dir, method):
+    env = {"DDSTORE_FABRIC": "tcp", "DDSTORE_HANDSHAKE_DIR": str(handshake_dir)}
+    out = run_mpi(2, "spill_job.py", "member", _dir(tmp_path), method, "node", env=env).stdout
     assert "spill ok" in out
 
 
