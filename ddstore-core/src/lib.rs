@@ -28,6 +28,7 @@ pub mod profile;
 pub mod ragged;
 pub mod reader_pool;
 pub mod region;
+pub mod spill;
 pub mod store;
 pub mod transport;
 

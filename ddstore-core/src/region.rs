@@ -39,10 +39,27 @@ pub trait Memory: Send + Sync {
     }
     /// Start address, for registration with a NIC or an MPI window.
     fn as_ptr(&self) -> *const u8;
+    /// Bytes addressable at `as_ptr()`: all of them, but for a spilled
+    /// share (its memory part only; see [`crate::spill::SpilledShare`]).
+    fn mapped_len(&self) -> usize {
+        self.len()
+    }
     /// Copies `dst.len()` bytes from `offset`; out of range is an error.
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()>;
     /// Copies `src` to `offset`; out of range is an error.
     fn write_at(&self, offset: usize, src: &[u8]) -> Result<()>;
+    /// Copies `ranges` (offset, length) one after another into `dst` (their
+    /// lengths add up to `dst.len()`); a spilled share reads its file's
+    /// ranges many at a time.
+    fn read_ranges(&self, ranges: &[(u64, u64)], dst: &mut [u8]) -> Result<()> {
+        let mut at = 0usize;
+        for &(off, len) in ranges {
+            let len = len as usize;
+            self.read_at(off as usize, &mut dst[at..at + len])?;
+            at += len;
+        }
+        Ok(())
+    }
     /// One `pread` of up to `len` bytes of `file` at `file_offset` straight
     /// into the share at `offset` (no intermediate buffer); the bytes read
     /// (0 at the end of the file). Memory that cannot take it (read-only,

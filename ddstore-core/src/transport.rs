@@ -39,6 +39,10 @@ pub struct Exposed {
     pub node_locators: Vec<Option<NodeLocator>>,
 }
 
+/// Turns a share's memory region into the share a spilled variable reads
+/// (see [`Transport::expose_spilled`]).
+pub type WrapShare<'a> = &'a dyn Fn(Arc<dyn Memory>) -> Arc<dyn Memory>;
+
 /// How a share is exposed.
 pub struct ExposeOptions {
     /// Variable name, for messages and shared-memory file names.
@@ -69,6 +73,26 @@ pub trait Transport: Send + Sync {
         _opts: &ExposeOptions,
     ) -> Result<Exposed> {
         expose_alone(&self.name(), comm, share)
+    }
+    /// Collective over `comm`: as `expose` for a share of `len` bytes whose
+    /// first `mem_len` are in memory (the rest in a spill file: see
+    /// [`crate::spill`]). `wrap` turns the region into the share of `len`
+    /// bytes: it becomes `Exposed::local`, and transports with an owner-side
+    /// gather path serve it (its spilled rows too) to remote readers. Others
+    /// expose the region only: remote reads of spilled rows are refused by
+    /// the store before they are sent.
+    fn expose_spilled(
+        &self,
+        comm: &Arc<dyn Comm>,
+        mem_len: usize,
+        len: usize,
+        opts: &ExposeOptions,
+        wrap: WrapShare<'_>,
+    ) -> Result<Exposed> {
+        let _ = len;
+        let mut exposed = self.expose(comm, mem_len, opts)?;
+        exposed.local = wrap(exposed.local);
+        Ok(exposed)
     }
     /// Method 2: reach shares another job published (`Exposed::records`).
     fn attach(&self, records: &[Vec<u8>]) -> Result<Arc<dyn RemoteShares>>;

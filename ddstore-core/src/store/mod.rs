@@ -19,6 +19,7 @@ use crate::{Config, Error, Result};
 
 mod create;
 mod rows;
+mod spilling;
 mod variable;
 
 pub use variable::{Variable, PARALLEL_COPY_BYTES};
@@ -79,6 +80,8 @@ pub struct Store {
     /// Ragged variables by name; their values and ends live in `vars`.
     pub(crate) ragged: RwLock<BTreeMap<String, Arc<RaggedVar>>>,
     freed: AtomicBool,
+    /// The memory budget used so far and the spill directories (see [`crate::spill`]).
+    spill: crate::spill::store::StoreSpill,
 }
 
 /// What a read does with rows of this rank's own share.
@@ -107,6 +110,7 @@ impl Store {
             vars: RwLock::new(BTreeMap::new()),
             ragged: RwLock::new(BTreeMap::new()),
             freed: AtomicBool::new(false),
+            spill: Default::default(),
         }
     }
 

@@ -6,7 +6,9 @@ use ddstore_core::comm::Comm;
 use ddstore_core::config::{Config, RemoteGather};
 use ddstore_core::external::ExternalShare;
 use ddstore_core::region::{share_on_node, Memory, Region};
-use ddstore_core::transport::{ExposeOptions, Exposed, RemoteShares, ShareReader, Transport};
+use ddstore_core::transport::{
+    ExposeOptions, Exposed, RemoteShares, ShareReader, Transport, WrapShare,
+};
 use libfabric_sys as sys;
 
 use super::av::Av;
@@ -373,11 +375,15 @@ impl OfiTransport {
         Ok(())
     }
 
+    /// `spilled`: the share's full length and how to wrap the region into
+    /// it (a spilled share, see `Transport::expose_spilled`); remote readers
+    /// then see the full length and the gather path serves all of it.
     fn expose_inner(
         &self,
         comm: &Arc<dyn Comm>,
         len: usize,
         opts: &ExposeOptions,
+        spilled: Option<(usize, WrapShare<'_>)>,
     ) -> ddstore_core::Result<Exposed> {
         self.agree_on_key(comm)?;
         let node = self.node()?;
@@ -408,13 +414,16 @@ impl OfiTransport {
             node.target.name()?,
             region.as_ptr() as u64,
             mr.key(),
-            len as u64,
+            spilled.map_or(len, |(full, _)| full) as u64,
         );
         mine.gather = node.served.is_some();
         let records = comm.allgather(&mine.encode())?;
         let peers = self.decode_all(&records)?;
-        let local: Arc<dyn Memory> = region.clone();
-        let shares = self.shares(node, peers, Some((mr, region as Arc<dyn Memory>)));
+        let local: Arc<dyn Memory> = match spilled {
+            Some((_, wrap)) => wrap(region),
+            None => region,
+        };
+        let shares = self.shares(node, peers, Some((mr, local.clone())));
         Ok(Exposed {
             local,
             node_peers,
@@ -436,7 +445,18 @@ impl Transport for OfiTransport {
         len: usize,
         opts: &ExposeOptions,
     ) -> ddstore_core::Result<Exposed> {
-        self.expose_inner(comm, len, opts)
+        self.expose_inner(comm, len, opts, None)
+    }
+
+    fn expose_spilled(
+        &self,
+        comm: &Arc<dyn Comm>,
+        mem_len: usize,
+        len: usize,
+        opts: &ExposeOptions,
+        wrap: WrapShare<'_>,
+    ) -> ddstore_core::Result<Exposed> {
+        self.expose_inner(comm, mem_len, opts, Some((len, wrap)))
     }
 
     fn expose_external(

@@ -26,6 +26,7 @@ mod load;
 mod publish;
 mod ragged;
 mod read;
+mod spill;
 mod write;
 
 pub(crate) use args::indices_of;
@@ -83,6 +84,9 @@ impl PyStore {
             None => ddstore_core::config::Settings::from_env().py(py)?,
         };
         let mut config = settings.config();
+        if method == Method::MpiRma && config.memory_limit.is_some() {
+            return Err(crate::errors::to_py(py, spill::unsupported_on_method0()));
+        }
         // A method-2 core job's shares are read by other jobs (extra jobs).
         config.read_by_other_jobs = method.read_by_other_jobs();
         let transport =

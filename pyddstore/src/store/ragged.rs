@@ -16,13 +16,17 @@ impl PyStore {
     /// Collective: creates the ragged variable `name` from this rank's rows:
     /// row i is `lengths[i]` consecutive units (first-axis entries) of
     /// `values`; lengths may be 0 and a rank may have no rows.
+    #[pyo3(signature = (name, values, lengths, memory_limit=None, spill_dir=None))]
     fn add_ragged(
         &self,
         py: Python<'_>,
         name: String,
         values: Bound<'_, PyAny>,
         lengths: Bound<'_, PyAny>,
+        memory_limit: Option<Bound<'_, PyAny>>,
+        spill_dir: Option<std::path::PathBuf>,
     ) -> PyResult<()> {
+        let request = self.spill_request(py, &name, memory_limit, spill_dir)?;
         let (arg, unit_bytes) = ArrayArg::rows(&values, &name, "values", "units")?;
         let lengths = indices_of(&lengths)?;
         if let Some(i) = lengths.iter().position(|&l| l < 0) {
@@ -39,7 +43,7 @@ impl PyStore {
         let src = arg.borrow()?;
         let data = src.bytes();
         self.detached(py, |s| {
-            s.add_ragged(&name, &lengths, unit_bytes, element, data)
+            s.add_ragged_spilling(&name, &lengths, unit_bytes, element, data, request.as_ref())
         })
     }
 

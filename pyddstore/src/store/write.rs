@@ -13,7 +13,10 @@ use crate::external::{share_of_tensor, PyDeviceShare};
 #[pymethods]
 impl PyStore {
     /// Collective: `nrows` rows on this rank, each `row_bytes` bytes.
-    #[pyo3(signature = (name, nrows, row_bytes, itemsize=1, dtype=None))]
+    /// `memory_limit`, `spill_dir`: this variable's own budget and spill
+    /// directory (see `ddstore_core::spill`).
+    #[pyo3(signature = (name, nrows, row_bytes, itemsize=1, dtype=None, memory_limit=None, spill_dir=None))]
+    #[allow(clippy::too_many_arguments)]
     fn init(
         &self,
         py: Python<'_>,
@@ -22,21 +25,35 @@ impl PyStore {
         row_bytes: Bound<'_, PyAny>,
         itemsize: usize,
         dtype: Option<&str>,
+        memory_limit: Option<Bound<'_, PyAny>>,
+        spill_dir: Option<std::path::PathBuf>,
     ) -> PyResult<()> {
+        let request = self.spill_request(py, &name, memory_limit, spill_dir)?;
         let (nrows, row_bytes) = shape_args(py, "init", &name, &nrows, &row_bytes)?;
         let element = Element::new(dtype_arg(py, dtype)?, itemsize);
-        self.detached(py, |s| s.init(&name, nrows, row_bytes, element))
+        self.detached(py, |s| {
+            s.init_spilling(&name, nrows, row_bytes, element, request.as_ref())
+        })
     }
 
     /// Collective: creates `name` from this rank's rows (`arr`, first axis = rows).
-    fn add(&self, py: Python<'_>, name: String, arr: Bound<'_, PyAny>) -> PyResult<()> {
+    #[pyo3(signature = (name, arr, memory_limit=None, spill_dir=None))]
+    fn add(
+        &self,
+        py: Python<'_>,
+        name: String,
+        arr: Bound<'_, PyAny>,
+        memory_limit: Option<Bound<'_, PyAny>>,
+        spill_dir: Option<std::path::PathBuf>,
+    ) -> PyResult<()> {
+        let request = self.spill_request(py, &name, memory_limit, spill_dir)?;
         let (arg, row_bytes) = ArrayArg::rows(&arr, &name, "arr", "rows")?;
         let nrows = arg.array.rows() as u64;
         let element = Element::new(arg.array.dtype(), arg.array.itemsize());
         let src = arg.borrow()?;
         let data = src.bytes();
         self.detached(py, |s| {
-            s.init(&name, nrows, row_bytes, element)?;
+            s.init_spilling(&name, nrows, row_bytes, element, request.as_ref())?;
             s.write_local(&name, 0, data)?;
             // Collective like upstream: every rank's rows are readable once add returns.
             // Bounded: a rank that never arrives is named, not waited for forever.

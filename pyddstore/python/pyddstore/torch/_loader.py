@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from pyddstore import DDStoreTypeError, DDStoreValueError
 from pyddstore._env import settings as _env_settings
 
-from . import _procloader, _resume
+from . import _procloader, _readahead, _resume
 from . import _torch_compat as _tc
 from ._epochs import ResumeEpoch, finish_last_epoch, reset_dispatch
 
@@ -227,6 +227,7 @@ class _ThreadIter(_ThreadIterBase):
             self._index_queues.append(q)
             self._workers.append(t)
             t.start()
+        self._read_ahead = _readahead.ReadAhead.for_loader(loader)  # spilled rows, staged ahead
         self._reset(loader, first_iter=True)
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
@@ -252,6 +253,8 @@ class _ThreadIter(_ThreadIterBase):
         else:
             return
         self._index_queues[wid].put((self._send_idx, index))
+        if self._read_ahead is not None:
+            self._read_ahead.announce()
         self._task_info[self._send_idx] = (wid,)
         self._workers_num_tasks[wid] += 1
         self._tasks_outstanding += 1
@@ -320,6 +323,8 @@ class _ThreadIter(_ThreadIterBase):
         if self._shutdown:
             return
         self._shutdown = True
+        if getattr(self, "_read_ahead", None) is not None:
+            self._read_ahead.close()
         if getattr(self, "_hooked", False):
             self._hooked = False
             _unhook_worker_info()
