@@ -1,5 +1,5 @@
 # pyddstore: `make help` lists the targets.
-.PHONY: help setup demo test test-long test-libfabric2 bench bench-vcluster bench-graph bench-load bench-workers lint fmt soak check-memory check-no-mpi test-torch-min docs clean
+.PHONY: help setup demo test test-long test-libfabric2 bench bench-vcluster bench-graph bench-load bench-workers bench-spill lint fmt soak check-memory check-no-mpi test-torch-min docs clean
 
 help:  ## this list
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -25,32 +25,38 @@ VENDOR_DIR ?= ../shared/vendor
 test-libfabric2:  ## build libfabric 2.3.1 from $(VENDOR_DIR), check the bindings, run the fabric and gather tests with it
 	bash scripts/setup.sh && VENDOR_DIR=$(VENDOR_DIR) bash scripts/test-libfabric2.sh
 
-bench:  ## the benchmark suite (python -m pyddstore.bench) under mpirun -n 4
+bench:  ## the benchmark suite (python -m pyddstore bench) under mpirun -n 4
 	bash scripts/setup.sh && . .venv/bin/activate && \
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
-	FI_TCP_IFACE=lo mpirun -n 4 --bind-to none python -m pyddstore.bench --json bench-results/bench.json
+	FI_TCP_IFACE=lo mpirun -n 4 --bind-to none python -m pyddstore bench --json bench-results/bench.json
 
 bench-vcluster:  ## remote rows across two virtual nodes beside one node (root; docs/developer.md)
 	bash scripts/setup.sh && . .venv/bin/activate && \
-	python -m pyddstore.bench --vcluster --row-sizes 3072,1048576 --batch-sizes 1,128 --threads 1 \
+	python -m pyddstore bench --vcluster --row-sizes 3072,1048576 --batch-sizes 1,128 --threads 1 \
 	--json bench-results/bench-vcluster.json
 
-bench-graph:  ## graphs: ragged vs padded vs per-sample records vs a local list (python -m pyddstore.bench_graph)
+bench-graph:  ## graphs: ragged vs padded vs per-sample records vs a local list (python -m pyddstore.benchmarks.graph)
 	bash scripts/setup.sh && . .venv/bin/activate && \
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
-	FI_TCP_IFACE=lo mpirun -n 2 --bind-to none python -m pyddstore.bench_graph --batch 128 \
+	FI_TCP_IFACE=lo mpirun -n 2 --bind-to none python -m pyddstore.benchmarks.graph --batch 128 \
 	--json bench-results/bench_graph.json
 
 bench-load:  ## load paths (npz, memmap, h5py, snapshot) beside the 64-thread read limit, cold cache as root
 	bash scripts/setup.sh && . .venv/bin/activate && \
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
-	FI_TCP_IFACE=lo DDSTORE_QUIET=1 mpirun -n 2 --bind-to none python -m pyddstore.bench_torch --parts load \
+	FI_TCP_IFACE=lo DDSTORE_QUIET=1 mpirun -n 2 --bind-to none python -m pyddstore.benchmarks.dataset --parts load \
 	--json bench-results/bench-load.json
+
+bench-spill:  ## a data set 4x the ranks' memory budgets: spilled DistDataset epoch vs raw reads, memmap, files, memory
+	bash scripts/setup.sh && . .venv/bin/activate && \
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+	FI_TCP_IFACE=lo DDSTORE_QUIET=1 mpirun -n 2 --bind-to none python -m pyddstore.bench_spill \
+	--json bench-results/bench-spill.json
 
 bench-workers:  ## loader workers: threads vs processes vs torch DataLoader (DistDataset, np.memmap), 2 ranks
 	bash scripts/setup.sh && . .venv/bin/activate && \
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
-	FI_TCP_IFACE=lo mpirun -n 2 --bind-to none python -m pyddstore.bench_workers \
+	FI_TCP_IFACE=lo mpirun -n 2 --bind-to none python -m pyddstore.benchmarks.workers \
 	--json bench-results/bench-workers.json
 
 soak:  ## long soak: 1,000,000 verified random reads per rank per config, RSS flat (scripts/soak.sh)

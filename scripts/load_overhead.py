@@ -3,7 +3,7 @@ beside DistDataset loads at several depths, warm and cold cache (cold needs root
 
     mpirun -n 1 python scripts/load_overhead.py DIR [FILES]
 
-DIR holds the s000000.npz ... files `make bench-load` writes (python -m pyddstore.bench_torch
+DIR holds the s000000.npz ... files `make bench-load` writes (python -m pyddstore.benchmarks.dataset
 --parts load --load-dir DIR keeps them)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from pyddstore.bench_load import NpzFiles, drop_caches
+from pyddstore.benchmarks.load import NpzFiles, drop_caches
 from pyddstore.torch import DistDataset
 
 

@@ -1,4 +1,4 @@
-"""Smoke test of the loader-workers benchmark (python -m pyddstore.bench_workers): tiny sizes under
+"""Smoke test of the loader-workers benchmark (python -m pyddstore.benchmarks.workers): tiny sizes under
 mpirun -n 2, every part and every loader row in the JSON with sane figures (the bench checks the
 first batch of every epoch itself). A longer variant: DDSTORE_TEST_LONG=1 (make test-long)."""
 

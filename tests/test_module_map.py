@@ -1,6 +1,7 @@
 """The module map in docs/developer.md is true: the import graph between files, derived here from
 the sources (Rust ``use crate::`` / ``super::`` / ``self::`` paths and child-module paths, with
-``pub use`` re-exports followed to the file that defines the item; Python ``import`` and ``from``
+``pub use`` re-exports followed to the file that defines the item and not counted as imports of
+the re-exporting file; Python ``import`` and ``from``
 statements anywhere in a module, with package re-exports followed), has no cycle in any crate or
 package, every file sits in one layer of the map, and every import points to the same layer or
 one below. Nothing here lists files: a file moved, added or removed shows up as a failure that
@@ -141,9 +142,12 @@ def rust_graph(src: Path) -> dict[str, set[str]]:
             found, rest = reexports[found][rest[0]], rest[1:]
         return found
 
+    # A `pub use` re-export is followed to the defining file (below), not an import of its own.
+    reexport_stmt = re.compile(r"\bpub(?:\([^)]*\))?\s+use\s+[^;]+;")
+    own = {m: reexport_stmt.sub("", text) for m, text in code.items()}
     uses = {
         m: [p for spec in re.findall(r"\buse\s+([^;]+);", text) for p in expand_use(spec)]
-        for m, text in code.items()
+        for m, text in own.items()
     }
     reexports: dict = {}
     for m, text in code.items():
@@ -154,7 +158,7 @@ def rust_graph(src: Path) -> dict[str, set[str]]:
                     reexports.setdefault(m, {})[p.split("::")[-1]] = target
     name = lambda m: str(mods[m].relative_to(src))  # noqa: E731
     graph = {}
-    for m, text in code.items():
+    for m, text in own.items():
         # Paths through a child module, named from its parent (`store::PyStore` in lib.rs).
         children = [c[-1] for c in mods if c[:-1] == m and c != m]
         child_paths = [p for c in children for p in re.findall(rf"(?<![\w:]){c}(?:::\w+)+", text)]

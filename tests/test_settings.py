@@ -117,8 +117,7 @@ def _environ_reads(path: Path) -> list[str]:
 
 
 def test_no_python_module_reads_ddstore_variables_itself():
-    # Benchmarks may set a variable for the configurations they run (os.environ writes); every
-    # read goes through Settings.
+    # Every read goes through Settings.
     reads = []
     for path in sorted(PACKAGE.rglob("*.py")):
         if path in ONE_PLACE:
@@ -128,19 +127,18 @@ def test_no_python_module_reads_ddstore_variables_itself():
 
 
 def test_no_module_sets_environment_variables_for_the_library():
-    """Only benchmarks set DDSTORE_* (for their own configurations); libfabric defaults are set
+    """No module sets DDSTORE_* or FI_* in os.environ (the benchmarks pass pyddstore.Settings to
+    their stores, and a child process's variables go in its env dict); libfabric defaults are set
     in Rust, once, when the extension is imported (ddstore_fabric::ofi::env)."""
-    tools = ("bench",)
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path.name.startswith(tools):
-            continue
         text = path.read_text()
         for needle in (
             'environ["FI_',
             "environ['FI_",
-            'setdefault("FI_',
+            'environ.setdefault("FI_',
             'environ["DDSTORE_',
-            'setdefault("DDSTORE_',
+            'environ.setdefault("DDSTORE_',
+            "environ.update(",
         ):
             assert needle not in text, f"{path.name} sets the environment ({needle})"
 
@@ -208,3 +206,14 @@ def test_libfabric_defaults_keep_what_the_user_set():
     assert got["at_import"]["FI_UNIVERSE_SIZE"] == "" and got["at_import"]["FI_OFI_RXM_BUFFER_SIZE"] == "", (
         got
     )
+
+
+def test_file_comm_timeout_is_checked_as_its_setting_is(tmp_path):
+    # An argument goes through the settings table's parser (inf used to panic converting it).
+    for bad in (float("inf"), 0.0, -1.0):
+        with pytest.raises(
+            DDStoreValueError, match=r"timeout_s=.* \(DDSTORE_HANDSHAKE_TIMEOUT_S\) is not valid"
+        ):
+            pyddstore.FileComm(tmp_path / "hs", rank=0, size=1, timeout_s=bad)
+    comm = pyddstore.FileComm(tmp_path / "hs", rank=0, size=1, timeout_s=0.5)
+    assert comm.allgather({"rank": comm.rank}) == [{"rank": 0}]

@@ -202,7 +202,7 @@ def test_info_says_whether_method0_spans_nodes():
 
 @pytest.mark.slow
 def test_bench_over_the_virtual_cluster(tmp_path):
-    """`python -m pyddstore.bench --vcluster` (short): remote rows across two nodes beside one
+    """`python -m pyddstore bench --vcluster` (short): remote rows across two nodes beside one
     node; the bench checks the data it reads before timing."""
 
     reason = harness.why_unavailable()
@@ -212,7 +212,8 @@ def test_bench_over_the_virtual_cluster(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "pyddstore.bench",
+        "pyddstore",
+        "bench",
         "--vcluster",
         "--row-sizes",
         "3072",

@@ -43,6 +43,10 @@ pub struct Config {
     /// caller, not by a variable): freed shares keep their address range
     /// reserved (see [`crate::transport::ExposeOptions::keep_address`]).
     pub read_by_other_jobs: bool,
+    /// Bytes of this rank's shares kept in memory; the rest spills (`DDSTORE_MEMORY_LIMIT`).
+    pub memory_limit: Option<u64>,
+    /// Where spill files go (`DDSTORE_SPILL_DIR`; None: `$TMPDIR/ddstore-spill-<uid>`).
+    pub spill_dir: Option<std::path::PathBuf>,
 }
 
 /// `DDSTORE_REMOTE_GATHER`: how remote rows are read over libfabric.
@@ -302,6 +306,9 @@ pub const SETTINGS: &[Setting] = &[
     Setting::new("DDSTORE_VCLUSTER_HARNESS", Kind::Text, None),
     Setting::new("DDSTORE_HOST_ID", Kind::Text, None),
     Setting::new("DDSTORE_MPI_FAKE_NODE_SIZE", range(1, 1 << 20), None),
+    // Bytes of a rank's shares kept in memory (0: every row spills); unset: all in memory.
+    Setting::new("DDSTORE_MEMORY_LIMIT", range(0, 1 << 53), None),
+    Setting::new("DDSTORE_SPILL_DIR", Kind::Text, None),
 ];
 
 /// One setting read from the process environment and checked against
@@ -441,6 +448,11 @@ impl Settings {
             ofi_local_mr: self.flag("DDSTORE_OFI_LOCAL_MR"),
             ofi_hmem: self.flag("DDSTORE_OFI_HMEM"),
             read_by_other_jobs: false,
+            memory_limit: match self.value("DDSTORE_MEMORY_LIMIT") {
+                Ok(Some(Value::Int(v))) => Some(v as u64),
+                _ => None,
+            },
+            spill_dir: text("DDSTORE_SPILL_DIR").map(std::path::PathBuf::from),
         }
     }
 

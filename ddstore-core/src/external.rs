@@ -75,7 +75,9 @@ impl ExternalShare {
         owner: Arc<dyn Any + Send + Sync>,
     ) -> ExternalShare {
         ExternalShare {
-            memory: RawMemory::new(ptr, len, true, owner),
+            // SAFETY: this function's contract is RawMemory::new's: the range
+            // stays valid and writable while `owner` lives.
+            memory: unsafe { RawMemory::new(ptr, len, true, owner) },
             iface,
             device,
         }

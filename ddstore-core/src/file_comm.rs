@@ -1,7 +1,8 @@
 //! A communicator without MPI: records are exchanged through files in a
 //! shared directory (`handshake_dir`). Rank and size come from the launcher
-//! (`SLURM_PROCID`/`SLURM_NTASKS`) or are given. Every file carries the job
-//! id, so files an earlier job left in the directory are never read.
+//! ([`crate::launcher`]: srun, torchrun, mpirun, ...) or are given. Every
+//! file carries the job id, so files an earlier job left in the directory
+//! are never read.
 
 use std::any::Any;
 use std::fs;
@@ -10,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::comm::Comm;
+use crate::launcher;
 use crate::private_dir::{NameLock, PrivateDir, DEFAULT_READ_CAP};
 use crate::{Error, Result};
 
@@ -58,19 +60,18 @@ pub struct FileComm {
     _live: Option<Arc<NameLock>>,
 }
 
-/// The id that ties a job's files together: Slurm's job and step, else
-/// `DDSTORE_JOB_ID`, else the launcher process (parent pid + its start time).
-pub fn default_job_id() -> String {
-    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    if let Ok(Some(job)) = crate::config::env_setting("DDSTORE_JOB_ID") {
-        return job;
+/// The id that ties a job's files together: `DDSTORE_JOB_ID`, else the
+/// launcher's ([`launcher::job_id`]: Slurm's job and step, Open MPI's job,
+/// ...), else the launching process (parent pid + its start time).
+pub fn default_job_id() -> Result<String> {
+    if let Some(job) = crate::config::env_setting("DDSTORE_JOB_ID")? {
+        return Ok(job);
     }
-    if let Some(job) = var("SLURM_JOB_ID") {
-        return format!("slurm{job}.{}", var("SLURM_STEP_ID").unwrap_or_default());
-    }
-    if let Some(ns) = var("PMIX_NAMESPACE").or_else(|| var("OMPI_MCA_ess_base_jobid")) {
-        return ns;
-    }
+    launcher::job_id(&|k| std::env::var(k).ok(), parent_process_id)
+}
+
+/// The parent process: its pid and start time (pids are reused).
+fn parent_process_id() -> String {
     // SAFETY: getppid has no preconditions and cannot fail.
     let ppid = unsafe { libc::getppid() };
     let started = fs::read_to_string(format!("/proc/{ppid}/stat"))
@@ -143,8 +144,8 @@ fn clean_dead_jobs(dir: &PrivateDir, own_job: &str) {
 }
 
 impl FileComm {
-    /// Rank and size from the arguments, else `SLURM_PROCID`/`SLURM_NTASKS`
-    /// (or Open MPI's / PMI's equivalents). The directory is created (0700)
+    /// Rank and size from the arguments, else from the launcher
+    /// ([`crate::launcher`]), else 0 of 1. The directory is created (0700)
     /// or must be private already (`PrivateDir`).
     pub fn new(
         dir: &Path,
@@ -153,24 +154,12 @@ impl FileComm {
         job: Option<String>,
         timeout: Duration,
     ) -> Result<FileComm> {
-        let env_usize = |keys: &[&str]| -> Result<Option<usize>> {
-            for k in keys {
-                if let Ok(v) = std::env::var(k) {
-                    return v.trim().parse().map(Some).map_err(|_| {
-                        Error::invalid(format!("environment variable {k}={v:?} is not a number"))
-                    });
-                }
-            }
-            Ok(None)
+        let launched = match (rank, size) {
+            (Some(_), Some(_)) => None,
+            _ => launcher::detect_env()?,
         };
-        let rank = match rank {
-            Some(r) => r,
-            None => env_usize(&["SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"])?.unwrap_or(0),
-        };
-        let size = match size {
-            Some(s) => s,
-            None => env_usize(&["SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])?.unwrap_or(1),
-        };
+        let rank = rank.unwrap_or(launched.as_ref().map_or(0, |l| l.rank));
+        let size = size.unwrap_or(launched.as_ref().map_or(1, |l| l.size));
         if size == 0 || rank >= size {
             return Err(Error::invalid(format!(
                 "FileComm rank {rank} is not valid for size {size}: expected 0 <= rank < size"
@@ -191,7 +180,10 @@ impl FileComm {
         let pdir = PrivateDir::open(dir, true)?;
         let job = nth_comm_of(
             pdir.path(),
-            &sanitize(&job.unwrap_or_else(default_job_id)),
+            &sanitize(&match job {
+                Some(job) => job,
+                None => default_job_id()?,
+            }),
             rank,
         );
         clean_dead_jobs(&pdir, &job);
@@ -508,45 +500,54 @@ impl FileComm {
 mod tests {
     use super::*;
 
-    #[test]
-    fn threads_as_ranks_allgather_split_and_time_out() {
-        let dir = tempfile::tempdir().unwrap();
-        let n = 4;
-        let handles: Vec<_> = (0..n)
+    /// Ranks `ranks` of a `size`-rank job `job` in `dir`, one thread each,
+    /// each running `body` with its communicator; joined (a panic fails the test).
+    fn in_threads(
+        dir: &Path,
+        ranks: std::ops::Range<usize>,
+        size: usize,
+        job: &str,
+        body: impl Fn(FileComm, usize) + Send + Sync + 'static,
+    ) {
+        let body = Arc::new(body);
+        let handles: Vec<_> = ranks
             .map(|rank| {
-                let dir = dir.path().to_path_buf();
+                let (dir, job, body) = (dir.to_path_buf(), job.to_string(), body.clone());
                 std::thread::spawn(move || {
-                    let c = FileComm::new(
-                        &dir,
-                        Some(rank),
-                        Some(n),
-                        Some("job1".into()),
-                        Duration::from_secs(10),
-                    )
-                    .unwrap();
-                    for round in 0..3u8 {
-                        let all = c.allgather(&[rank as u8, round]).unwrap();
-                        assert_eq!(
-                            all,
-                            (0..n).map(|r| vec![r as u8, round]).collect::<Vec<_>>()
-                        );
-                    }
-                    let sub = c.split(rank % 2, n - rank).unwrap();
-                    assert_eq!(sub.size(), 2);
-                    let got = sub.allgather(&[rank as u8]).unwrap();
-                    let mut expect: Vec<Vec<u8>> = (0..n)
-                        .filter(|r| r % 2 == rank % 2)
-                        .map(|r| vec![r as u8])
-                        .collect();
-                    expect.reverse(); // keys n - rank order them backwards
-                    assert_eq!(got, expect);
-                    c.barrier().unwrap();
+                    let timeout = Duration::from_secs(10);
+                    let c = FileComm::new(&dir, Some(rank), Some(size), Some(job), timeout);
+                    body(c.unwrap(), rank)
                 })
             })
             .collect();
         for h in handles {
             h.join().unwrap();
         }
+    }
+
+    #[test]
+    fn threads_as_ranks_allgather_split_and_time_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = 4;
+        in_threads(dir.path(), 0..n, n, "job1", move |c, rank| {
+            for round in 0..3u8 {
+                let all = c.allgather(&[rank as u8, round]).unwrap();
+                assert_eq!(
+                    all,
+                    (0..n).map(|r| vec![r as u8, round]).collect::<Vec<_>>()
+                );
+            }
+            let sub = c.split(rank % 2, n - rank).unwrap();
+            assert_eq!(sub.size(), 2);
+            let got = sub.allgather(&[rank as u8]).unwrap();
+            let mut expect: Vec<Vec<u8>> = (0..n)
+                .filter(|r| r % 2 == rank % 2)
+                .map(|r| vec![r as u8])
+                .collect();
+            expect.reverse(); // keys n - rank order them backwards
+            assert_eq!(got, expect);
+            c.barrier().unwrap();
+        });
         // A stale file from job1 is not taken for job2, and a missing peer times out.
         let c = FileComm::new(
             dir.path(),
@@ -643,51 +644,19 @@ mod tests {
     fn a_clean_run_leaves_nothing_and_a_barrier_names_the_absent() {
         let dir = tempfile::tempdir().unwrap();
         let hs = dir.path().join("hs");
-        let handles: Vec<_> = (0..3)
-            .map(|rank| {
-                let hs = hs.clone();
-                std::thread::spawn(move || {
-                    let c = FileComm::new(
-                        &hs,
-                        Some(rank),
-                        Some(3),
-                        Some("j".into()),
-                        Duration::from_secs(10),
-                    )
-                    .unwrap();
-                    c.allgather(&[rank as u8]).unwrap();
-                    c.allgather(&[rank as u8]).unwrap();
-                    c.barrier().unwrap();
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().unwrap();
-        }
+        in_threads(&hs, 0..3, 3, "j", |c, rank| {
+            c.allgather(&[rank as u8]).unwrap();
+            c.allgather(&[rank as u8]).unwrap();
+            c.barrier().unwrap();
+        });
         assert_eq!(fs::read_dir(&hs).unwrap().count(), 0);
         // Rank 2 never comes: ranks 0 and 1 both name it.
-        let handles: Vec<_> = (0..2)
-            .map(|rank| {
-                let hs = hs.clone();
-                std::thread::spawn(move || {
-                    let c = FileComm::new(
-                        &hs,
-                        Some(rank),
-                        Some(3),
-                        Some("k".into()),
-                        Duration::from_secs(10),
-                    )
-                    .unwrap();
-                    let t0 = Instant::now();
-                    let e = c.barrier_timeout(Duration::from_millis(300)).unwrap_err();
-                    assert!(t0.elapsed() < Duration::from_secs(4));
-                    assert!(e.to_string().contains("ranks [2]"), "{e}");
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().unwrap();
-        }
+        in_threads(&hs, 0..2, 3, "k", |c, _| {
+            let t0 = Instant::now();
+            let e = c.barrier_timeout(Duration::from_millis(300)).unwrap_err();
+            assert!(t0.elapsed() < Duration::from_secs(4));
+            assert!(e.to_string().contains("ranks [2]"), "{e}");
+        });
     }
 
     #[test]

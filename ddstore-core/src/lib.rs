@@ -6,6 +6,8 @@
 //! [`transport::Transport`] moves the bytes that are not in this process.
 
 #![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod comm;
 pub mod config;
@@ -17,6 +19,7 @@ pub mod file_load;
 pub mod fork;
 pub mod interrupt;
 pub mod kinds;
+pub mod launcher;
 pub mod layout;
 pub mod node_only;
 pub mod plan;
@@ -25,6 +28,7 @@ pub mod profile;
 pub mod ragged;
 pub mod reader_pool;
 pub mod region;
+pub mod spill;
 pub mod store;
 pub mod transport;
 

@@ -92,6 +92,25 @@ impl PrivateDir {
     /// and others cannot write. Anything else is `Error::Access` naming the
     /// owner, the mode and the fix.
     pub fn open(path: &Path, create: bool) -> Result<PrivateDir> {
+        Self::open_as(path, create, "handshake_dir")
+    }
+
+    /// As [`PrivateDir::open`], naming the directory `label` in messages
+    /// (e.g. "spill_dir").
+    pub fn open_as(path: &Path, create: bool, label: &str) -> Result<PrivateDir> {
+        let fix_hint = |msg: String| msg.replace("handshake_dir", label);
+        Self::open_checked_dir(path, create).map_err(|e| match e {
+            Error::Access(m) => Error::Access(fix_hint(m)),
+            Error::InvalidArgument(m) => Error::InvalidArgument(fix_hint(m)),
+            Error::Io { context, source } => Error::Io {
+                context: fix_hint(context),
+                source,
+            },
+            other => other,
+        })
+    }
+
+    fn open_checked_dir(path: &Path, create: bool) -> Result<PrivateDir> {
         if path.as_os_str().is_empty() {
             return Err(Error::invalid(
                 "handshake_dir is empty: pass handshake_dir= or set DDSTORE_HANDSHAKE_DIR",
@@ -216,6 +235,31 @@ impl PrivateDir {
             return Err(ctx(e));
         }
         Ok(())
+    }
+
+    /// Creates `name` for reading and writing: a fresh 0600 file of this
+    /// user (`O_CREAT|O_EXCL|O_NOFOLLOW`, relative to the verified directory).
+    pub fn create_exclusive(&self, name: &str) -> Result<std::fs::File> {
+        let c = cstr(name)?;
+        let flags =
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        // SAFETY: the directory descriptor is open and `c` is NUL-terminated.
+        let raw = unsafe {
+            libc::openat(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                flags,
+                0o600 as libc::c_uint,
+            )
+        };
+        if raw < 0 {
+            return Err(Error::io(
+                format!("creating {}", self.show(name)),
+                io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: a descriptor openat just returned; the File owns and closes it.
+        Ok(unsafe { std::fs::File::from_raw_fd(raw) })
     }
 
     fn unlink_c(&self, name: &CStr) -> io::Result<()> {

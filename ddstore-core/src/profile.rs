@@ -31,6 +31,16 @@ pub struct Counters {
     pub mr_ns: AtomicU64,
     /// Part of `remote_ns` spent waiting for a lock before posting reads.
     pub lock_ns: AtomicU64,
+    /// Rows this process read from memory: own or same-node shares (memory hits).
+    pub memory_rows: AtomicU64,
+    /// Rows read from spill files (own or same-node owners'; see [`crate::spill`]).
+    pub spilled_rows: AtomicU64,
+    /// Spill file reads posted.
+    pub spilled_reads: AtomicU64,
+    /// Spilled rows served from the read-ahead stage (prefetch hits).
+    pub prefetch_hits: AtomicU64,
+    /// Time spent reading spill files, in nanoseconds.
+    pub spill_ns: AtomicU64,
 }
 
 /// A snapshot of [`Counters`].
@@ -63,6 +73,16 @@ pub struct Profile {
     /// Messages this variable's readers received and discarded: gather
     /// replies not bound to a request they made (forged, or late).
     pub rejected_replies: u64,
+    /// Rows read from memory (own or same-node shares).
+    pub memory_rows: u64,
+    /// Rows read from spill files.
+    pub spilled_rows: u64,
+    /// Spill file reads posted.
+    pub spilled_reads: u64,
+    /// Spilled rows served from the read-ahead stage.
+    pub prefetch_hits: u64,
+    /// Nanoseconds reading spill files.
+    pub spill_ns: u64,
 }
 
 impl Counters {
@@ -82,6 +102,11 @@ impl Counters {
             mr_ns: self.mr_ns.load(Relaxed),
             lock_ns: self.lock_ns.load(Relaxed),
             rejected_replies: 0,
+            memory_rows: self.memory_rows.load(Relaxed),
+            spilled_rows: self.spilled_rows.load(Relaxed),
+            spilled_reads: self.spilled_reads.load(Relaxed),
+            prefetch_hits: self.prefetch_hits.load(Relaxed),
+            spill_ns: self.spill_ns.load(Relaxed),
         }
     }
 
@@ -100,7 +125,7 @@ impl Counters {
 
 impl Profile {
     /// Every counter with its name, in the order `get_profile()` reports them.
-    pub fn fields(&self) -> [(&'static str, u64); 13] {
+    pub fn fields(&self) -> [(&'static str, u64); 18] {
         [
             ("calls", self.calls),
             ("rows", self.rows),
@@ -115,6 +140,11 @@ impl Profile {
             ("mr_ns", self.mr_ns),
             ("lock_ns", self.lock_ns),
             ("rejected_replies", self.rejected_replies),
+            ("memory_rows", self.memory_rows),
+            ("spilled_rows", self.spilled_rows),
+            ("spilled_reads", self.spilled_reads),
+            ("prefetch_hits", self.prefetch_hits),
+            ("spill_ns", self.spill_ns),
         ]
     }
 }

@@ -39,10 +39,27 @@ pub trait Memory: Send + Sync {
     }
     /// Start address, for registration with a NIC or an MPI window.
     fn as_ptr(&self) -> *const u8;
+    /// Bytes addressable at `as_ptr()`: all of them, but for a spilled
+    /// share (its memory part only; see [`crate::spill::SpilledShare`]).
+    fn mapped_len(&self) -> usize {
+        self.len()
+    }
     /// Copies `dst.len()` bytes from `offset`; out of range is an error.
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()>;
     /// Copies `src` to `offset`; out of range is an error.
     fn write_at(&self, offset: usize, src: &[u8]) -> Result<()>;
+    /// Copies `ranges` (offset, length) one after another into `dst` (their
+    /// lengths add up to `dst.len()`); a spilled share reads its file's
+    /// ranges many at a time.
+    fn read_ranges(&self, ranges: &[(u64, u64)], dst: &mut [u8]) -> Result<()> {
+        let mut at = 0usize;
+        for &(off, len) in ranges {
+            let len = len as usize;
+            self.read_at(off as usize, &mut dst[at..at + len])?;
+            at += len;
+        }
+        Ok(())
+    }
     /// One `pread` of up to `len` bytes of `file` at `file_offset` straight
     /// into the share at `offset` (no intermediate buffer); the bytes read
     /// (0 at the end of the file). Memory that cannot take it (read-only,
@@ -93,6 +110,8 @@ pub struct RawMemory {
 // SAFETY: the bytes are plain data reachable from every thread; all access
 // goes through bounds-checked copies, and `_owner` keeps them mapped.
 unsafe impl Send for RawMemory {}
+// SAFETY: as for Send: `&RawMemory` only copies bytes in and out (no
+// reference into them escapes), so sharing it between threads is sound.
 unsafe impl Sync for RawMemory {}
 
 impl RawMemory {
@@ -384,12 +403,12 @@ impl Region {
         let ptr = match &mut mapping {
             Mapping::Anonymous(m) | Mapping::Shared(m) => m.as_mut_ptr(),
         };
-        // SAFETY: the mapping is at least `len` bytes, writable, and is moved
-        // into the owner so it lives as long as the RawMemory.
         let owned = Arc::new(OwnedMapping {
             mapping: ManuallyDrop::new(mapping),
             keep_address,
         });
+        // SAFETY: the mapping is at least `len` bytes, writable, and is moved
+        // into the owner so it lives as long as the RawMemory.
         let memory = unsafe { RawMemory::new(ptr, len, true, owned) };
         Region {
             memory,
@@ -457,6 +476,7 @@ struct OwnedMapping {
 }
 // SAFETY: a mapping is plain memory; ownership only decides when it is unmapped.
 unsafe impl Send for OwnedMapping {}
+// SAFETY: `&OwnedMapping` gives no access to the bytes (only Drop touches the mapping).
 unsafe impl Sync for OwnedMapping {}
 
 impl Drop for OwnedMapping {
@@ -540,6 +560,7 @@ pub struct ShareState {
 // SAFETY: the word is only ever loaded atomically, from any thread; the Arc
 // keeps it mapped.
 unsafe impl Send for ShareState {}
+// SAFETY: as for Send: `&ShareState` only loads the word atomically.
 unsafe impl Sync for ShareState {}
 
 impl ShareState {

@@ -39,6 +39,10 @@ pub struct Exposed {
     pub node_locators: Vec<Option<NodeLocator>>,
 }
 
+/// Turns a share's memory region into the share a spilled variable reads
+/// (see [`Transport::expose_spilled`]).
+pub type WrapShare<'a> = &'a dyn Fn(Arc<dyn Memory>) -> Arc<dyn Memory>;
+
 /// How a share is exposed.
 pub struct ExposeOptions {
     /// Variable name, for messages and shared-memory file names.
@@ -70,6 +74,26 @@ pub trait Transport: Send + Sync {
     ) -> Result<Exposed> {
         expose_alone(&self.name(), comm, share)
     }
+    /// Collective over `comm`: as `expose` for a share of `len` bytes whose
+    /// first `mem_len` are in memory (the rest in a spill file: see
+    /// [`crate::spill`]). `wrap` turns the region into the share of `len`
+    /// bytes: it becomes `Exposed::local`, and transports with an owner-side
+    /// gather path serve it (its spilled rows too) to remote readers. Others
+    /// expose the region only: remote reads of spilled rows are refused by
+    /// the store before they are sent.
+    fn expose_spilled(
+        &self,
+        comm: &Arc<dyn Comm>,
+        mem_len: usize,
+        len: usize,
+        opts: &ExposeOptions,
+        wrap: WrapShare<'_>,
+    ) -> Result<Exposed> {
+        let _ = len;
+        let mut exposed = self.expose(comm, mem_len, opts)?;
+        exposed.local = wrap(exposed.local);
+        Ok(exposed)
+    }
     /// Method 2: reach shares another job published (`Exposed::records`).
     fn attach(&self, records: &[Vec<u8>]) -> Result<Arc<dyn RemoteShares>>;
     /// How remote rows are read: "one-sided" reads, or "gather" (one request
@@ -90,6 +114,12 @@ pub trait Transport: Send + Sync {
     /// Requests from the network dropped unanswered (see `set_secret`).
     fn rejected_requests(&self) -> u64 {
         0
+    }
+    /// Closes what the transport opened, at the store's `free` (after every
+    /// variable's [`RemoteShares::close`]), reporting the first failure;
+    /// objects something else still holds close when it drops them.
+    fn close(&self) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -130,6 +160,12 @@ pub trait RemoteShares: Send + Sync {
     /// a request they made).
     fn rejected_replies(&self) -> u64 {
         0
+    }
+    /// Closes the variable's shares at the store's `free` when this is their
+    /// last holder, reporting the first failure (dropping them closes them
+    /// too, but can only log one).
+    fn close(self: Arc<Self>) -> Result<()> {
+        Ok(())
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ddstore_core::comm::Comm;
-use ddstore_core::transport::{ExposeOptions, Exposed, RemoteRead, Transport};
+use ddstore_core::transport::{ExposeOptions, Exposed, RemoteRead, ShareReader, Transport};
 use ddstore_fabric::mpi_rma::{self, MpiComm, MpiRma};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -119,16 +119,15 @@ fn read_batches(
     Ok(())
 }
 
-fn check_shares(comm: &Arc<dyn Comm>, node_sharing: bool) -> CheckResult {
-    let (rank, size) = (comm.rank(), comm.size());
-    let exposed = expose(comm, share_len(rank), node_sharing, true)?;
-    let mode = if node_sharing {
-        "node sharing"
-    } else {
-        "no node sharing"
-    };
-
-    // Same-node views (memcpy path) hold the owners' data.
+/// Same-node views (memcpy path) hold the owners' data, read-only; none
+/// without node sharing.
+fn check_node_views(
+    exposed: &Exposed,
+    rank: usize,
+    size: usize,
+    node_sharing: bool,
+    mode: &str,
+) -> CheckResult {
     let fake_nodes = std::env::var("DDSTORE_MPI_FAKE_NODE_SIZE").is_ok();
     for (peer, view) in exposed.node_peers.iter().enumerate() {
         match view {
@@ -157,30 +156,11 @@ fn check_shares(comm: &Arc<dyn Comm>, node_sharing: bool) -> CheckResult {
     if !node_sharing && exposed.node_peers.iter().any(Option::is_some) {
         return Err("node views offered with node sharing off".into());
     }
+    Ok(())
+}
 
-    // Whole shares of every rank in one batch.
-    let mut reads = Vec::new();
-    let mut at = 0;
-    for owner in 0..size {
-        reads.push(RemoteRead {
-            owner,
-            offset: 0,
-            len: share_len(owner),
-            dst_offset: at,
-        });
-        at += share_len(owner);
-    }
-    let mut dst = vec![0u8; at];
-    let mut reader = exposed
-        .remote
-        .open_reader()
-        .map_err(|e| format!("open_reader: {e}"))?;
-    reader
-        .read_many(&reads, &mut dst)
-        .map_err(|e| format!("{mode}: whole shares: {e}"))?;
-    verify(&reads, &dst, mode)?;
-
-    // Bad reads are refused before anything is posted.
+/// Bad reads are refused before anything is posted.
+fn check_bad_reads(reader: &mut dyn ShareReader, size: usize, mode: &str) -> CheckResult {
     let bad = [
         RemoteRead {
             owner: size,
@@ -219,6 +199,43 @@ fn check_shares(comm: &Arc<dyn Comm>, node_sharing: bool) -> CheckResult {
             return Err(format!("{mode}: bad read {b:?} was accepted"));
         }
     }
+    Ok(())
+}
+
+fn check_shares(comm: &Arc<dyn Comm>, node_sharing: bool) -> CheckResult {
+    let (rank, size) = (comm.rank(), comm.size());
+    let exposed = expose(comm, share_len(rank), node_sharing, true)?;
+    let mode = if node_sharing {
+        "node sharing"
+    } else {
+        "no node sharing"
+    };
+
+    check_node_views(&exposed, rank, size, node_sharing, mode)?;
+
+    // Whole shares of every rank in one batch.
+    let mut reads = Vec::new();
+    let mut at = 0;
+    for owner in 0..size {
+        reads.push(RemoteRead {
+            owner,
+            offset: 0,
+            len: share_len(owner),
+            dst_offset: at,
+        });
+        at += share_len(owner);
+    }
+    let mut dst = vec![0u8; at];
+    let mut reader = exposed
+        .remote
+        .open_reader()
+        .map_err(|e| format!("open_reader: {e}"))?;
+    reader
+        .read_many(&reads, &mut dst)
+        .map_err(|e| format!("{mode}: whole shares: {e}"))?;
+    verify(&reads, &dst, mode)?;
+
+    check_bad_reads(reader.as_mut(), size, mode)?;
 
     // Random ranges from this thread, then 4 threads with their own readers.
     read_batches(&exposed, size, 1000 + rank as u64, 200, mode)?;
@@ -255,8 +272,16 @@ fn check_shares(comm: &Arc<dyn Comm>, node_sharing: bool) -> CheckResult {
     }
     drop(reader);
     comm.barrier().map_err(|e| format!("barrier: {e}"))?;
-    drop(exposed); // collective MPI_Win_free
-    Ok(())
+    // As a store's free: the variable goes, then its shares close (a
+    // collective MPI_Win_free) and report MPI's answer.
+    let remote = exposed.remote.clone();
+    drop(exposed);
+    if Arc::strong_count(&remote) != 1 {
+        return Err("the shares are still held after their variable went".into());
+    }
+    remote
+        .close()
+        .map_err(|e| format!("closing the shares (MPI_Win_free): {e}"))
 }
 
 /// Microseconds per row for 128 random 3 KB rows across all ranks.
@@ -342,6 +367,13 @@ pub fn run() -> CheckResult {
         ));
     }
     drop(halves);
+    // Explicit frees report MPI's answer (a drop can only log it).
+    let dup = MpiComm::world().map_err(|e| e.to_string())?;
+    let node = dup.split_node().map_err(|e| e.to_string())?;
+    node.close()
+        .map_err(|e| format!("MPI_Comm_free of a node communicator: {e}"))?;
+    dup.close()
+        .map_err(|e| format!("MPI_Comm_free of a duplicate: {e}"))?;
 
     for node_sharing in [true, false] {
         check_shares(&comm, node_sharing)?;

@@ -134,197 +134,229 @@ fn main() {
         .collect();
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let mut a = Attacker::open(&ports);
-    let mut rng = rand::thread_rng();
-    let payload = leak(vec![0xEE; 3072]);
+    let targets = ports.len();
     match mode.as_str() {
-        "forge-replies" => {
-            let zero = Nonce([0; 16]);
-            let mut tags: Vec<u64> = Vec::new();
-            for status in 0..8 {
-                for index in 0..64 {
-                    tags.push(wire::reply_tag(&zero, index, status));
-                }
-            }
-            'outer: loop {
-                for t in 0..ports.len() {
-                    let tag = match tags.pop() {
-                        Some(t) => t,
-                        None => rng.gen(),
-                    };
-                    a.send(t, tag, payload, deadline);
-                    if Instant::now() >= deadline {
-                        break 'outer;
-                    }
-                }
-            }
-        }
+        "forge-replies" => forge_replies(&mut a, targets, deadline),
         "requests" => {
-            let wrong = MacKey::derive(b"a guess at the job token");
-            let mut one_each: Vec<&'static [u8]> = Vec::new();
-            one_each.push(leak(vec![0u8; 62])); // no MAC, family 0
-            for len in 0..=64usize {
-                for family in [0u16, 1, 2, 10, 17, 0xffff] {
-                    let mut name = vec![0u8; len];
-                    if len >= 2 {
-                        name[..2].copy_from_slice(&family.to_ne_bytes());
-                    }
-                    if len >= 4 {
-                        name[2..4].copy_from_slice(&1u16.to_be_bytes());
-                    }
-                    let mut out = Vec::new();
-                    let req = wire::Request {
-                        key: rng.gen(),
-                        msg_ranges: vec![1],
-                        ranges: vec![(0, 64)],
-                    };
-                    wire::encode(&mut out, &wrong, &Nonce(rng.gen()), &name, &req);
-                    one_each.push(leak(out.clone()));
-                    // The same without its MAC.
-                    out.truncate(out.len() - wire::MAC_BYTES);
-                    one_each.push(leak(out));
-                }
-            }
-            for (i, bytes) in one_each.iter().enumerate() {
-                a.send(i % ports.len(), wire::REQUEST_TAG, bytes, deadline);
-            }
             let listener: u16 = flag("--listener").map_or(1, |p| p.parse().unwrap());
-            let mut many: Vec<&'static [u8]> = Vec::new();
-            for port in [1u16, listener] {
-                let mut out = Vec::new();
-                let req = wire::Request {
-                    key: rng.gen(),
-                    msg_ranges: vec![1],
-                    ranges: vec![(0, 4096)],
-                };
-                wire::encode(&mut out, &wrong, &Nonce(rng.gen()), &sockaddr(port), &req);
-                many.push(leak(out));
-            }
-            let mut i = 0;
-            while Instant::now() < deadline && a.sent < 50_000 {
-                a.send(i % ports.len(), wire::REQUEST_TAG, many[i % 2], deadline);
-                i += 1;
-            }
+            unauthenticated_requests(&mut a, targets, listener, deadline)
         }
-        "guess-keys" => {
-            let buf = leak(vec![0u8; 64]).as_ptr() as *mut u8;
-            while Instant::now() < deadline {
-                for t in 0..ports.len() {
-                    let key: u64 = rng.gen();
-                    let ctx = &mut a.ctx[0] as *mut _ as *mut _;
-                    // SAFETY: buf is leaked (never freed); one read in flight at a time.
-                    let rc = unsafe {
-                        a.ep.post_read(buf, 64, std::ptr::null_mut(), a.targets[t], 0, key, ctx)
-                    };
-                    if matches!(rc, Ok(Ok(()))) {
-                        a.sent += 1;
-                        // Wait for this read to finish (data, or an error).
-                        let start = Instant::now();
-                        let before = a.ok;
-                        loop {
-                            let mut e = [sys::fi_cq_tagged_entry::default(); 4];
-                            match a.ep.cq().poll(&mut e) {
-                                Ok(Poll::Completed(0)) => {}
-                                Ok(Poll::Completed(n)) => {
-                                    a.ok += n as u64;
-                                    break;
-                                }
-                                _ => break,
-                            }
-                            if start.elapsed() > Duration::from_secs(1) {
-                                break;
-                            }
-                        }
-                        let _ = before;
-                    } else {
-                        a.poll();
-                    }
-                }
-            }
-        }
+        "guess-keys" => guess_keys(&mut a, targets, deadline),
         "big-request" | "stall" => {
             let token = flag("--token").expect("--token");
-            let mac = MacKey::derive(token.as_bytes());
             let key: u64 = flag("--key").map_or(0, |k| k.parse().unwrap());
             // The share's length: every range lies inside it.
             let len: u64 = flag("--len").map_or(64 << 20, |k| k.parse().unwrap());
-            // Replies go to this endpoint: `stall` never receives them,
-            // `big-request` counts the refusals it gets.
-            let me = a.ep.name().unwrap();
-            let inbox = leak(vec![0u8; 64 * 8]).as_ptr() as *mut u8;
-            if mode == "big-request" {
-                for i in 0..8 {
-                    // SAFETY: the inbox is leaked; context slots 56.. are only used here.
-                    let _ = unsafe {
-                        a.ep.post_trecv(
-                            inbox.add(64 * i),
-                            64,
-                            0,
-                            u64::MAX,
-                            &mut a.ctx[56 + i] as *mut _ as *mut _,
-                        )
-                    };
-                }
-            }
-            let mut reqs: Vec<wire::Request> = Vec::new();
-            if mode == "big-request" {
-                reqs.push(wire::Request {
-                    key,
-                    msg_ranges: vec![900],
-                    ranges: vec![(0, len); 900],
-                });
-                reqs.push(wire::Request {
-                    key,
-                    msg_ranges: (0..900).map(|_| 1).collect(),
-                    ranges: vec![(0, len); 900],
-                });
-            } else {
-                for _ in 0..400 {
-                    reqs.push(wire::Request {
-                        key,
-                        msg_ranges: vec![1; 16],
-                        ranges: (0..16).map(|i| (i * (len / 16), len / 16)).collect(),
-                    });
-                }
-            }
-            if mode == "big-request" {
-                // Counts claiming far more than the bytes hold, MACed as a token holder can.
-                let mut out = Vec::new();
-                let r = wire::Request {
-                    key,
-                    msg_ranges: vec![1],
-                    ranges: vec![(0, 8)],
-                };
-                wire::encode(&mut out, &mac, &Nonce(rng.gen()), &me, &r);
-                out.truncate(out.len() - wire::MAC_BYTES);
-                // n_msgs and n_ranges follow magic, nonce, name length, name and key.
-                let at = 4 + 16 + 2 + me.len() + 8;
-                out[at..at + 8].copy_from_slice(&[0xff; 8]);
-                let sealed = leak(mac.seal(out));
-                for t in 0..ports.len() {
-                    a.send(t, wire::REQUEST_TAG, sealed, deadline);
-                }
-            }
-            // Stay alive without receiving anything until the deadline.
-            // To every port given (the owner's endpoint is one of them).
-            for r in &reqs {
-                for t in 0..ports.len() {
-                    let mut out = Vec::new();
-                    wire::encode(&mut out, &mac, &Nonce(rng.gen()), &me, r);
-                    a.send(t, wire::REQUEST_TAG, leak(out), deadline);
-                }
-            }
-            while Instant::now() < deadline {
-                if mode == "big-request" {
-                    a.poll();
-                    if a.refused >= 2 {
-                        break; // both refusals are in (a loaded machine may take long)
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            println!("refused {} statuses {:?}", a.refused, a.statuses);
+            let big = mode == "big-request";
+            token_holder(&mut a, targets, &token, (key, len), big, deadline)
         }
         other => panic!("unknown mode {other}"),
     }
     println!("sent {} ok {}", a.sent, a.ok);
+}
+
+/// `forge-replies`: messages with every reply tag of the all-zero nonce, then random tags.
+fn forge_replies(a: &mut Attacker, targets: usize, deadline: Instant) {
+    let mut rng = rand::thread_rng();
+    let payload = leak(vec![0xEE; 3072]);
+    let zero = Nonce([0; 16]);
+    let mut tags: Vec<u64> = Vec::new();
+    for status in 0..8 {
+        for index in 0..64 {
+            tags.push(wire::reply_tag(&zero, index, status));
+        }
+    }
+    'outer: loop {
+        for t in 0..targets {
+            let tag = match tags.pop() {
+                Some(t) => t,
+                None => rng.gen(),
+            };
+            a.send(t, tag, payload, deadline);
+            if Instant::now() >= deadline {
+                break 'outer;
+            }
+        }
+    }
+}
+
+/// `requests`: requests under a wrong key (and without a MAC), with reply
+/// names of every length and family, then many naming `listener`.
+fn unauthenticated_requests(a: &mut Attacker, targets: usize, listener: u16, deadline: Instant) {
+    let mut rng = rand::thread_rng();
+    let wrong = MacKey::derive(b"a guess at the job token");
+    let mut one_each: Vec<&'static [u8]> = Vec::new();
+    one_each.push(leak(vec![0u8; 62])); // no MAC, family 0
+    for len in 0..=64usize {
+        for family in [0u16, 1, 2, 10, 17, 0xffff] {
+            let mut name = vec![0u8; len];
+            if len >= 2 {
+                name[..2].copy_from_slice(&family.to_ne_bytes());
+            }
+            if len >= 4 {
+                name[2..4].copy_from_slice(&1u16.to_be_bytes());
+            }
+            let mut out = Vec::new();
+            let req = wire::Request {
+                key: rng.gen(),
+                msg_ranges: vec![1],
+                ranges: vec![(0, 64)],
+            };
+            wire::encode(&mut out, &wrong, &Nonce(rng.gen()), &name, &req);
+            one_each.push(leak(out.clone()));
+            // The same without its MAC.
+            out.truncate(out.len() - wire::MAC_BYTES);
+            one_each.push(leak(out));
+        }
+    }
+    for (i, bytes) in one_each.iter().enumerate() {
+        a.send(i % targets, wire::REQUEST_TAG, bytes, deadline);
+    }
+    let mut many: Vec<&'static [u8]> = Vec::new();
+    for port in [1u16, listener] {
+        let mut out = Vec::new();
+        let req = wire::Request {
+            key: rng.gen(),
+            msg_ranges: vec![1],
+            ranges: vec![(0, 4096)],
+        };
+        wire::encode(&mut out, &wrong, &Nonce(rng.gen()), &sockaddr(port), &req);
+        many.push(leak(out));
+    }
+    let mut i = 0;
+    while Instant::now() < deadline && a.sent < 50_000 {
+        a.send(i % targets, wire::REQUEST_TAG, many[i % 2], deadline);
+        i += 1;
+    }
+}
+
+/// `guess-keys`: one-sided reads with random memory keys, one at a time.
+fn guess_keys(a: &mut Attacker, targets: usize, deadline: Instant) {
+    let mut rng = rand::thread_rng();
+    let buf = leak(vec![0u8; 64]).as_ptr() as *mut u8;
+    while Instant::now() < deadline {
+        for t in 0..targets {
+            let key: u64 = rng.gen();
+            let ctx = &mut a.ctx[0] as *mut _ as *mut _;
+            // SAFETY: buf is leaked (never freed); one read in flight at a time.
+            let rc = unsafe {
+                a.ep.post_read(buf, 64, std::ptr::null_mut(), a.targets[t], 0, key, ctx)
+            };
+            if matches!(rc, Ok(Ok(()))) {
+                a.sent += 1;
+                // Wait for this read to finish (data, or an error).
+                let start = Instant::now();
+                let before = a.ok;
+                loop {
+                    let mut e = [sys::fi_cq_tagged_entry::default(); 4];
+                    match a.ep.cq().poll(&mut e) {
+                        Ok(Poll::Completed(0)) => {}
+                        Ok(Poll::Completed(n)) => {
+                            a.ok += n as u64;
+                            break;
+                        }
+                        _ => break,
+                    }
+                    if start.elapsed() > Duration::from_secs(1) {
+                        break;
+                    }
+                }
+                let _ = before;
+            } else {
+                a.poll();
+            }
+        }
+    }
+}
+
+/// `big-request` (`big`) and `stall`: a token holder's oversized requests
+/// for `share` (key, length), refusals counted, or requests whose replies
+/// it never receives.
+fn token_holder(
+    a: &mut Attacker,
+    targets: usize,
+    token: &str,
+    share: (u64, u64),
+    big: bool,
+    deadline: Instant,
+) {
+    let (key, len) = share;
+    let mut rng = rand::thread_rng();
+    let mac = MacKey::derive(token.as_bytes());
+    // Replies go to this endpoint: `stall` never receives them,
+    // `big-request` counts the refusals it gets.
+    let me = a.ep.name().unwrap();
+    let inbox = leak(vec![0u8; 64 * 8]).as_ptr() as *mut u8;
+    if big {
+        for i in 0..8 {
+            // SAFETY: the inbox is leaked; context slots 56.. are only used here.
+            let _ = unsafe {
+                a.ep.post_trecv(
+                    inbox.add(64 * i),
+                    64,
+                    0,
+                    u64::MAX,
+                    &mut a.ctx[56 + i] as *mut _ as *mut _,
+                )
+            };
+        }
+    }
+    let mut reqs: Vec<wire::Request> = Vec::new();
+    if big {
+        reqs.push(wire::Request {
+            key,
+            msg_ranges: vec![900],
+            ranges: vec![(0, len); 900],
+        });
+        reqs.push(wire::Request {
+            key,
+            msg_ranges: (0..900).map(|_| 1).collect(),
+            ranges: vec![(0, len); 900],
+        });
+    } else {
+        for _ in 0..400 {
+            reqs.push(wire::Request {
+                key,
+                msg_ranges: vec![1; 16],
+                ranges: (0..16).map(|i| (i * (len / 16), len / 16)).collect(),
+            });
+        }
+    }
+    if big {
+        // Counts claiming far more than the bytes hold, MACed as a token holder can.
+        let mut out = Vec::new();
+        let r = wire::Request {
+            key,
+            msg_ranges: vec![1],
+            ranges: vec![(0, 8)],
+        };
+        wire::encode(&mut out, &mac, &Nonce(rng.gen()), &me, &r);
+        out.truncate(out.len() - wire::MAC_BYTES);
+        // n_msgs and n_ranges follow magic, nonce, name length, name and key.
+        let at = 4 + 16 + 2 + me.len() + 8;
+        out[at..at + 8].copy_from_slice(&[0xff; 8]);
+        let sealed = leak(mac.seal(out));
+        for t in 0..targets {
+            a.send(t, wire::REQUEST_TAG, sealed, deadline);
+        }
+    }
+    // Stay alive without receiving anything until the deadline.
+    // To every port given (the owner's endpoint is one of them).
+    for r in &reqs {
+        for t in 0..targets {
+            let mut out = Vec::new();
+            wire::encode(&mut out, &mac, &Nonce(rng.gen()), &me, r);
+            a.send(t, wire::REQUEST_TAG, leak(out), deadline);
+        }
+    }
+    while Instant::now() < deadline {
+        if big {
+            a.poll();
+            if a.refused >= 2 {
+                break; // both refusals are in (a loaded machine may take long)
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    println!("refused {} statuses {:?}", a.refused, a.statuses);
 }

@@ -4,9 +4,9 @@
 //!
 //! Run one process per rank with a fresh directory all ranks can see:
 //!   srun -n 4 target/release/examples/ofi_check /shared/scratch/ofi-check-$SLURM_JOB_ID
-//! Rank and size come from DDFI_RANK/DDFI_SIZE, SLURM_PROCID/SLURM_NTASKS,
-//! OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE or PMI_RANK/PMI_SIZE; the
-//! provider from DDSTORE_FABRIC / FABRIC_IFACE / DDSTORE_NIC_MAP as in pyddstore.
+//! Rank and size come from DDFI_RANK/DDFI_SIZE, else the launcher
+//! (`ddstore_core::launcher`: srun, mpirun, torchrun, ...); the provider
+//! from DDSTORE_FABRIC / FABRIC_IFACE / DDSTORE_NIC_MAP as in pyddstore.
 //! `ofi_check --list` prints the providers usable for one-sided reads.
 
 #[path = "../tests/ofi_support/mod.rs"]
@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use ddstore_core::comm::Comm;
 use ddstore_core::config::Config;
+use ddstore_core::launcher;
 use ddstore_core::transport::{ExposeOptions, RemoteRead, Transport};
 use ddstore_fabric::ofi::{libfabric_version, usable_providers, OfiTransport};
 use ofi_support::{fill, pattern};
@@ -40,18 +41,13 @@ fn main() {
         }
         return;
     }
+    let launched = launcher::detect_env().expect("launcher variables");
     let (rank, size) = env_pair("DDFI_RANK", "DDFI_SIZE")
-        .or_else(|| env_pair("SLURM_PROCID", "SLURM_NTASKS"))
-        .or_else(|| env_pair("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"))
-        .or_else(|| env_pair("PMI_RANK", "PMI_SIZE"))
+        .or_else(|| launched.as_ref().map(|l| (l.rank, l.size)))
         .unwrap_or((0, 1));
     std::fs::create_dir_all(&arg).expect("creating the handshake directory");
     let comm: Arc<dyn Comm> = Arc::new(ofi_support::file_comm(&arg, rank, size));
-    let local_rank = std::env::var("SLURM_LOCALID")
-        .or_else(|_| std::env::var("OMPI_COMM_WORLD_LOCAL_RANK"))
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let local_rank = launched.and_then(|l| l.local_rank).unwrap_or(0);
     let config = Config::from_env().expect("DDSTORE_* settings");
     let transport = OfiTransport::from_env(&config, None, local_rank).expect("libfabric transport");
     let opts = ExposeOptions {

@@ -152,6 +152,41 @@ impl From<FabricError> for ddstore_core::Error {
 /// A result with a [`FabricError`].
 pub type FabricResult<T> = Result<T, FabricError>;
 
+/// Reports a close that failed where no caller can be told (a `Drop`): a
+/// warning on stderr (this crate has no logger of its own), and in debug
+/// builds a failed assertion, so that tests catch a teardown out of order.
+pub(crate) fn report_failed_close(what: &str, closed: FabricResult<()>) {
+    if let Err(e) = &closed {
+        eprintln!("pyddstore: warning: a {what} could not be closed on drop (abandoned): {e}");
+    }
+    debug_assert!(
+        closed.is_ok(),
+        "closing a {what} on drop failed: {closed:?}"
+    );
+}
+
+/// Closes every item with `close`, reporting the first failure (a failed
+/// close does not stop the others).
+pub(crate) fn close_all<T>(
+    items: impl IntoIterator<Item = T>,
+    mut close: impl FnMut(T) -> FabricResult<()>,
+) -> FabricResult<()> {
+    let mut first = Ok(());
+    for item in items {
+        first = first.and(close(item));
+    }
+    first
+}
+
+/// Closes what `arc` holds with `close` when this is its last holder; else
+/// its last holder's drop closes it.
+pub(crate) fn close_last<T>(
+    arc: std::sync::Arc<T>,
+    close: impl FnOnce(T) -> FabricResult<()>,
+) -> FabricResult<()> {
+    std::sync::Arc::into_inner(arc).map_or(Ok(()), close)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

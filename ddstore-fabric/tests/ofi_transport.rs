@@ -246,12 +246,58 @@ fn full(comm: Arc<FileComm>) {
     reader2.read_many(&reads, &mut dst).unwrap();
     verify(&reads, &dst, 2, "v2 whole shares");
 
-    // Four reading threads with their own readers.
     let shares: Arc<dyn RemoteShares> = v1.remote.clone();
+    read_from_threads(&shares, &lens, rank);
+
+    bad_and_registered_reads(&shares, &lens, rank);
+
+    // Method 2: another transport instance (its own fabric, domain and
+    // endpoints, as in a job that joins) attaches to the published records.
+    let joiner = OfiTransport::from_env(&config, None, rank).unwrap();
+    joiner.set_secret(b"ofi_transport test token");
+    let attached = joiner.attach(&v1.records).unwrap();
+    let mut reader = attached.open_reader().unwrap();
+    let mut rng = StdRng::seed_from_u64(5 + rank as u64);
+    for _ in 0..5 {
+        let (reads, n) = random_batch(&mut rng, &lens);
+        let mut dst = vec![0u8; n];
+        reader.read_many(&reads, &mut dst).unwrap();
+        verify(&reads, &dst, 1, "attached from records");
+    }
+    drop(reader);
+    // A store's free: the attached shares, then the joining transport's
+    // objects close in order and report success.
+    attached.close().unwrap();
+    joiner.close().unwrap();
+    let mut garbled = v1.records.clone();
+    garbled[0][0] ^= 0xff;
+    assert!(transport.attach(&garbled).is_err());
+
+    if rank == 0 {
+        forked_child_reads(&shares, &lens);
+    }
+    comm.barrier().unwrap();
+    drop(reader2);
+    drop(shares);
+    // As a store's free: the variables go, their shares close (the shares'
+    // registrations), then the transport's node (endpoints, domain, fabric).
+    let remotes = [v1.remote.clone(), v2.remote.clone()];
+    drop(v1);
+    drop(v2);
+    for remote in remotes {
+        assert_eq!(Arc::strong_count(&remote), 1, "the shares are still held");
+        remote.close().unwrap();
+    }
+    comm.barrier().unwrap();
+    transport.close().unwrap();
+}
+
+/// Four reading threads with their own readers: random batches, then every share whole.
+fn read_from_threads(shares: &Arc<dyn RemoteShares>, lens: &[usize], rank: usize) {
     std::thread::scope(|s| {
         for t in 0..4u64 {
             let shares = shares.clone();
-            let lens = lens.clone();
+            let lens = lens.to_vec();
             s.spawn(move || {
                 let mut reader = shares.open_reader().unwrap();
                 let mut rng = StdRng::seed_from_u64(rank as u64 * 1000 + t);
@@ -281,8 +327,13 @@ fn full(comm: Arc<FileComm>) {
             });
         }
     });
+}
 
-    // Bad reads are refused before anything moves; the reader stays usable.
+/// Bad reads are refused before anything moves and the reader stays
+/// usable; reads land in a registered destination, before and after it is
+/// unregistered.
+fn bad_and_registered_reads(shares: &Arc<dyn RemoteShares>, lens: &[usize], rank: usize) {
+    let size = lens.len();
     let mut reader = shares.open_reader().unwrap();
     let beyond = RemoteRead {
         owner: 0,
@@ -313,7 +364,7 @@ fn full(comm: Arc<FileComm>) {
         .unwrap();
     let mut rng = StdRng::seed_from_u64(99 + rank as u64);
     for round in 0..10 {
-        let (reads, n) = random_batch(&mut rng, &lens);
+        let (reads, n) = random_batch(&mut rng, lens);
         let at = round * 4096;
         reader.read_many(&reads, &mut big[at..at + n]).unwrap();
         verify(&reads, &big[at..at + n], 1, "registered destination");
@@ -324,40 +375,10 @@ fn full(comm: Arc<FileComm>) {
     assert!(shares
         .unregister_dst(big.as_ptr() as usize, big.len())
         .is_err());
-    let (reads, n) = random_batch(&mut rng, &lens);
+    let (reads, n) = random_batch(&mut rng, lens);
     reader.read_many(&reads, &mut big[..n]).unwrap();
     verify(&reads, &big[..n], 1, "after unregister");
     drop(reader);
-
-    // Method 2: another transport instance (its own fabric, domain and
-    // endpoints, as in a job that joins) attaches to the published records.
-    let joiner = OfiTransport::from_env(&config, None, rank).unwrap();
-    joiner.set_secret(b"ofi_transport test token");
-    let attached = joiner.attach(&v1.records).unwrap();
-    let mut reader = attached.open_reader().unwrap();
-    let mut rng = StdRng::seed_from_u64(5 + rank as u64);
-    for _ in 0..5 {
-        let (reads, n) = random_batch(&mut rng, &lens);
-        let mut dst = vec![0u8; n];
-        reader.read_many(&reads, &mut dst).unwrap();
-        verify(&reads, &dst, 1, "attached from records");
-    }
-    drop(reader);
-    drop(attached);
-    drop(joiner);
-    let mut garbled = v1.records.clone();
-    garbled[0][0] ^= 0xff;
-    assert!(transport.attach(&garbled).is_err());
-
-    if rank == 0 {
-        forked_child_reads(&shares, &lens);
-    }
-    comm.barrier().unwrap();
-    drop(reader2);
-    drop(shares);
-    drop(v1);
-    drop(v2);
-    comm.barrier().unwrap();
 }
 
 /// A forked child abandons the inherited objects and reads through fresh ones.
@@ -503,6 +524,58 @@ fn ragged_len(rank: usize, row: u64) -> u64 {
 const RAGGED_ROWS: u64 = 300;
 const UNIT: usize = 3;
 
+/// Reads `rows` of rank 1 through the ragged gather and checks every byte.
+fn check_ragged_rows(
+    reader: &mut dyn ShareReader,
+    ends_key: u64,
+    max_row_bytes: u64,
+    rows: &[u64],
+) {
+    let req = RaggedRequest {
+        owner: 1,
+        ends_key,
+        rows,
+        max_row_bytes,
+    };
+    let got = reader
+        .read_ragged_rows(UNIT, &[req], vec![0xee; 1000]) // a reused buffer: junk replaced
+        .unwrap()
+        .expect("gathered");
+    assert_eq!(got.rows.len(), 1);
+    assert_eq!(got.rows[0].len(), rows.len());
+    for (&row, &(units, at)) in rows.iter().zip(&got.rows[0]) {
+        assert_eq!(units, ragged_len(1, row), "row {row}");
+        let start: u64 = (0..row).map(|r| ragged_len(1, r)).sum();
+        for k in 0..units as usize * UNIT {
+            let want = pattern(7, 1, start * UNIT as u64 + k as u64);
+            assert_eq!(got.data[at + k], want, "row {row} byte {k}");
+        }
+    }
+}
+
+/// A ragged gather of rank 1's `rows` that rank 1 refuses (`why`).
+fn assert_ragged_refused(
+    reader: &mut dyn ShareReader,
+    ends_key: u64,
+    rows: &[u64],
+    max_row_bytes: u64,
+    why: &str,
+) {
+    let req = RaggedRequest {
+        owner: 1,
+        ends_key,
+        rows,
+        max_row_bytes,
+    };
+    let err = match reader.read_ragged_rows(UNIT, &[req], Vec::new()) {
+        Err(err) => err,
+        Ok(_) => panic!("{why}: served, expected a refusal"),
+    };
+    let msg = err.to_string();
+    assert!(msg.contains("rank 1 refused"), "{why}: {msg}");
+    eprintln!("{why}: {msg}");
+}
+
 fn ragged_gather(comm: Arc<FileComm>) {
     let rank = comm.rank();
     let config = Config::from_env().unwrap();
@@ -544,82 +617,46 @@ fn ragged_gather(comm: Arc<FileComm>) {
         assert!(v.remote.gather_key(1).is_some());
         let max_row_bytes = 40 * UNIT as u64;
         let mut reader = v.remote.open_reader().unwrap();
-        let check = |reader: &mut dyn ShareReader, rows: &[u64]| {
-            let req = RaggedRequest {
-                owner: 1,
-                ends_key,
-                rows,
-                max_row_bytes,
-            };
-            let got = reader
-                .read_ragged_rows(UNIT, &[req], vec![0xee; 1000]) // a reused buffer: junk replaced
-                .unwrap()
-                .expect("gathered");
-            assert_eq!(got.rows.len(), 1);
-            assert_eq!(got.rows[0].len(), rows.len());
-            for (&row, &(units, at)) in rows.iter().zip(&got.rows[0]) {
-                assert_eq!(units, ragged_len(1, row), "row {row}");
-                let start: u64 = (0..row).map(|r| ragged_len(1, r)).sum();
-                for k in 0..units as usize * UNIT {
-                    let want = pattern(7, 1, start * UNIT as u64 + k as u64);
-                    assert_eq!(got.data[at + k], want, "row {row} byte {k}");
-                }
-            }
-        };
         // Any order, repeats, zero-length rows; 298 rows of up to 120 B: with 4 KiB
         // messages and a 4-deep window, several messages and several requests.
-        check(reader.as_mut(), &[3, 0, 5, 17, 3, 1]);
-        check(reader.as_mut(), &[0, 5, 10]);
+        check_ragged_rows(
+            reader.as_mut(),
+            ends_key,
+            max_row_bytes,
+            &[3, 0, 5, 17, 3, 1],
+        );
+        check_ragged_rows(reader.as_mut(), ends_key, max_row_bytes, &[0, 5, 10]);
         let all: Vec<u64> = (0..298).rev().collect();
-        check(reader.as_mut(), &all);
-        let refused = |reader: &mut dyn ShareReader,
-                       ends_key: u64,
-                       rows: &[u64],
-                       max_row_bytes: u64,
-                       why: &str| {
-            let req = RaggedRequest {
-                owner: 1,
-                ends_key,
-                rows,
-                max_row_bytes,
-            };
-            let err = match reader.read_ragged_rows(UNIT, &[req], Vec::new()) {
-                Err(err) => err,
-                Ok(_) => panic!("{why}: served, expected a refusal"),
-            };
-            let msg = err.to_string();
-            assert!(msg.contains("rank 1 refused"), "{why}: {msg}");
-            eprintln!("{why}: {msg}");
-        };
-        refused(
+        check_ragged_rows(reader.as_mut(), ends_key, max_row_bytes, &all);
+        assert_ragged_refused(
             reader.as_mut(),
             ends_key ^ 0x5a5a_0000,
             &[1, 2],
             max_row_bytes,
             "unknown key",
         );
-        refused(
+        assert_ragged_refused(
             reader.as_mut(),
             ends_key,
             &[1, RAGGED_ROWS],
             max_row_bytes,
             "row past the share",
         );
-        refused(
+        assert_ragged_refused(
             reader.as_mut(),
             ends_key,
             &[1, u64::MAX / 8],
             max_row_bytes,
             "row overflowing",
         );
-        refused(
+        assert_ragged_refused(
             reader.as_mut(),
             ends_key,
             &[299],
             max_row_bytes,
             "corrupt ends",
         );
-        refused(
+        assert_ragged_refused(
             reader.as_mut(),
             ends_key,
             &[1, 2, 3],
@@ -638,7 +675,7 @@ fn ragged_gather(comm: Arc<FileComm>) {
             assert!(got.rows[0][0].0 * UNIT as u64 <= max_row_bytes);
         }
         // Refusals leave the reader usable.
-        check(reader.as_mut(), &[9, 8, 7]);
+        check_ragged_rows(reader.as_mut(), ends_key, max_row_bytes, &[9, 8, 7]);
     }
     comm.barrier().unwrap();
     println!("rank {rank} ragged-gather ok");

@@ -42,18 +42,25 @@ impl PyComm {
             .map(|inner| PyComm { inner })
     }
 
-    /// Files in `handshake_dir`; rank and size default to SLURM_PROCID/SLURM_NTASKS.
+    /// Files in `handshake_dir`; rank and size default to the launcher's (ddstore_core::launcher),
+    /// the timeout to the settings table's `DDSTORE_HANDSHAKE_TIMEOUT_S` default.
     #[staticmethod]
-    #[pyo3(signature = (handshake_dir, rank=None, size=None, job_id=None, timeout_s=300.0))]
+    #[pyo3(signature = (handshake_dir, rank=None, size=None, job_id=None, timeout_s=None))]
     fn file(
         py: Python<'_>,
         handshake_dir: PathBuf,
         rank: Option<usize>,
         size: Option<usize>,
         job_id: Option<String>,
-        timeout_s: f64,
+        timeout_s: Option<f64>,
     ) -> PyResult<PyComm> {
-        let timeout = Duration::from_secs_f64(timeout_s.max(0.001));
+        // Checked as the setting is (a bad value names the argument), else its default.
+        let key = "DDSTORE_HANDSHAKE_TIMEOUT_S";
+        let given = timeout_s.map(|s| s.to_string()).unwrap_or_default();
+        let settings = ddstore_core::config::Settings::default()
+            .with(key, &given, "timeout_s")
+            .py(py)?;
+        let timeout = settings.config().handshake_timeout;
         let comm = FileComm::new(&handshake_dir, rank, size, job_id, timeout).py(py)?;
         Ok(PyComm {
             inner: Arc::new(comm),

@@ -15,6 +15,7 @@ mod errors;
 mod external;
 mod handshake;
 mod kinds;
+mod launcher;
 mod methods;
 mod settings;
 mod signals;
@@ -124,6 +125,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::bind(m.py())?;
     signals::install(m.py())?;
     m.add_class::<settings::PySettings>()?;
+    launcher::register(m)?;
     m.add_class::<external::PyDeviceShare>()?;
     m.add_class::<comm::PyComm>()?;
     m.add_class::<store::PyStore>()?;

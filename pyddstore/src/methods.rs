@@ -88,22 +88,9 @@ pub fn transport_for(
         #[cfg(feature = "mpi")]
         (Method::MpiRma, _) => Ok(Arc::new(MpiRma::new())),
         (Method::Libfabric | Method::LibfabricExtraJobs, _) => Ok(Arc::new(
-            OfiTransport::from_env(config, nic_map, local_rank())?,
+            OfiTransport::from_env(config, nic_map, ddstore_core::launcher::local_rank_env()?)?,
         )),
     }
-}
-
-/// This process's rank among the ranks of its node, from the launcher.
-fn local_rank() -> usize {
-    [
-        "SLURM_LOCALID",
-        "OMPI_COMM_WORLD_LOCAL_RANK",
-        "MPI_LOCALRANKID",
-        "PALS_LOCAL_RANKID",
-    ]
-    .iter()
-    .find_map(|k| std::env::var(k).ok()?.trim().parse().ok())
-    .unwrap_or(0)
 }
 
 /// Methods this build can serve, for `pyddstore info` and test skips.

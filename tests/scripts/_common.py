@@ -35,13 +35,6 @@ def rss_kib() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def share_bounds(n: int, size: int, rank: int):
-    """Uneven split: the first n % size ranks hold one more row."""
-    counts = [n // size + (r < n % size) for r in range(size)]
-    first = sum(counts[:rank])
-    return first, counts[rank], counts
-
-
 def expect_error(exc_types, fragment: str, fn, *args):
     try:
         fn(*args)

@@ -11,9 +11,16 @@ import tempfile
 
 import numpy as np
 import torch
-from _common import main_guard, rows_of, share_bounds
+from _common import main_guard, rows_of
 from mpi4py import MPI
-from pyddstore.torch import DistDataset, DistDatasetReader, ThreadDataLoader, WindowedDataset, row_of
+from pyddstore.torch import (
+    DistDataset,
+    DistDatasetReader,
+    ThreadDataLoader,
+    WindowedDataset,
+    row_of,
+    share_of,
+)
 
 import pyddstore
 from pyddstore import DDStoreError, _handshake
@@ -32,7 +39,7 @@ class Src(torch.utils.data.Dataset):
 def main():
     comm = MPI.COMM_WORLD
     store = pyddstore.PyDDStore(comm, method=1)
-    first, count, _ = share_bounds(N, store.size, store.rank)
+    first, count = share_of(N, store.size, store.rank)
     store.add("v", rows_of(1, np.arange(first, first + count), SHAPE, "float32"))
     ds = DistDataset(Src(), "ds", comm, method=1)
     win = WindowedDataset(ds, window=3)

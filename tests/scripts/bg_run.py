@@ -1,10 +1,10 @@
-"""Runs the graph benchmark (pyddstore.bench_graph) with the given arguments.
+"""Runs the graph benchmark (pyddstore.benchmarks.graph) with the given arguments.
 
 Usage: mpirun -n N python bg_run.py [bench_graph options]
 """
 
 import sys
 
-from pyddstore.bench_graph import main
+from pyddstore.benchmarks.graph import main
 
 main(sys.argv[1:])

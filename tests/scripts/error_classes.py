@@ -9,8 +9,9 @@ import json
 import sys
 
 import numpy as np
-from _common import main_guard, rows_of, share_bounds
+from _common import main_guard, rows_of
 from mpi4py import MPI
+from pyddstore._shares import share_of
 
 import pyddstore
 
@@ -28,7 +29,7 @@ def outcome(fn, *args):
 def main():
     comm = MPI.COMM_WORLD
     store = pyddstore.PyDDStore(comm, method=int(sys.argv[1]))
-    first, count, _ = share_bounds(N, store.size, store.rank)
+    first, count = share_of(N, store.size, store.rank)
     mine = rows_of(1, np.arange(first, first + count), SHAPE, "float32")
     store.add("v", mine)
     got = {"add_existing": outcome(store.add, "v", mine)}  # collective: every rank refuses

@@ -10,7 +10,8 @@ import sys
 import time
 
 import numpy as np
-from _common import expect_error, main_guard, rows_of, share_bounds
+from _common import expect_error, main_guard, rows_of
+from pyddstore._shares import share_of
 
 import pyddstore
 
@@ -24,7 +25,7 @@ def make_store(comm_kind):
 
 
 def load(store, name, n, shape, dtype="float32", seed=5):
-    first, count, _ = share_bounds(n, store.size, store.rank)
+    first, count = share_of(n, store.size, store.rank)
     store.add(name, rows_of(seed, np.arange(first, first + count), shape, dtype))
 
 
@@ -75,7 +76,7 @@ def dead_peer(comm_kind):
     store = make_store(comm_kind)
     n, shape = 40, (256,)
     load(store, "v", n, shape)
-    first1, count1, _ = share_bounds(n, store.size, 1)
+    first1, count1 = share_of(n, store.size, 1)
     rows1 = np.arange(first1, first1 + count1)
     verify(store, "v", rows1, shape)  # connected to rank 1 while it lives
     store.barrier()
@@ -88,7 +89,7 @@ def dead_peer(comm_kind):
     assert isinstance(e, pyddstore.DDStoreTimeoutError)
     limit = float(os.environ["DDSTORE_TIMEOUT_S"])
     assert waited < limit + 10, f"took {waited:.1f} s with DDSTORE_TIMEOUT_S={limit}"
-    own_first, own_count, _ = share_bounds(n, store.size, store.rank)
+    own_first, own_count = share_of(n, store.size, store.rank)
     verify(store, "v", np.arange(own_first, own_first + own_count), shape)  # still usable
     print(f"rank {store.rank}: dead peer -> TimeoutError after {waited:.1f} s: {e}")
     os._exit(0)  # the peer is gone: skip collective teardown

@@ -22,7 +22,8 @@ import sys
 import time
 
 import numpy as np
-from _common import main_guard, rank_tag, rows_of, run_threads, share_bounds, wait_stopped
+from _common import main_guard, rank_tag, rows_of, run_threads, wait_stopped
+from pyddstore._shares import share_of
 
 import pyddstore
 
@@ -50,7 +51,7 @@ def check(store, name, rows):
 
 def add_all(store):
     for name, (n, shape, dtype) in VARS.items():
-        first, count, _ = share_bounds(n, store.size, store.rank)
+        first, count = share_of(n, store.size, store.rank)
         store.add(name, rows_of(seed(name), np.arange(first, first + count), shape, dtype))
 
 
@@ -66,7 +67,7 @@ def read():
     for name, (n, _, _) in VARS.items():
         check(store, name, rng.permutation(n))  # every row, own rows among them
         check(store, name, [n - 1, 0, 0, n - 1, n // 2, n // 2, 0])  # repeats
-        first, count, _ = share_bounds(n, store.size, (rank + 1) % store.size)
+        first, count = share_of(n, store.size, (rank + 1) % store.size)
         check(store, name, np.arange(first, first + count)[::-1])  # one owner, reversed
         check(store, name, np.arange(first, first + count))  # one owner, contiguous
         check(store, name, [])
@@ -111,7 +112,7 @@ def stopped():
     limit = float(os.environ["DDSTORE_TIMEOUT_S"])
     if store.rank == 0:
         assert store.remote_path == "gather", store.remote_path
-        first, count, _ = share_bounds(VARS["small"][0], store.size, 1)
+        first, count = share_of(VARS["small"][0], store.size, 1)
         victims = np.arange(first, first + count)
         check(store, "small", victims)
         os.kill(pids[1], signal.SIGSTOP)

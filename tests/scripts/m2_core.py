@@ -12,8 +12,9 @@ import signal
 import time
 
 import numpy as np
-from _common import main_guard, rows_of, share_bounds
+from _common import main_guard, rows_of
 from m2_common import N_ROWS, RAGGED, VARS, ragged_rows, seed_of
+from pyddstore._shares import share_of
 
 import pyddstore
 
@@ -36,10 +37,10 @@ def main():
         comm = pyddstore.FileComm(os.path.join(a.hs, "filecomm"))
     store = pyddstore.PyDDStore(comm, method=2, handshake_dir=a.hs, ddstore_width=a.width)
     assert store.method == 2
-    first, count, _ = share_bounds(N_ROWS, store.size, store.rank)
+    first, count = share_of(N_ROWS, store.size, store.rank)
     store.add(RAGGED, *ragged_rows(store.group_id, range(first, first + count)))  # published before a
     for i, (name, (_, shape, dtype)) in enumerate(VARS.items()):
-        first, count, _ = share_bounds(N_ROWS, store.size, store.rank)
+        first, count = share_of(N_ROWS, store.size, store.rank)
         rows = rows_of(seed_of(name, store.group_id), np.arange(first, first + count), shape, dtype)
         if i % 2 == 0:
             store.add(name, rows)

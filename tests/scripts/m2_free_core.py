@@ -11,15 +11,16 @@ from __future__ import annotations
 import argparse
 import os
 
-from _common import main_guard, share_bounds
+from _common import main_guard
 from m2_common import free_gen_fixed, free_gen_ragged, free_gen_rows, wait_for
+from pyddstore._shares import share_of
 
 import pyddstore
 
 
 def publish(comm, hs: str, gen: int):
     store = pyddstore.PyDDStore(comm, method=2, handshake_dir=hs)
-    first, count, _ = share_bounds(free_gen_rows(gen), store.size, store.rank)
+    first, count = share_of(free_gen_rows(gen), store.size, store.rank)
     store.add("fx", free_gen_fixed(gen, range(first, first + count)))
     values, lengths = free_gen_ragged(gen, range(first, first + count))
     store.add("rg", values, lengths=lengths)

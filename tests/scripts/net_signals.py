@@ -22,8 +22,9 @@ import threading
 import time
 
 import numpy as np
-from _common import main_guard, rows_of, share_bounds, wait_stopped
+from _common import main_guard, rows_of, wait_stopped
 from mpi4py import MPI
+from pyddstore._shares import share_of
 
 import pyddstore
 
@@ -50,13 +51,13 @@ def interrupted_after(delay, call, *args):
 
 
 def rows_of_rank(store, rank):
-    first, count, _ = share_bounds(N, store.size, rank)
+    first, count = share_of(N, store.size, rank)
     return np.arange(first, first + count)
 
 
 def interrupt():
     store = pyddstore.PyDDStore(MPI.COMM_WORLD, method=1)
-    first, count, _ = share_bounds(N, store.size, store.rank)
+    first, count = share_of(N, store.size, store.rank)
     store.add("v", rows_of(3, np.arange(first, first + count), SHAPE, "float32"))
     # A second store for the barrier: an interrupted collective retires its communicator.
     spare = pyddstore.PyDDStore(MPI.COMM_WORLD, method=1, settings=pyddstore.Settings.from_env(timeout_s=3))

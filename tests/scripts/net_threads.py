@@ -15,8 +15,9 @@ import threading
 import time
 
 import numpy as np
-from _common import main_guard, rows_of, run_threads, share_bounds
+from _common import main_guard, rows_of, run_threads
 from mpi4py import MPI
+from pyddstore._shares import share_of
 
 import pyddstore
 
@@ -30,7 +31,7 @@ def open_fds() -> int:
 def main():
     store = pyddstore.PyDDStore(MPI.COMM_WORLD, method=1)
     n = ROWS_PER_RANK * store.size
-    first, count, _ = share_bounds(n, store.size, store.rank)
+    first, count = share_of(n, store.size, store.rank)
     for f in range(FIELDS):
         store.add(f"f{f}", rows_of(f, np.arange(first, first + count), SHAPE, "int32"))
     pids = store.allgather(os.getpid())

@@ -10,7 +10,8 @@ import sys
 import time
 
 import numpy as np
-from _common import main_guard, rows_of, run_threads, share_bounds
+from _common import main_guard, rows_of, run_threads
+from pyddstore._shares import share_of
 
 import pyddstore
 
@@ -18,7 +19,7 @@ N, SHAPE = 301, (96,)
 
 
 def load(store):
-    first, count, _ = share_bounds(N, store.size, store.rank)
+    first, count = share_of(N, store.size, store.rank)
     store.add("v", rows_of(3, np.arange(first, first + count), SHAPE, "float64"))
 
 

@@ -17,7 +17,8 @@ import sys
 import time
 
 import numpy as np
-from _common import main_guard, rows_of, share_bounds
+from _common import main_guard, rows_of
+from pyddstore._shares import share_of
 
 import pyddstore
 from pyddstore import _handshake
@@ -35,7 +36,7 @@ def wait_for(path, seconds=WAIT_S):
 
 def core(handshake_dir, ready_file, done_file):
     store = pyddstore.PyDDStore(None, method=2, handshake_dir=handshake_dir)
-    first, count, _ = share_bounds(N, store.size, store.rank)
+    first, count = share_of(N, store.size, store.rank)
     rows = rows_of(6, np.arange(first, first + count), SHAPE, "float32")
     # Each add() creates a shared-memory file per rank and removes its name once
     # every peer mapped it: the test stops both ranks inside that window.

@@ -19,7 +19,8 @@ import sys
 import time
 
 import numpy as np
-from _common import main_guard, rows_of, share_bounds
+from _common import main_guard, rows_of
+from pyddstore._shares import share_of
 
 import pyddstore
 
@@ -60,7 +61,7 @@ def checked_reader(store, out, seed, low=0, high=N):
 
 def victim_reader(store, out):
     """A read of random rows that all belong to the victim rank."""
-    first, count, _ = share_bounds(N, len(store.counts("v")), VICTIM)
+    first, count = share_of(N, len(store.counts("v")), VICTIM)
     return checked_reader(store, out, 7, first, first + count)
 
 
@@ -109,7 +110,7 @@ def main():
         return extra(sys.argv[2])
     method, kind = int(sys.argv[1]), sys.argv[2]
     store = make_store(method, kind)
-    first, count, _ = share_bounds(N, store.size, store.rank)
+    first, count = share_of(N, store.size, store.rank)
     store.add("v", rows_of(4, np.arange(first, first + count), SHAPE, "float32"))
     out = np.empty((16,) + SHAPE, np.float32)
     read_once = checked_reader(store, out, store.rank)

@@ -14,7 +14,8 @@ import os
 import sys
 
 import numpy as np
-from _common import main_guard, rank_tag, rows_of, rss_kib, share_bounds
+from _common import main_guard, rank_tag, rows_of, rss_kib
+from pyddstore._shares import share_of
 
 import pyddstore
 
@@ -60,7 +61,7 @@ def make_comm(kind):
 
 def cycle(comm, method, rng, i):
     store = pyddstore.PyDDStore(comm, method=method)
-    first, count, _ = share_bounds(ROWS, store.size, store.rank)
+    first, count = share_of(ROWS, store.size, store.rank)
     seed = i % 50
     store.add("v", rows_of(seed, np.arange(first, first + count), SHAPE, "float32"))
     rows = rng.integers(0, ROWS, 96)

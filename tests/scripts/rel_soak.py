@@ -19,7 +19,8 @@ import threading
 import time
 
 import numpy as np
-from _common import main_guard, rank_tag, rows_of, rss_kib, share_bounds
+from _common import main_guard, rank_tag, rows_of, rss_kib
+from pyddstore._shares import share_of
 
 import pyddstore
 
@@ -43,7 +44,7 @@ def main():
     kind = sys.argv[3] if len(sys.argv) > 3 else "world"
     store = make_store(method, kind)
     n = ROWS_PER_RANK * store.size
-    first, count, _ = share_bounds(n, store.size, store.rank)
+    first, count = share_of(n, store.size, store.rank)
     store.add("v", rows_of(3, np.arange(first, first + count), SHAPE, "float32"))
     store.barrier()
     per_thread = target // THREADS

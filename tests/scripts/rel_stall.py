@@ -19,8 +19,9 @@ import sys
 import time
 
 import numpy as np
-from _common import main_guard, rows_of, share_bounds
+from _common import main_guard, rows_of
 from mpi4py import MPI
+from pyddstore._shares import share_of
 
 import pyddstore
 
@@ -44,12 +45,12 @@ def main():
     method, mode = int(sys.argv[1]), sys.argv[2]
     limit = float(os.environ["DDSTORE_TIMEOUT_S"])
     store = pyddstore.PyDDStore(MPI.COMM_WORLD, method=method)
-    first, count, _ = share_bounds(N, store.size, store.rank)
+    first, count = share_of(N, store.size, store.rank)
     store.add("v", rows_of(5, np.arange(first, first + count), SHAPE, "float32"))
     pids = store.allgather(os.getpid())
     report = {"rank": store.rank, "method": method, "mode": mode}
     if store.rank == 0:
-        f1, c1, _ = share_bounds(N, store.size, 1)
+        f1, c1 = share_of(N, store.size, 1)
         rows = np.arange(f1, f1 + c1)
         out = np.empty((len(rows),) + SHAPE, np.float32)
         os.kill(pids[1], signal.SIGSTOP)

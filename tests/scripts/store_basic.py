@@ -7,7 +7,8 @@ mpirun (method 0 or 1) or as plain processes with the file communicator.
 import sys
 
 import numpy as np
-from _common import DTYPES, expect_error, main_guard, rows_of, run_threads, share_bounds
+from _common import DTYPES, expect_error, main_guard, rows_of, run_threads
+from pyddstore._shares import share_of, shares
 
 import pyddstore
 from pyddstore import DDStoreError
@@ -39,7 +40,8 @@ def main():
     n = 37
     for seed, dtype in enumerate(DTYPES):
         shape = (3, 5)
-        first, count, counts = share_bounds(n, size, rank)
+        first, count = share_of(n, size, rank)
+        counts = shares(n, size)
         name = f"v_{dtype}"
         store.add(name, rows_of(seed, np.arange(first, first + count), shape, dtype))
         assert store.info(name) == (n, 15, np.dtype(dtype).itemsize), store.info(name)
@@ -61,7 +63,7 @@ def main():
             start += c
 
     # init + update in chunks, then read.
-    first, count, _ = share_bounds(50, size, rank)
+    first, count = share_of(50, size, rank)
     store.init("u", count, 4, 8, dtype=np.int64)
     data = rows_of(99, np.arange(first, first + count), (4,), np.int64)
     half = count // 2
@@ -112,7 +114,7 @@ def main():
         (TypeError, "numpy array", store.get_batch, "v_float32", [[0.0]], [0]),
     ]
     # A range spanning shards reads once per owner; an empty get reads nothing, even at the end.
-    _, _, counts = share_bounds(n, size, rank)
+    counts = shares(n, size)
     span = np.empty((min(3, n - counts[0] + 1),) + (3, 5), np.float32)
     store.get("v_float32", span, counts[0] - 1)
     assert np.array_equal(

@@ -25,7 +25,8 @@ import time
 import zlib
 
 import numpy as np
-from _common import main_guard, rows_of, run_threads, share_bounds
+from _common import main_guard, rows_of, run_threads
+from pyddstore._shares import share_of, shares
 
 import pyddstore
 from pyddstore import DDStoreTimeoutError, DDStoreUnsupportedError
@@ -102,7 +103,8 @@ def owners(counts: list[int]) -> np.ndarray:
 
 
 def mixed_reads(store, hosts: np.ndarray) -> dict:
-    first, count, counts = share_bounds(N, store.size, store.rank)
+    first, count = share_of(N, store.size, store.rank)
+    counts = shares(N, store.size)
     store.add("x", rows_of(SEED, np.arange(first, first + count), SHAPE, "float32"))
     owner = owners(counts)
     tally = {"own": 0, "same_node": 0, "remote": 0, "mismatches": 0}
@@ -226,7 +228,8 @@ def run_dead(a) -> None:
     """Ranks on node 1 (ranks 2, 3) are killed by the test once everyone has read from them;
     rank 0 then reads from each dead rank (DDStoreTimeoutError), rank 1 only frees."""
     store = make_store(1, "file", a.hs)
-    first, count, counts = share_bounds(N, store.size, store.rank)
+    first, count = share_of(N, store.size, store.rank)
+    counts = shares(N, store.size)
     store.add("x", rows_of(SEED, np.arange(first, first + count), SHAPE, "float32"))
     starts = np.cumsum([0] + counts)
     out = np.empty((8,) + SHAPE, np.float32)

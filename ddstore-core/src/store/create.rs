@@ -26,6 +26,9 @@ struct InitRecord {
     /// Why this rank cannot create the variable (reported by every rank).
     #[serde(default)]
     problem: Option<String>,
+    /// Rows this rank keeps in memory when its share spills (None: all).
+    #[serde(default)]
+    mem_rows: Option<u64>,
 }
 
 impl Store {
@@ -39,14 +42,7 @@ impl Store {
         row_bytes: usize,
         element: impl Into<Element>,
     ) -> Result<()> {
-        self.init_with(
-            name,
-            rows,
-            row_bytes,
-            element.into(),
-            None,
-            |t, len, opts| t.expose(&self.comm, len, opts),
-        )
+        self.init_spilling(name, rows, row_bytes, element, None)
     }
 
     /// Collective: as [`Store::init`], with this rank's share in `share`
@@ -87,6 +83,34 @@ impl Store {
         problem: Option<String>,
         expose: impl FnOnce(&Arc<dyn Transport>, usize, &ExposeOptions) -> Result<Exposed>,
     ) -> Result<()> {
+        self.init_with_spill(
+            name,
+            rows,
+            row_bytes,
+            element,
+            problem,
+            (None, 0),
+            Default::default(),
+            expose,
+        )
+    }
+
+    /// As [`Store::init_with`]; `mem_rows` (with the read-ahead stage's
+    /// bytes) is what this rank keeps in memory when its share spills, and
+    /// `own_spill` where the transport's wrap of it left this rank's
+    /// spilled share (see [`crate::spill::store`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn init_with_spill(
+        &self,
+        name: &str,
+        rows: u64,
+        row_bytes: usize,
+        element: Element,
+        problem: Option<String>,
+        (mem_rows, stage_bytes): (Option<u64>, u64),
+        own_spill: crate::spill::store::MadeShare,
+        expose: impl FnOnce(&Arc<dyn Transport>, usize, &ExposeOptions) -> Result<Exposed>,
+    ) -> Result<()> {
         self.check_live()?;
         let dtype = element.dtype;
         let mine = InitRecord {
@@ -96,6 +120,7 @@ impl Store {
             dtype,
             exists: self.has_var(name),
             problem,
+            mem_rows,
         };
         let all = self
             .comm
@@ -150,7 +175,25 @@ impl Store {
             node_sharing: self.config.node_sharing,
             keep_address: self.config.read_by_other_jobs,
         };
-        let exposed = expose(&self.transport()?, len, &opts)?;
+        let transport = self.transport()?;
+        let mut exposed = expose(&transport, len, &opts)?;
+        let spill_rows: Vec<Option<u64>> = all.iter().map(|r| r.mem_rows).collect();
+        let spill = if spill_rows.iter().any(Option::is_some) {
+            let own = own_spill.lock().unwrap().clone();
+            Some(crate::spill::store::connect(
+                self.comm.as_ref(),
+                &mut exposed,
+                own,
+                &spill_rows,
+                &counts,
+                row_bytes,
+                &self.config,
+                transport.remote_path() == "gather",
+                stage_bytes,
+            )?)
+        } else {
+            None
+        };
         let var = Variable {
             name: name.to_string(),
             info: VarInfo {
@@ -169,6 +212,7 @@ impl Store {
             node_watch: Vec::new(),
             readers: self.reader_pool(),
             counters: Counters::default(),
+            spill,
         };
         self.insert(var);
         Ok(())
@@ -227,10 +271,20 @@ impl Store {
             Vec::new()
         };
         mapped.resize_with(info.layout.nranks(), || None);
+        let counts = info.layout.counts();
         let (node_peers, node_watch) = mapped
             .into_iter()
             .zip(node_locators.iter().chain(std::iter::repeat(&None)))
-            .map(|(m, loc)| match (m, loc) {
+            .enumerate()
+            .map(|(r, (m, loc))| match (m, loc) {
+                // A share shorter than its rows spills (see crate::spill): its
+                // owner serves it whole through the transport instead.
+                (Some(m), Some(_))
+                    if (m.memory.len() as u64)
+                        < counts[r].saturating_mul(info.row_bytes as u64) =>
+                {
+                    (None, None)
+                }
                 (Some(m), Some(loc)) => (
                     Some(Arc::new(m.memory) as Arc<dyn Memory>),
                     Some(NodeWatch {
@@ -254,6 +308,7 @@ impl Store {
             node_watch,
             readers: self.reader_pool(),
             counters: Counters::default(),
+            spill: None,
         };
         self.insert(var);
         Ok(())

@@ -19,6 +19,7 @@ mod create;
 mod info;
 mod ragged;
 mod rows;
+mod spilling;
 mod variable;
 
 pub use info::{Element, VarInfo};
@@ -40,6 +41,8 @@ pub struct Store {
     /// Ragged variables by name; their values and ends live in `vars`.
     pub(crate) ragged: RwLock<BTreeMap<String, Arc<RaggedVar>>>,
     freed: AtomicBool,
+    /// The memory budget used so far and the spill directories (see [`crate::spill`]).
+    spill: crate::spill::store::StoreSpill,
 }
 
 impl Store {
@@ -55,6 +58,7 @@ impl Store {
             vars: RwLock::new(BTreeMap::new()),
             ragged: RwLock::new(BTreeMap::new()),
             freed: AtomicBool::new(false),
+            spill: Default::default(),
         }
     }
 
@@ -197,6 +201,8 @@ impl Store {
     /// mapped and registered (leaked until the process exits) instead of torn
     /// down, so a late peer still reading them reads valid rows, and no
     /// collective teardown (MPI windows) waits for a rank that is not there.
+    /// Otherwise every share and transport object is closed, and a close
+    /// that fails (libfabric, MPI) is returned once all were attempted.
     pub fn free(&self) -> Result<()> {
         if self.freed.swap(true, Ordering::AcqRel) {
             return Ok(());
@@ -213,11 +219,19 @@ impl Store {
             std::mem::forget(transport);
             return synced;
         }
+        // Variables first (their shares' registrations or windows), then the
+        // transport's own objects; every close is attempted, the first
+        // failure reported.
+        let mut closed = Ok(());
         for (_, var) in vars {
+            let remote = var.remote.clone();
             drop(var);
+            closed = closed.and(remote.close());
         }
-        drop(transport);
-        synced
+        if let Some(transport) = transport {
+            closed = closed.and(transport.close());
+        }
+        synced.and(closed)
     }
 
     /// Whether `free()` was called.

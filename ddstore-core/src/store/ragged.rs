@@ -32,6 +32,21 @@ impl Store {
         element: impl Into<Element>,
         data: &[u8],
     ) -> Result<()> {
+        self.add_ragged_spilling(name, lengths, unit_bytes, element, data, None)
+    }
+
+    /// As [`Store::add_ragged`], with the variable's own memory budget and
+    /// spill directory where `request` gives them (values first, then row
+    /// ends, take from the budget; see [`crate::spill`]).
+    pub fn add_ragged_spilling(
+        &self,
+        name: &str,
+        lengths: &[u64],
+        unit_bytes: usize,
+        element: impl Into<Element>,
+        data: &[u8],
+        request: Option<&crate::spill::SpillRequest>,
+    ) -> Result<()> {
         let units: u64 = lengths.iter().sum();
         let mut problem = None;
         if unit_bytes == 0 {
@@ -46,19 +61,20 @@ impl Store {
             problem = Some(format!("variable '{name}' already exists"));
         }
         // Agreed first so that a bad rank fails every rank, not only itself.
-        self.init_with(
+        self.init_spilling_with(
             &values_name(name),
             units,
             unit_bytes.max(1),
             element.into(),
+            request,
             problem,
-            |t, len, opts| t.expose(self.comm(), len, opts),
         )?;
-        self.init(
+        self.init_spilling(
             &ends_name(name),
             lengths.len() as u64,
             END_BYTES,
             DType::Int64,
+            request,
         )?;
         let mut ends = Vec::with_capacity(lengths.len() * END_BYTES);
         let mut end = 0u64;

@@ -10,6 +10,7 @@ use crate::plan::Plan;
 use crate::profile::Counters;
 use crate::reader_pool::ReaderPool;
 use crate::region::{process_alive, Memory, NodeLocator, ShareState};
+use crate::spill::store::{FileRead, Split};
 use crate::transport::{RaggedRequest, RaggedRows, RemoteRead, RemoteShares};
 use crate::{Error, Result};
 
@@ -58,6 +59,8 @@ pub struct Variable {
     pub(crate) max_read: usize,
     /// What reads of this variable did (`get_profile`).
     pub(crate) counters: Counters,
+    /// Routes to spilled rows, when any rank's share spills (see [`crate::spill`]).
+    pub(crate) spill: Option<crate::spill::store::VarSpill>,
 }
 
 impl Variable {
@@ -90,7 +93,20 @@ impl Variable {
         nrows: usize,
         own: OwnRows,
     ) -> Result<()> {
-        let routes = self.route(plan, own);
+        self.execute_counted(plan, out, nrows, own, true)
+    }
+
+    /// As [`Variable::execute`]; `counted: false` leaves the read counters
+    /// alone (reads ahead of use, see `Store::prefetch`).
+    pub(crate) fn execute_counted(
+        &self,
+        plan: &Plan,
+        out: &mut [u8],
+        nrows: usize,
+        own: OwnRows,
+        counted: bool,
+    ) -> Result<()> {
+        let routes = self.route(plan, own)?;
         self.check_core_alive(&routes.copies)?;
         if !routes.remote.is_empty() {
             let started = Instant::now();
@@ -103,6 +119,12 @@ impl Variable {
         }
         let started = Instant::now();
         copy_segments(&routes.copies, out, routes.local_bytes + routes.node_bytes)?;
+        if let Some(spill) = &self.spill {
+            self.read_spilled(spill, &routes.files, out)?;
+            for (at, bytes) in &routes.staged {
+                out[*at..*at + bytes.len()].copy_from_slice(bytes);
+            }
+        }
         if let Err(e) = self.check_not_freed(&routes.copies) {
             // The copy may have raced with the free: none of it is returned.
             out.fill(0);
@@ -111,31 +133,111 @@ impl Variable {
         for r in &plan.repeats {
             out.copy_within(r.from..r.from + r.len, r.to);
         }
-        Counters::add(&self.counters.copy_ns, started.elapsed().as_nanos() as u64);
-        self.count(&routes, nrows);
+        if counted {
+            Counters::add(&self.counters.copy_ns, started.elapsed().as_nanos() as u64);
+            self.count(&routes, nrows);
+        }
         Ok(())
     }
 
     /// Which reads of `plan` are memory copies (own share, same-node peers),
     /// which go through the transport, and which are left to the caller.
-    fn route<'a>(&'a self, plan: &'a Plan, own: OwnRows) -> Routes<'a> {
+    fn route<'a>(&'a self, plan: &'a Plan, own: OwnRows) -> Result<Routes<'a>> {
         let mut routes = Routes::default();
+        let mut pieces = Vec::new();
         for seg in &plan.segments {
+            pieces.clear();
+            self.take_staged(seg, &mut routes, &mut pieces);
+            for seg in &pieces {
+                self.route_one(seg, own, &mut routes)?;
+            }
+        }
+        Ok(routes)
+    }
+
+    /// Takes the rows of `seg` that the read-ahead stage holds out of it
+    /// (into `routes.staged`); the rest of `seg` goes to `pieces`.
+    fn take_staged(&self, seg: &RemoteRead, routes: &mut Routes<'_>, pieces: &mut Vec<RemoteRead>) {
+        let spill = match &self.spill {
+            Some(s) if !s.stage.is_empty() => s,
+            _ => return pieces.push(*seg),
+        };
+        let Some((first, end)) = spill.spilled_part(seg) else {
+            return pieces.push(*seg);
+        };
+        let rb = self.info.row_bytes;
+        let base = self.info.layout.start(seg.owner);
+        let at = |off: usize| seg.dst_offset + (off - seg.offset as usize);
+        let mut run = seg.offset as usize; // start of the bytes not staged yet
+        let push = |from: usize, to: usize, pieces: &mut Vec<RemoteRead>| {
+            if to > from {
+                pieces.push(RemoteRead {
+                    offset: from as u64,
+                    len: to - from,
+                    dst_offset: at(from),
+                    ..*seg
+                });
+            }
+        };
+        let mut off = first;
+        while off < end {
+            if let Some(bytes) = spill.stage.take(base + (off / rb) as u64) {
+                push(run, off, pieces);
+                routes.staged.push((at(off), bytes));
+                run = off + rb;
+                if Some(seg.owner) == self.my_rank {
+                    routes.local_bytes += rb;
+                } else if self.node_peers.get(seg.owner).is_some_and(|p| p.is_some()) {
+                    routes.node_bytes += rb;
+                } else {
+                    routes.staged_remote_bytes += rb;
+                }
+            }
+            off += rb;
+        }
+        push(run, end, pieces);
+    }
+
+    /// Routes one read (or a part of one the stage did not hold).
+    fn route_one<'a>(
+        &'a self,
+        seg: &RemoteRead,
+        own: OwnRows,
+        routes: &mut Routes<'a>,
+    ) -> Result<()> {
+        {
             let is_own = Some(seg.owner) == self.my_rank;
+            if let Some(spill) = &self.spill {
+                if own != OwnRows::Skip || !is_own {
+                    if let Split::Parts(head, file) = spill.split(seg, &self.name)? {
+                        if let Some((head, mem)) = head {
+                            routes.copies.push((head, mem));
+                        }
+                        // Spilled rows still count as own or same-node rows.
+                        if is_own {
+                            routes.local_bytes += seg.len;
+                        } else {
+                            routes.node_bytes += seg.len;
+                        }
+                        routes.files.push(file);
+                        return Ok(());
+                    }
+                }
+            }
             if is_own && own == OwnRows::Skip {
                 routes.skipped_bytes += seg.len;
             } else if is_own && own == OwnRows::Copy {
                 let local = self.local.as_deref().expect("a member has a local share");
-                routes.copies.push((seg, local));
+                routes.copies.push((*seg, local));
                 routes.local_bytes += seg.len;
             } else if let Some(peer) = self.node_peers.get(seg.owner).and_then(|p| p.as_deref()) {
-                routes.copies.push((seg, peer));
+                routes.copies.push((*seg, peer));
                 routes.node_bytes += seg.len;
             } else {
                 routes.remote.push(*seg);
             }
         }
-        routes
+        Ok(())
     }
 
     /// Adds a batch of `nrows` rows, routed as `routes`, to the counters.
@@ -152,12 +254,26 @@ impl Variable {
         );
         Counters::add(&c.node_rows, (routes.node_bytes / rb) as u64);
         let remote_bytes: usize = routes.remote.iter().map(|r| r.len).sum();
-        Counters::add(&c.remote_rows, (remote_bytes / rb) as u64);
+        Counters::add(
+            &c.remote_rows,
+            ((remote_bytes + routes.staged_remote_bytes) / rb) as u64,
+        );
+        let file_bytes: usize = routes.files.iter().map(|r| r.len).sum();
+        Counters::add(&c.spilled_rows, (file_bytes / rb) as u64);
+        Counters::add(&c.spilled_reads, routes.files.len() as u64);
+        Counters::add(
+            &c.memory_rows,
+            ((routes.local_bytes + routes.node_bytes + routes.skipped_bytes
+                - file_bytes
+                - (routes.staged.len() * rb - routes.staged_remote_bytes))
+                / rb) as u64,
+        );
+        Counters::add(&c.prefetch_hits, routes.staged.len() as u64);
     }
 
     /// Extra jobs only, before copying: the owners of mapped shares must
     /// still be running and must not have freed them.
-    fn check_core_alive(&self, copies: &[(&RemoteRead, &dyn Memory)]) -> Result<()> {
+    fn check_core_alive(&self, copies: &[(RemoteRead, &dyn Memory)]) -> Result<()> {
         self.each_watched_owner(copies, |owner, watch| {
             if !process_alive(watch.pid) {
                 return Err(Error::Timeout {
@@ -176,7 +292,7 @@ impl Variable {
     /// Extra jobs only, after copying: a share freed meanwhile fails the
     /// batch (a copy that completed before the free is returned; one that
     /// raced with it is not, and no byte from after a free ever is).
-    fn check_not_freed(&self, copies: &[(&RemoteRead, &dyn Memory)]) -> Result<()> {
+    fn check_not_freed(&self, copies: &[(RemoteRead, &dyn Memory)]) -> Result<()> {
         self.each_watched_owner(copies, |owner, watch| self.live_or_stale(owner, watch))
     }
 
@@ -184,7 +300,7 @@ impl Variable {
     /// extra job's mapped core share); nothing for a member of the group.
     fn each_watched_owner(
         &self,
-        copies: &[(&RemoteRead, &dyn Memory)],
+        copies: &[(RemoteRead, &dyn Memory)],
         mut check: impl FnMut(usize, &NodeWatch) -> Result<()>,
     ) -> Result<()> {
         if self.node_watch.is_empty() {
@@ -264,6 +380,22 @@ impl Variable {
         Ok(rows)
     }
 
+    /// Reads the spilled rows of a batch from their files, many in flight.
+    fn read_spilled(
+        &self,
+        spill: &crate::spill::store::VarSpill,
+        files: &[FileRead<'_>],
+        out: &mut [u8],
+    ) -> Result<()> {
+        if files.is_empty() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        crate::spill::store::read_files(files, out, spill.inflight)?;
+        Counters::add(&self.counters.spill_ns, started.elapsed().as_nanos() as u64);
+        Ok(())
+    }
+
     pub(super) fn read_remote(&self, reads: &[RemoteRead], out: &mut [u8]) -> Result<()> {
         self.readers.read(self.remote.as_ref(), |reader| {
             let before = reader.times();
@@ -291,7 +423,13 @@ fn user_name(name: &str) -> &str {
 #[derive(Default)]
 struct Routes<'a> {
     /// Memory copies: a read and the memory it copies from.
-    copies: Vec<(&'a RemoteRead, &'a dyn Memory)>,
+    copies: Vec<(RemoteRead, &'a dyn Memory)>,
+    /// Reads of spill files (own and same-node owners' spilled rows).
+    files: Vec<FileRead<'a>>,
+    /// Rows taken from the read-ahead stage: destination offset and bytes.
+    staged: Vec<(usize, Vec<u8>)>,
+    /// Bytes of `staged` whose owners are remote.
+    staged_remote_bytes: usize,
     /// Reads through the transport.
     remote: Vec<RemoteRead>,
     local_bytes: usize,
@@ -301,11 +439,7 @@ struct Routes<'a> {
 }
 
 /// Memory copies of a batch; large batches are split across threads.
-fn copy_segments(
-    copies: &[(&RemoteRead, &dyn Memory)],
-    out: &mut [u8],
-    total: usize,
-) -> Result<()> {
+fn copy_segments(copies: &[(RemoteRead, &dyn Memory)], out: &mut [u8], total: usize) -> Result<()> {
     if total < PARALLEL_COPY_BYTES || copies.len() < 2 {
         for (seg, mem) in copies {
             mem.read_at(
@@ -316,7 +450,7 @@ fn copy_segments(
         return Ok(());
     }
     // Hand each copy its own disjoint slice of `out`, then copy in parallel.
-    let mut sorted: Vec<&(&RemoteRead, &dyn Memory)> = copies.iter().collect();
+    let mut sorted: Vec<&(RemoteRead, &dyn Memory)> = copies.iter().collect();
     sorted.sort_unstable_by_key(|(s, _)| s.dst_offset);
     let mut jobs = Vec::with_capacity(sorted.len());
     let mut rest: &mut [u8] = out;

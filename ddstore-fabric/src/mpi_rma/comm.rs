@@ -12,7 +12,7 @@ use ddstore_core::comm::Comm;
 use mpi::ffi;
 
 use super::init::{check, ensure_initialized_at, is_usable, serialize};
-use crate::error::{FabricError, FabricResult};
+use crate::error::{report_failed_close, FabricError, FabricResult};
 
 /// An MPI communicator this process owns: freed on drop while MPI is usable.
 pub struct MpiComm {
@@ -21,6 +21,8 @@ pub struct MpiComm {
     size: usize,
     /// The process that created the handle; a forked child must not free it.
     pid: CreatedBy,
+    /// Freed already (by `close`).
+    freed: bool,
     /// A bounded barrier gave up: messages may still be in flight, so later
     /// collectives refuse instead of matching stale ones.
     broken: AtomicBool,
@@ -233,6 +235,7 @@ impl MpiComm {
             rank: 0,
             size: 1,
             pid: CreatedBy::this_process(),
+            freed: false,
             broken: AtomicBool::new(false),
             timeout: DEFAULT_TIMEOUT,
         };
@@ -464,15 +467,30 @@ impl MpiComm {
     }
 }
 
-impl Drop for MpiComm {
-    fn drop(&mut self) {
-        // A forked child or a finalised MPI must leave the handle alone.
-        if !self.pid.is_this_process() || !is_usable() {
-            return;
+impl MpiComm {
+    /// Frees the communicator now (`MPI_Comm_free`), reporting MPI's answer.
+    /// Dropping it frees it too, but can only log a failure.
+    pub fn close(mut self) -> FabricResult<()> {
+        self.free_now()
+    }
+
+    /// Frees the handle once (a forked child or a finalised MPI leaves it alone).
+    fn free_now(&mut self) -> FabricResult<()> {
+        if std::mem::replace(&mut self.freed, true) || !self.pid.is_this_process() || !is_usable() {
+            return Ok(());
         }
         let _g = serialize();
-        // SAFETY: we own the handle (a dup or split result) and MPI is usable.
-        unsafe { ffi::MPI_Comm_free(&mut self.handle) };
+        // SAFETY: we own the handle (a dup or split result) and MPI is usable;
+        // freed once (the flag above).
+        check("MPI_Comm_free", unsafe {
+            ffi::MPI_Comm_free(&mut self.handle)
+        })
+    }
+}
+
+impl Drop for MpiComm {
+    fn drop(&mut self) {
+        report_failed_close("MPI communicator", self.free_now());
     }
 }
 

@@ -109,14 +109,14 @@ fn check_windows_span_nodes(comm: &MpiComm) -> ddstore_core::Result<()> {
         return Ok(());
     }
     let nodes: u64 = gather_u64(comm, u64::from(node.rank() == 0))?.iter().sum();
-    drop(node);
+    node.close()?;
     let probe = Window::allocate(comm, 1);
     let ok = gather_u64(comm, u64::from(probe.is_ok()))?;
     let failed: Vec<usize> = (0..size).filter(|&r| ok[r] == 0).collect();
     let mine = match probe {
         // Freeing is collective over the ranks that made it: only when all did.
         Ok(win) if failed.is_empty() => {
-            drop(win);
+            win.close()?;
             return Ok(());
         }
         // Some ranks failed: a collective free could hang, so this one-byte probe is leaked.
@@ -224,6 +224,7 @@ impl Transport for MpiRma {
                 } else {
                     None
                 };
+                node.close()?;
                 // With one node the shared window's ranks are the global ranks
                 // (split_type keyed by rank keeps the order), so Gets use it directly.
                 Arc::new(ShareWindows {
@@ -358,6 +359,22 @@ impl RemoteShares for MpiShares {
     fn forget_after_fork(&self) -> ddstore_core::Result<()> {
         self.inner.forked.store(true, Ordering::Relaxed);
         Ok(())
+    }
+
+    fn close(self: Arc<Self>) -> ddstore_core::Result<()> {
+        let windows = Arc::into_inner(self)
+            .and_then(|shares| Arc::into_inner(shares.inner))
+            .and_then(|inner| Arc::into_inner(inner.windows));
+        let Some(ShareWindows {
+            over_all_ranks,
+            owner_of_memory,
+        }) = windows
+        else {
+            return Ok(()); // freed by its last holder's drop
+        };
+        // Field order, as on drop: the window over all ranks first.
+        let over_all_ranks = over_all_ranks.map_or(Ok(()), Window::close);
+        Ok(over_all_ranks.and(owner_of_memory.close())?)
     }
 }
 

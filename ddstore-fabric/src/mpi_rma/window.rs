@@ -8,7 +8,7 @@ use mpi::ffi;
 
 use super::comm::MpiComm;
 use super::init::{check, is_usable, serialize};
-use crate::error::{FabricError, FabricResult};
+use crate::error::{report_failed_close, FabricError, FabricResult};
 
 pub(crate) struct Window {
     win: ffi::MPI_Win,
@@ -19,6 +19,8 @@ pub(crate) struct Window {
     locked: bool,
     /// The creating process; a forked child must never touch the window.
     pid: CreatedBy,
+    /// Freed already (by `close`), or never to be freed here.
+    freed: bool,
 }
 
 // SAFETY: an MPI_Win is an opaque handle; every call on it goes through
@@ -123,6 +125,7 @@ impl Window {
             len,
             locked: false,
             pid: CreatedBy::this_process(),
+            freed: false,
         };
         {
             let _g = serialize();
@@ -214,19 +217,37 @@ impl Window {
     }
 }
 
-impl Drop for Window {
-    fn drop(&mut self) {
-        if !self.pid.is_this_process() || !is_usable() {
-            return;
+impl Window {
+    /// Ends the read epoch and frees the window now (collective: every rank
+    /// closes its windows in the same order), reporting MPI's answer.
+    /// Dropping it frees it too, but can only log a failure.
+    pub(crate) fn close(mut self) -> FabricResult<()> {
+        self.free_now()
+    }
+
+    /// Unlocks and frees the window once (a forked child, or a process whose
+    /// MPI is finalised, leaves it alone).
+    fn free_now(&mut self) -> FabricResult<()> {
+        if std::mem::replace(&mut self.freed, true) || !self.pid.is_this_process() || !is_usable() {
+            return Ok(());
         }
         let _g = serialize();
-        // SAFETY: the window is ours and MPI is usable; MPI_Win_free is
-        // collective, so every rank drops its windows in the same order.
-        unsafe {
-            if self.locked {
-                ffi::MPI_Win_unlock_all(self.win);
-            }
-            ffi::MPI_Win_free(&mut self.win);
-        }
+        let unlocked = if self.locked {
+            // SAFETY: the window is ours, inside its lock_all epoch, and MPI is usable.
+            check("MPI_Win_unlock_all", unsafe {
+                ffi::MPI_Win_unlock_all(self.win)
+            })
+        } else {
+            Ok(())
+        };
+        // SAFETY: the window is ours and MPI is usable; freed once (the flag above).
+        let freed = check("MPI_Win_free", unsafe { ffi::MPI_Win_free(&mut self.win) });
+        unlocked.and(freed)
+    }
+}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        report_failed_close("MPI window", self.free_now());
     }
 }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use libfabric_sys as sys;
 
 use super::domain::Domain;
-use super::error::{check, OpenedBy};
-use crate::error::{FabricError, FabricResult};
+use super::error::{check, close_fid, OpenedBy};
+use crate::error::{close_last, report_failed_close, FabricError, FabricResult};
 
 /// Longest endpoint name accepted from a peer (libfabric names are far shorter).
 const MAX_NAME_BYTES: usize = 1024;
@@ -113,12 +113,37 @@ impl Av {
     }
 }
 
+impl Av {
+    /// Closes it now, then its domain if it was the domain's last holder,
+    /// reporting the first failure (an object whose close fails is abandoned, never closed again, with its parents). Dropping it
+    /// closes it too, but can only log a failure.
+    pub fn close(mut self) -> FabricResult<()> {
+        let domain = self._domain.clone();
+        let closed = self.close_now();
+        if closed.is_err() {
+            std::mem::forget(self);
+            return closed;
+        }
+        drop(self);
+        close_last(domain, Domain::close)
+    }
+
+    /// Closes the handle once (a forked child abandons it, never closes it).
+    fn close_now(&mut self) -> FabricResult<()> {
+        if self.ptr.is_null() || !self.opened_by.is_this_process() {
+            self.ptr = ptr::null_mut();
+            return Ok(());
+        }
+        let fid = self.fid();
+        self.ptr = ptr::null_mut();
+        // SAFETY: endpoints bound to this AV hold an Arc<Av>: all closed by
+        // now; the handle was taken out above, so it is closed once.
+        unsafe { close_fid(fid, "address vector") }
+    }
+}
+
 impl Drop for Av {
     fn drop(&mut self) {
-        if !self.opened_by.is_this_process() {
-            return; // inherited across fork(): abandon, never close
-        }
-        // SAFETY: endpoints bound to this AV hold an Arc<Av>: all closed by now.
-        unsafe { sys::ddfi_close(self.fid()) };
+        report_failed_close("address vector", self.close_now());
     }
 }

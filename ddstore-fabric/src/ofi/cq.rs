@@ -8,8 +8,8 @@ use std::sync::Arc;
 use libfabric_sys as sys;
 
 use super::domain::Domain;
-use super::error::{check, ofi_error, strerror, OpenedBy};
-use crate::error::FabricResult;
+use super::error::{check, close_fid, ofi_error, strerror, OpenedBy};
+use crate::error::{close_last, report_failed_close, FabricResult};
 
 /// A completion queue (closed on drop).
 pub struct Cq {
@@ -261,12 +261,37 @@ impl Cq {
     }
 }
 
+impl Cq {
+    /// Closes it now, then its domain if it was the domain's last holder,
+    /// reporting the first failure (an object whose close fails is abandoned, never closed again, with its parents). Dropping it
+    /// closes it too, but can only log a failure.
+    pub fn close(mut self) -> FabricResult<()> {
+        let domain = self.domain.clone();
+        let closed = self.close_now();
+        if closed.is_err() {
+            std::mem::forget(self);
+            return closed;
+        }
+        drop(self);
+        close_last(domain, Domain::close)
+    }
+
+    /// Closes the handle once (a forked child abandons it, never closes it).
+    fn close_now(&mut self) -> FabricResult<()> {
+        if self.ptr.is_null() || !self.opened_by.is_this_process() {
+            self.ptr = ptr::null_mut();
+            return Ok(());
+        }
+        let fid = self.fid();
+        self.ptr = ptr::null_mut();
+        // SAFETY: endpoints bound to this CQ hold an Arc<Cq>: all closed by
+        // now; the handle was taken out above, so it is closed once.
+        unsafe { close_fid(fid, "completion queue") }
+    }
+}
+
 impl Drop for Cq {
     fn drop(&mut self) {
-        if !self.opened_by.is_this_process() {
-            return; // inherited across fork(): abandon, never close
-        }
-        // SAFETY: endpoints bound to this CQ hold an Arc<Cq>: all closed by now.
-        unsafe { sys::ddfi_close(self.fid()) };
+        report_failed_close("completion queue", self.close_now());
     }
 }

@@ -9,8 +9,8 @@ use libfabric_sys as sys;
 use super::av::Av;
 use super::cq::Cq;
 use super::domain::Domain;
-use super::error::{check, ofi_error, OpenedBy};
-use crate::error::FabricResult;
+use super::error::{check, close_fid, ofi_error, OpenedBy};
+use crate::error::{close_last, report_failed_close, FabricResult};
 
 /// An enabled RDM endpoint bound to its CQ and AV (closed on drop).
 pub struct Endpoint {
@@ -282,13 +282,41 @@ impl Endpoint {
     }
 }
 
+impl Endpoint {
+    /// Closes it now (discarding what is still posted), then its CQ, AV and
+    /// domain where it held them last, reporting the first failure (an
+    /// object whose close fails is abandoned, never closed again, with its
+    /// parents). Dropping it closes it too, but can only log a failure.
+    pub fn close(mut self) -> FabricResult<()> {
+        let (cq, av, domain) = (self.cq.clone(), self.av.clone(), self.domain.clone());
+        let closed = self.close_now();
+        if closed.is_err() {
+            std::mem::forget(self);
+            return closed;
+        }
+        drop(self);
+        let cq = close_last(cq, Cq::close);
+        let av = close_last(av, Av::close);
+        cq.and(av).and(close_last(domain, Domain::close))
+    }
+
+    /// Closes the handle once (a forked child abandons it, never closes it).
+    fn close_now(&mut self) -> FabricResult<()> {
+        if self.ptr.is_null() || !self.opened_by.is_this_process() {
+            self.ptr = ptr::null_mut();
+            return Ok(());
+        }
+        let fid = self.fid();
+        self.ptr = ptr::null_mut();
+        // SAFETY: MRs bound to this endpoint hold an Arc<Endpoint>: closed by
+        // now; the handle was taken out above, so it is closed once. Closing
+        // discards reads still in flight.
+        unsafe { close_fid(fid, "endpoint") }
+    }
+}
+
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        if !self.opened_by.is_this_process() {
-            return; // inherited across fork(): abandon, never close
-        }
-        // SAFETY: MRs bound to this endpoint hold an Arc<Endpoint>: closed by now.
-        // Closing discards reads still in flight.
-        unsafe { sys::ddfi_close(self.fid()) };
+        report_failed_close("endpoint", self.close_now());
     }
 }

@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use ddstore_core::config::Settings;
 use ddstore_core::Config;
 
-use super::providers;
+use super::select;
 
 /// rxm's receive buffer size for the (control-only) messages of a store.
 pub(crate) const RXM_BUFFER_BYTES: usize = 1024;
@@ -104,7 +104,7 @@ fn defaults_for_machine(
     }
     let provider = match config.fabric.as_deref() {
         None if !nic_present => Some("tcp;ofi_rxm".to_string()),
-        fabric => providers::provider_candidates(fabric)
+        fabric => select::provider_candidates(fabric)
             .ok()
             .filter(|c| c.len() == 1)
             .map(|mut c| c.remove(0)),

@@ -34,6 +34,24 @@ pub fn check(call: &'static str, rc: i64) -> FabricResult<()> {
     }
 }
 
+/// `fi_close` of `fid`, a `what` (named in the error).
+///
+/// # Safety
+/// `fid` is a live libfabric object this process opened, closed at most once.
+pub(crate) unsafe fn close_fid(fid: *mut sys::fid, what: &str) -> FabricResult<()> {
+    // SAFETY: per this function's contract.
+    let rc = unsafe { sys::ddfi_close(fid) } as i64;
+    if rc < 0 {
+        return Err(FabricError::Ofi {
+            call: "fi_close",
+            code: rc,
+            message: format!("closing the {what}: {}", strerror(rc)),
+            peer: None,
+        });
+    }
+    Ok(())
+}
+
 /// The process that opened a libfabric object: after `fork()` the child
 /// abandons its parent's objects, never closes them (the rule:
 /// [`ddstore_core::fork`]).

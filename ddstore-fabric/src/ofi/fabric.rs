@@ -4,9 +4,9 @@ use std::ptr;
 
 use libfabric_sys as sys;
 
-use super::error::{check, OpenedBy};
+use super::error::{check, close_fid, OpenedBy};
 use super::info::Info;
-use crate::error::FabricResult;
+use crate::error::{report_failed_close, FabricResult};
 
 /// An open fabric with the info it was opened from (closed on drop).
 pub struct Fabric {
@@ -52,12 +52,32 @@ impl Fabric {
     }
 }
 
+impl Fabric {
+    /// Closes it now, reporting `fi_close`'s answer (`-FI_EBUSY`: a domain
+    /// opened on it is still open; it is then abandoned, never closed again). Dropping it closes
+    /// it too, but can only log a failure.
+    pub fn close(mut self) -> FabricResult<()> {
+        let closed = self.close_now();
+        if closed.is_err() {
+            std::mem::forget(self);
+        }
+        closed
+    }
+
+    /// Closes the handle once (a forked child abandons it, never closes it).
+    fn close_now(&mut self) -> FabricResult<()> {
+        let ptr = std::mem::replace(&mut self.ptr, ptr::null_mut());
+        if ptr.is_null() || !self.opened_by.is_this_process() {
+            return Ok(());
+        }
+        // SAFETY: every child holds an Arc<Fabric>, so all of them are closed
+        // by now; the handle was taken out above, so it is closed once.
+        unsafe { close_fid(ptr::addr_of_mut!((*ptr).fid), "fabric") }
+    }
+}
+
 impl Drop for Fabric {
     fn drop(&mut self) {
-        if !self.opened_by.is_this_process() {
-            return; // inherited across fork(): abandon, never close
-        }
-        // SAFETY: every child holds an Arc<Fabric>, so all of them are closed by now.
-        unsafe { sys::ddfi_close(&mut (*self.ptr).fid) };
+        report_failed_close("fabric", self.close_now());
     }
 }

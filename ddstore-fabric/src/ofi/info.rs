@@ -7,6 +7,7 @@ use std::ptr::{self, NonNull};
 use libfabric_sys as sys;
 
 use super::error::{ofi_error, strerror};
+use super::select::InfoRequest;
 use crate::error::{FabricError, FabricResult};
 
 /// The memory-registration modes we declare we can honour.
@@ -15,26 +16,6 @@ pub const MR_MODES: u64 = (sys::FI_MR_LOCAL
     | sys::FI_MR_PROV_KEY
     | sys::FI_MR_ALLOCATED
     | sys::FI_MR_ENDPOINT) as u64;
-
-/// What to ask `fi_getinfo` for: an RDM endpoint with one-sided reads.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct InfoRequest {
-    /// `fabric_attr.prov_name`, e.g. "tcp;ofi_rxm"; `None` = any provider.
-    pub provider: Option<String>,
-    /// `domain_attr.name`: a NIC such as "cxi0" or "mlx5_0".
-    pub domain: Option<String>,
-    /// A local address to bind to (`FI_SOURCE`), e.g. the IP of an interface.
-    pub node: Option<String>,
-    /// Ask for `FI_HMEM` and declare `FI_MR_HMEM` (shares in device memory).
-    pub hmem: bool,
-    /// Also ask for tagged messages (`FI_TAGGED`, send and receive): the
-    /// owner-side gather path. Only set where that path is used, so the
-    /// choice among NIC providers (cxi, verbs) is never narrowed by it.
-    pub tagged: bool,
-    /// With `tagged`: also ask for directed receives (`FI_DIRECTED_RECV`),
-    /// so gather replies are matched from their owner's address only.
-    pub directed: bool,
-}
 
 /// A list of `fi_info` entries this process owns (freed with `fi_freeinfo`).
 pub struct Info {

@@ -4,7 +4,9 @@
 //! [`Av`], [`Endpoint`], [`MemoryRegion`], [`Info`]); children hold an `Arc`
 //! of their parent, so objects close in fabtests' order (endpoint, CQ/AV,
 //! MR, domain, fabric). Objects record the process that opened them and are
-//! abandoned, never closed, in a forked child.
+//! abandoned, never closed, in a forked child. Each has a `close()` that
+//! reports `fi_close`'s answer (a store's `free` closes through it); a drop
+//! closes too, but can only log a failure (and fails a debug assertion).
 
 mod av;
 mod context;
@@ -21,7 +23,6 @@ mod info;
 mod mr;
 mod pool;
 mod progress;
-mod providers;
 mod reader;
 mod record;
 mod select;
@@ -35,7 +36,7 @@ pub use endpoint::Endpoint;
 pub use env::{apply_libfabric_defaults, defaults_for, reason, started_after_defaults, Applied};
 pub use error::strerror;
 pub use fabric::Fabric;
-pub use info::{Info, InfoEntry, InfoRequest, MR_MODES};
+pub use info::{Info, InfoEntry, MR_MODES};
 pub use mr::MemoryRegion;
 pub use reader::OfiReader;
 
@@ -48,7 +49,8 @@ pub mod wire {
 }
 pub use record::ShareRecord;
 pub use select::{
-    is_provider_name, nic_for_rank, provider_candidates, DEFAULT_CANDIDATES, FABRIC_VALUES,
+    is_provider_name, nic_for_rank, provider_candidates, InfoRequest, DEFAULT_CANDIDATES,
+    FABRIC_VALUES,
 };
 pub use transport::{gather_by_default, OfiShares, OfiTransport};
 

@@ -8,8 +8,8 @@ use libfabric_sys as sys;
 
 use super::domain::Domain;
 use super::endpoint::Endpoint;
-use super::error::{check, OpenedBy};
-use crate::error::FabricResult;
+use super::error::{check, close_fid, OpenedBy};
+use crate::error::{close_last, report_failed_close, FabricResult};
 
 /// A registered memory region (closed on drop).
 pub struct MemoryRegion {
@@ -116,13 +116,37 @@ impl MemoryRegion {
     }
 }
 
+impl MemoryRegion {
+    /// Closes the registration now, then its endpoint and domain where it
+    /// held them last, reporting the first failure (an object whose close fails is abandoned, never closed again, with its parents).
+    /// Dropping it closes it too, but can only log a failure.
+    pub fn close(mut self) -> FabricResult<()> {
+        let (endpoint, domain) = (self._endpoint.clone(), self._domain.clone());
+        let closed = self.close_now();
+        if closed.is_err() {
+            std::mem::forget(self);
+            return closed;
+        }
+        drop(self);
+        let endpoint = endpoint.map_or(Ok(()), |ep| close_last(ep, Endpoint::close));
+        endpoint.and(close_last(domain, Domain::close))
+    }
+
+    /// Closes the handle once (a forked child abandons it, never closes it).
+    fn close_now(&mut self) -> FabricResult<()> {
+        let ptr = std::mem::replace(&mut self.ptr, ptr::null_mut());
+        if ptr.is_null() || !self.opened_by.is_this_process() {
+            return Ok(());
+        }
+        // SAFETY: ptr is a live MR, closed before its endpoint and domain
+        // (which this value holds); taken out above, so it is closed once.
+        unsafe { close_fid(ptr::addr_of_mut!((*ptr).fid), "memory registration") }
+    }
+}
+
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        if !self.opened_by.is_this_process() {
-            return; // inherited across fork(): abandon, never close
-        }
-        // SAFETY: ptr is a live MR; closed exactly once, before its endpoint and domain.
-        unsafe { sys::ddfi_close(ptr::addr_of_mut!((*self.ptr).fid)) };
+        report_failed_close("memory registration", self.close_now());
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use super::domain::Domain;
 use super::window::Live;
-use crate::error::FabricResult;
+use crate::error::{close_all, FabricResult};
 
 /// variable: a process holds one endpoint per concurrent read (and its
 /// connections per peer), not one per variable and thread. An endpoint a
@@ -55,6 +55,18 @@ impl EndpointPool {
             Some(live) => Ok(live),
             None => Live::open(&self.domain, window, tagged),
         }
+    }
+
+    /// Closes the idle endpoints now, reporting the first failure;
+    /// quarantined ones are closed abandoning their buffers, as on drop.
+    pub fn close(&self) -> FabricResult<()> {
+        if !self.domain.usable_here() {
+            return Ok(()); // inherited across fork(): the drop abandons them
+        }
+        let idle = std::mem::take(&mut *lock(&self.idle));
+        let quarantined = std::mem::take(&mut *lock(&self.quarantined));
+        quarantined.into_iter().for_each(close_abandoning);
+        close_all(idle, Live::close)
     }
 
     /// Takes back an endpoint with nothing in flight.

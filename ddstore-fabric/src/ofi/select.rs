@@ -1,11 +1,70 @@
 //! Which provider and which NIC: `DDSTORE_FABRIC`, `FABRIC_IFACE`, `nic_map`.
 
 use super::iface::ipv4_of;
-use super::info::InfoRequest;
-pub use super::providers::{
-    is_provider_name, provider_candidates, DEFAULT_CANDIDATES, FABRIC_VALUES,
-};
 use crate::error::{FabricError, FabricResult};
+
+/// What to ask `fi_getinfo` for: an RDM endpoint with one-sided reads.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InfoRequest {
+    /// `fabric_attr.prov_name`, e.g. "tcp;ofi_rxm"; `None` = any provider.
+    pub provider: Option<String>,
+    /// `domain_attr.name`: a NIC such as "cxi0" or "mlx5_0".
+    pub domain: Option<String>,
+    /// A local address to bind to (`FI_SOURCE`), e.g. the IP of an interface.
+    pub node: Option<String>,
+    /// Ask for `FI_HMEM` and declare `FI_MR_HMEM` (shares in device memory).
+    pub hmem: bool,
+    /// Also ask for tagged messages (`FI_TAGGED`, send and receive): the
+    /// owner-side gather path. Only set where that path is used, so the
+    /// choice among NIC providers (cxi, verbs) is never narrowed by it.
+    pub tagged: bool,
+    /// With `tagged`: also ask for directed receives (`FI_DIRECTED_RECV`),
+    /// so gather replies are matched from their owner's address only.
+    pub directed: bool,
+}
+
+/// `DDSTORE_FABRIC` values with a meaning of their own, for messages; any other
+/// libfabric provider name (e.g. "udp;ofi_rxd") is passed through as given.
+pub const FABRIC_VALUES: &str =
+    "cxi, verbs, efa, opx, psm3, psm2, ucx, hsn/tcp, shm, sockets, or any libfabric provider name";
+
+/// Providers tried when `DDSTORE_FABRIC` is unset, best first: NIC providers only show
+/// up where their hardware is, so tcp;ofi_rxm is what a machine without one gets.
+pub const DEFAULT_CANDIDATES: [&str; 5] = ["cxi", "efa", "opx", "verbs;ofi_rxm", "tcp;ofi_rxm"];
+
+/// Providers to try, best first, for a `DDSTORE_FABRIC` value (unset: all).
+///
+/// Names map to libfabric providers (`verbs` and `tcp`/`hsn` through the ofi_rxm
+/// utility provider, which gives them RDM endpoints); any other name made of
+/// letters, digits, `_`, `-` and `;` is passed through, so every RDM provider with
+/// RMA reads (efa, opx, psm3, ucx, ...) can be chosen; its mr_mode is honoured.
+pub fn provider_candidates(value: Option<&str>) -> FabricResult<Vec<String>> {
+    let value = value
+        .map(|v| v.trim().to_ascii_lowercase())
+        .filter(|v| !v.is_empty());
+    let one = |p: &str| Ok(vec![p.to_string()]);
+    match value.as_deref() {
+        None => Ok(DEFAULT_CANDIDATES.iter().map(|p| p.to_string()).collect()),
+        Some("verbs") => one("verbs;ofi_rxm"),
+        Some("hsn" | "tcp") => one("tcp;ofi_rxm"),
+        Some(name) if is_provider_name(name) => one(name),
+        Some(other) => Err(FabricError::Invalid(format!(
+            "DDSTORE_FABRIC={other:?} is not a provider name: use one of {FABRIC_VALUES}"
+        ))),
+    }
+}
+
+/// Whether `name` can be a libfabric provider name ("psm3", "tcp;ofi_rxm").
+pub fn is_provider_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.split(';').all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        })
+}
 
 /// Parses a NIC map, "0:cxi0,1:cxi1" (keyed by local rank) or "cxi0,cxi1"
 /// (position = local rank), and picks the entry of `local_rank`

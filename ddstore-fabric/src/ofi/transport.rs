@@ -6,7 +6,9 @@ use ddstore_core::comm::Comm;
 use ddstore_core::config::{Config, RemoteGather};
 use ddstore_core::external::ExternalShare;
 use ddstore_core::region::{share_on_node, Memory, Region};
-use ddstore_core::transport::{ExposeOptions, Exposed, RemoteShares, ShareReader, Transport};
+use ddstore_core::transport::{
+    ExposeOptions, Exposed, RemoteShares, ShareReader, Transport, WrapShare,
+};
 use libfabric_sys as sys;
 
 use super::av::Av;
@@ -18,14 +20,15 @@ use super::fabric::Fabric;
 use super::gather::answer::{Access, ServedShares};
 use super::gather::server;
 use super::gather::wire::MacKey;
-use super::info::{Info, InfoRequest};
+use super::info::Info;
 use super::mr::MemoryRegion;
 use super::pool::EndpointPool;
 use super::progress::Progress;
 use super::reader::{OfiReader, ReaderSettings};
 use super::record::ShareRecord;
 use super::select;
-use crate::error::{FabricError, FabricResult};
+use super::select::InfoRequest;
+use crate::error::{close_last, FabricError, FabricResult};
 
 // Shares in device memory (FI_HMEM); a child module, for this file's private items.
 #[path = "hmem.rs"]
@@ -96,6 +99,32 @@ impl Node {
             domain,
         })
     }
+}
+
+impl Node {
+    /// Closes it in order: the progress thread stops, then the target
+    /// endpoint, the idle reader endpoints, the domain and its fabric;
+    /// every close is attempted, the first failure reported.
+    fn close(self) -> FabricResult<()> {
+        let Node {
+            _progress: progress,
+            target,
+            served,
+            readers,
+            domain,
+        } = self;
+        drop(progress);
+        drop(served);
+        let target = close_last(target, Endpoint::close);
+        let readers = close_last(readers, |pool| pool.close());
+        target.and(readers).and(close_last(domain, Domain::close))
+    }
+}
+
+/// Takes the node out of `slot` and closes it if this was its last holder.
+fn close_node(slot: &Mutex<Option<Arc<Node>>>) -> FabricResult<()> {
+    let node = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+    node.map_or(Ok(()), |node| close_last(node, Node::close))
 }
 
 /// Providers `DDSTORE_REMOTE_GATHER=auto` reads through the gather path,
@@ -346,11 +375,15 @@ impl OfiTransport {
         Ok(())
     }
 
+    /// `spilled`: the share's full length and how to wrap the region into
+    /// it (a spilled share, see `Transport::expose_spilled`); remote readers
+    /// then see the full length and the gather path serves all of it.
     fn expose_inner(
         &self,
         comm: &Arc<dyn Comm>,
         len: usize,
         opts: &ExposeOptions,
+        spilled: Option<(usize, WrapShare<'_>)>,
     ) -> ddstore_core::Result<Exposed> {
         self.agree_on_key(comm)?;
         let node = self.node()?;
@@ -381,13 +414,16 @@ impl OfiTransport {
             node.target.name()?,
             region.as_ptr() as u64,
             mr.key(),
-            len as u64,
+            spilled.map_or(len, |(full, _)| full) as u64,
         );
         mine.gather = node.served.is_some();
         let records = comm.allgather(&mine.encode())?;
         let peers = self.decode_all(&records)?;
-        let local: Arc<dyn Memory> = region.clone();
-        let shares = self.shares(node, peers, Some((mr, region as Arc<dyn Memory>)));
+        let local: Arc<dyn Memory> = match spilled {
+            Some((_, wrap)) => wrap(region),
+            None => region,
+        };
+        let shares = self.shares(node, peers, Some((mr, local.clone())));
         Ok(Exposed {
             local,
             node_peers,
@@ -409,7 +445,18 @@ impl Transport for OfiTransport {
         len: usize,
         opts: &ExposeOptions,
     ) -> ddstore_core::Result<Exposed> {
-        self.expose_inner(comm, len, opts)
+        self.expose_inner(comm, len, opts, None)
+    }
+
+    fn expose_spilled(
+        &self,
+        comm: &Arc<dyn Comm>,
+        mem_len: usize,
+        len: usize,
+        opts: &ExposeOptions,
+        wrap: WrapShare<'_>,
+    ) -> ddstore_core::Result<Exposed> {
+        self.expose_inner(comm, mem_len, opts, Some((len, wrap)))
     }
 
     fn expose_external(
@@ -451,6 +498,18 @@ impl Transport for OfiTransport {
         let peers = self.decode_all(records)?;
         let node = self.node()?;
         Ok(Arc::new(self.shares(node, peers, None)))
+    }
+
+    fn close(&self) -> ddstore_core::Result<()> {
+        let node = close_node(&self.node);
+        let hmem = close_node(&self.hmem_node);
+        let child = self
+            .child_readers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let child = child.map_or(Ok(()), |pool| close_last(pool, |pool| pool.close()));
+        Ok(node.and(hmem).and(child)?)
     }
 }
 
@@ -548,6 +607,18 @@ impl RemoteShares for OfiShares {
 
     fn register_dst(&self, addr: usize, len: usize) -> ddstore_core::Result<()> {
         Ok(self.registry.register(addr, len)?)
+    }
+
+    fn close(self: Arc<Self>) -> ddstore_core::Result<()> {
+        let Some(mut shares) = Arc::into_inner(self) else {
+            return Ok(());
+        };
+        // As on drop: gather requests for this share are refused from now on.
+        if let (Some(key), Some(served)) = (shares.served_key, &shares.node.served) {
+            served.remove(key);
+        }
+        let exposed = shares._exposed.take();
+        Ok(exposed.map_or(Ok(()), |(mr, _memory)| mr.close())?)
     }
 
     fn unregister_dst(&self, addr: usize, len: usize) -> ddstore_core::Result<()> {

@@ -22,7 +22,7 @@ use super::endpoint::{Endpoint, TryAgain};
 use super::gather::wire::REPLY_HEADER_BYTES;
 use super::mr::MemoryRegion;
 use super::record::ShareRecord;
-use crate::error::{FabricError, FabricResult, RefusedFor};
+use crate::error::{close_all, close_last, FabricError, FabricResult, RefusedFor};
 
 /// What a window slot holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,6 +200,20 @@ impl Live {
                 return Err(Stopped);
             }
         }
+    }
+
+    /// Closes an endpoint with nothing in flight: its destination
+    /// registrations, then the endpoint (and its CQ and AV); every close is
+    /// attempted, the first failure reported.
+    pub(crate) fn close(self) -> FabricResult<()> {
+        debug_assert!(
+            !self.in_flight(),
+            "an endpoint closed with operations in flight"
+        );
+        // The buffers (trash, headers, contexts) are dropped after the endpoint.
+        let Live { dst_mrs, ep, .. } = self;
+        let registrations = close_all(dst_mrs.into_values(), |(_, mr)| mr.close());
+        registrations.and(close_last(ep, Endpoint::close))
     }
 
     /// Reaps until nothing is in flight or the oldest operation times out.

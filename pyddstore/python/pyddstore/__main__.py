@@ -57,7 +57,7 @@ def _choose_comm(s) -> tuple[str, str]:
     if _torch_initialized():
         return "torch.distributed default group", "torch.distributed is initialised"
     hs = s.handshake_dir or ""
-    if hs or int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1:
+    if hs or _launch.srun_tasks(launcher):
         where = f"handshake_dir {hs}" if hs else "no DDSTORE_HANDSHAKE_DIR: pass handshake_dir="
         ranks = f" ({launcher.source})" if launcher else ""
         return f"file ({where})", f"no MPI and no torch.distributed group{ranks}"
@@ -328,11 +328,11 @@ def main(argv=None) -> None:
     p_info.add_argument("--all-ranks", action="store_true", help="under a launcher, print on every rank")
     sub.add_parser(
         "bench",
-        help="the benchmark suite (python -m pyddstore.bench); `bench --help` lists its options",
+        help="the benchmark suite (pyddstore.benchmarks.stores); `bench --help` lists its options",
         add_help=False,
     )
     if argv[:1] == ["bench"]:  # everything after `bench` is the benchmark's own
-        from .bench import main as bench_main
+        from .benchmarks.stores import main as bench_main
 
         bench_main(argv[1:])
         return

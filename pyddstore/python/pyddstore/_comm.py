@@ -3,10 +3,11 @@
 ==========================  ===================================================
 ``comm=None`` resolves to   when
 ==========================  ===================================================
-``MPI.COMM_WORLD``          MPI is in use: mpi4py imported, or launched by mpirun
+``MPI.COMM_WORLD``          MPI is in use: mpi4py imported, or launched by mpirun/mpiexec
 the default torch group     no MPI, ``torch.distributed`` initialised
 a ``FileComm``              a handshake dir, or srun with several tasks; rank and size from
-                            ``SLURM_PROCID``/``SLURM_NTASKS`` (torchrun: ``RANK``/``WORLD_SIZE``)
+                            the launcher (``SLURM_PROCID``/``SLURM_NTASKS``, torchrun's
+                            ``RANK``/``WORLD_SIZE``, ...: ddstore-core's launcher table)
 DDStoreValueError           a launcher says there are several ranks and none of the above applies
 a one-process store         otherwise
 ==========================  ===================================================
@@ -25,15 +26,14 @@ from . import _launch, _native, _wire
 from ._env import settings as _env_settings
 from ._errors import DDStoreTimeoutError, DDStoreValueError
 
-_MPI_LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_SIZE")
-
 
 class FileComm:
     """A communicator without MPI: ranks exchange records through files in
     ``handshake_dir`` (a directory every rank can reach, e.g. on Lustre).
 
-    `rank`/`size` default to `SLURM_PROCID`/`SLURM_NTASKS` (or Open MPI's and PMI's
-    variables); `job_id` (default `DDSTORE_JOB_ID`, else the Slurm job and step, else the
+    `rank`/`size` default to the launcher's (srun's `SLURM_PROCID`/`SLURM_NTASKS`, torchrun's,
+    Open MPI's, PMI's, PMIx's, Cray PALS's: ddstore-core's launcher table); `job_id` (default
+    `DDSTORE_JOB_ID`, else the launcher's: the Slurm job and step, Open MPI's job, ..., else the
     launching process) tags every file so files left by an earlier job are never read. The
     communicators one process makes under one job id are numbered (every rank makes them in the
     same order), so several live stores of a process never collide.
@@ -43,8 +43,8 @@ class FileComm:
             DDSTORE_HANDSHAKE_DIR.
         rank (int | None): this process's rank; None: from the launcher's variables.
         size (int | None): the number of ranks; None: from the launcher's variables.
-        job_id (str | None): tags this job's files; None: DDSTORE_JOB_ID, else the Slurm job and step, else
-            the launcher.
+        job_id (str | None): tags this job's files; None: DDSTORE_JOB_ID, else the launcher's (the Slurm
+            job and step, ...), else the launching process.
         timeout_s (float | None): how long a round waits for every rank; None: DDSTORE_HANDSHAKE_TIMEOUT_S.
         settings (pyddstore.Settings | None): settings to take the defaults above from instead of the
             environment's.
@@ -223,7 +223,7 @@ class TorchComm:
 
 
 def _mpi_in_use() -> bool:
-    return "mpi4py.MPI" in sys.modules or any(v in os.environ for v in _MPI_LAUNCH_VARS)
+    return "mpi4py.MPI" in sys.modules or _launch.mpi_launched()
 
 
 def _torch_initialized() -> bool:
@@ -274,9 +274,7 @@ def resolve_comm(comm_or_none, settings=None) -> _native.Comm:
         return _native.Comm.callback(TorchComm())
     handshake_dir = settings.handshake_dir or ""
     launcher = _launch.detect()
-    if forced == "file" or handshake_dir or int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1:
-        if launcher is not None and launcher.name == "torchrun":
-            return FileComm(handshake_dir, rank=launcher.rank, size=launcher.size, settings=settings)._native
+    if forced == "file" or handshake_dir or _launch.srun_tasks(launcher):
         return FileComm(handshake_dir, settings=settings)._native
     if launcher is not None and launcher.size > 1:
         raise _launch.no_group_error(launcher)

@@ -6,47 +6,43 @@ more ranks (torchrun without ``init_process_group``, ``mpirun`` with ``DDSTORE_M
 
 from __future__ import annotations
 
-import os
 from typing import Mapping, NamedTuple, Optional
 
+from . import _native
 from ._errors import DDStoreValueError
 
 
 class Launcher(NamedTuple):
-    """A launcher seen in the environment: its name, this process's rank and the world size."""
+    """A launcher seen in the environment (ddstore-core's launcher table, ``_native.LAUNCHERS``):
+    its name, this process's rank, the world size, the variables they were read from, this
+    process's rank and the number of ranks on its node, and the launcher's job id (None where
+    the launcher does not say)."""
 
     name: str
     rank: int
     size: int
     source: str  # the variables it was read from
+    local_rank: Optional[int] = None
+    local_size: Optional[int] = None
+    job_id: Optional[str] = None
 
 
-# (name, rank variable, size variable, variables that must also be set). torchrun comes first:
-# under srun, torchrun's WORLD_SIZE counts processes while SLURM_NTASKS counts agents.
-_LAUNCHERS = (
-    ("torchrun", "RANK", "WORLD_SIZE", ("LOCAL_WORLD_SIZE",)),
-    ("mpirun (Open MPI)", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", ()),
-    ("srun", "SLURM_PROCID", "SLURM_NTASKS", ("SLURM_STEP_ID",)),
-    ("mpiexec (PMI)", "PMI_RANK", "PMI_SIZE", ()),
-    ("mpiexec (PMIx)", "PMIX_RANK", "PMIX_SIZE", ()),
-)
+def detect(environ: Optional[Mapping[str, str]] = None) -> Optional[Launcher]:
+    """The launcher whose variables `environ` (default: this process's environment) sets, by
+    the table's precedence (inner launchers first: torchrun under srun), else None. A launcher
+    variable that is not a number raises DDStoreValueError naming it."""
+    found = _native.launcher(None if environ is None else dict(environ))
+    return None if found is None else Launcher(**found)
 
 
-def _int(raw: Optional[str]) -> Optional[int]:
-    try:
-        return int(str(raw).strip())
-    except (TypeError, ValueError):
-        return None
+def srun_tasks(launcher: Optional[Launcher]) -> bool:
+    """Whether `launcher` is srun with several tasks (without MPI: a file communicator's job)."""
+    return launcher is not None and launcher.name == "srun" and launcher.size > 1
 
 
-def detect(environ: Mapping[str, str] = os.environ) -> Optional[Launcher]:
-    """The first launcher whose variables are all set with integer values, else None."""
-    for name, rank_var, size_var, also in _LAUNCHERS:
-        rank, size = _int(environ.get(rank_var)), _int(environ.get(size_var))
-        if rank is None or size is None or not all(v in environ for v in also):
-            continue
-        return Launcher(name, rank, size, f"{rank_var}={rank}, {size_var}={size}")
-    return None
+def mpi_launched() -> bool:
+    """Whether a launcher of MPI jobs (mpirun, mpiexec, srun --mpi=pmix) started this process."""
+    return _native.mpi_launched()
 
 
 def no_group_error(launcher: Launcher) -> DDStoreValueError:

@@ -37,6 +37,11 @@ def _at_exit_all() -> None:
         store._at_exit()
 
 
+def _path(p) -> str | None:
+    """A path argument as text (None stays None)."""
+    return None if p is None else os.fspath(p)
+
+
 class PyDDStore:
     """A distributed store of named variables; each rank holds a share of
     every variable's rows and reads any row with one-sided reads.
@@ -206,7 +211,17 @@ class PyDDStore:
         return self._native.remote_path
 
     # -- variables --------------------------------------------------------
-    def init(self, name: str, nrows: int, disp: int, itemsize: int = 1, dtype=None) -> None:
+    def init(
+        self,
+        name: str,
+        nrows: int,
+        disp: int,
+        itemsize: int = 1,
+        dtype=None,
+        *,
+        memory_limit=None,
+        spill_dir=None,
+    ) -> None:
         """Collective: creates `name` with `nrows` rows on this rank, each of `disp` elements
         of `itemsize` bytes (or of `dtype`); fill them with `update()`.
 
@@ -216,6 +231,8 @@ class PyDDStore:
             disp (int): elements per row.
             itemsize (int): bytes per element (ignored when `dtype` is given).
             dtype (numpy.dtype | str | None): the elements' dtype; None stores raw bytes.
+            memory_limit (int | None): bytes of the share kept in memory; the rest spills (see `add`).
+            spill_dir (str | None): where the spill file goes (see `add`).
 
         Example:
             ```python
@@ -238,7 +255,9 @@ class PyDDStore:
                 f"init('{name}'): disp={disp} elements of itemsize={itemsize} bytes is out of range"
             )
         self._reserve(name)
-        self._native.init(name, nrows, disp * itemsize, itemsize, _dtype_name(dtype))
+        self._native.init(
+            name, nrows, disp * itemsize, itemsize, _dtype_name(dtype), memory_limit, _path(spill_dir)
+        )
         self._published(name)
 
     def init_device(
@@ -285,7 +304,7 @@ class PyDDStore:
         self._published(name)
         return share
 
-    def add(self, name: str, arr, lengths=None) -> None:
+    def add(self, name: str, arr, lengths=None, *, memory_limit=None, spill_dir=None) -> None:
         """Collective: creates `name` from this rank's rows (first axis of `arr`); returns once
         every rank's rows are readable.
 
@@ -299,6 +318,11 @@ class PyDDStore:
             arr (numpy.ndarray): this rank's rows along the first axis (C-contiguous; 0 rows allowed).
             lengths (Sequence[int] | numpy.ndarray | None): one non-negative length per row: a ragged
                 variable whose rows are consecutive runs of `arr`'s first axis.
+            memory_limit (int | None): bytes of this variable's share kept in memory on this rank;
+                later rows go to a spill file (see the "Datasets larger than memory" guide). None:
+                the store's `DDSTORE_MEMORY_LIMIT`, if set. Not with method 0.
+            spill_dir (str | None): where the spill file goes (else `DDSTORE_SPILL_DIR`, else
+                `$TMPDIR/ddstore-spill-<uid>`).
 
         Example:
             ```python
@@ -311,7 +335,7 @@ class PyDDStore:
         if lengths is None:
             self._reserve(name)
             try:
-                self._native.add(name, arr)
+                self._native.add(name, arr, memory_limit, _path(spill_dir))
             except DDStoreValueError as e:
                 if "same shape and dtype" not in str(e):
                     raise
@@ -327,7 +351,7 @@ class PyDDStore:
             )
         for part in ragged_parts(name):
             self._reserve(part)
-        self._native.add_ragged(name, arr, lengths.astype(np.int64))
+        self._native.add_ragged(name, arr, lengths.astype(np.int64), memory_limit, _path(spill_dir))
         self._ragged_units[name] = tuple(arr.shape[1:])
         for part in ragged_parts(name):
             self._published(part)
@@ -579,7 +603,10 @@ class PyDDStore:
         ``rejected_replies`` messages this variable's readers received and discarded (gather
         replies bound to no request they made: forged, or late) and ``rejected_requests`` requests
         from the network this process's owner dropped unanswered (no proof of the job's secret, or
-        beyond its bounds). For a ragged variable ``rows`` are
+        beyond its bounds); with a memory budget (see the "Datasets larger than memory" guide)
+        ``memory_rows`` rows read from memory, ``spilled_rows`` and ``spilled_reads`` rows and reads
+        from spill files, ``prefetch_hits`` spilled rows found staged ahead, and ``spill_ns``
+        (part of ``copy_ns``). For a ragged variable ``rows`` are
         its ragged rows and ``bytes`` their values.
 
         Args:

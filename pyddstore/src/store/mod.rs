@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 
+use ddstore_core::kinds::Method;
 use ddstore_core::Store;
 use numpy::PyReadonlyArray2;
 use pyo3::prelude::*;
@@ -28,6 +29,7 @@ mod load;
 mod publish;
 mod ragged;
 mod read;
+mod spill;
 mod write;
 
 pub(crate) use args::indices_of;
@@ -50,6 +52,9 @@ impl PyStore {
             None => ddstore_core::config::Settings::from_env().py(py)?,
         };
         let mut config = settings.config();
+        if method == Method::MpiRma && config.memory_limit.is_some() {
+            return Err(crate::errors::to_py(py, spill::unsupported_on_method0()));
+        }
         // A method-2 core job's shares are read by other jobs (extra jobs).
         config.read_by_other_jobs = method.read_by_other_jobs();
         let transport =
@@ -174,7 +179,10 @@ impl PyStore {
     // -- the other concerns: each method is the function of its name in that file --
 
     /// Collective: `nrows` rows on this rank, each `row_bytes` bytes.
-    #[pyo3(signature = (name, nrows, row_bytes, itemsize=1, dtype=None))]
+    /// `memory_limit`, `spill_dir`: this variable's own budget and spill
+    /// directory (see `ddstore_core::spill`).
+    #[pyo3(signature = (name, nrows, row_bytes, itemsize=1, dtype=None, memory_limit=None, spill_dir=None))]
+    #[allow(clippy::too_many_arguments)]
     fn init(
         &self,
         py: Python<'_>,
@@ -183,13 +191,44 @@ impl PyStore {
         row_bytes: Bound<'_, PyAny>,
         itemsize: usize,
         dtype: Option<&str>,
+        memory_limit: Option<Bound<'_, PyAny>>,
+        spill_dir: Option<std::path::PathBuf>,
     ) -> PyResult<()> {
-        write::init(self, py, name, nrows, row_bytes, itemsize, dtype)
+        write::init(
+            self,
+            py,
+            name,
+            nrows,
+            row_bytes,
+            itemsize,
+            dtype,
+            memory_limit,
+            spill_dir,
+        )
     }
 
     /// Collective: creates `name` from this rank's rows (`arr`, first axis = rows).
-    fn add(&self, py: Python<'_>, name: String, arr: Bound<'_, PyAny>) -> PyResult<()> {
-        write::add(self, py, name, arr)
+    #[pyo3(signature = (name, arr, memory_limit=None, spill_dir=None))]
+    fn add(
+        &self,
+        py: Python<'_>,
+        name: String,
+        arr: Bound<'_, PyAny>,
+        memory_limit: Option<Bound<'_, PyAny>>,
+        spill_dir: Option<std::path::PathBuf>,
+    ) -> PyResult<()> {
+        write::add(self, py, name, arr, memory_limit, spill_dir)
+    }
+
+    /// Whether any rank's share of `name` spills past its memory budget.
+    fn is_spilled(&self, py: Python<'_>, name: &str) -> PyResult<bool> {
+        spill::is_spilled(self, py, name)
+    }
+
+    /// Reads ahead: stages the spilled rows among global `rows` (soon read
+    /// by this process) in `name`'s read-ahead stage; returns how many.
+    fn prefetch(&self, py: Python<'_>, name: &str, rows: Bound<'_, PyAny>) -> PyResult<usize> {
+        spill::prefetch(self, py, name, rows)
     }
 
     /// Writes this rank's rows `[offset, offset + len(arr))`.
@@ -274,14 +313,17 @@ impl PyStore {
     /// Collective: creates the ragged variable `name` from this rank's rows:
     /// row i is `lengths[i]` consecutive units (first-axis entries) of
     /// `values`; lengths may be 0 and a rank may have no rows.
+    #[pyo3(signature = (name, values, lengths, memory_limit=None, spill_dir=None))]
     fn add_ragged(
         &self,
         py: Python<'_>,
         name: String,
         values: Bound<'_, PyAny>,
         lengths: Bound<'_, PyAny>,
+        memory_limit: Option<Bound<'_, PyAny>>,
+        spill_dir: Option<std::path::PathBuf>,
     ) -> PyResult<()> {
-        ragged::add_ragged(self, py, name, values, lengths)
+        ragged::add_ragged(self, py, name, values, lengths, memory_limit, spill_dir)
     }
 
     /// Reads ragged rows `indices` (any order, repeats): returns

@@ -19,7 +19,10 @@ pub(super) fn add_ragged(
     name: String,
     values: Bound<'_, PyAny>,
     lengths: Bound<'_, PyAny>,
+    memory_limit: Option<Bound<'_, PyAny>>,
+    spill_dir: Option<std::path::PathBuf>,
 ) -> PyResult<()> {
+    let request = this.spill_request(py, &name, memory_limit, spill_dir)?;
     let (arg, unit_bytes) = ArrayArg::rows(&values, &name, "values", "units")?;
     let lengths = indices_of(&lengths)?;
     if let Some(i) = lengths.iter().position(|&l| l < 0) {
@@ -36,7 +39,7 @@ pub(super) fn add_ragged(
     let src = arg.borrow()?;
     let data = src.bytes();
     this.detached(py, |s| {
-        s.add_ragged(&name, &lengths, unit_bytes, element, data)
+        s.add_ragged_spilling(&name, &lengths, unit_bytes, element, data, request.as_ref())
     })
 }
 

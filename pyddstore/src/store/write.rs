@@ -3,6 +3,8 @@
 //! Each `pub(super)` function is the body of the `Store` method of its
 //! name (the thin methods of `mod.rs`).
 
+use std::path::PathBuf;
+
 use ddstore_core::external::HmemIface;
 use ddstore_core::store::Element;
 use pyo3::prelude::*;
@@ -12,6 +14,7 @@ use super::PyStore;
 use crate::errors::IntoPyResult;
 use crate::external::{share_of_tensor, PyDeviceShare};
 
+#[allow(clippy::too_many_arguments)] // the shape, the dtype and the spill arguments
 pub(super) fn init(
     this: &PyStore,
     py: Python<'_>,
@@ -20,10 +23,15 @@ pub(super) fn init(
     row_bytes: Bound<'_, PyAny>,
     itemsize: usize,
     dtype: Option<&str>,
+    memory_limit: Option<Bound<'_, PyAny>>,
+    spill_dir: Option<PathBuf>,
 ) -> PyResult<()> {
+    let request = this.spill_request(py, &name, memory_limit, spill_dir)?;
     let (nrows, row_bytes) = shape_args(py, "init", &name, &nrows, &row_bytes)?;
     let element = Element::new(dtype_arg(py, dtype)?, itemsize);
-    this.detached(py, |s| s.init(&name, nrows, row_bytes, element))
+    this.detached(py, |s| {
+        s.init_spilling(&name, nrows, row_bytes, element, request.as_ref())
+    })
 }
 
 pub(super) fn add(
@@ -31,14 +39,17 @@ pub(super) fn add(
     py: Python<'_>,
     name: String,
     arr: Bound<'_, PyAny>,
+    memory_limit: Option<Bound<'_, PyAny>>,
+    spill_dir: Option<PathBuf>,
 ) -> PyResult<()> {
+    let request = this.spill_request(py, &name, memory_limit, spill_dir)?;
     let (arg, row_bytes) = ArrayArg::rows(&arr, &name, "arr", "rows")?;
     let nrows = arg.array.rows() as u64;
     let element = Element::new(arg.array.dtype(), arg.array.itemsize());
     let src = arg.borrow()?;
     let data = src.bytes();
     this.detached(py, |s| {
-        s.init(&name, nrows, row_bytes, element)?;
+        s.init_spilling(&name, nrows, row_bytes, element, request.as_ref())?;
         s.write_local(&name, 0, data)?;
         // Collective like upstream: every rank's rows are readable once add returns.
         // Bounded: a rank that never arrives is named, not waited for forever.

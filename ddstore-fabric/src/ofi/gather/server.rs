@@ -293,14 +293,7 @@ impl Server {
         packed.clear();
         packed.try_reserve(total).ok()?;
         packed.resize(total, 0);
-        let mut at = 0usize;
-        for &(off, len) in ranges {
-            let len = len as usize;
-            share
-                .read_at(off as usize, &mut packed[at..at + len])
-                .ok()?;
-            at += len;
-        }
+        share.read_ranges(ranges, &mut packed).ok()?;
         Some(packed)
     }
 
@@ -357,7 +350,13 @@ impl Server {
         let mut ranges_iov: Vec<(*const u8, usize)> = Vec::new();
         match &reply.body {
             Body::Empty | Body::Packed(_) => {}
-            Body::Ranges { share, ranges } if ranges.len() <= self.zero_copy_ranges => {
+            // A spilled share's rows past its memory are not addressable: packed.
+            Body::Ranges { share, ranges }
+                if ranges.len() <= self.zero_copy_ranges
+                    && ranges
+                        .iter()
+                        .all(|&(o, l)| o + l <= share.mapped_len() as u64) =>
+            {
                 let base = share.as_ptr();
                 // In bounds: check_request saw every range inside the share.
                 ranges_iov.extend(

@@ -22,6 +22,7 @@ Settings this package uses (read once, with the store's: ``ds.ddstore.settings``
 """
 
 from pyddstore import FileComm
+from pyddstore._shares import share_of
 
 from ._dataset import DistDataset
 from ._errors import ForkedWorkerError, SnapshotError
@@ -31,7 +32,6 @@ from ._procloader import WorkerProcessError
 from ._read import Buffers
 from ._reader import DistDatasetReader
 from ._sampler import DistributedSampler
-from ._schema import share_of
 from ._windowed import WindowedDataset, row_of
 
 __all__ = [

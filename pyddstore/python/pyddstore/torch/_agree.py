@@ -17,10 +17,11 @@ import numpy as np
 import torch
 
 from pyddstore import DDStoreError, DDStoreFileError, DDStoreTimeoutError
+from pyddstore._shares import share_of
 
 from ._errors import SnapshotError
 from ._field import NDARRAY, TENSOR, SchemaError, SchemaTypeError
-from ._schema import PYG_STRUCTURES, Schema, pyg_structure_of, share_of
+from ._schema import PYG_STRUCTURES, Schema, pyg_structure_of, sample_of
 
 
 def error_payload(e: BaseException, rank: int) -> tuple[str, str]:
@@ -89,12 +90,6 @@ def _type_from_name(name: Any) -> Any:
     return None
 
 
-def encoded(source: Any, i: int, encode: Any) -> Any:
-    """Sample i of source, through encode= where given."""
-    s = source[i]
-    return encode(s) if encode is not None else s
-
-
 def agree_schema(
     store: Any, source: Any, name: str, encode: Any, fields: Any, n: int, ragged: Any = None
 ) -> Schema:
@@ -106,7 +101,7 @@ def agree_schema(
                 raise SchemaError("the source is empty")
             if ragged is not None and ragged != "auto" and not isinstance(ragged, dict):
                 raise SchemaError(f"ragged={ragged!r} must be a dict {{key: axis}}, 'auto' or None")
-            sample = encoded(source, 0, encode)
+            sample = sample_of(source, 0, encode)
             if ragged == "auto":
                 schema = Schema.infer(sample, name, fields, allow_empty=True)
             else:
@@ -130,7 +125,7 @@ def _own_data_class(store: Any, source: Any, encode: Any, n: int, name: Any) -> 
     never imported or looked up by that name. None (plain Data) otherwise."""
     start, count = share_of(n, store.size, store.rank)
     try:
-        cls = type(encoded(source, start if count else 0, encode))
+        cls = type(sample_of(source, start if count else 0, encode))
     except Exception:  # noqa: BLE001 - reading its own sample fails later, with context
         return None
     return cls if pyg_structure_of(cls) is not None and _type_name(cls) == name else None
@@ -145,7 +140,7 @@ def agree_ragged_axes(store: Any, source: Any, schema: Schema, encode: Any, n: i
     payload = None
     try:
         for i in range(start, start + count):
-            values = schema.field_values(encoded(source, i, encode), i)
+            values = schema.field_values(sample_of(source, i, encode), i)
             for f, v in zip(schema.fields, values):
                 if f.kind not in (TENSOR, NDARRAY):
                     f.validate(v, i)

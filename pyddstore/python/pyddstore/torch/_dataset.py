@@ -29,13 +29,14 @@ from pyddstore import (
 )
 from pyddstore._env import settings as _env_settings
 from pyddstore._log import get_logger
+from pyddstore._shares import share_of
 from pyddstore._sources import is_npy_list, npy_files
 
 from . import _device, _inflight, _load, _ragged_parts, _snapshot
 from ._agree import agree, agree_ragged_axes, agree_schema, error_payload, rebuild_error
 from ._field import Field
 from ._read import _StoredDataset
-from ._schema import Schema, check_data_cls, share_of, use_data_cls
+from ._schema import Schema, check_data_cls, use_data_cls
 
 _LOG = get_logger("torch")
 
@@ -79,6 +80,16 @@ def _check_arguments(
         raise DDStoreValueError(
             "chunk_size= loads the share into host storage; it cannot be used with add_device="
         )
+
+
+def _spill_settings(settings: Settings, memory_limit: int | None, spill_dir: Any) -> Settings:
+    """`settings` with a dataset's memory budget and spill directory (arguments win over variables)."""
+    over: dict = {}
+    if memory_limit is not None:
+        over["memory_limit"] = memory_limit
+    if spill_dir is not None:
+        over["spill_dir"] = os.fspath(spill_dir)
+    return settings.replace(**over) if over else settings
 
 
 class DistDataset(_StoredDataset):
@@ -157,6 +168,12 @@ class DistDataset(_StoredDataset):
             are not thread-safe); None: threads, or processes when the source has `thread_safe = False`.
         settings (pyddstore.Settings | None): the settings of this dataset and its store (e.g.
             `Settings.from_env(quiet=True, load_depth=8)`); None: the environment's, read once.
+        memory_limit (int | None): bytes of this rank's share kept in memory (all fields together);
+            later samples go to a spill file in `spill_dir`, written during the same load (see the
+            "Datasets larger than memory" guide). None: the settings' `DDSTORE_MEMORY_LIMIT`, else all
+            in memory.
+        spill_dir (str | os.PathLike | None): where spill files go; None: `DDSTORE_SPILL_DIR`, else
+            `$TMPDIR/ddstore-spill-<uid>`.
 
     Example:
         ```python
@@ -190,6 +207,8 @@ class DistDataset(_StoredDataset):
         load_workers: Literal["threads", "processes"] | None = None,
         *,
         settings: Settings | None = None,
+        memory_limit: int | None = None,
+        spill_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__()
         _check_arguments(name, encode, fields, chunk_size, add_device, load_workers)
@@ -200,6 +219,7 @@ class DistDataset(_StoredDataset):
             settings = _env_settings()  # one snapshot: this dataset's and its store's
         elif not isinstance(settings, Settings):
             raise DDStoreTypeError(f"settings={settings!r} is not a pyddstore.Settings")
+        settings = _spill_settings(settings, memory_limit, spill_dir)
         self._share_device = _device.resolve_add_device(add_device, settings.test_host_as_device)
         self._device_shares = {}
         self.name = name
@@ -293,6 +313,9 @@ class DistDataset(_StoredDataset):
         handshake_dir: str | None = None,
         decode: Callable[[Any, int], Any] | None = None,
         data_cls: type | None = None,
+        *,
+        memory_limit: int | None = None,
+        spill_dir: str | os.PathLike[str] | None = None,
     ) -> DistDataset:
         """Collective: the dataset a DistDataset.save(path) wrote, loaded with large reads
         (DDSTORE_LOAD_DEPTH in flight, O_DIRECT with DDSTORE_LOAD_DIRECT=1) on this group of
@@ -313,6 +336,8 @@ class DistDataset(_StoredDataset):
             decode (Callable | None): applied to each sample read back (snapshots do not keep one).
             data_cls (type | None): the torch_geometric Data or HeteroData subclass graph samples come back
                 as; None: Data or HeteroData.
+            memory_limit (int | None): as for `DistDataset`: rows past it are restored into spill files.
+            spill_dir (str | os.PathLike | None): as for `DistDataset`.
         """
         check_data_cls(data_cls, "DistDataset.restore")
         self = cls.__new__(cls)
@@ -322,7 +347,13 @@ class DistDataset(_StoredDataset):
         self._add_device = None
         self._load_workers = None
         path = os.fspath(path)
-        store = PyDDStore(comm, method=method, handshake_dir=handshake_dir or "", ddstore_width=ddstore_width)
+        store = PyDDStore(
+            comm,
+            method=method,
+            handshake_dir=handshake_dir or "",
+            ddstore_width=ddstore_width,
+            settings=_spill_settings(_env_settings(), memory_limit, spill_dir),
+        )
         hs = self._handshake_dir = store.handshake_dir
         try:
             manifest, digest, err = None, None, None

@@ -28,7 +28,7 @@ from . import _inflight
 from ._agree import error_payload, rebuild_error
 from ._field import Field
 from ._inflight import LoadStats, Progress
-from ._schema import ChunkFiller, Schema
+from ._schema import ChunkFiller, Schema, sample_of
 
 
 class DDStoreChildError(DDStoreError, RuntimeError):
@@ -55,19 +55,26 @@ def _child_loop(rfd: int, wfd: int, w: int, workers: int, source, schema, encode
     with os.fdopen(rfd, "r") as cmds:
         for line in cmds:
             a, b = (int(x) for x in line.split())
-            try:
+
+            def fill(a=a, b=b) -> None:
                 for j in range(a + w, b, workers):
                     i = start + j
-                    sample = source[i]
-                    if encode is not None:
-                        sample = encode(sample)
-                    filler.put(j - a, sample, i)
+                    filler.put(j - a, sample_of(source, i, encode), i)
                     os.write(wfd, b".")
-                answer = b"ok\n"
-            except BaseException as e:  # noqa: BLE001 - reported to the parent
-                answer = (json.dumps(list(error_payload(e, -1))) + "\n").encode()
-            while answer:
-                answer = answer[os.write(wfd, answer) :]
+
+            _answer(wfd, fill)
+
+
+def _answer(wfd: int, work: Callable[[], None]) -> None:
+    """A child's round: runs work(), then sends its answer line, "ok" or the error as data
+    (error_payload, rank -1: a load worker)."""
+    try:
+        work()
+        answer = b"ok\n"
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        answer = (json.dumps(list(error_payload(e, -1))) + "\n").encode()
+    while answer:
+        answer = answer[os.write(wfd, answer) :]
 
 
 def load_timeout(settings) -> float:
@@ -211,18 +218,16 @@ def load_sliced_forked(
             for line in cmds:
                 k0, k1 = (int(x) for x in line.split())
                 base = rounds[k0][0][0]
-                try:
+
+                def fill(k0=k0, base=base) -> None:
                     for a, b in rounds[k0][w::workers]:
                         rows = np.ascontiguousarray(convert(arr, a, b))
                         if rows.nbytes != (b - a) * rb:
                             raise DDStoreError(f"rows {a}..{b}: {rows.nbytes} bytes, expected {(b - a) * rb}")
                         dst[(a - base) * rb : (b - base) * rb] = rows.reshape(-1).view(np.uint8)
                         os.write(wfd, b".")
-                    answer = b"ok\n"
-                except BaseException as e:  # noqa: BLE001 - reported to the parent
-                    answer = (json.dumps(list(error_payload(e, -1))) + "\n").encode()
-                while answer:
-                    answer = answer[os.write(wfd, answer) :]
+
+                _answer(wfd, fill)
 
     children: list = []
     finished = False

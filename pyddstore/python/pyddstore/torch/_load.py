@@ -30,7 +30,7 @@ from ._field import TENSOR, Field
 from ._forked import load_samples_forked, load_sliced_forked, load_timeout
 from ._inflight import LoadStats, Progress, cpus, load_direct, run_tasks, run_workers, window
 from ._ragged_parts import RaggedParts
-from ._schema import ChunkFiller, Schema
+from ._schema import ChunkFiller, Schema, sample_of
 
 NATIVE_CALL_BYTES = 256 << 20  # bytes per native file-load call (progress is shown between calls)
 
@@ -65,9 +65,7 @@ def load_samples(
                     return
                 i = start + j
                 t0 = time.perf_counter()
-                sample = source[i]
-                if encode is not None:
-                    sample = encode(sample)
+                sample = sample_of(source, i, encode)
                 t1 = time.perf_counter()
                 filler.put(0, sample, i)
                 row_bytes = 0

@@ -9,52 +9,30 @@ arguments and seed give the same batches in the same order.
 
 from __future__ import annotations
 
-import itertools
 import os
 import queue
-import random
 import sys
 import threading
 import weakref
 from typing import Any
 
-import numpy as np
 import torch
-from torch._utils import ExceptionWrapper
 from torch.utils.data import DataLoader, IterableDataset
-from torch.utils.data._utils import collate as _collate
-from torch.utils.data._utils import pin_memory as _pin
-from torch.utils.data._utils import worker as _worker
-from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
 from pyddstore import DDStoreTypeError, DDStoreValueError
 from pyddstore._env import settings as _env_settings
 
-from . import _procloader, _state, _worker_info
-from ._thread_collate import thread_collate as _thread_collate
+from . import _procloader, _readahead, _resume
+from . import _torch_compat as _tc
+from ._epochs import ResumeEpoch, finish_last_epoch, reset_dispatch
 
 _STATUS_INTERVAL = 1.0  # seconds between checks that worker threads are alive
 
-# get_worker_info() per thread while a loader's worker threads live: see _worker_info.
-_thread_info = _worker_info.thread_info
-_hook_worker_info = _worker_info.hook
-_unhook_worker_info = _worker_info.unhook
-get_worker_info = _worker_info.get_worker_info
-
-
-def _make_worker_info(worker_id: int, num_workers: int, base_seed: int, dataset: Any) -> Any:
-    seed = base_seed + worker_id
-    rng = None
-    rng_type = getattr(_worker, "_RNG", None)
-    if rng_type is not None:
-        np_rng = np.random.default_rng(_worker._generate_state(base_seed, worker_id))
-        rng = rng_type(random.Random(seed), torch.Generator().manual_seed(seed), np_rng)
-    try:
-        return _worker.WorkerInfo(
-            id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset, rng=rng, worker_method="thread"
-        )
-    except TypeError:  # older torch: no rng / worker_method
-        return _worker.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
+# get_worker_info() per thread while a loader's worker threads live: see _torch_compat.
+_thread_info = _tc.thread_info
+_hook_worker_info = _tc.hook
+_unhook_worker_info = _tc.unhook
+get_worker_info = _tc.get_worker_info
 
 
 def _affinity_sets(num_workers: int, settings: Any) -> list[set[int] | None]:
@@ -66,10 +44,6 @@ def _affinity_sets(num_workers: int, settings: Any) -> list[set[int] | None]:
     offset = settings.affinity_offset
     cpus = sorted(os.sched_getaffinity(0))
     return [{cpus[(offset + w * width + k) % len(cpus)] for k in range(width)} for w in range(num_workers)]
-
-
-class _ResumeEpoch:
-    """Sent to persistent workers at a new epoch; echoed back once the old tasks are done."""
 
 
 class _StopWorker:
@@ -135,9 +109,13 @@ class _Fetcher:
         self.pool = it._pool  # outlives the iterator: buffers go back on close()
         self.bufs = self.pool.acquire() if self.pool is not None else None
         self.iter_fetcher = None
-        if it._dataset_kind == _DatasetKind.Iterable:
-            self.iter_fetcher = _DatasetKind.create_fetcher(
-                _DatasetKind.Iterable, self.dataset, it._auto_collation, it._thread_collate_fn, it._drop_last
+        if it._dataset_kind == _tc.DatasetKind.Iterable:
+            self.iter_fetcher = _tc.DatasetKind.create_fetcher(
+                _tc.DatasetKind.Iterable,
+                self.dataset,
+                it._auto_collation,
+                it._thread_collate_fn,
+                it._drop_last,
             )
 
     def close(self) -> None:
@@ -166,22 +144,22 @@ class _Fetcher:
                 samples = [self.dataset[i] for i in index]
             data = it._thread_collate_fn(samples)
         if it._pin_memory:
-            data = _pin.pin_memory(data, it._pin_memory_device)
+            data = _tc.pin_memory(data, it._pin_memory_device)
         return data
 
 
-class _ThreadIterBase(_state.PositionTracking, _BaseDataLoaderIter):
+class _ThreadIterBase(_resume.PositionTracking, _tc.BaseLoaderIter):
     def __init__(self, loader: ThreadDataLoader):
         super().__init__(loader)  # same sampler iterator and base seed draw as DataLoader's
         self._loader_ref = weakref.ref(loader)
         self._pool = loader._buffer_pool
         self._worker_init_fn = loader.worker_init_fn
         collate_fn = loader.collate_fn
-        self._thread_collate_fn = _thread_collate if collate_fn is _collate.default_collate else collate_fn
+        self._thread_collate_fn = _tc.thread_collate if collate_fn is _tc.default_collate else collate_fn
         self._direct = (
-            collate_fn is _collate.default_collate
+            collate_fn is _tc.default_collate
             and self._auto_collation
-            and self._dataset_kind == _DatasetKind.Map
+            and self._dataset_kind == _tc.DatasetKind.Map
             and getattr(self._dataset, "collates_directly", False) is True
             and loader._settings.fast_collate
         )
@@ -193,7 +171,7 @@ class _ThreadIterBase(_state.PositionTracking, _BaseDataLoaderIter):
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
-        loader._resume.attach(self)  # position tracking for state_dict() (_state.PositionTracking)
+        loader._resume.attach(self)  # position tracking for state_dict() (_resume.PositionTracking)
 
 
 class _CallingThreadIter(_ThreadIterBase):
@@ -249,26 +227,14 @@ class _ThreadIter(_ThreadIterBase):
             self._index_queues.append(q)
             self._workers.append(t)
             t.start()
+        self._read_ahead = _readahead.ReadAhead.for_loader(loader)  # spilled rows, staged ahead
         self._reset(loader, first_iter=True)
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
-        self._send_idx = 0
-        self._rcvd_idx = 0
-        self._task_info: dict[int, tuple] = {}
-        self._tasks_outstanding = 0
-        self._workers_status = [True] * self._num_workers
-        self._workers_num_tasks = [0] * self._num_workers
-        self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
+        reset_dispatch(self)
         if not first_iter:
-            # Persistent workers: finish (and drop) what the last epoch left in flight.
-            for q in self._index_queues:
-                q.put(_ResumeEpoch())
-            waiting = self._num_workers
-            while waiting > 0:
-                idx, _ = self._get_data()
-                if isinstance(idx, _ResumeEpoch):
-                    waiting -= 1
+            finish_last_epoch(self)  # persistent workers: what the last epoch left is dropped
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
 
@@ -287,6 +253,8 @@ class _ThreadIter(_ThreadIterBase):
         else:
             return
         self._index_queues[wid].put((self._send_idx, index))
+        if self._read_ahead is not None:
+            self._read_ahead.announce()
         self._task_info[self._send_idx] = (wid,)
         self._workers_num_tasks[wid] += 1
         self._tasks_outstanding += 1
@@ -326,10 +294,10 @@ class _ThreadIter(_ThreadIterBase):
                 self._rcvd_idx += 1
                 return self._process_data(data, wid)
             idx, data = self._get_data()
-            if isinstance(idx, _ResumeEpoch):
+            if isinstance(idx, ResumeEpoch):
                 continue
             self._tasks_outstanding -= 1
-            if isinstance(data, _worker._IterableDatasetStopIteration):
+            if isinstance(data, _tc.IterableStop):
                 self._workers_status[data.worker_id] = False
                 self._try_put_index()
                 continue
@@ -346,7 +314,7 @@ class _ThreadIter(_ThreadIterBase):
     def _process_data(self, data: Any, wid: int) -> Any:
         self._workers_num_tasks[wid] -= 1
         self._try_put_index()
-        if isinstance(data, ExceptionWrapper):
+        if isinstance(data, _tc.ExceptionWrapper):
             data.reraise()
         return data
 
@@ -355,6 +323,8 @@ class _ThreadIter(_ThreadIterBase):
         if self._shutdown:
             return
         self._shutdown = True
+        if getattr(self, "_read_ahead", None) is not None:
+            self._read_ahead.close()
         if getattr(self, "_hooked", False):
             self._hooked = False
             _unhook_worker_info()
@@ -385,7 +355,7 @@ def _worker_main(
     init_error = None
     try:
         dataset = it._dataset
-        _thread_info.info = _make_worker_info(wid, it._num_workers, it._base_seed, dataset)
+        _thread_info.info = _tc.thread_worker_info(wid, it._num_workers, it._base_seed, dataset)
         if cpus:
             os.sched_setaffinity(0, cpus)  # pid 0: this thread only (Linux)
         if it._device_index is not None:
@@ -396,13 +366,13 @@ def _worker_main(
     except ReferenceError:
         return  # the iterator was collected before this thread started
     except Exception:  # noqa: BLE001 - reported with the first batch, as DataLoader does
-        init_error = ExceptionWrapper(where=f"in ThreadDataLoader worker thread {wid}")
+        init_error = _tc.ExceptionWrapper(where=f"in ThreadDataLoader worker thread {wid}")
     try:
         while True:
             r = index_queue.get()
             if isinstance(r, _StopWorker):
                 break
-            if isinstance(r, _ResumeEpoch):
+            if isinstance(r, ResumeEpoch):
                 if fetcher is not None and fetcher.iter_fetcher is not None:
                     fetcher.close()
                     fetcher = _Fetcher(it, wid)
@@ -414,7 +384,7 @@ def _worker_main(
             if init_error is not None:
                 data, init_error = init_error, None
             elif fetcher is None:
-                data = ExceptionWrapper(
+                data = _tc.ExceptionWrapper(
                     (RuntimeError, RuntimeError("worker failed to start"), None),
                     where=f"in ThreadDataLoader worker thread {wid}",
                 )
@@ -422,9 +392,9 @@ def _worker_main(
                 try:
                     data = fetcher.fetch(index)
                 except StopIteration:
-                    data = _worker._IterableDatasetStopIteration(wid)
+                    data = _tc.IterableStop(wid)
                 except BaseException:  # noqa: BLE001 - re-raised in the caller
-                    data = ExceptionWrapper(where=f"in ThreadDataLoader worker thread {wid}")
+                    data = _tc.ExceptionWrapper(where=f"in ThreadDataLoader worker thread {wid}")
             results.put((idx, data))
             del data, idx, index, r
     except ReferenceError:
@@ -511,7 +481,7 @@ class ThreadDataLoader(DataLoader):
                 )
             if isinstance(dataset, IterableDataset):
                 raise DDStoreValueError("reuse_buffers=True needs a map-style dataset")
-            default = self.collate_fn is _collate.default_collate
+            default = self.collate_fn is _tc.default_collate
             if not self.collate_copies and (self.batch_size is None or not default):
                 raise DDStoreValueError(
                     "reuse_buffers=True reuses each worker's buffers, so batches must be copies: it needs "
@@ -519,7 +489,7 @@ class ThreadDataLoader(DataLoader):
                     "copies what it keeps"
                 )
             self._buffer_pool = _BufferPool(dataset, self.batch_size)
-        self._resume = _state.LoaderResume(self, auto_epoch)
+        self._resume = _resume.LoaderResume(self, auto_epoch)
 
     def __iter__(self) -> Any:
         self._resume.begin()  # a loaded state and auto_epoch apply before torch's iterator starts

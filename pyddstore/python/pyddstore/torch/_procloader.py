@@ -26,7 +26,6 @@ from __future__ import annotations
 import collections
 import gc
 import io
-import itertools
 import pickle
 import queue
 import random
@@ -37,16 +36,13 @@ from typing import Any
 import numpy as np
 import torch
 import torch.multiprocessing as torch_mp
-from torch._utils import ExceptionWrapper
-from torch.utils.data._utils import collate as _collate
-from torch.utils.data._utils import worker as _worker
-from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 
 from pyddstore import DDStoreError, DDStoreValueError
 
+from . import _torch_compat as _tc
+from ._epochs import ResumeEpoch, finish_last_epoch, reset_dispatch
 from ._errors import ForkedWorkerError
-from ._state import PositionTracking
-from ._thread_collate import thread_collate
+from ._resume import PositionTracking
 
 _STATUS_INTERVAL = 0.5  # seconds between checks that worker processes are alive
 _ALIGN = 64  # every tensor in a slot starts on a cache line
@@ -228,33 +224,11 @@ class _DirectReader:
 # -- worker process ---------------------------------------------------------------------------
 
 
-class _ResumeEpoch:
-    """Sent to persistent workers at a new epoch; echoed back once the old tasks are done."""
-
-
 class _DropSlot:
     """Tells a worker to let go of a slot the ring grew by (its batch is gone)."""
 
     def __init__(self, slot: int):
         self.slot = slot
-
-
-def _without_worker_info(collate_fn: Any) -> Any:
-    """collate_fn run with get_worker_info() None: torch's and torch_geometric's collates then
-    stack into plain memory, not a fresh shared-memory segment (the slot is the shared memory)."""
-
-    def collate(batch: Any) -> Any:
-        saved, _worker._worker_info = _worker._worker_info, None
-        try:
-            return collate_fn(batch)
-        finally:
-            _worker._worker_info = saved
-
-    return collate
-
-
-def _plain_collate(batch: Any) -> Any:
-    return thread_collate(batch)
 
 
 def _worker_loop(
@@ -281,22 +255,22 @@ def _worker_loop(
         seed = base_seed + wid
         random.seed(seed)
         torch.manual_seed(seed)
-        np.random.seed(_worker._generate_state(base_seed, wid))
-        _worker._worker_info = _worker.WorkerInfo(id=wid, num_workers=num_workers, seed=seed, dataset=dataset)
+        np.random.seed(_tc.worker_seed(base_seed, wid))
+        _tc.set_process_worker_info(wid, num_workers, seed, dataset)
         if init_fn is not None:
             init_fn(wid)
-        if collate_fn is _collate.default_collate:
-            collate_fn = _plain_collate
-        collate_fn = _without_worker_info(collate_fn)
+        if collate_fn is _tc.default_collate:
+            collate_fn = _tc.thread_collate
+        collate_fn = _tc.without_worker_info(collate_fn)
         if direct_rows is not False:
             direct = _DirectReader(dataset, direct_rows)
         else:
-            fetcher = _DatasetKind.create_fetcher(
+            fetcher = _tc.DatasetKind.create_fetcher(
                 dataset_kind, dataset, auto_collation, collate_fn, drop_last
             )
     except Exception:  # noqa: BLE001 - reported with the first batch, as DataLoader does
-        init_error = ExceptionWrapper(where=f"in ThreadDataLoader worker process {wid}")
-    watchdog = _worker.ManagerWatchdog()
+        init_error = _tc.ExceptionWrapper(where=f"in ThreadDataLoader worker process {wid}")
+    watchdog = _tc.ManagerWatchdog()
     iteration_end = False
     while watchdog.is_alive():
         try:
@@ -309,10 +283,10 @@ def _worker_loop(
             writer.unregister(r.slot)
             writer.memory.pop(r.slot, None)
             continue
-        if isinstance(r, _ResumeEpoch):
+        if isinstance(r, ResumeEpoch):
             iteration_end = False
             if fetcher is not None:
-                fetcher = _DatasetKind.create_fetcher(
+                fetcher = _tc.DatasetKind.create_fetcher(
                     dataset_kind, dataset, auto_collation, collate_fn, drop_last
                 )
             result_queue.put((r, None))
@@ -331,10 +305,10 @@ def _worker_loop(
                     data = _pack(batch, writer, slot)
                     del batch
             except StopIteration:
-                data = _worker._IterableDatasetStopIteration(wid)
+                data = _tc.IterableStop(wid)
                 iteration_end = True
             except Exception:  # noqa: BLE001 - re-raised in the main process
-                data = ExceptionWrapper(where=f"in ThreadDataLoader worker process {wid}")
+                data = _tc.ExceptionWrapper(where=f"in ThreadDataLoader worker process {wid}")
         result_queue.put((idx, data))
         del data, r, index
     if done_event.is_set():
@@ -408,7 +382,7 @@ class _ViewUnpickler(pickle.Unpickler):
         return arr.view(np.recarray) if rec else arr
 
 
-class ProcessIter(PositionTracking, _BaseDataLoaderIter):
+class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
     """ThreadDataLoader(worker_type="process") with num_workers > 0."""
 
     def __init__(self, loader: Any):
@@ -424,9 +398,9 @@ class ProcessIter(PositionTracking, _BaseDataLoaderIter):
         self._context_name = ctx.get_start_method() if hasattr(ctx, "get_start_method") else "fork"
         ds = self._dataset
         direct = (
-            loader.collate_fn is _collate.default_collate
+            loader.collate_fn is _tc.default_collate
             and self._auto_collation
-            and self._dataset_kind == _DatasetKind.Map
+            and self._dataset_kind == _tc.DatasetKind.Map
             and getattr(ds, "collates_directly", False) is True
             and hasattr(ds, "_read_into")
             and loader._settings.fast_collate
@@ -485,25 +459,14 @@ class ProcessIter(PositionTracking, _BaseDataLoaderIter):
         super()._reset(loader, first_iter)
         loader._resume.attach(self)  # skips what a loaded state yielded, then counts (state_dict)
         left = getattr(self, "_task_info", {})  # what the last epoch left in flight or unread
-        self._send_idx = 0
-        self._rcvd_idx = 0
-        self._task_info: dict[int, tuple] = {}  # idx -> (wid, slot[, message])
+        reset_dispatch(self)  # _task_info: idx -> (wid, slot[, message])
         self._pending: tuple | None = None  # (index, wid) waiting for a free slot
-        self._tasks_outstanding = 0
-        self._workers_status = [True] * self._num_workers
-        self._workers_num_tasks = [0] * self._num_workers
-        self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
         if not first_iter:
-            # Persistent workers: finish (and drop) what the last epoch left in flight.
-            for q in self._index_queues:
-                q.put(_ResumeEpoch())
-            waiting = self._num_workers
-            while waiting > 0:
-                idx, data = self._get_data()
-                if isinstance(idx, _ResumeEpoch):
-                    waiting -= 1
-                else:
-                    left[idx] = left[idx][:2] + (data,)
+
+            def keep(idx: int, data: Any) -> None:  # its slot and memory are freed below
+                left[idx] = left[idx][:2] + (data,)
+
+            finish_last_epoch(self, keep)  # persistent workers: what the last epoch left is dropped
             for info in left.values():
                 self._take_memory(info)
         self._fill()
@@ -618,11 +581,11 @@ class ProcessIter(PositionTracking, _BaseDataLoaderIter):
                 self._rcvd_idx += 1
                 return self._process_data(info)
             idx, data = self._get_data()
-            if isinstance(idx, _ResumeEpoch):
+            if isinstance(idx, ResumeEpoch):
                 continue
             self._tasks_outstanding -= 1
             info = self._task_info[idx] + (data,)
-            if isinstance(data, _worker._IterableDatasetStopIteration):
+            if isinstance(data, _tc.IterableStop):
                 self._workers_status[data.worker_id] = False
                 self._task_info.pop(idx)
                 self._rings[info[0]].free.append(info[1])
@@ -651,7 +614,7 @@ class ProcessIter(PositionTracking, _BaseDataLoaderIter):
     def _process_data(self, info: tuple) -> Any:
         wid, slot, data = info
         self._workers_num_tasks[wid] -= 1
-        if isinstance(data, ExceptionWrapper):
+        if isinstance(data, _tc.ExceptionWrapper):
             self._rings[wid].free.append(slot)
             self._fill()
             data.reraise()

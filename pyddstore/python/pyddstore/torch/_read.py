@@ -285,6 +285,19 @@ class _StoredDataset(Dataset):
             got[f.key] = t
         return got
 
+    def _spilled_fields(self) -> list:
+        """Fixed fields some of whose rows are in spill files (read ahead by ThreadDataLoader)."""
+        return [
+            f.var
+            for f in self._schema.fixed_fields
+            if f.var not in self._device_shares and self._store._native.is_spilled(f.var)
+        ]
+
+    def _read_ahead(self, indices) -> int:
+        """Stages the spilled rows of samples `indices` (soon read here); the rows staged."""
+        rows = np.asarray(indices, dtype=np.int64)
+        return sum(self._store._native.prefetch(var, rows) for var in self._spilled_fields())
+
     def _read_into(self, f: Field, buf: np.ndarray, rows: np.ndarray) -> None:
         """Fixed rows of f into buf (store layout): through the field's DeviceShare, one
         get_batch, or (DDSTORE_BATCH_GET=0) one read per row."""

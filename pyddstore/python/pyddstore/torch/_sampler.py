@@ -87,8 +87,6 @@ class DistributedSampler(_tud.DistributedSampler):
         ```
     """
 
-    _ddstore_resumes_loaders = True  # _state.RESUMABLE: loaders resume from its state
-
     def __init__(
         self,
         dataset: Any,
@@ -122,6 +120,7 @@ class DistributedSampler(_tud.DistributedSampler):
         self._pending: tuple | None = None  # (epoch, stream, yielded) for the next iteration
         self._current: list | None = None  # [epoch, stream, yielded] of the latest iteration
         self._epoch_set = False  # set_epoch() called since construction or the last load
+        self._order: tuple | None = None  # (record, the running iteration's whole order), for upcoming()
 
     def __iter__(self) -> Any:
         # A generator: a loaded state is taken by the iteration that runs (torch's DataLoader
@@ -130,13 +129,32 @@ class DistributedSampler(_tud.DistributedSampler):
         if pending is None or pending[1].is_fresh(self) and pending[2] == 0:
             record = [self.epoch, _state.Stream.fresh(self), 0]
             indices = super().__iter__()  # torch's own order
+            self._order = (record, None)
         else:
             record = [self.epoch, pending[1], pending[2]]
             indices = itertools.islice(pending[1].indices(self, self.epoch), pending[2], None)
+            self._order = (record, pending[1])
         self._current = record
         for i in indices:
             record[2] += 1
             yield i
+
+    def upcoming(self, n: int) -> list:
+        """The next `n` indices the running iteration will yield (fewer at the epoch's end),
+        without advancing it: the order follows from seed and epoch (or a loaded state), so a
+        loader can read their rows ahead (see the "Datasets larger than memory" guide).
+
+        Args:
+            n (int): how many indices to look ahead.
+        """
+        if self._order is None or self._current is not self._order[0]:
+            return []
+        record, stream = self._order[0], self._order[1]
+        if len(self._order) == 2:  # the whole order, computed once per iteration
+            whole = list(super().__iter__()) if stream is None else list(stream.indices(self, record[0]))
+            self._order = (record, stream, whole)
+        whole = self._order[2]
+        return whole[record[2] : record[2] + n]
 
     def set_epoch(self, epoch: int) -> None:
         """torch's set_epoch(). After load_state_dict(): the state's epoch goes on; a later

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pyddstore import DDStoreTypeError, DDStoreValueError
+from pyddstore import DDStoreTypeError
 
 from ._field import TENSOR, Field, SchemaError, SchemaTypeError, classify, field_where
 
@@ -26,6 +26,12 @@ DICT = "dict"
 PYG = "pyg"  # torch_geometric.data.Data
 PYG_HETERO = "pyg-hetero"  # torch_geometric.data.HeteroData
 PYG_STRUCTURES = (PYG, PYG_HETERO)
+
+
+def sample_of(source: Any, i: int, encode: Any) -> Any:
+    """Sample i of a source as it is stored: through encode= where given."""
+    s = source[i]
+    return encode(s) if encode is not None else s
 
 
 def _pyg_class_named(cls: Any, name: str) -> bool:
@@ -104,32 +110,6 @@ def _hetero_items(sample: Any, where: str) -> list[tuple[str, Any, Any]]:
         for attr, value in store.items():
             out.append((_hetero_key(store._key, attr, where), value, store))
     return out
-
-
-def share_of(n: int, size: int, rank: int) -> tuple[int, int]:
-    """(start, count) of rank's share of n samples split over size ranks: the first n % size
-    ranks get one more.
-
-    Args:
-        n (int): samples in all.
-        size (int): ranks.
-        rank (int): the rank whose share to return.
-
-    Example:
-        ```python
-        share_of(10, 3, 0)  # (0, 4)
-        share_of(10, 3, 2)  # (7, 3)
-        ```
-    """
-    if size <= 0 or not 0 <= rank < size:
-        raise DDStoreValueError(f"rank {rank} is not in a group of {size}")
-    base, extra = divmod(n, size)
-    return rank * base + min(rank, extra), base + (1 if rank < extra else 0)
-
-
-def shares(n: int, size: int) -> list[int]:
-    """Rows per rank of the balanced split."""
-    return [share_of(n, size, r)[1] for r in range(size)]
 
 
 def _container(sample: Any) -> str:

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from pyddstore import DDStoreError, DDStoreFileError, _json
+from pyddstore._shares import share_of
 from pyddstore._sources import ALIGN, AlignedReader, open_regular
 
 from . import _load
@@ -37,7 +38,6 @@ from ._schema import (
     TUPLE,
     VALUE,
     Schema,
-    share_of,
 )
 
 FORMAT = "pyddstore-snapshot"

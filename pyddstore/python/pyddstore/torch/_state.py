@@ -14,8 +14,6 @@ becomes a new stream dealt over the new ranks, each sample once.
 
 from __future__ import annotations
 
-import collections
-import copy
 import math
 from typing import Any
 
@@ -65,7 +63,8 @@ def stream_len(start: int, end: int, replicas: int, rank: int) -> int:
     return len(range(rank, end - start, replicas))
 
 
-def _bad(what: str, detail: str) -> DDStoreValueError:
+def bad_state(what: str, detail: str) -> DDStoreValueError:
+    """A state that cannot be loaded: what it is a state of, and what is wrong with it."""
     return DDStoreValueError(f"{what}: {detail}")
 
 
@@ -73,31 +72,35 @@ def _int(state: dict, key: str, what: str, lo: int | None = 0) -> int:
     v = state.get(key)
     if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo):
         bound = "an integer" if lo is None else f"an integer >= {lo}"
-        raise _bad(what, f"{key!r} is {v!r}, expected {bound} (a corrupted or foreign state?)")
+        raise bad_state(what, f"{key!r} is {v!r}, expected {bound} (a corrupted or foreign state?)")
     return v
 
 
 def _bool(state: dict, key: str, what: str) -> bool:
     v = state.get(key)
     if not isinstance(v, bool):
-        raise _bad(what, f"{key!r} is {v!r}, expected true or false (a corrupted or foreign state?)")
+        raise bad_state(what, f"{key!r} is {v!r}, expected true or false (a corrupted or foreign state?)")
     return v
 
 
 def _name(state: dict, key: str, what: str) -> str | None:
     v = state.get(key)
     if v is not None and not isinstance(v, str):
-        raise _bad(what, f"{key!r} is {v!r}, expected a string or null")
+        raise bad_state(what, f"{key!r} is {v!r}, expected a string or null")
     return v
 
 
 def _header(state: Any, fmt: str, what: str) -> dict:
     if not isinstance(state, dict):
-        raise _bad(what, f"expected the dict state_dict() returned, got {type(state).__name__}")
+        raise bad_state(what, f"expected the dict state_dict() returned, got {type(state).__name__}")
     if state.get("format") != fmt:
-        raise _bad(what, f"'format' is {state.get('format')!r}, expected {fmt!r} (another object's state?)")
+        raise bad_state(
+            what, f"'format' is {state.get('format')!r}, expected {fmt!r} (another object's state?)"
+        )
     if state.get("version") != VERSION:
-        raise _bad(what, f"'version' is {state.get('version')!r}; this pyddstore reads version {VERSION}")
+        raise bad_state(
+            what, f"'version' is {state.get('version')!r}; this pyddstore reads version {VERSION}"
+        )
     return state
 
 
@@ -106,10 +109,10 @@ def check_dataset(state: dict, dataset: Any, what: str, len_key: str, name_key: 
     n = _int(state, len_key, what)
     name = _name(state, name_key, what)
     if n != len(dataset):
-        raise _bad(what, f"the state is for a dataset of {n} samples, this one has {len(dataset)}")
+        raise bad_state(what, f"the state is for a dataset of {n} samples, this one has {len(dataset)}")
     mine = dataset_name(dataset)
     if name is not None and mine is not None and name != mine:
-        raise _bad(what, f"the state is for dataset {name!r}, this one is {mine!r}")
+        raise bad_state(what, f"the state is for dataset {name!r}, this one is {mine!r}")
 
 
 class Stream:
@@ -175,7 +178,9 @@ def check_sampler_state(state: Any, sampler: Any, exact: bool) -> tuple[int, Str
     _int(state, "seed", what, lo=None)
     for key in ("shuffle", "drop_last"):
         if _bool(state, key, what) != bool(getattr(sampler, key)):
-            raise _bad(what, f"the state has {key}={state[key]}, this sampler {key}={getattr(sampler, key)}")
+            raise bad_state(
+                what, f"the state has {key}={state[key]}, this sampler {key}={getattr(sampler, key)}"
+            )
     check_dataset(state, sampler.dataset, what, "dataset_len", "dataset_name")
     n = len(sampler.dataset)
     replicas = _int(state, "num_replicas", what, lo=1)
@@ -183,17 +188,17 @@ def check_sampler_state(state: Any, sampler: Any, exact: bool) -> tuple[int, Str
     order_replicas = _int(state, "order_replicas", what, lo=1)
     start, end, yielded = (_int(state, k, what) for k in ("start", "end", "yielded"))
     if rank >= replicas:
-        raise _bad(what, f"'rank' {rank} is not below 'num_replicas' {replicas}")
+        raise bad_state(what, f"'rank' {rank} is not below 'num_replicas' {replicas}")
     full = total_size(n, order_replicas, sampler.drop_last)
     if not start <= end <= full:
-        raise _bad(what, f"'start' {start} and 'end' {end} are not within the epoch's {full} positions")
+        raise bad_state(what, f"'start' {start} and 'end' {end} are not within the epoch's {full} positions")
     if yielded > stream_len(start, end, replicas, rank):
         mine = stream_len(start, end, replicas, rank)
-        raise _bad(what, f"'yielded' {yielded} is more than rank {rank}'s {mine} samples")
+        raise bad_state(what, f"'yielded' {yielded} is more than rank {rank}'s {mine} samples")
     if replicas == sampler.num_replicas:
         return epoch, Stream(start, end, order_replicas, replicas), yielded
     if exact:
-        raise _bad(
+        raise bad_state(
             what,
             f"the state is from {replicas} ranks and this job has {sampler.num_replicas}: the exact batches "
             "cannot be resumed (exact=False deals the epoch's unseen samples over the new ranks)",
@@ -221,11 +226,11 @@ def loader_fields(state: Any, what: str) -> dict:
     for key in ("generator", "sampler_generator"):
         g = state.get(key)
         if g is not None and (not isinstance(g, list) or not all(type(b) is int and 0 <= b < 256 for b in g)):
-            raise _bad(what, f"{key!r} is not a list of bytes (a corrupted state?)")
+            raise bad_state(what, f"{key!r} is not a list of bytes (a corrupted state?)")
     if state.get("sampler") is not None and not isinstance(state["sampler"], dict):
-        raise _bad(what, "'sampler' is not a dict (a corrupted state?)")
+        raise bad_state(what, "'sampler' is not a dict (a corrupted state?)")
     if state.get("mode") not in ("sampler", "skip"):
-        raise _bad(what, f"'mode' is {state.get('mode')!r}, expected 'sampler' or 'skip'")
+        raise bad_state(what, f"'mode' is {state.get('mode')!r}, expected 'sampler' or 'skip'")
     return state
 
 
@@ -239,256 +244,8 @@ def set_generator_state(g: Any, state: list | None, what: str) -> None:
     try:
         g.set_state(torch.tensor(state, dtype=torch.uint8))
     except (RuntimeError, ValueError) as e:
-        raise _bad(what, f"the generator state does not fit this generator ({e})") from None
+        raise bad_state(what, f"the generator state does not fit this generator ({e})") from None
 
 
 def unsupported(what: str, why: str) -> DDStoreUnsupportedError:
     return DDStoreUnsupportedError(f"{what}: {why}")
-
-
-#: The class attribute by which pyddstore.torch.DistributedSampler (and subclasses) says that a
-#: loader resumes from its state (a marker, as _sampler imports this module).
-RESUMABLE = "_ddstore_resumes_loaders"
-
-
-def _is_dist_sampler(sampler: Any) -> bool:
-    return getattr(type(sampler), RESUMABLE, False) is True
-
-
-class Progress:
-    """One loader iteration's position: batches and samples handed to the caller (batches
-    fetched ahead by workers are not counted) and what the iteration started from."""
-
-    def __init__(self, start: dict):
-        self.start = start
-        self.batches = start["batches"]
-        self.samples = start["samples"]
-        self.sizes: collections.deque = collections.deque()  # samples of batches sent, not yielded
-        self.finished = False
-
-    def dispatched(self, index: Any, batched: bool) -> None:
-        self.sizes.append(len(index) if batched else 1)
-
-    def yielded(self) -> None:
-        self.batches += 1
-        self.samples += self.sizes.popleft() if self.sizes else 1
-
-
-class LoaderResume:
-    """ThreadDataLoader's state_dict()/load_state_dict() and auto_epoch (one per loader)."""
-
-    def __init__(self, loader: Any, auto_epoch: bool):
-        self.loader = loader
-        self.auto_epoch = bool(auto_epoch)
-        self.next_epoch: int | None = None  # auto_epoch's next epoch (None: the sampler's own)
-        self.pending: dict | None = None
-        self.exact = False
-        self.progress: Progress | None = None
-        self.begun: dict | None = None  # what begin() set up, for the iterator it makes
-        if self.auto_epoch and not callable(getattr(self.sampler(), "set_epoch", None)):
-            raise DDStoreValueError(
-                "ThreadDataLoader(auto_epoch=True) needs a sampler with set_epoch() (DistributedSampler); "
-                f"this loader's sampler is a {type(self.sampler()).__name__}"
-            )
-
-    def sampler(self) -> Any:
-        """The sampler whose order the epoch sets (inside a user's batch_sampler if it has one)."""
-        loader = self.loader
-        if loader.batch_size is None and loader.batch_sampler is not None:
-            return getattr(loader.batch_sampler, "sampler", loader.sampler)
-        return loader.sampler
-
-    def _mode(self) -> str:
-        return "sampler" if _is_dist_sampler(self.sampler()) else "skip"
-
-    def _generators(self) -> tuple:
-        loader_gen = self.loader.generator
-        sampler_gen = getattr(self.sampler(), "generator", None)
-        if not isinstance(sampler_gen, torch.Generator) or sampler_gen is loader_gen:
-            sampler_gen = None
-        return loader_gen, sampler_gen
-
-    def _check_reproducible(self, what: str) -> None:
-        loader = self.loader
-        if loader._dataset_kind != 0:  # _DatasetKind.Map
-            raise unsupported(what, "an IterableDataset's position is its own: use a map-style dataset")
-        if loader.num_workers > 0 and not loader.in_order:
-            raise unsupported(what, "in_order=False yields batches out of order: no position to save")
-        sampler = self.sampler()
-        if isinstance(sampler, torch.utils.data.RandomSampler) and sampler.generator is None:
-            raise DDStoreValueError(
-                f"{what}: shuffle=True without generator= draws each epoch's order from torch's global "
-                "generator, which cannot be restored: use DistributedSampler, or pass "
-                "generator=torch.Generator().manual_seed(seed)"
-            )
-
-    # -- the start of an iteration -----------------------------------------------------------
-
-    def begin(self) -> None:
-        """ThreadDataLoader.__iter__, before any iterator exists: applies a loaded state and
-        auto_epoch, then notes where the iteration starts."""
-        sampler, mode = self.sampler(), self._mode()
-        st, self.pending = self.pending, None
-        start = {"batches": 0, "samples": 0, "skip": 0, "base_seed": None}
-        if st is not None:
-            what = "ThreadDataLoader.load_state_dict"
-            finished = st["finished"]
-            loader_gen, sampler_gen = self._generators()
-            set_generator_state(loader_gen, st["generator"], what)
-            set_generator_state(sampler_gen, st["sampler_generator"], what)
-            if mode == "sampler":
-                sampler._restore(st["sampler"], self.exact, position=not finished)
-                if not finished and sampler._upcoming_state()["yielded"] > 0:  # the same stream goes on
-                    start.update(batches=st["batches_yielded"], samples=st["samples_yielded"])
-            elif st["epoch"] is not None and hasattr(sampler, "epoch"):
-                sampler.epoch = st["epoch"]
-            if not finished:
-                start["base_seed"] = st["base_seed"]
-                if mode == "skip":
-                    start.update(skip=st["batches_yielded"], batches=st["batches_yielded"])
-                    start["samples"] = st["samples_yielded"]
-            if st["epoch"] is not None:
-                self.next_epoch = st["epoch"] + (1 if finished else 0)
-        if self.auto_epoch:
-            if self.next_epoch is None:
-                self.next_epoch = sampler.epoch
-            sampler.set_epoch(self.next_epoch)
-            self.next_epoch += 1
-        epoch = getattr(sampler, "epoch", None)
-        loader_gen, sampler_gen = self._generators()
-        start.update(
-            epoch=epoch if isinstance(epoch, int) else None,
-            mode=mode,
-            sampler=sampler._upcoming_state() if mode == "sampler" else None,
-            generator=generator_state(loader_gen),
-            sampler_generator=generator_state(sampler_gen),
-        )
-        self.begun = start
-
-    def seed_iterator(self, it: Any) -> None:
-        """A new iterator, before its workers start: a resumed epoch keeps its base seed."""
-        if self.begun is not None and self.begun["base_seed"] is not None:
-            it._base_seed = self.begun["base_seed"]
-
-    def attach(self, it: Any) -> None:
-        """The iterator's sampler iterator for this epoch exists: skip what was yielded (skip
-        mode), then count from here."""
-        start, self.begun = self.begun, None
-        if start is None:  # an iterator made without __iter__ (torch internals): a plain epoch
-            self.begin()
-            start, self.begun = self.begun, None
-        start["base_seed"] = int(it._base_seed)
-        for _ in range(start["skip"]):
-            try:
-                next(it._sampler_iter)
-            except StopIteration:
-                break
-        it._progress = self.progress = Progress(start)
-
-    # -- the protocol ------------------------------------------------------------------------
-
-    def state_dict(self) -> dict:
-        what = "ThreadDataLoader.state_dict"
-        self._check_reproducible(what)
-        if self.pending is not None:
-            return copy.deepcopy(self.pending)
-        loader, sampler, p = self.loader, self.sampler(), self.progress
-        state = {
-            "format": LOADER_FORMAT,
-            "version": VERSION,
-            "dataset_len": len(loader.dataset),
-            "dataset_name": dataset_name(loader.dataset),
-            "batch_size": loader.batch_size,
-            "drop_last": bool(loader.drop_last),
-        }
-        if p is None:  # no iteration yet: the next one starts the epoch
-            epoch = self.next_epoch if self.auto_epoch else None
-            epoch = getattr(sampler, "epoch", None) if epoch is None else epoch
-            loader_gen, sampler_gen = self._generators()
-            state.update(
-                epoch=epoch if isinstance(epoch, int) else None,
-                mode=self._mode(),
-                finished=False,
-                batches_yielded=0,
-                samples_yielded=0,
-                base_seed=None,
-                generator=generator_state(loader_gen),
-                sampler_generator=generator_state(sampler_gen),
-                sampler=sampler._upcoming_state() if self._mode() == "sampler" else None,
-            )
-            return state
-        s = p.start
-        state.update(
-            epoch=s["epoch"],
-            mode=s["mode"],
-            finished=p.finished,
-            batches_yielded=p.batches,
-            samples_yielded=p.samples,
-            base_seed=s["base_seed"],
-            generator=s["generator"],
-            sampler_generator=s["sampler_generator"],
-            sampler=None,
-        )
-        if p.finished:  # the next epoch draws from the generators as they are now
-            loader_gen, sampler_gen = self._generators()
-            state["generator"] = generator_state(loader_gen)
-            state["sampler_generator"] = generator_state(sampler_gen)
-        if s["sampler"] is not None:
-            state["sampler"] = dict(s["sampler"], yielded=s["sampler"]["yielded"] + p.samples - s["samples"])
-        return state
-
-    def load_state_dict(self, state: dict, exact: bool) -> None:
-        what = "ThreadDataLoader.load_state_dict"
-        if isinstance(state, dict) and not state:  # torchdata: {} loads nothing
-            self.pending = None
-            return
-        loader_fields(state, what)
-        self._check_reproducible(what)
-        check_dataset(state, self.loader.dataset, what, "dataset_len", "dataset_name")
-        if state["mode"] != self._mode():
-            raise _bad(
-                what,
-                f"the state was saved with a {'pyddstore ' if state['mode'] == 'sampler' else 'non-'}"
-                f"DistributedSampler; this loader's sampler is a {type(self.sampler()).__name__}",
-            )
-        if state["mode"] == "sampler":
-            if state["sampler"] is None:
-                raise _bad(what, "'sampler' is missing (a corrupted state?)")
-            check_sampler_state(state["sampler"], self.sampler(), exact)
-        batch_size, drop_last = self.loader.batch_size, self.loader.drop_last
-        replicas = getattr(self.sampler(), "num_replicas", None)
-        same_ranks = state["mode"] == "skip" or state["sampler"]["num_replicas"] == replicas
-        if same_ranks and (state.get("batch_size") != batch_size or state["drop_last"] != drop_last):
-            raise _bad(
-                what,
-                f"the state has batch_size={state.get('batch_size')}, drop_last={state['drop_last']}; this "
-                f"loader batch_size={batch_size}, drop_last={drop_last}: the batches would differ",
-            )
-        self.pending = copy.deepcopy(state)
-        self.exact = bool(exact)
-
-
-class PositionTracking:
-    """Mixin of ThreadDataLoader's iterators (threads and processes): counts the indices sent to
-    workers and the batches handed to the caller, for state_dict(). An iterator calls
-    loader._resume.seed_iterator(self) before its workers start and loader._resume.attach(self)
-    once its epoch's sampler iterator exists."""
-
-    _progress: Any = None
-
-    def _next_index(self) -> Any:
-        index = super()._next_index()  # type: ignore[misc]
-        if self._progress is not None:
-            self._progress.dispatched(index, self._auto_collation)  # type: ignore[attr-defined]
-        return index
-
-    def __next__(self) -> Any:
-        try:
-            data = super().__next__()  # type: ignore[misc]
-        except StopIteration:
-            if self._progress is not None:
-                self._progress.finished = True
-            raise
-        if self._progress is not None:
-            self._progress.yielded()
-        return data

@@ -2,7 +2,7 @@
 bytes read straight from the files by N threads per rank) measured in the same run, cold cache
 where the machine allows dropping it, and the peak memory of each load as a multiple of the share.
 
-    mpirun -n 2 python -m pyddstore.bench_torch --parts load [--load-files 1500 --load-kib 330]
+    mpirun -n 2 python -m pyddstore.benchmarks.dataset --parts load [--load-files 1500 --load-kib 330]
         [--load-rounds 2] [--load-dir DIR]
 
 Cases: a map-style dataset whose __getitem__ calls np.load on one .npz file per sample (the
@@ -33,6 +33,10 @@ import time
 
 import numpy as np
 from torch.utils.data import Dataset
+
+from pyddstore.torch import DistDataset, share_of
+
+from ._common import FORKED_WORKERS, bench_settings
 
 MIB = 1 << 20
 
@@ -226,9 +230,6 @@ def npz_decode_cpu(paths: list[str]) -> dict:
 def measure_load(args, comm) -> dict:
     import h5py
 
-    from pyddstore.torch import DistDataset
-    from pyddstore.torch._schema import share_of
-
     n, floats = args.load_files, max(1, args.load_kib * 1024 // 4)
     tmp = None
     d = args.load_dir
@@ -366,7 +367,7 @@ def _round(args, comm, d, n, my_files, timed, check_rows, DistDataset, h5py) -> 
     timed("np.load alone, 32 threads (no store)", npload_alone)
 
     def load(src, name, **kw):
-        ds = DistDataset(src, name, comm, **kw)
+        ds = DistDataset(src, name, comm, settings=bench_settings(FORKED_WORKERS), **kw)
         return ds.load_stats[comm.rank]["nbytes"], ds
 
     timed("DistDataset, npz map-style (default)", lambda: load(NpzFiles(d, n), "npz"), check_rows)
@@ -399,7 +400,7 @@ def _round(args, comm, d, n, my_files, timed, check_rows, DistDataset, h5py) -> 
     )
     snap = os.path.join(d, f"snap-{os.getpid() if comm.rank == 0 else 0}-{time.time_ns()}")
     snap = comm.bcast(snap, root=0)
-    ds = DistDataset(NpzFiles(d, n), "tosave", comm)
+    ds = DistDataset(NpzFiles(d, n), "tosave", comm, settings=bench_settings(FORKED_WORKERS))
     ds.save(snap)
     ds.free()
     timed("DistDataset.restore (snapshot)", lambda: _restore(DistDataset, snap, comm), check_rows)
@@ -410,8 +411,6 @@ def _round(args, comm, d, n, my_files, timed, check_rows, DistDataset, h5py) -> 
 
 def _share(n: int, comm) -> tuple[int, int]:
     """(first, end) of this rank's rows."""
-    from pyddstore.torch._schema import share_of
-
     start, count = share_of(n, comm.size, comm.rank)
     return start, start + count
 

@@ -1,8 +1,8 @@
-"""The benchmark on a virtual cluster (`python -m pyddstore.bench --vcluster`, as root, not
+"""The benchmark on a virtual cluster (`python -m pyddstore bench --vcluster`, as root, not
 under mpirun): remote rows read across two namespace "nodes" beside the same reads between two
 ranks of one node, every line measured in the same run.
 
-Each placement is one `mpirun` of `python -m pyddstore.bench` through the repository's
+Each placement is one `mpirun` of `python -m pyddstore bench` through the repository's
 harness (scripts/vcluster.py, or DDSTORE_VCLUSTER_HARNESS): two nodes x 1 rank (every row
 rank 0 reads is on the other node) and one node x 2 ranks (the same rows through the
 transport, `DDSTORE_SHM=0`, and through same-node memory). Method 0 across nodes runs with
@@ -19,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from .._env import settings
 
 # placement -> (nodes, ranks per node, [(configs, env)])
 PT2PT = {"OMPI_MCA_osc": "sm,pt2pt", "MPI4PY_RC_THREAD_LEVEL": "serialized"}
@@ -39,9 +41,7 @@ PLACEMENTS = {
 def load_harness():
     """scripts/vcluster.py of the source tree this package was built from (editable install),
     or the file DDSTORE_VCLUSTER_HARNESS names."""
-    from ._env import settings
-
-    path = settings().vcluster_harness or str(Path(__file__).resolve().parents[3] / "scripts" / "vcluster.py")
+    path = settings().vcluster_harness or str(Path(__file__).resolve().parents[4] / "scripts" / "vcluster.py")
     if not os.path.isfile(path):
         raise SystemExit(
             f"--vcluster needs the virtual-cluster harness; {path} does not exist: run from a source "
@@ -93,7 +93,7 @@ def run(args) -> None:
         for placement, (nodes, per_node, runs) in PLACEMENTS.items():
             for configs, extra in runs:
                 out = os.path.join(tmp, f"{len(nodes)}-{configs.replace(',', '_')}.json")
-                inner = [sys.executable, "-m", "pyddstore.bench", "--configs", configs, "--json", out]
+                inner = [sys.executable, "-m", "pyddstore", "bench", "--configs", configs, "--json", out]
                 argv = cluster.mpirun_argv(per_node, inner + bench_args(args), env=extra, nodes=nodes)
                 print(f"# {placement}: {configs} {extra or ''}", file=sys.stderr, flush=True)
                 proc = subprocess.run(argv, env={**env, **extra}, capture_output=True, text=True, timeout=900)

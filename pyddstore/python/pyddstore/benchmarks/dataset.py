@@ -1,7 +1,7 @@
 """PyTorch-level benchmarks: peak memory while a DistDataset loads its share, and a
 training-shaped loop through every loader, as ratios against baselines measured in the same run.
 
-    mpirun -n 4 python -m pyddstore.bench_torch [--parts memory,loaders,load] [--json FILE]
+    mpirun -n 4 python -m pyddstore.benchmarks.dataset [--parts memory,loaders,load] [--json FILE]
 
 memory: rank 0 loads a --share-mib share (one rank, method 1) in a fresh process per case, so
 peaks don't mix, and reports the peak RSS above the process's RSS just before loading, as a
@@ -14,47 +14,36 @@ loaders: every rank runs epochs of --batches batches (DistributedSampler, set_ep
 DataLoader(DistDataset) in the main process and with forked workers (method 1 only; new or
 persistent workers), and ThreadDataLoader with 1 and 2 threads, for each method. Samples/s and
 the time spent waiting for batches; the first batch of every epoch is checked against the
-baseline's. load (not run by default): see pyddstore.bench_load.
+baseline's. load (not run by default): see pyddstore.benchmarks.load.
 Method 1 runs with DDSTORE_FABRIC=tcp; ranks on one node read each other's shares
 through shared memory unless DDSTORE_SHM=0 is exported.
 """
 
 from __future__ import annotations
 
+import argparse
+import gc
+import json
 import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
 
-# The stores this benchmark makes have forked DataLoader workers read (DDSTORE_FORK_WORKERS=1 in
-# their settings). The libfabric default that goes with it (FI_MR_CACHE_MONITOR=memhooks where
-# kdreg2 is the default, Cray) is set when the extension is imported, which
-# `python -m pyddstore.bench_torch` has done by now: export DDSTORE_FORK_WORKERS=1 before
-# starting Python there.
-os.environ.setdefault("DDSTORE_FORK_WORKERS", "1")
+import numpy as np
+import torch  # before MPI starts
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
 
-import argparse  # noqa: E402
-import gc  # noqa: E402
-import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
+from pyddstore.torch import DistDataset, ThreadDataLoader
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402 - before MPI starts
-from torch.utils.data import DataLoader, Dataset, TensorDataset  # noqa: E402
-from torch.utils.data.distributed import DistributedSampler  # noqa: E402
-
-from . import _native  # noqa: E402
+from .. import _native
+from ._common import FORKED_WORKERS, bench_settings, quiet_wait
+from .load import measure_load, plot_load, print_load
 
 MIB = 1 << 20
 _LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "MPI_LOCALNRANKS", "MV2_", "SLURM_")
-
-
-def quiet_wait(comm) -> None:
-    """A barrier that sleeps instead of spinning, so waiting ranks leave the CPU to the others."""
-    req = comm.Ibarrier()
-    while not req.Test():
-        time.sleep(0.0005)
 
 
 # -- memory -----------------------------------------------------------------------------------
@@ -138,8 +127,6 @@ class _ResidentSampler:
 
 def memory_case(case: dict) -> dict:
     """One load in this (fresh, single-rank) process: peak RSS above the RSS before loading."""
-    from pyddstore.torch import DistDataset
-
     n, floats, chunk = case["n"], case["floats"], case["chunk"]
     if case["source"] == "generated":
         src = GeneratedRows(n, floats)
@@ -183,6 +170,7 @@ def _child_env() -> dict:
     """This environment minus the launcher's variables: the child is a single-rank job."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
     env.update({"DDSTORE_MPI": "0", "DDSTORE_QUIET": "1", "DDSTORE_FABRIC": env.get("DDSTORE_FABRIC", "tcp")})
+    env.setdefault("DDSTORE_FORK_WORKERS", "1")  # FORKED_WORKERS, before the child's Python starts
     env.setdefault("FI_TCP_IFACE", "lo")
     return env
 
@@ -212,7 +200,7 @@ def measure_memory(args) -> list[dict]:
 
 def _memory_subprocess(case: dict) -> dict:
     case.setdefault("label", "")
-    cmd = [sys.executable, "-m", "pyddstore.bench_torch", "--memory-case", json.dumps(case)]
+    cmd = [sys.executable, "-m", "pyddstore.benchmarks.dataset", "--memory-case", json.dumps(case)]
     proc = subprocess.run(cmd, env=_child_env(), capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise SystemExit(f"memory case {case}: failed\n{proc.stdout}\n{proc.stderr}")
@@ -298,8 +286,6 @@ def _loader_cases(args, method: int) -> list[tuple]:
 
 
 def _run_case(comm, ds, args, kind: str, workers: int, persistent: bool) -> tuple[list[dict], list]:
-    from pyddstore.torch import ThreadDataLoader
-
     sampler = DistributedSampler(ds, num_replicas=comm.size, rank=comm.rank, shuffle=True, seed=5)
     kw = {"batch_size": args.batch_size, "sampler": sampler, "num_workers": workers, "drop_last": True}
     if workers > 0:
@@ -316,20 +302,6 @@ def _run_case(comm, ds, args, kind: str, workers: int, persistent: bool) -> tupl
         gc.collect()
 
 
-def _with_env(env: dict):
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-
-    def restore():
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-    return restore
-
-
 def _check_firsts(want: list, got: list, what: str) -> None:
     """Every epoch's first batch equals the baseline's (same sampler, same seed)."""
     bad = [e for e, (w, g) in enumerate(zip(want, got)) if g is None or not all(map(torch.equal, w, g))]
@@ -338,8 +310,6 @@ def _check_firsts(want: list, got: list, what: str) -> None:
 
 
 def measure_loaders(args, comm) -> list[dict]:
-    from pyddstore.torch import DistDataset
-
     rank = comm.rank
     src = _source(args, comm.size)
     rows = []
@@ -361,18 +331,15 @@ def measure_loaders(args, comm) -> list[dict]:
         _check_firsts(want, got, f"rank {rank}: TensorDataset {label}")
         record("-", label, stats)
     for method in args.methods:
-        restore = _with_env({"DDSTORE_FABRIC": "tcp"} if method == 1 else {})
-        try:
-            ds = DistDataset(src, f"bench_m{method}", comm, method=method)
-            for label, kind, workers, persistent in _loader_cases(args, method):
-                quiet_wait(comm)
-                stats, got = _run_case(comm, ds, args, kind, workers, persistent)
-                _check_firsts(want, got, f"rank {rank}: method {method} {label}")
-                record(method, label, stats)
+        settings = bench_settings(FORKED_WORKERS, **({"fabric": "tcp"} if method == 1 else {}))
+        ds = DistDataset(src, f"bench_m{method}", comm, method=method, settings=settings)
+        for label, kind, workers, persistent in _loader_cases(args, method):
             quiet_wait(comm)
-            ds.free()
-        finally:
-            restore()
+            stats, got = _run_case(comm, ds, args, kind, workers, persistent)
+            _check_firsts(want, got, f"rank {rank}: method {method} {label}")
+            record(method, label, stats)
+        quiet_wait(comm)
+        ds.free()
     return rows
 
 
@@ -442,7 +409,9 @@ def print_loaders(rows: list[dict], args, size: int) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m pyddstore.bench_torch", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m pyddstore.benchmarks.dataset", description=__doc__.splitlines()[0]
+    )
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     ap.add_argument("--parts", type=lambda s: s.split(","), default=["memory", "loaders"])
     ap.add_argument("--share-mib", type=float, default=400, help="memory: the share loaded (MiB)")
@@ -485,8 +454,6 @@ def main(argv=None) -> None:
         out["memory"] = measure_memory(args) if comm.rank == 0 else []
         quiet_wait(comm)  # the others wait without spinning while rank 0 measures
     if "load" in args.parts:
-        from .bench_load import measure_load
-
         out["load"] = measure_load(args, comm)
     if "loaders" in args.parts:
         rows = measure_loaders(args, comm)
@@ -500,16 +467,12 @@ def main(argv=None) -> None:
         if "loaders" in out:
             print_loaders(out["loaders"], args, comm.size)
         if "load" in out:
-            from .bench_load import print_load
-
             print_load(out["load"], comm.size)
         if args.json:
             os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1)
         if args.plot and "load" in out:
-            from .bench_load import plot_load
-
             plot_load(out["load"], args.plot)
     quiet_wait(comm)
 

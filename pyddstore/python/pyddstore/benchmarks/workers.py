@@ -2,7 +2,7 @@
 (worker_type="process"), torch's DataLoader over the same DistDataset, and torch's DataLoader
 over an np.memmap of the same rows, as samples/s ratios against the thread loader in one run.
 
-    mpirun -n 2 python -m pyddstore.bench_workers [--parts plain,decode] [--json FILE]
+    mpirun -n 2 python -m pyddstore.benchmarks.workers [--parts plain,decode] [--json FILE]
 
 plain: --samples samples of float32 (3, 64, 64) (48 KiB) and an int64 label (its index), batches of
 --batch-size, DistributedSampler with set_epoch, no per-sample work and no training step: how
@@ -18,25 +18,23 @@ process loader the peak shared memory of its slot rings is stated (per rank).
 
 from __future__ import annotations
 
+import argparse
+import gc
+import json
 import os
+import sys
+import tempfile
+import time
 
-# Forked torch DataLoader workers read the stores this benchmark makes (see bench_torch).
-os.environ.setdefault("DDSTORE_FORK_WORKERS", "1")
+import numpy as np
+import torch  # before MPI starts
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
 
-import argparse  # noqa: E402
-import gc  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
+from pyddstore.torch import DistDataset, ThreadDataLoader
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402 - before MPI starts
-from torch.utils.data import DataLoader, Dataset, TensorDataset  # noqa: E402
-from torch.utils.data.distributed import DistributedSampler  # noqa: E402
-
-from . import _native  # noqa: E402
-from .bench_torch import quiet_wait  # noqa: E402
+from .. import _native
+from ._common import bench_settings, quiet_wait
 
 SHAPE = (3, 64, 64)
 
@@ -133,8 +131,6 @@ def _cases(args, workers: int) -> list[tuple]:
 
 
 def measure(comm, args, part: str, src, ds, path: str, work: Work | None) -> list[dict]:
-    from pyddstore.torch import ThreadDataLoader
-
     workers = args.decode_workers if part == "decode" else args.workers
     bs = args.decode_batch_size if part == "decode" else args.batch_size
     rows = []
@@ -214,7 +210,7 @@ def print_rows(rows: list[dict], args, size: int, loops: int) -> None:
 
 def main(argv=None) -> None:
     doc = __doc__.splitlines()[0]
-    ap = argparse.ArgumentParser(prog="python -m pyddstore.bench_workers", description=doc)
+    ap = argparse.ArgumentParser(prog="python -m pyddstore.benchmarks.workers", description=doc)
     ap.add_argument("--parts", type=lambda s: s.split(","), default=["plain", "decode"])
     ap.add_argument("--samples", type=int, default=20000, help="plain: samples in the dataset")
     ap.add_argument("--decode-samples", type=int, default=1024, help="decode: samples in the dataset")
@@ -233,14 +229,12 @@ def main(argv=None) -> None:
         ap.error(f"unknown parts {unknown}: choose from plain, decode")
     if min(args.samples, args.decode_samples, args.batch_size, args.epochs, args.workers, args.rounds) < 1:
         ap.error("--samples, --decode-samples, --batch-size, --epochs, --workers, --rounds must be positive")
-    os.environ.setdefault("DDSTORE_FABRIC", "tcp")
-    os.environ.setdefault("DDSTORE_QUIET", "1")
 
     from mpi4py import MPI
 
-    from pyddstore.torch import DistDataset
-
     comm = MPI.COMM_WORLD
+    # Forked torch DataLoader workers read the stores (unless the environment says otherwise).
+    settings = bench_settings({"fork_workers": True, "fabric": "tcp", "quiet": True})
     loops = comm.bcast(calibrate(args.decode_ms) if comm.rank == 0 else None)
     rows = []
     with tempfile.TemporaryDirectory(prefix="ddstore-workers-", dir=args.tmpdir) as tmp:
@@ -255,7 +249,7 @@ def main(argv=None) -> None:
                 del mm
             quiet_wait(comm)
             work = Work(loops) if part == "decode" else None
-            ds = DistDataset(src, f"bench_workers_{part}", comm, method=1, decode=work)
+            ds = DistDataset(src, f"bench_workers_{part}", comm, method=1, decode=work, settings=settings)
             rows += measure(comm, args, part, src, ds, path, work)
             quiet_wait(comm)
             ds.free()

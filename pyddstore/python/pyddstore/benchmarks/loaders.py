@@ -1,6 +1,6 @@
 """Loader throughput against what a user would pick instead, measured in one run.
 
-    python -m pyddstore.bench_loaders [--samples N] [--floats F] [--json FILE] [--plot FILE.png]
+    python -m pyddstore.benchmarks.loaders [--samples N] [--floats F] [--json FILE] [--plot FILE.png]
 
 One process reads every sample of one dataset (F float32 features and an int64 label per
 sample) in shuffled batches for --epochs epochs after a warm-up epoch, through:
@@ -238,7 +238,7 @@ def _run_one(name: str, args, d: str) -> dict:
     import signal
     import subprocess
 
-    cmd = [sys.executable, "-m", "pyddstore.bench_loaders", "--one", name, "--one-dir", d]
+    cmd = [sys.executable, "-m", "pyddstore.benchmarks.loaders", "--one", name, "--one-dir", d]
     cmd += [f"--{k}={v}" for k, v in (("samples", args.samples), ("floats", args.floats),
                                        ("batch", args.batch), ("workers", args.workers),
                                        ("epochs", args.epochs))]  # fmt: skip
@@ -259,7 +259,7 @@ def _run_one(name: str, args, d: str) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(
-        prog="python -m pyddstore.bench_loaders", description=__doc__.splitlines()[0]
+        prog="python -m pyddstore.benchmarks.loaders", description=__doc__.splitlines()[0]
     )
     ap.add_argument("--samples", type=int, default=20000)
     ap.add_argument("--floats", type=int, default=256, help="float32 features per sample")

@@ -1,7 +1,7 @@
 """Graph benchmark: batched ragged reads of variable-size graphs against the other ways to hold
 them, measured in the same run.
 
-    mpirun -n 4 python -m pyddstore.bench_graph [--configs node-shm,ofi-tcp] [--json FILE]
+    mpirun -n 4 python -m pyddstore.benchmarks.graph [--configs node-shm,ofi-tcp] [--json FILE]
 
 Each rank holds its share of generated graphs as byte records (node features and edge lists,
 1 to 40 nodes, some without edges). Rank 0 reads random batches of graphs owned by the other
@@ -30,8 +30,9 @@ import time
 
 import numpy as np
 
-from . import _native
-from .bench import CONFIGS, open_store, quiet_wait
+from .. import _native
+from ._common import quiet_wait
+from .stores import CONFIGS, open_store
 
 
 def graph_record(i: int, max_nodes: int = 40) -> np.ndarray:
@@ -249,7 +250,9 @@ def plot(results: list[dict], path: str) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m pyddstore.bench_graph", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m pyddstore.benchmarks.graph", description=__doc__.splitlines()[0]
+    )
     ap.add_argument(
         "--configs",
         type=lambda s: s.split(","),

@@ -2,8 +2,8 @@
 method, beside the ceilings measured in the same run (numpy fancy indexing
 of a local array for memory, the raw transport line for the fabric).
 
-    mpirun -n 4 python -m pyddstore.bench [--json FILE] [--plot FILE.png]
-    python -m pyddstore.bench --vcluster [--json FILE]     (across namespace nodes; root)
+    mpirun -n 4 python -m pyddstore bench [--json FILE] [--plot FILE.png]
+    python -m pyddstore bench --vcluster [--json FILE]     (across namespace nodes; root)
 
 By default every rank reads rows of the other ranks at once (as a training
 job's loaders do, each rank's owner thread serving while its own loader
@@ -24,21 +24,23 @@ import time
 
 import numpy as np
 
-from . import _native
-from ._store import PyDDStore
+from .. import _native
+from .._store import PyDDStore
+from ._common import bench_settings, quiet_wait
+from .cluster import run as run_vcluster
 
 CONFIGS = {
-    # label: (method, env)
-    "mpi-shm": (0, {"DDSTORE_SHM": "1"}),
-    "mpi-rma": (0, {"DDSTORE_SHM": "0"}),
+    # label: (method, settings of its stores: pyddstore.Settings names, DDSTORE_* without the prefix)
+    "mpi-shm": (0, {"shm": True}),
+    "mpi-rma": (0, {"shm": False}),
     # tcp and sockets, each through the owner-side gather path (auto's choice on tcp) and
     # through one-sided reads (DDSTORE_REMOTE_GATHER=0; rxm emulates them in software on tcp).
-    "ofi-tcp": (1, {"DDSTORE_SHM": "0", "DDSTORE_FABRIC": "tcp", "DDSTORE_REMOTE_GATHER": "auto"}),
-    "ofi-tcp-1s": (1, {"DDSTORE_SHM": "0", "DDSTORE_FABRIC": "tcp", "DDSTORE_REMOTE_GATHER": "0"}),
-    "ofi-sock": (1, {"DDSTORE_SHM": "0", "DDSTORE_FABRIC": "sockets", "DDSTORE_REMOTE_GATHER": "1"}),
-    "ofi-sock-1s": (1, {"DDSTORE_SHM": "0", "DDSTORE_FABRIC": "sockets", "DDSTORE_REMOTE_GATHER": "0"}),
-    "ofi-shm": (1, {"DDSTORE_SHM": "0", "DDSTORE_FABRIC": "shm"}),
-    "node-shm": (1, {"DDSTORE_SHM": "1", "DDSTORE_FABRIC": "tcp"}),
+    "ofi-tcp": (1, {"shm": False, "fabric": "tcp", "remote_gather": "auto"}),
+    "ofi-tcp-1s": (1, {"shm": False, "fabric": "tcp", "remote_gather": "0"}),
+    "ofi-sock": (1, {"shm": False, "fabric": "sockets", "remote_gather": "1"}),
+    "ofi-sock-1s": (1, {"shm": False, "fabric": "sockets", "remote_gather": "0"}),
+    "ofi-shm": (1, {"shm": False, "fabric": "shm"}),
+    "node-shm": (1, {"shm": True, "fabric": "tcp"}),
 }
 
 
@@ -152,13 +154,6 @@ def pattern(rows: np.ndarray, row_bytes: int) -> np.ndarray:
     return ((rows[:, None] * 131 + np.arange(row_bytes)[None, :]) % 251).astype(np.uint8)
 
 
-def quiet_wait(comm) -> None:
-    """A barrier that sleeps instead of spinning, so waiting ranks leave the CPU to the reader."""
-    req = comm.Ibarrier()
-    while not req.Test():
-        time.sleep(0.0005)
-
-
 def timed(fn, batches: np.ndarray, seconds: float, threads: int) -> tuple[float, int]:
     """Runs fn(rows, out_slot) over batches from `threads` threads; returns (seconds, rows read)."""
     done = [0] * threads
@@ -186,23 +181,15 @@ def timed(fn, batches: np.ndarray, seconds: float, threads: int) -> tuple[float,
 
 
 def open_store(comm, label: str):
-    """A store for configuration `label` (its environment set only while the store is made),
-    or None when this machine cannot make it (rank 0 says why)."""
-    method, env = CONFIGS[label]
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+    """A store for configuration `label` (its settings on top of the environment's), or None
+    when this machine cannot make it (rank 0 says why)."""
+    method, settings = CONFIGS[label]
     try:
-        return PyDDStore(comm, method=method)
+        return PyDDStore(comm, method=method, settings=bench_settings(**settings))
     except Exception as e:  # noqa: BLE001 - a missing provider skips its lines
         if comm.rank == 0:
             print(f"# {label}: skipped ({e})", file=sys.stderr)
         return None
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def measure(args, comm) -> list[dict]:
@@ -386,7 +373,7 @@ def plot(results: list[dict], path: str) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m pyddstore.bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m pyddstore bench", description=__doc__.splitlines()[0])
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     ap.add_argument(
         "--configs",
@@ -427,9 +414,7 @@ def main(argv=None) -> None:
         if importlib.util.find_spec("matplotlib") is None:
             ap.error("--plot needs matplotlib: pip install matplotlib")
     if args.vcluster:
-        from .bench_cluster import run
-
-        run(args)
+        run_vcluster(args)
         return
     unknown = [c for c in args.configs if c not in CONFIGS]
     if unknown:

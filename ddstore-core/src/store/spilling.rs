@@ -1,0 +1,135 @@
+//! Variables past their memory budget (see [`crate::spill`]): creating
+//! one whose share spills, and reading its spilled rows ahead of use.
+
+use crate::plan::Plan;
+use crate::spill::store::Split;
+use crate::transport::RemoteRead;
+use crate::Result;
+
+use super::{Element, OwnRows, Store};
+
+impl Store {
+    /// Collective: as [`Store::init`], with this variable's own memory budget
+    /// and spill directory where `request` gives them (else the store's,
+    /// `DDSTORE_MEMORY_LIMIT`, `DDSTORE_SPILL_DIR`): rows past the budget go
+    /// to a spill file (see [`crate::spill`]).
+    pub fn init_spilling(
+        &self,
+        name: &str,
+        rows: u64,
+        row_bytes: usize,
+        element: impl Into<Element>,
+        request: Option<&crate::spill::SpillRequest>,
+    ) -> Result<()> {
+        self.init_spilling_with(name, rows, row_bytes, element.into(), request, None)
+    }
+
+    /// As [`Store::init_spilling`]; `problem` is this rank's reason it
+    /// cannot create the variable (every rank then fails with it).
+    pub(crate) fn init_spilling_with(
+        &self,
+        name: &str,
+        rows: u64,
+        row_bytes: usize,
+        element: Element,
+        request: Option<&crate::spill::SpillRequest>,
+        problem: Option<String>,
+    ) -> Result<()> {
+        if problem.is_some() {
+            return self.init_with(name, rows, row_bytes, element, problem, |t, len, opts| {
+                t.expose(&self.comm, len, opts)
+            });
+        }
+        let pending = self.spill.prepare(
+            &self.config,
+            self.comm.rank(),
+            name,
+            rows,
+            row_bytes,
+            request,
+        );
+        let (problem, pending, stage, own_error) = match pending {
+            Ok((p, stage)) => (None, p, stage, None),
+            Err(e) => (Some(e.to_string()), None, 0, Some(e)),
+        };
+        let len = (rows as usize).saturating_mul(row_bytes);
+        let mem_len = pending.as_ref().map(|p| p.mem_rows as usize * row_bytes);
+        let (wrap, own) = crate::spill::store::wrapper(&pending, len, self.config.max_inflight);
+        let mem_rows = pending.as_ref().map(|p| p.mem_rows);
+        let made = self.init_with_spill(
+            name,
+            rows,
+            row_bytes,
+            element,
+            problem,
+            (mem_rows, stage),
+            own,
+            |t, len, opts| match mem_len {
+                Some(m) => t.expose_spilled(&self.comm, m, len, opts, &wrap),
+                None => t.expose(&self.comm, len, opts),
+            },
+        );
+        if made.is_err() {
+            self.spill.release(&pending);
+        }
+        // Every rank fails; this rank with its own error (its class: access, I/O).
+        match own_error {
+            Some(e) => Err(e),
+            None => made,
+        }
+    }
+
+    /// Whether any rank's share of `name` spills (see [`crate::spill`]).
+    pub fn is_spilled(&self, name: &str) -> Result<bool> {
+        Ok(self.var(name)?.spill.is_some())
+    }
+
+    /// Reads ahead: stages the spilled rows among global `rows` (rows soon
+    /// read by this process; others and out-of-range ones are skipped) in
+    /// the variable's read-ahead stage, up to its capacity, so a read that
+    /// needs them copies them from memory. Returns the rows staged. Not
+    /// counted as reads (`get_profile`'s `prefetch_hits` counts the rows
+    /// later reads found staged).
+    pub fn prefetch(&self, name: &str, rows: &[i64]) -> Result<usize> {
+        let var = self.var(name)?;
+        let Some(spill) = &var.spill else {
+            return Ok(0);
+        };
+        let rb = var.info.row_bytes;
+        let layout = &var.info.layout;
+        let room = spill.stage.capacity() / rb;
+        let total = layout.total();
+        let mut want: Vec<i64> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for &r in rows {
+            if want.len() >= room {
+                break;
+            }
+            if r < 0 || r as u64 >= total || spill.stage.contains(r as u64) || !seen.insert(r) {
+                continue;
+            }
+            let (owner, local) = layout.locate_valid(r as u64);
+            let probe = RemoteRead {
+                owner,
+                offset: local * rb as u64,
+                len: rb,
+                dst_offset: 0,
+            };
+            let readable = matches!(spill.split(&probe, &var.name), Ok(Split::Parts(..)))
+                || (spill.remote_serves && spill.spilled_part(&probe).is_some());
+            if readable {
+                want.push(r);
+            }
+        }
+        if want.is_empty() {
+            return Ok(0);
+        }
+        let mut buf = vec![0u8; want.len() * rb];
+        let plan = Plan::build(layout, &want, rb, var.max_read, |o| var.is_remote(o))?;
+        self.watch(var.execute_counted(&plan, &mut buf, want.len(), OwnRows::Copy, false))?;
+        for (r, bytes) in want.iter().zip(buf.chunks_exact(rb)) {
+            spill.stage.insert(*r as u64, bytes.to_vec());
+        }
+        Ok(want.len())
+    }
+}

@@ -1,0 +1,311 @@
+"""Datasets larger than memory (issue 27): one epoch of a DistDataset whose shares spill past
+a memory budget, against the alternatives on the same data, measured in one run.
+
+    mpirun -n 2 python -m pyddstore.bench_spill [--mb 3072] [--budget-mb 384] [--sample-kb 49]
+
+Per sample size it reports, per rank and as ratios against the spilled store's epoch:
+
+- ``spill``: samples/s of one epoch with ThreadDataLoader over a shuffling DistributedSampler,
+  the dataset ``--mb`` MB (``--mb / (2 * --budget-mb)`` times the 2 ranks' budgets), each
+  rank's share past ``--budget-mb`` MiB in a spill file under ``--dir``; the read-ahead hit rate
+  and this rank's peak resident memory (VmHWM) against the budget;
+- ``raw``: the random-read limit of the same spill files: ``O_DIRECT`` preads of one sample
+  each (aligned), 32 in flight, as many as the epoch read from the files;
+- ``memory``: the same store with everything in memory;
+- ``memmap``: torch DataLoader (4 forked workers) over ``np.memmap`` of the source ``.npy``;
+- ``files``: torch DataLoader (4 forked workers) over one file per sample (when the data set
+  has at most --max-files samples).
+
+litdata and mosaicml-streaming are not measured (not installed in this environment).
+Root: the page cache is dropped before each epoch (cold cache); else it is warm and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import random
+import threading
+import time
+
+import numpy as np
+
+PART_SEEDS = 7
+
+
+def _args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m pyddstore.bench_spill", description=__doc__.split("\n\n")[0])
+    p.add_argument("--mb", type=float, default=3072, help="data set size in MB (all ranks)")
+    p.add_argument("--budget-mb", type=float, default=384, help="memory budget per rank in MiB")
+    p.add_argument("--sample-kb", default="49,3", help="sample sizes in KB, comma-separated")
+    p.add_argument(
+        "--dir", default=None, help="work directory on the disk measured (default: ./bench-results/spill)"
+    )
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--max-files", type=int, default=100_000, help="skip one-file-per-sample above this")
+    p.add_argument("--json", default=None)
+    return p.parse_args(argv)
+
+
+def _drop_caches(comm) -> bool:
+    """Drops the page cache (root only); whether it could."""
+    comm.Barrier()
+    ok = False
+    if comm.rank == 0 and os.geteuid() == 0:
+        os.sync()
+        try:
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+            ok = True
+        except OSError:
+            pass
+    ok = comm.bcast(ok, root=0)
+    comm.Barrier()
+    return ok
+
+
+def _hwm_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _reset_hwm() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5\n")  # resets VmHWM to the current RSS
+    except OSError:
+        pass
+
+
+def _write_source(path: str, n: int, size: int) -> None:
+    """A .npy of n rows of `size` random bytes, written in slices."""
+    mm = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(n, size))
+    step = max(1, (64 << 20) // size)
+    rng = np.random.default_rng(PART_SEEDS)
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        mm[a:b] = rng.integers(0, 256, (b - a, size), dtype=np.uint8)
+    mm.flush()
+    del mm
+
+
+def _epoch(loader, sampler, check) -> tuple[float, int]:
+    """Samples/s of one epoch of `loader`; `check(batch)` verifies a few batches' content."""
+    sampler.set_epoch(1)
+    n, t0 = 0, time.perf_counter()
+    for k, batch in enumerate(loader):
+        if k % 50 == 0:
+            check(batch, k)
+        n += len(batch)
+    return n / (time.perf_counter() - t0), n
+
+
+def _raw_limit(files: list, size: int, reads: int, inflight: int = 32) -> float:
+    """Random O_DIRECT preads of `size` bytes (aligned) from `files`, `inflight` at a time: reads/s."""
+    fds = [os.open(f, os.O_RDONLY | getattr(os, "O_DIRECT", 0)) for f in files]
+    lens = [os.fstat(fd).st_size for fd in fds]
+    span = (size + 4095) // 4096 * 4096 + 4096
+    left = [reads]
+    lock = threading.Lock()
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        buf = mmap.mmap(-1, span)  # page-aligned, as O_DIRECT wants
+        while True:
+            with lock:
+                if left[0] <= 0:
+                    return
+                left[0] -= 1
+            k = rng.randrange(len(fds))
+            off = rng.randrange(4096, max(4097, lens[k] - span)) // 4096 * 4096
+            os.preadv(fds[k], [memoryview(buf)[: span - 4096 if off + span > lens[k] else span]], off)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(inflight)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    took = time.perf_counter() - t0
+    for fd in fds:
+        os.close(fd)
+    return reads / took
+
+
+def _run_size(comm, a, size: int, work: str) -> dict:
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+    from torch.utils.data.distributed import DistributedSampler as TorchSampler
+
+    from pyddstore.torch import DistDataset, DistributedSampler, ThreadDataLoader
+
+    n = int(a.mb * 1e6) // size
+    src = os.path.join(work, f"src-{size}.npy")
+    if comm.rank == 0 and not os.path.exists(src):
+        _write_source(src, n, size)
+    comm.Barrier()
+    want = np.load(src, mmap_mode="r")
+
+    def check(batch, k):  # a batch's first samples against the source (content, not just shape)
+        order = _last_idx["idx"]
+        for j, s in enumerate(batch[:2]):
+            if not np.array_equal(np.asarray(s), want[order[k * a.batch + j]]):
+                raise AssertionError(f"batch {k}: sample {order[k * a.batch + j]} differs from the source")
+
+    _last_idx: dict = {}
+    out: dict = {"sample_bytes": size, "samples": n, "budget_bytes": int(a.budget_mb * 2**20)}
+    spill_dir = os.path.join(work, "spill")
+    os.makedirs(spill_dir, mode=0o700, exist_ok=True)
+
+    # The spilled store: load (no conversion step), then one epoch.
+    out["cold_cache"] = _drop_caches(comm)
+    _reset_hwm()
+    out["base_rss_mib"] = _hwm_kib() / 1024  # the interpreter, torch and the store's transport
+    t0 = time.perf_counter()
+    ds = DistDataset(
+        [src], f"spill{size}", comm, method=1, memory_limit=out["budget_bytes"], spill_dir=spill_dir
+    )
+    out["load_s"] = time.perf_counter() - t0
+    sampler = DistributedSampler(ds, shuffle=True, seed=1)
+    sampler.set_epoch(1)
+    _last_idx["idx"] = list(iter(sampler))
+    loader = ThreadDataLoader(ds, batch_size=a.batch, sampler=sampler, num_workers=a.workers, collate_fn=list)
+    before = ds._store.get_profile()
+    _drop_caches(comm)
+    out["spill"], seen = _epoch(loader, sampler, check)
+    prof = ds._store.get_profile()
+    loader.close()
+    spilled = prof["spilled_rows"] - before["spilled_rows"]
+    hits = prof["prefetch_hits"] - before["prefetch_hits"]
+    out["spilled_rows_read"] = spilled
+    out["prefetch_hit_rate"] = hits / max(1, hits + spilled)
+    out["peak_rss_mib"] = _hwm_kib() / 1024
+    files = [
+        os.path.join(spill_dir, f)
+        for f in os.listdir(spill_dir)
+        if f.endswith(".spill") and f"p{os.getpid()}-" in f
+    ]
+    _drop_caches(comm)
+    out["raw"] = _raw_limit(files, size, max(1000, spilled))
+    ds.free()
+
+    # Everything in memory (for scale).
+    ds = DistDataset([src], f"mem{size}", comm, method=1)
+    sampler = DistributedSampler(ds, shuffle=True, seed=1)
+    sampler.set_epoch(1)
+    _last_idx["idx"] = list(iter(sampler))
+    loader = ThreadDataLoader(ds, batch_size=a.batch, sampler=sampler, num_workers=a.workers, collate_fn=list)
+    out["memory"], _ = _epoch(loader, sampler, check)
+    loader.close()
+    ds.free()
+
+    class Memmap(Dataset):
+        def __init__(self):
+            self.mm = None
+
+        def __len__(self):
+            return n
+
+        def __getitem__(self, i):
+            if self.mm is None:
+                self.mm = np.load(src, mmap_mode="r")
+            return torch.from_numpy(np.array(self.mm[i]))
+
+    def torch_epoch(dataset) -> float:
+        sampler = TorchSampler(dataset, num_replicas=comm.size, rank=comm.rank, shuffle=True, seed=1)
+        loader = DataLoader(
+            dataset,
+            batch_size=a.batch,
+            sampler=sampler,
+            num_workers=a.workers,
+            collate_fn=list,
+            multiprocessing_context="fork",
+        )
+        sampler.set_epoch(1)
+        _last_idx["idx"] = list(iter(sampler))
+        _drop_caches(comm)
+        return _epoch(loader, sampler, check)[0]
+
+    out["memmap"] = torch_epoch(Memmap())
+
+    if n <= a.max_files:
+        per = os.path.join(work, f"files-{size}")
+        if comm.rank == 0 and not os.path.isdir(per):
+            os.makedirs(per + ".tmp", exist_ok=True)
+            mm = np.load(src, mmap_mode="r")
+            for i in range(n):
+                with open(os.path.join(per + ".tmp", f"{i}.bin"), "wb") as f:
+                    f.write(mm[i].tobytes())
+            os.rename(per + ".tmp", per)
+        comm.Barrier()
+
+        class Files(Dataset):
+            def __len__(self):
+                return n
+
+            def __getitem__(self, i):
+                with open(os.path.join(per, f"{i}.bin"), "rb") as f:
+                    return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+
+        out["files"] = torch_epoch(Files())
+    else:
+        out["files"] = None
+    for k in ("raw", "memory", "memmap", "files"):
+        if out.get(k):
+            out[f"spill_over_{k}"] = out["spill"] / out[k]
+    return out
+
+
+def main(argv=None) -> None:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    a = _args(argv)
+    work = a.dir or os.path.join("bench-results", "spill")
+    if comm.rank == 0:
+        os.makedirs(work, exist_ok=True)
+    comm.Barrier()
+    results = []
+    for kb in a.sample_kb.split(","):
+        size = int(float(kb) * 1000)
+        r = _run_size(comm, a, size, work)
+        rows = comm.gather(r, root=0)
+        if comm.rank == 0:
+            results.append(rows)
+            budget = rows[0]["budget_bytes"] / 2**20
+            print(
+                f"\n{size} B samples, {rows[0]['samples']} samples ({a.mb:.0f} MB, "
+                f"{a.mb * 1e6 / (comm.size * budget * 2**20):.1f}x the {comm.size} ranks' "
+                f"{budget:.0f} MiB budgets), "
+                f"cold cache: {rows[0]['cold_cache']}"
+            )
+            for rank, x in enumerate(rows):
+                line = (
+                    f"  rank {rank}: spill {x['spill']:.0f} samples/s (load {x['load_s']:.1f} s, "
+                    f"read-ahead hit rate {x['prefetch_hit_rate']:.2f}, "
+                    f"peak RSS {x['peak_rss_mib']:.0f} MiB = "
+                    f"{x['base_rss_mib']:.0f} before the load + "
+                    f"{x['peak_rss_mib'] - x['base_rss_mib']:.0f}); "
+                    f"raw {x['raw']:.0f}/s, "
+                    f"memory {x['memory']:.0f}/s, memmap {x['memmap']:.0f}/s"
+                )
+                if x["files"]:
+                    line += f", files {x['files']:.0f}/s"
+                ratios = ", ".join(
+                    f"{k[len('spill_over_') :]} {v:.2f}" for k, v in x.items() if k.startswith("spill_over_")
+                )
+                print(line + f"\n          spill / ...: {ratios}")
+    if comm.rank == 0 and a.json:
+        os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

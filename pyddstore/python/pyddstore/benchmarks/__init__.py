@@ -1,0 +1,15 @@
+"""pyddstore's benchmarks: every figure a ratio against a baseline measured in the same run, and
+every line's data checked against what the owners stored before it is timed. Not used by the
+library; plots need the ``bench`` extra (``pip install ".[bench]"``: matplotlib).
+
+- ``python -m pyddstore bench`` (stores.py): µs per row and GB/s of reads through every store
+  configuration; ``--vcluster`` across virtual nodes (cluster.py).
+- ``python -m pyddstore.benchmarks.dataset``: DistDataset load memory, load paths (load.py) and
+  loader throughput.
+- ``python -m pyddstore.benchmarks.workers``: loader workers (threads, processes, torch's).
+- ``python -m pyddstore.benchmarks.graph``: ragged graph reads against padded rows and records.
+- ``python -m pyddstore.benchmarks.loaders``: against other streaming loaders.
+
+The settings of each configuration are passed to its stores (``pyddstore.Settings``); no
+benchmark writes ``os.environ``.
+"""

@@ -1,0 +1,271 @@
+"""Where a loader stopped: ThreadDataLoader.state_dict() / load_state_dict() (torchdata's
+StatefulDataLoader protocol) and the position tracking of its iterators. The state of the
+sampler, and the checks of what a state holds, are in _state.py."""
+
+from __future__ import annotations
+
+import collections
+import copy
+from typing import Any
+
+import torch
+
+from pyddstore._errors import DDStoreValueError
+
+from . import _torch_compat as _tc
+from ._sampler import DistributedSampler
+from ._state import (
+    LOADER_FORMAT,
+    VERSION,
+    bad_state,
+    check_dataset,
+    check_sampler_state,
+    dataset_name,
+    generator_state,
+    loader_fields,
+    set_generator_state,
+    unsupported,
+)
+
+
+def _is_dist_sampler(sampler: Any) -> bool:
+    return isinstance(sampler, DistributedSampler)
+
+
+class Progress:
+    """One loader iteration's position: batches and samples handed to the caller (batches
+    fetched ahead by workers are not counted) and what the iteration started from."""
+
+    def __init__(self, start: dict):
+        self.start = start
+        self.batches = start["batches"]
+        self.samples = start["samples"]
+        self.sizes: collections.deque = collections.deque()  # samples of batches sent, not yielded
+        self.finished = False
+
+    def dispatched(self, index: Any, batched: bool) -> None:
+        self.sizes.append(len(index) if batched else 1)
+
+    def yielded(self) -> None:
+        self.batches += 1
+        self.samples += self.sizes.popleft() if self.sizes else 1
+
+
+class LoaderResume:
+    """ThreadDataLoader's state_dict()/load_state_dict() and auto_epoch (one per loader)."""
+
+    def __init__(self, loader: Any, auto_epoch: bool):
+        self.loader = loader
+        self.auto_epoch = bool(auto_epoch)
+        self.next_epoch: int | None = None  # auto_epoch's next epoch (None: the sampler's own)
+        self.pending: dict | None = None
+        self.exact = False
+        self.progress: Progress | None = None
+        self.begun: dict | None = None  # what begin() set up, for the iterator it makes
+        if self.auto_epoch and not callable(getattr(self.sampler(), "set_epoch", None)):
+            raise DDStoreValueError(
+                "ThreadDataLoader(auto_epoch=True) needs a sampler with set_epoch() (DistributedSampler); "
+                f"this loader's sampler is a {type(self.sampler()).__name__}"
+            )
+
+    def sampler(self) -> Any:
+        """The sampler whose order the epoch sets (inside a user's batch_sampler if it has one)."""
+        loader = self.loader
+        if loader.batch_size is None and loader.batch_sampler is not None:
+            return getattr(loader.batch_sampler, "sampler", loader.sampler)
+        return loader.sampler
+
+    def _mode(self) -> str:
+        return "sampler" if _is_dist_sampler(self.sampler()) else "skip"
+
+    def _generators(self) -> tuple:
+        loader_gen = self.loader.generator
+        sampler_gen = getattr(self.sampler(), "generator", None)
+        if not isinstance(sampler_gen, torch.Generator) or sampler_gen is loader_gen:
+            sampler_gen = None
+        return loader_gen, sampler_gen
+
+    def _check_reproducible(self, what: str) -> None:
+        loader = self.loader
+        if not _tc.is_map_style(loader):
+            raise unsupported(what, "an IterableDataset's position is its own: use a map-style dataset")
+        if loader.num_workers > 0 and not loader.in_order:
+            raise unsupported(what, "in_order=False yields batches out of order: no position to save")
+        sampler = self.sampler()
+        if isinstance(sampler, torch.utils.data.RandomSampler) and sampler.generator is None:
+            raise DDStoreValueError(
+                f"{what}: shuffle=True without generator= draws each epoch's order from torch's global "
+                "generator, which cannot be restored: use DistributedSampler, or pass "
+                "generator=torch.Generator().manual_seed(seed)"
+            )
+
+    # -- the start of an iteration -----------------------------------------------------------
+
+    def begin(self) -> None:
+        """ThreadDataLoader.__iter__, before any iterator exists: applies a loaded state and
+        auto_epoch, then notes where the iteration starts."""
+        sampler, mode = self.sampler(), self._mode()
+        st, self.pending = self.pending, None
+        start = {"batches": 0, "samples": 0, "skip": 0, "base_seed": None}
+        if st is not None:
+            what = "ThreadDataLoader.load_state_dict"
+            finished = st["finished"]
+            loader_gen, sampler_gen = self._generators()
+            set_generator_state(loader_gen, st["generator"], what)
+            set_generator_state(sampler_gen, st["sampler_generator"], what)
+            if mode == "sampler":
+                sampler._restore(st["sampler"], self.exact, position=not finished)
+                if not finished and sampler._upcoming_state()["yielded"] > 0:  # the same stream goes on
+                    start.update(batches=st["batches_yielded"], samples=st["samples_yielded"])
+            elif st["epoch"] is not None and hasattr(sampler, "epoch"):
+                sampler.epoch = st["epoch"]
+            if not finished:
+                start["base_seed"] = st["base_seed"]
+                if mode == "skip":
+                    start.update(skip=st["batches_yielded"], batches=st["batches_yielded"])
+                    start["samples"] = st["samples_yielded"]
+            if st["epoch"] is not None:
+                self.next_epoch = st["epoch"] + (1 if finished else 0)
+        if self.auto_epoch:
+            if self.next_epoch is None:
+                self.next_epoch = sampler.epoch
+            sampler.set_epoch(self.next_epoch)
+            self.next_epoch += 1
+        epoch = getattr(sampler, "epoch", None)
+        loader_gen, sampler_gen = self._generators()
+        start.update(
+            epoch=epoch if isinstance(epoch, int) else None,
+            mode=mode,
+            sampler=sampler._upcoming_state() if mode == "sampler" else None,
+            generator=generator_state(loader_gen),
+            sampler_generator=generator_state(sampler_gen),
+        )
+        self.begun = start
+
+    def seed_iterator(self, it: Any) -> None:
+        """A new iterator, before its workers start: a resumed epoch keeps its base seed."""
+        if self.begun is not None and self.begun["base_seed"] is not None:
+            it._base_seed = self.begun["base_seed"]
+
+    def attach(self, it: Any) -> None:
+        """The iterator's sampler iterator for this epoch exists: skip what was yielded (skip
+        mode), then count from here."""
+        start, self.begun = self.begun, None
+        if start is None:  # an iterator made without __iter__ (torch internals): a plain epoch
+            self.begin()
+            start, self.begun = self.begun, None
+        start["base_seed"] = int(it._base_seed)
+        for _ in range(start["skip"]):
+            try:
+                next(it._sampler_iter)
+            except StopIteration:
+                break
+        it._progress = self.progress = Progress(start)
+
+    # -- the protocol ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        what = "ThreadDataLoader.state_dict"
+        self._check_reproducible(what)
+        if self.pending is not None:
+            return copy.deepcopy(self.pending)
+        loader, sampler, p = self.loader, self.sampler(), self.progress
+        state = {
+            "format": LOADER_FORMAT,
+            "version": VERSION,
+            "dataset_len": len(loader.dataset),
+            "dataset_name": dataset_name(loader.dataset),
+            "batch_size": loader.batch_size,
+            "drop_last": bool(loader.drop_last),
+        }
+        if p is None:  # no iteration yet: the next one starts the epoch
+            epoch = self.next_epoch if self.auto_epoch else None
+            epoch = getattr(sampler, "epoch", None) if epoch is None else epoch
+            loader_gen, sampler_gen = self._generators()
+            state.update(
+                epoch=epoch if isinstance(epoch, int) else None,
+                mode=self._mode(),
+                finished=False,
+                batches_yielded=0,
+                samples_yielded=0,
+                base_seed=None,
+                generator=generator_state(loader_gen),
+                sampler_generator=generator_state(sampler_gen),
+                sampler=sampler._upcoming_state() if self._mode() == "sampler" else None,
+            )
+            return state
+        s = p.start
+        state.update(
+            epoch=s["epoch"],
+            mode=s["mode"],
+            finished=p.finished,
+            batches_yielded=p.batches,
+            samples_yielded=p.samples,
+            base_seed=s["base_seed"],
+            generator=s["generator"],
+            sampler_generator=s["sampler_generator"],
+            sampler=None,
+        )
+        if p.finished:  # the next epoch draws from the generators as they are now
+            loader_gen, sampler_gen = self._generators()
+            state["generator"] = generator_state(loader_gen)
+            state["sampler_generator"] = generator_state(sampler_gen)
+        if s["sampler"] is not None:
+            state["sampler"] = dict(s["sampler"], yielded=s["sampler"]["yielded"] + p.samples - s["samples"])
+        return state
+
+    def load_state_dict(self, state: dict, exact: bool) -> None:
+        what = "ThreadDataLoader.load_state_dict"
+        if isinstance(state, dict) and not state:  # torchdata: {} loads nothing
+            self.pending = None
+            return
+        loader_fields(state, what)
+        self._check_reproducible(what)
+        check_dataset(state, self.loader.dataset, what, "dataset_len", "dataset_name")
+        if state["mode"] != self._mode():
+            raise bad_state(
+                what,
+                f"the state was saved with a {'pyddstore ' if state['mode'] == 'sampler' else 'non-'}"
+                f"DistributedSampler; this loader's sampler is a {type(self.sampler()).__name__}",
+            )
+        if state["mode"] == "sampler":
+            if state["sampler"] is None:
+                raise bad_state(what, "'sampler' is missing (a corrupted state?)")
+            check_sampler_state(state["sampler"], self.sampler(), exact)
+        batch_size, drop_last = self.loader.batch_size, self.loader.drop_last
+        replicas = getattr(self.sampler(), "num_replicas", None)
+        same_ranks = state["mode"] == "skip" or state["sampler"]["num_replicas"] == replicas
+        if same_ranks and (state.get("batch_size") != batch_size or state["drop_last"] != drop_last):
+            raise bad_state(
+                what,
+                f"the state has batch_size={state.get('batch_size')}, drop_last={state['drop_last']}; this "
+                f"loader batch_size={batch_size}, drop_last={drop_last}: the batches would differ",
+            )
+        self.pending = copy.deepcopy(state)
+        self.exact = bool(exact)
+
+
+class PositionTracking:
+    """Mixin of ThreadDataLoader's iterators (threads and processes): counts the indices sent to
+    workers and the batches handed to the caller, for state_dict(). An iterator calls
+    loader._resume.seed_iterator(self) before its workers start and loader._resume.attach(self)
+    once its epoch's sampler iterator exists."""
+
+    _progress: Any = None
+
+    def _next_index(self) -> Any:
+        index = super()._next_index()  # type: ignore[misc]
+        if self._progress is not None:
+            self._progress.dispatched(index, self._auto_collation)  # type: ignore[attr-defined]
+        return index
+
+    def __next__(self) -> Any:
+        try:
+            data = super().__next__()  # type: ignore[misc]
+        except StopIteration:
+            if self._progress is not None:
+                self._progress.finished = True
+            raise
+        if self._progress is not None:
+            self._progress.yielded()
+        return data

@@ -1,0 +1,122 @@
+"""Datasets larger than memory (issue 27): shares past their memory budget spill to a private
+spill directory; every row read (memory or spilled, own, same-node or remote, fixed or ragged,
+from a forked worker) is checked against what its owner stored; a full spill file system, a
+spill directory of another user and a killed job's files are handled."""
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import SCRIPTS, _env, run_mpi, run_procs
+
+USER = "ddattack"  # the second local user of tests/test_attacks.py
+
+
+def _dir(tmp_path, name="spill"):
+    d = tmp_path / name
+    d.mkdir(mode=0o700)
+    return str(d)
+
+
+@pytest.mark.parametrize("method", ["1", "2"])
+def test_spilled_rows_read_by_own_and_same_node_ranks(tmp_path, handshake_dir, method):
+    env = {"DDSTORE_FABRIC": "tcp", "DDSTORE_HANDSHAKE_DIR": str(handshake_dir)}
+    out = run_mpi(2, "spill_job.py", "member", _dir(tmp_path), method, "node", env=env).stdout
+    assert "spill ok" in out
+
+
+def test_spilled_rows_read_by_remote_ranks_through_the_gather_path(tmp_path):
+    env = {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0", "DDSTORE_REMOTE_GATHER": "1"}
+    out = run_mpi(2, "spill_job.py", "member", _dir(tmp_path), "1", "remote", env=env).stdout
+    assert "spill ok" in out
+
+
+def test_method0_refuses_a_memory_limit():
+    assert run_mpi(1, "spill_job.py", "method0").returncode == 0
+
+
+def test_a_full_spill_file_system_fails_the_load_naming_dir_and_bytes(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mnt)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        assert "full ok" in run_procs(1, "spill_job.py", "full", str(mnt))[0].stdout
+    finally:
+        subprocess.run(["umount", str(mnt)])
+
+
+def test_a_killed_jobs_spill_files_are_removed_by_the_next(tmp_path):
+    d = _dir(tmp_path)
+    killed = run_procs(1, "spill_job.py", "killed", d, expect_ok=False)[0]
+    assert killed.returncode == -9 and "spilled" in killed.stdout, killed.stderr
+    assert "next job ok" in run_procs(1, "spill_job.py", "next", d)[0].stdout
+
+
+@pytest.mark.serial  # creates and acts as a second local user (host-wide state)
+def test_a_spill_dir_made_by_another_user_is_refused(tmp_path):
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("needs root and runuser to act as a second local user")
+    try:
+        pwd.getpwnam(USER)
+    except KeyError:
+        subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", USER], check=True)
+    parent = tmp_path / "shared"
+    parent.mkdir()
+    parent.chmod(0o1777)
+    for p in [tmp_path, *tmp_path.parents]:
+        p.chmod(p.stat().st_mode | 0o001)
+    planted = parent / "spill"
+    subprocess.run(["runuser", "-u", USER, "--", "mkdir", "-m", "700", str(planted)], check=True)
+    assert "refused ok" in run_procs(1, "spill_job.py", "refused", str(planted))[0].stdout
+
+
+def test_resident_memory_stays_within_the_budget(tmp_path):
+    out = run_procs(1, "spill_job.py", "rss", _dir(tmp_path))[0].stdout
+    assert "rss ok" in out
+
+
+@pytest.mark.slow  # ~45 s on a loaded 2-core machine (torch import, forked and spawned workers, a snapshot)
+def test_dist_dataset_with_a_budget_loads_reads_forks_saves_and_restores(tmp_path):
+    d, snap = _dir(tmp_path), str(tmp_path / "snap")
+    out = run_mpi(2, "spill_torch.py", d, snap, env={"DDSTORE_FABRIC": "tcp"}).stdout
+    assert "spill torch ok" in out
+
+
+def test_a_method2_extra_job_reads_the_core_jobs_spilled_rows(tmp_path, handshake_dir):
+    env = {"DDSTORE_FABRIC": "tcp"}
+    hs = str(handshake_dir)
+    core = subprocess.Popen(
+        [
+            "mpirun",
+            "-n",
+            "2",
+            "--bind-to",
+            "none",
+            sys.executable,
+            str(SCRIPTS / "spill_job.py"),
+            "core",
+            hs,
+            _dir(tmp_path),
+        ],
+        env=_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        extra = run_procs(1, "spill_job.py", "extra", hs, env=env, timeout=180)[0]
+        assert "extra: spill ok" in extra.stdout
+    finally:
+        (handshake_dir / "STOP").touch()
+        try:
+            core.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            core.kill()
+    assert core.returncode == 0, core.stderr
