@@ -50,7 +50,7 @@ bench-load:  ## load paths (npz, memmap, h5py, snapshot) beside the 64-thread re
 bench-spill:  ## a data set 4x the ranks' memory budgets: spilled DistDataset epoch vs raw reads, memmap, files, memory
 	bash scripts/setup.sh && . .venv/bin/activate && \
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
-	FI_TCP_IFACE=lo DDSTORE_QUIET=1 mpirun -n 2 --bind-to none python -m pyddstore.bench_spill \
+	FI_TCP_IFACE=lo DDSTORE_QUIET=1 mpirun -n 2 --bind-to none python -m pyddstore.benchmarks.spill \
 	--json bench-results/bench-spill.json
 
 bench-workers:  ## loader workers: threads vs processes vs torch DataLoader (DistDataset, np.memmap), 2 ranks

@@ -399,3 +399,52 @@ def test_import_leaves_torch_untouched_and_worker_threads_get_their_info():
         [sys.executable, "-c", IMPORT_LEAVES_TORCH], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+EXIT_SCRIPT = r"""
+import atexit, sys, threading
+
+def report():  # registered first, so it runs last: after pyddstore's own exit handlers
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("ddstore-loader") and t.is_alive()]
+    sys.stdout.write(f"alive-at-exit {len(alive)}\n")
+    sys.stdout.flush()
+
+atexit.register(report)
+import numpy as np
+import pyddstore
+from pyddstore.torch import ThreadDataLoader
+
+store = pyddstore.PyDDStore(None, method=1, handshake_dir=sys.argv[1])
+rows = np.arange(4000 * 256, dtype=np.float32).reshape(4000, 256)
+store.add("x", rows)
+
+class Rows:
+    def __len__(self):
+        return 4000
+
+    def __getitem__(self, i):
+        out = np.empty((1, 256), np.float32)
+        store.get("x", out, i)
+        return out[0]
+
+loader = ThreadDataLoader(Rows(), batch_size=8, num_workers=2, prefetch_factor=8)
+it = iter(loader)
+batch = next(it)
+assert np.array_equal(batch.numpy(), rows[:8]), batch
+# exits with the workers reading and no close()
+"""
+
+
+def test_exit_with_live_worker_threads_stops_them_first(tmp_path):
+    """An iterator left running at interpreter exit: its workers are stopped before the stores
+    close (a daemon thread inside a native read at finalization would crash the process)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DDSTORE_MPI": "0"}
+    for var in ("OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "WORLD_SIZE", "PMI_SIZE"):
+        env.pop(var, None)
+    argv = [sys.executable, "-c", EXIT_SCRIPT, str(tmp_path)]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "alive-at-exit 0" in proc.stdout, proc.stdout + proc.stderr

@@ -12,7 +12,8 @@ import signal
 import sys
 
 import numpy as np
-from _common import expect_error, main_guard, rows_of, rss_kib, share_bounds
+from _common import expect_error, main_guard, rows_of, rss_kib
+from pyddstore._shares import share_of
 
 import pyddstore
 from pyddstore import DDStoreAccessError, DDStoreError, DDStoreUnsupportedError
@@ -50,13 +51,13 @@ def member(spill_dir, method, expect):
     from mpi4py import MPI
 
     store = pyddstore.PyDDStore(MPI.COMM_WORLD, method=int(method))
-    first, count, _ = share_bounds(N, store.size, store.rank)
+    first, count = share_of(N, store.size, store.rank)
     mine = np.arange(first, first + count)
     budget = (count // 3) * ROW  # a third in memory, the rest spilled
     store.add("v", rows_of(3, mine, SHAPE, "float32"), memory_limit=budget, spill_dir=spill_dir)
     store.add("z", rows_of(5, mine, SHAPE, "float32"), memory_limit=0, spill_dir=spill_dir)
     store.add("big", rows_of(7, mine, SHAPE, "float32"), memory_limit=10 * count * ROW, spill_dir=spill_dir)
-    rfirst, rcount, _ = share_bounds(NR, store.size, store.rank)
+    rfirst, rcount = share_of(NR, store.size, store.rank)
     rmine = ragged_rows(range(rfirst, rfirst + rcount))
     lengths = [len(r) for r in rmine]
     store.add("r", np.concatenate(rmine), lengths=lengths, memory_limit=40 * 12, spill_dir=spill_dir)
@@ -129,7 +130,7 @@ def core(hs, spill_dir):
     from mpi4py import MPI
 
     store = pyddstore.PyDDStore(MPI.COMM_WORLD, method=2, handshake_dir=hs)
-    first, count, _ = share_bounds(N, store.size, store.rank)
+    first, count = share_of(N, store.size, store.rank)
     rows = rows_of(3, np.arange(first, first + count), SHAPE, "float32")
     store.add("v", rows, memory_limit=(count // 4) * ROW, spill_dir=spill_dir)
     print(f"rank {store.rank}: serving", flush=True)

@@ -9,6 +9,7 @@ arguments and seed give the same batches in the same order.
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import sys
@@ -27,6 +28,19 @@ from . import _torch_compat as _tc
 from ._epochs import ResumeEpoch, finish_last_epoch, reset_dispatch
 
 _STATUS_INTERVAL = 1.0  # seconds between checks that worker threads are alive
+_EXIT_JOIN_S = 10.0  # how long interpreter exit waits for each worker thread's fetch in flight
+
+# Iterators with worker threads. A daemon thread still inside a native read when the interpreter
+# finalizes is killed where it takes the GIL back, in the middle of Rust frames (a crash at exit):
+# at exit, before the stores close (atexit runs last-registered first), their workers are stopped.
+_LIVE_THREAD_ITERS: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_workers_at_exit() -> None:
+    for it in list(_LIVE_THREAD_ITERS):
+        it._shutdown_workers(join_timeout=_EXIT_JOIN_S)
+
 
 # get_worker_info() per thread while a loader's worker threads live: see _torch_compat.
 _thread_info = _tc.thread_info
@@ -213,6 +227,7 @@ class _ThreadIter(_ThreadIterBase):
         self._workers: list[threading.Thread] = []
         self._done = threading.Event()
         self._shutdown = False
+        _LIVE_THREAD_ITERS.add(self)
         cpus = _affinity_sets(self._num_workers, loader._settings)
         _hook_worker_info()  # undone in _shutdown_workers
         self._hooked = True
@@ -318,8 +333,9 @@ class _ThreadIter(_ThreadIterBase):
             data.reraise()
         return data
 
-    def _shutdown_workers(self) -> None:
-        """Stops the workers after their current fetch and waits for them."""
+    def _shutdown_workers(self, join_timeout: float | None = None) -> None:
+        """Stops the workers after their current fetch and waits for them (at most
+        `join_timeout` seconds each, if given)."""
         if self._shutdown:
             return
         self._shutdown = True
@@ -336,7 +352,7 @@ class _ThreadIter(_ThreadIterBase):
         me = threading.current_thread()
         for t in self._workers:
             if t is not me:
-                t.join()
+                t.join(join_timeout)
 
     def __del__(self) -> None:
         self._shutdown_workers()

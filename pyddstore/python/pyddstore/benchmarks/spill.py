@@ -1,7 +1,7 @@
 """Datasets larger than memory (issue 27): one epoch of a DistDataset whose shares spill past
 a memory budget, against the alternatives on the same data, measured in one run.
 
-    mpirun -n 2 python -m pyddstore.bench_spill [--mb 3072] [--budget-mb 384] [--sample-kb 49]
+    mpirun -n 2 python -m pyddstore.benchmarks.spill [--mb 3072] [--budget-mb 384] [--sample-kb 49]
 
 Per sample size it reports, per rank and as ratios against the spilled store's epoch:
 
@@ -36,7 +36,9 @@ PART_SEEDS = 7
 
 
 def _args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m pyddstore.bench_spill", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m pyddstore.benchmarks.spill", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--mb", type=float, default=3072, help="data set size in MB (all ranks)")
     p.add_argument("--budget-mb", type=float, default=384, help="memory budget per rank in MiB")
     p.add_argument("--sample-kb", default="49,3", help="sample sizes in KB, comma-separated")
