@@ -6,8 +6,6 @@
 //! [`transport::Transport`] moves the bytes that are not in this process.
 
 #![warn(missing_docs)]
-#![deny(unsafe_op_in_unsafe_fn)]
-#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod comm;
 pub mod config;

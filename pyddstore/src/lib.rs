@@ -3,9 +3,8 @@
 
 #![warn(missing_docs)]
 // Every `unsafe` block says why it is sound, and an `unsafe fn` body gets no
-// implicit unsafe block: each unsafe operation in it has a block and a reason.
-#![warn(clippy::undocumented_unsafe_blocks)]
-#![warn(unsafe_op_in_unsafe_fn)]
+// implicit unsafe block: each unsafe operation in it has a block and a reason
+// (`[workspace.lints]` in the top-level Cargo.toml, for every crate).
 
 use pyo3::prelude::*;
 
