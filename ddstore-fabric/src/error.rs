@@ -178,6 +178,20 @@ pub(crate) fn close_all<T>(
     first
 }
 
+/// Closes `obj` with `close_now` (which takes its handle out, so that its drop
+/// closes nothing again). A failed close abandons it: forgotten, never closed
+/// again, and the parents it holds stay open with it.
+pub(crate) fn close_owned<T>(
+    mut obj: T,
+    close_now: impl FnOnce(&mut T) -> FabricResult<()>,
+) -> FabricResult<()> {
+    let closed = close_now(&mut obj);
+    if closed.is_err() {
+        std::mem::forget(obj);
+    }
+    closed
+}
+
 /// Closes what `arc` holds with `close` when this is its last holder; else
 /// its last holder's drop closes it.
 pub(crate) fn close_last<T>(

@@ -8,7 +8,7 @@ use libfabric_sys as sys;
 
 use super::domain::Domain;
 use super::error::{check, close_fid, OpenedBy};
-use crate::error::{close_last, report_failed_close, FabricError, FabricResult};
+use crate::error::{close_last, close_owned, report_failed_close, FabricError, FabricResult};
 
 /// Longest endpoint name accepted from a peer (libfabric names are far shorter).
 const MAX_NAME_BYTES: usize = 1024;
@@ -117,14 +117,9 @@ impl Av {
     /// Closes it now, then its domain if it was the domain's last holder,
     /// reporting the first failure (an object whose close fails is abandoned, never closed again, with its parents). Dropping it
     /// closes it too, but can only log a failure.
-    pub fn close(mut self) -> FabricResult<()> {
+    pub fn close(self) -> FabricResult<()> {
         let domain = self._domain.clone();
-        let closed = self.close_now();
-        if closed.is_err() {
-            std::mem::forget(self);
-            return closed;
-        }
-        drop(self);
+        close_owned(self, Self::close_now)?;
         close_last(domain, Domain::close)
     }
 

@@ -9,7 +9,7 @@ use libfabric_sys as sys;
 
 use super::domain::Domain;
 use super::error::{check, close_fid, ofi_error, strerror, OpenedBy};
-use crate::error::{close_last, report_failed_close, FabricResult};
+use crate::error::{close_last, close_owned, report_failed_close, FabricResult};
 
 /// A completion queue (closed on drop).
 pub struct Cq {
@@ -265,14 +265,9 @@ impl Cq {
     /// Closes it now, then its domain if it was the domain's last holder,
     /// reporting the first failure (an object whose close fails is abandoned, never closed again, with its parents). Dropping it
     /// closes it too, but can only log a failure.
-    pub fn close(mut self) -> FabricResult<()> {
+    pub fn close(self) -> FabricResult<()> {
         let domain = self.domain.clone();
-        let closed = self.close_now();
-        if closed.is_err() {
-            std::mem::forget(self);
-            return closed;
-        }
-        drop(self);
+        close_owned(self, Self::close_now)?;
         close_last(domain, Domain::close)
     }
 

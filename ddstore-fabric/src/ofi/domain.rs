@@ -11,7 +11,7 @@ use libfabric_sys as sys;
 use super::error::{check, close_fid, OpenedBy};
 use super::fabric::Fabric;
 use super::info::InfoEntry;
-use crate::error::{close_last, report_failed_close, FabricResult};
+use crate::error::{close_last, close_owned, report_failed_close, FabricResult};
 
 /// An access domain of one fabric (closed on drop, after what it holds).
 pub struct Domain {
@@ -94,14 +94,9 @@ impl Domain {
     /// reporting the first failure (`-FI_EBUSY`: an object opened in it is
     /// still open; it is then abandoned, never closed again, with its fabric). Dropping it
     /// closes it too, but can only log a failure.
-    pub fn close(mut self) -> FabricResult<()> {
+    pub fn close(self) -> FabricResult<()> {
         let fabric = self.fabric.clone();
-        let closed = self.close_now();
-        if closed.is_err() {
-            std::mem::forget(self);
-            return closed;
-        }
-        drop(self);
+        close_owned(self, Self::close_now)?;
         close_last(fabric, Fabric::close)
     }
 

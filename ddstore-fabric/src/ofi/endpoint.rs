@@ -10,7 +10,7 @@ use super::av::Av;
 use super::cq::Cq;
 use super::domain::Domain;
 use super::error::{check, close_fid, ofi_error, OpenedBy};
-use crate::error::{close_last, report_failed_close, FabricResult};
+use crate::error::{close_last, close_owned, report_failed_close, FabricResult};
 
 /// An enabled RDM endpoint bound to its CQ and AV (closed on drop).
 pub struct Endpoint {
@@ -287,14 +287,9 @@ impl Endpoint {
     /// domain where it held them last, reporting the first failure (an
     /// object whose close fails is abandoned, never closed again, with its
     /// parents). Dropping it closes it too, but can only log a failure.
-    pub fn close(mut self) -> FabricResult<()> {
+    pub fn close(self) -> FabricResult<()> {
         let (cq, av, domain) = (self.cq.clone(), self.av.clone(), self.domain.clone());
-        let closed = self.close_now();
-        if closed.is_err() {
-            std::mem::forget(self);
-            return closed;
-        }
-        drop(self);
+        close_owned(self, Self::close_now)?;
         let cq = close_last(cq, Cq::close);
         let av = close_last(av, Av::close);
         cq.and(av).and(close_last(domain, Domain::close))

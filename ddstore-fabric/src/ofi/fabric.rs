@@ -6,7 +6,7 @@ use libfabric_sys as sys;
 
 use super::error::{check, close_fid, OpenedBy};
 use super::info::Info;
-use crate::error::{report_failed_close, FabricResult};
+use crate::error::{close_owned, report_failed_close, FabricResult};
 
 /// An open fabric with the info it was opened from (closed on drop).
 pub struct Fabric {
@@ -56,12 +56,8 @@ impl Fabric {
     /// Closes it now, reporting `fi_close`'s answer (`-FI_EBUSY`: a domain
     /// opened on it is still open; it is then abandoned, never closed again). Dropping it closes
     /// it too, but can only log a failure.
-    pub fn close(mut self) -> FabricResult<()> {
-        let closed = self.close_now();
-        if closed.is_err() {
-            std::mem::forget(self);
-        }
-        closed
+    pub fn close(self) -> FabricResult<()> {
+        close_owned(self, Self::close_now)
     }
 
     /// Closes the handle once (a forked child abandons it, never closes it).

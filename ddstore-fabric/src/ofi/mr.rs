@@ -9,7 +9,7 @@ use libfabric_sys as sys;
 use super::domain::Domain;
 use super::endpoint::Endpoint;
 use super::error::{check, close_fid, OpenedBy};
-use crate::error::{close_last, report_failed_close, FabricResult};
+use crate::error::{close_last, close_owned, report_failed_close, FabricResult};
 
 /// A registered memory region (closed on drop).
 pub struct MemoryRegion {
@@ -120,14 +120,9 @@ impl MemoryRegion {
     /// Closes the registration now, then its endpoint and domain where it
     /// held them last, reporting the first failure (an object whose close fails is abandoned, never closed again, with its parents).
     /// Dropping it closes it too, but can only log a failure.
-    pub fn close(mut self) -> FabricResult<()> {
+    pub fn close(self) -> FabricResult<()> {
         let (endpoint, domain) = (self._endpoint.clone(), self._domain.clone());
-        let closed = self.close_now();
-        if closed.is_err() {
-            std::mem::forget(self);
-            return closed;
-        }
-        drop(self);
+        close_owned(self, Self::close_now)?;
         let endpoint = endpoint.map_or(Ok(()), |ep| close_last(ep, Endpoint::close));
         endpoint.and(close_last(domain, Domain::close))
     }
