@@ -193,22 +193,7 @@ impl PrivateDir {
         let ctx = |e| Error::io(format!("writing {}", self.show(name)), e);
         let tmp_name = format!(".{}.tmp-{}", name.get(..200).unwrap_or(name), random_hex());
         let tmp = cstr(&tmp_name)?;
-        let flags =
-            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
-        // SAFETY: the directory descriptor is open and `tmp` is NUL-terminated.
-        let raw = unsafe {
-            libc::openat(
-                self.fd.as_raw_fd(),
-                tmp.as_ptr(),
-                flags,
-                0o600 as libc::c_uint,
-            )
-        };
-        if raw < 0 {
-            return Err(ctx(io::Error::last_os_error()));
-        }
-        // SAFETY: a descriptor openat just returned; the File owns and closes it.
-        let mut file = unsafe { std::fs::File::from_raw_fd(raw) };
+        let mut file = self.open_new(&tmp, libc::O_WRONLY).map_err(ctx)?;
         let written = {
             use std::io::Write;
             file.write_all(data).and_then(|_| file.sync_data())
@@ -241,22 +226,25 @@ impl PrivateDir {
     /// user (`O_CREAT|O_EXCL|O_NOFOLLOW`, relative to the verified directory).
     pub fn create_exclusive(&self, name: &str) -> Result<std::fs::File> {
         let c = cstr(name)?;
-        let flags =
-            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
-        // SAFETY: the directory descriptor is open and `c` is NUL-terminated.
+        self.open_new(&c, libc::O_RDWR)
+            .map_err(|e| Error::io(format!("creating {}", self.show(name)), e))
+    }
+
+    /// Opens `name` as a new 0600 file (`O_CREAT|O_EXCL|O_NOFOLLOW`, relative
+    /// to the verified directory) with `access` (`O_WRONLY` or `O_RDWR`).
+    fn open_new(&self, name: &CStr, access: libc::c_int) -> io::Result<std::fs::File> {
+        let flags = access | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        // SAFETY: the directory descriptor is open and `name` is NUL-terminated.
         let raw = unsafe {
             libc::openat(
                 self.fd.as_raw_fd(),
-                c.as_ptr(),
+                name.as_ptr(),
                 flags,
                 0o600 as libc::c_uint,
             )
         };
         if raw < 0 {
-            return Err(Error::io(
-                format!("creating {}", self.show(name)),
-                io::Error::last_os_error(),
-            ));
+            return Err(io::Error::last_os_error());
         }
         // SAFETY: a descriptor openat just returned; the File owns and closes it.
         Ok(unsafe { std::fs::File::from_raw_fd(raw) })
