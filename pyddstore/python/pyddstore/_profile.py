@@ -42,3 +42,46 @@ def report(native, rank: int) -> None:
             " ".join(f"{k}={v}" for k, v in p.items()),
             extra={"rank": rank},
         )
+
+
+class ProfileCounters:
+    """PyDDStore's get_profile(): its `_native` store, `_py_times` and `_recv` are the store's own."""
+
+    def get_profile(self, name: str | None = None) -> dict:
+        """Read counters of one variable, or summed over all of them.
+
+        Upstream pyddstore's keys, with its meanings (times in seconds; the ``py_*`` keys are
+        store-wide): ``py_gets`` the number of ``get()`` and ``get_batch()`` calls, ``py_get``
+        the seconds spent in them, ``py_sync`` device synchronisation in reads (0.0: reads land
+        in host memory), ``lock_wait`` waiting for a lock before posting reads (MPI below
+        ``MPI_THREAD_MULTIPLE``), ``mr`` registering receive buffers (read destinations;
+        providers needing ``FI_MR_LOCAL``), ``read`` posting transport reads and memory copies,
+        ``cq`` waiting for the transport's completions (MPI flushes), ``mr_miss`` reads whose
+        destination was not registered ahead (always 0: reads register per batch). Those parts
+        happen inside the ``get``/``get_batch`` calls, so upstream's summary
+        ``py_get - py_sync - lock_wait - mr - read - cq`` (Python and planning) is never
+        negative.
+
+        Ours: ``calls``, ``rows``, ``bytes``, ``local_rows``, ``node_rows``, ``remote_rows``,
+        ``remote_reads``, ``remote_ns`` (all transport time, ``cq_ns``, ``mr_ns`` and ``lock_ns``
+        included), ``copy_ns``, ``epoch_sync`` (seconds in ``epoch_begin``/``epoch_end``) and
+        ``recv_registered`` (live ``register_recv`` buffers),
+        ``rejected_replies`` messages this variable's readers received and discarded (gather
+        replies bound to no request they made: forged, or late) and ``rejected_requests`` requests
+        from the network this process's owner dropped unanswered (no proof of the job's secret, or
+        beyond its bounds); with a memory budget (see the "Datasets larger than memory" guide)
+        ``memory_rows`` rows read from memory, ``spilled_rows`` and ``spilled_reads`` rows and reads
+        from spill files, ``prefetch_hits`` spilled rows found staged ahead, and ``spill_ns``
+        (part of ``copy_ns``). For a ragged variable ``rows`` are
+        its ragged rows and ``bytes`` their values.
+
+        Args:
+            name (str | None): a variable, or None for the sum over all of them.
+
+        Example:
+            ```python
+            print(store.get_profile("x"))  # reads, bytes, remote/local split, ...
+            ```
+        """
+        names = [name] if name is not None else self._native.names()
+        return totals(self._native, names, self._py_times, len(self._recv))

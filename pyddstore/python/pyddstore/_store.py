@@ -10,11 +10,12 @@ import weakref
 
 import numpy as np
 
-from . import _handshake, _log, _native, _profile, _wire
+from . import _handshake, _log, _native, _profile
 from ._args import as_array as _as_array
 from ._args import dtype_name as _dtype_name
 from ._args import int_arg as _int
 from ._args import recv_key as _recv_key
+from ._collectives import StoreCollectives
 from ._comm import resolve_comm
 from ._env import check_fabric, resolve_method
 from ._env import settings as _env_settings
@@ -26,7 +27,7 @@ from ._errors import (
     DDStoreValueError,
 )
 from ._kinds import RAGGED_VALUES, CommKind, Method, ragged_parts
-from ._profile import new_py_times
+from ._profile import ProfileCounters, new_py_times
 
 _live_stores: weakref.WeakSet = weakref.WeakSet()
 
@@ -42,7 +43,7 @@ def _path(p) -> str | None:
     return None if p is None else os.fspath(p)
 
 
-class PyDDStore:
+class PyDDStore(StoreCollectives, ProfileCounters):
     """A distributed store of named variables; each rank holds a share of
     every variable's rows and reads any row with one-sided reads.
 
@@ -580,98 +581,6 @@ class PyDDStore:
             )
         self._native.unregister_recv(self._values_var(name), arr)
         self._recv.discard(key)
-
-    def get_profile(self, name: str | None = None) -> dict:
-        """Read counters of one variable, or summed over all of them.
-
-        Upstream pyddstore's keys, with its meanings (times in seconds; the ``py_*`` keys are
-        store-wide): ``py_gets`` the number of ``get()`` and ``get_batch()`` calls, ``py_get``
-        the seconds spent in them, ``py_sync`` device synchronisation in reads (0.0: reads land
-        in host memory), ``lock_wait`` waiting for a lock before posting reads (MPI below
-        ``MPI_THREAD_MULTIPLE``), ``mr`` registering receive buffers (read destinations;
-        providers needing ``FI_MR_LOCAL``), ``read`` posting transport reads and memory copies,
-        ``cq`` waiting for the transport's completions (MPI flushes), ``mr_miss`` reads whose
-        destination was not registered ahead (always 0: reads register per batch). Those parts
-        happen inside the ``get``/``get_batch`` calls, so upstream's summary
-        ``py_get - py_sync - lock_wait - mr - read - cq`` (Python and planning) is never
-        negative.
-
-        Ours: ``calls``, ``rows``, ``bytes``, ``local_rows``, ``node_rows``, ``remote_rows``,
-        ``remote_reads``, ``remote_ns`` (all transport time, ``cq_ns``, ``mr_ns`` and ``lock_ns``
-        included), ``copy_ns``, ``epoch_sync`` (seconds in ``epoch_begin``/``epoch_end``) and
-        ``recv_registered`` (live ``register_recv`` buffers),
-        ``rejected_replies`` messages this variable's readers received and discarded (gather
-        replies bound to no request they made: forged, or late) and ``rejected_requests`` requests
-        from the network this process's owner dropped unanswered (no proof of the job's secret, or
-        beyond its bounds); with a memory budget (see the "Datasets larger than memory" guide)
-        ``memory_rows`` rows read from memory, ``spilled_rows`` and ``spilled_reads`` rows and reads
-        from spill files, ``prefetch_hits`` spilled rows found staged ahead, and ``spill_ns``
-        (part of ``copy_ns``). For a ragged variable ``rows`` are
-        its ragged rows and ``bytes`` their values.
-
-        Args:
-            name (str | None): a variable, or None for the sum over all of them.
-
-        Example:
-            ```python
-            print(store.get_profile("x"))  # reads, bytes, remote/local split, ...
-            ```
-        """
-        names = [name] if name is not None else self._native.names()
-        return _profile.totals(self._native, names, self._py_times, len(self._recv))
-
-    # -- collectives over the store's group ---------------------------------
-    def allgather(self, obj) -> list:
-        """Every rank's `obj`, in rank order. Data only (None, bool, int, float, str, bytes,
-        lists, dicts with str keys; see ``pyddstore._wire``): nothing received can run code.
-
-        Args:
-            obj (object): data only: None, bool, int, float, str, bytes, lists, dicts with str keys.
-        """
-        return _wire.gather(self._native.comm(), obj)
-
-    def barrier(self) -> None:
-        """Collective; bounded by DDSTORE_TIMEOUT_S, like free()'s barrier (DDStoreTimeoutError
-        naming the ranks that did not arrive). Ctrl-C interrupts it (KeyboardInterrupt); the
-        store's later collectives then raise DDStoreError (the ranks no longer agree on which
-        collective comes next)."""
-        self._native.barrier()
-
-    def epoch_begin(self) -> None:
-        """Opens a read epoch, as upstream's ``epoch_begin``: for method 0 collective (a barrier of
-        the store's group, where upstream fences every window) and refusing nesting
-        (``epoch_begin`` twice without ``epoch_end`` raises DDStoreValueError); for methods 1
-        and 2 nothing, as upstream. Reads themselves need no epoch.
-
-        Example:
-            ```python
-            store.epoch_begin()
-            store.get_batch("x", out, idx)
-            store.epoch_end()
-            ```
-        """
-        if self.method != Method.MPI_RMA:
-            return
-        if self._in_epoch:
-            raise DDStoreValueError("epoch_begin(): an epoch is already open: call epoch_end() first")
-        self._epoch_sync()
-        self._in_epoch = True
-
-    def epoch_end(self) -> None:
-        """Closes the epoch :meth:`epoch_begin` opened (method 0: collective; without an open
-        epoch it raises DDStoreValueError); nothing for methods 1 and 2, as upstream."""
-        if self.method != Method.MPI_RMA:
-            return
-        if not self._in_epoch:
-            raise DDStoreValueError("epoch_end(): no epoch is open: call epoch_begin() first")
-        self._epoch_sync()
-        self._in_epoch = False
-
-    def _epoch_sync(self) -> None:
-        if self.size > 1:
-            t = time.perf_counter()
-            self._native.barrier()
-            self._py_times["epoch_sync"] += time.perf_counter() - t
 
     # -- processes and jobs ---------------------------------------------------
     def fork_reader(self) -> None:
