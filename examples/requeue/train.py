@@ -111,6 +111,27 @@ def decode(rows):
     return (x - x.mean(dim=1, keepdim=True)) / 1000.0, rows[:, -1].long(), rows[:, -2].long()
 
 
+def load_data(a, comm, snapshot: str):
+    """The data: restored from the snapshot on a restart, loaded and saved on the first start.
+    Returns (dataset, "restore" or "fresh", seconds to get the data, seconds to save it)."""
+    from pyddstore.torch import DistDataset
+
+    if os.path.exists(os.path.join(snapshot, "manifest.json")):
+        t0 = time.perf_counter()
+        ds = DistDataset.restore(snapshot, comm=comm, method=a.method)
+        return ds, "restore", time.perf_counter() - t0, 0.0
+    rank = comm.Get_rank()
+    source = RawFeatures(os.path.join(a.work, "raw"), a.samples, a.features, rank, comm)
+    t0 = time.perf_counter()  # the raw file exists now (made once, not timed)
+    ds = DistDataset(source if a.source == "python" else source.raw, "requeue", comm=comm, method=a.method)
+    if rank == 0 and os.path.isdir(snapshot):
+        shutil.rmtree(snapshot)  # a save that a kill interrupted: no manifest, start over
+    comm.Barrier()
+    data_s = time.perf_counter() - t0
+    ds.save(snapshot)
+    return ds, "fresh", data_s, time.perf_counter() - t0 - data_s
+
+
 def main() -> None:
     a = parse_args()
     stop_requested = []
@@ -118,7 +139,7 @@ def main() -> None:
 
     import torch  # before MPI and pyddstore
     from mpi4py import MPI
-    from pyddstore.torch import DistDataset, DistributedSampler, ThreadDataLoader
+    from pyddstore.torch import DistributedSampler, ThreadDataLoader
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -130,26 +151,7 @@ def main() -> None:
         with open(latest) as f:
             ckpt = json.load(f)
 
-    # -- the data: restored from the snapshot on a restart, loaded and saved on the first start
-    save_s = 0.0
-    if os.path.exists(os.path.join(snapshot, "manifest.json")):
-        mode = "restore"
-        t0 = time.perf_counter()
-        ds = DistDataset.restore(snapshot, comm=comm, method=a.method)
-        data_s = time.perf_counter() - t0
-    else:
-        mode = "fresh"
-        source = RawFeatures(os.path.join(a.work, "raw"), a.samples, a.features, rank, comm)
-        t0 = time.perf_counter()  # the raw file exists now (made once, not timed)
-        ds = DistDataset(
-            source if a.source == "python" else source.raw, "requeue", comm=comm, method=a.method
-        )
-        if rank == 0 and os.path.isdir(snapshot):
-            shutil.rmtree(snapshot)  # a save that a kill interrupted: no manifest, start over
-        comm.Barrier()
-        data_s = time.perf_counter() - t0
-        ds.save(snapshot)
-        save_s = time.perf_counter() - t0 - data_s
+    ds, mode, data_s, save_s = load_data(a, comm, snapshot)
     ready_s = process_age()
 
     torch.manual_seed(a.seed)
