@@ -49,6 +49,9 @@ for t in "${targets[@]}"; do
   # That test forks: valgrind then checks the child too, which leaves with _exit
   # while other test threads' memory is still held, so it reports them lost.
   [[ $t == ddstore_core ]] && skip=(--skip a_forked_child_sees_its_own_pid)
+  # That test abandons a domain whose close failed (-FI_EBUSY), as free() must: never
+  # closed twice, so its memory is leaked on purpose.
+  [[ $t == ddstore_fabric ]] && skip=(--skip closing_a_domain_with_a_live_registration_is_reported)
   if "${memcheck[@]}" "${exe[$t]}" --test-threads=2 "${skip[@]}" >"$logs/$t.log" 2>&1; then
     echo "memcheck $t: clean ($((SECONDS - t0)) s)"
   else
