@@ -140,11 +140,7 @@ impl Endpoint {
                 context,
             )
         };
-        if rc == -(sys::FI_EAGAIN as isize) {
-            return Ok(Err(TryAgain));
-        }
-        check("fi_read", rc as i64)?;
-        Ok(Ok(()))
+        posted("fi_read", rc)
     }
 
     /// Posts a tagged receive of up to `len` bytes into `buf`, matching
@@ -175,11 +171,7 @@ impl Endpoint {
                 context,
             )
         };
-        if rc == -(sys::FI_EAGAIN as isize) {
-            return Ok(Err(TryAgain));
-        }
-        check("fi_trecv", rc as i64)?;
-        Ok(Ok(()))
+        posted("fi_trecv", rc)
     }
 
     /// Posts a tagged receive scattering into `iov` (at most the provider's
@@ -214,11 +206,7 @@ impl Endpoint {
                 context,
             )
         };
-        if rc == -(sys::FI_EAGAIN as isize) {
-            return Ok(Err(TryAgain));
-        }
-        check("fi_trecv", rc as i64)?;
-        Ok(Ok(()))
+        posted("fi_trecvv", rc)
     }
 
     /// Sends the bytes of `iov` (at most the provider's iov limit, at least
@@ -263,11 +251,7 @@ impl Endpoint {
                 )
             }
         };
-        if rc == -(sys::FI_EAGAIN as isize) {
-            return Ok(Err(TryAgain));
-        }
-        check("fi_tsend", rc as i64)?;
-        Ok(Ok(()))
+        posted("fi_tsendv", rc)
     }
 
     /// Asks the provider to cancel a posted operation (best effort).
@@ -314,4 +298,14 @@ impl Drop for Endpoint {
     fn drop(&mut self) {
         report_failed_close("endpoint", self.close_now());
     }
+}
+
+/// What a post call's return code means: posted, `TryAgain` (the provider's
+/// queue is full: progress and post again), or the call's error.
+fn posted(call: &'static str, rc: isize) -> FabricResult<Result<(), TryAgain>> {
+    if rc == -(sys::FI_EAGAIN as isize) {
+        return Ok(Err(TryAgain));
+    }
+    check(call, rc as i64)?;
+    Ok(Ok(()))
 }
