@@ -20,7 +20,12 @@
 //! - No thread pool outlives a call: large same-node copies run on threads
 //!   spawned for one batch and joined before it returns
 //!   (`store::copy_in_threads`); a pool started before a fork has no threads
-//!   in the child and would hang it.
+//!   in the child and would hang it. Two threads outlive calls, and the
+//!   child never uses them: an owner's gather server (its progress thread
+//!   and the few threads that read spilled rows for its replies) serves
+//!   only in the parent, and the read-ahead stage of a spilled variable
+//!   (`spill::Stage`, whose lock the loader's read-ahead thread takes) is
+//!   empty in a child and stages nothing there.
 //!
 //! Same-node shares (shared memory, MPI shared windows) are plain mappings
 //! and stay valid in the child: a child reads them with memory copies as its

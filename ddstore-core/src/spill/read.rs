@@ -26,11 +26,16 @@ pub struct SpillRead<'a> {
 /// rank); several loader threads reading at once add up.
 pub const MAX_READ_THREADS: usize = 8;
 
+/// Most threads a read ahead (`Store::prefetch`) uses: it is the one reader
+/// of the rows it stages (the loader's reads wait for them), so it keeps as
+/// many reads in flight as the disk's random-read limit is measured with.
+pub const MAX_READ_AHEAD_THREADS: usize = 32;
+
 /// Carries out `reads` with up to `inflight` of them in flight (at most
-/// [`MAX_READ_THREADS`]); the first error is returned after every thread
-/// stopped.
+/// [`MAX_READ_AHEAD_THREADS`]); the first error is returned after every
+/// thread stopped.
 pub fn read_all(reads: Vec<SpillRead<'_>>, inflight: usize) -> Result<()> {
-    let threads = inflight.clamp(1, MAX_READ_THREADS).min(reads.len());
+    let threads = inflight.clamp(1, MAX_READ_AHEAD_THREADS).min(reads.len());
     if threads <= 1 {
         let mut scratch = Vec::new();
         return reads

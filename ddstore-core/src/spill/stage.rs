@@ -1,15 +1,34 @@
 //! The read-ahead stage: spilled rows a reader will need soon, read ahead
 //! of use (see `Store::prefetch`) into a bounded cache inside the budget, so
-//! that the batch that needs them copies them from memory. A row leaves the
-//! stage when a read takes it (an epoch reads each sample once) or, oldest
-//! first, when newer rows need the room.
+//! that the batch that needs them copies them from memory.
+//!
+//! A read ahead first reserves its rows ([`Stage::reserve`]: they are
+//! *pending*), then fills them. A read that needs a pending row waits for
+//! it instead of reading it a second time (the read-ahead and the loader's
+//! workers never read the same row twice, and a row reserved is never
+//! pushed out by later ones). A row leaves the stage when a read takes it
+//! (an epoch reads each sample once); a staged row that no read took while
+//! [`stale_after`] other spilled rows were read (an epoch ended or was left,
+//! a sampler changed its order) is dropped when its room is needed.
+//!
+//! Fork safety (see [`crate::fork`]): the stage belongs to the process that
+//! made it. In a forked child it is empty and stages nothing, so the child
+//! never takes its lock, which a thread of the parent (the read-ahead) may
+//! have held at the fork.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::fork::CreatedBy;
 
 /// Most bytes one variable's stage takes from its budget.
 pub const STAGE_MAX: u64 = 64 << 20;
+
+/// Longest a read waits for a pending row before reading it itself (a read
+/// ahead normally fills its rows within milliseconds).
+const PENDING_WAIT: Duration = Duration::from_secs(30);
 
 /// The part of a spilling variable's budget its stage holds: an eighth, at
 /// most [`STAGE_MAX`].
@@ -17,19 +36,53 @@ pub fn stage_bytes(budget: u64) -> u64 {
     (budget / 8).min(STAGE_MAX)
 }
 
+/// Spilled rows read after a row was staged beyond which the row counts as
+/// stale: four stages full of rows, and at least 4096 (a loader's batches in
+/// flight are read well within that).
+pub fn stale_after(cap_rows: usize) -> u64 {
+    (4 * cap_rows as u64).max(4096)
+}
+
 /// Staged rows of one variable, by global row.
-#[derive(Default)]
 pub struct Stage {
     cap: usize,
-    staged: AtomicUsize,
+    /// Rows staged or pending now.
+    held: AtomicUsize,
+    /// Spilled rows read (taken or not) so far: the clock of staleness.
+    reads: AtomicU64,
+    created: CreatedBy,
     inner: Mutex<Inner>,
+    filled: Condvar,
+}
+
+impl Default for Stage {
+    fn default() -> Stage {
+        Stage::new(0)
+    }
+}
+
+enum Slot {
+    /// Reserved by a read ahead that has not filled it yet.
+    Pending,
+    /// Its bytes, staged when the read clock was at `at`.
+    Ready { bytes: Vec<u8>, at: u64 },
 }
 
 #[derive(Default)]
 struct Inner {
-    rows: HashMap<u64, Vec<u8>>,
+    rows: HashMap<u64, (Slot, usize)>,
+    /// Rows in the order they were reserved (taken ones are skipped).
     order: VecDeque<u64>,
+    /// Bytes of staged and pending rows.
     bytes: usize,
+}
+
+impl Inner {
+    fn remove(&mut self, row: u64) -> Option<Slot> {
+        let (slot, len) = self.rows.remove(&row)?;
+        self.bytes -= len;
+        Some(slot)
+    }
 }
 
 impl Stage {
@@ -37,65 +90,184 @@ impl Stage {
     pub fn new(cap: usize) -> Stage {
         Stage {
             cap,
-            ..Default::default()
+            held: AtomicUsize::new(0),
+            reads: AtomicU64::new(0),
+            created: CreatedBy::this_process(),
+            inner: Mutex::default(),
+            filled: Condvar::new(),
         }
     }
 
-    /// Its capacity in bytes.
+    /// Its capacity in bytes (0 in a forked child: it stages nothing there).
     pub fn capacity(&self) -> usize {
-        self.cap
+        if self.created.is_this_process() {
+            self.cap
+        } else {
+            0
+        }
     }
 
-    /// Rows staged now.
+    /// Rows staged or pending now (0 in a forked child).
     pub fn len(&self) -> usize {
-        self.staged.load(Ordering::Relaxed)
+        if self.created.is_this_process() {
+            self.held.load(Ordering::Relaxed)
+        } else {
+            0
+        }
     }
 
-    /// Whether no row is staged (a read then skips the stage).
+    /// Whether no row is staged or pending (a read then skips the stage).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Whether `row` is staged.
-    pub fn contains(&self, row: u64) -> bool {
-        !self.is_empty() && self.inner.lock().unwrap().rows.contains_key(&row)
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Stages `bytes` as `row`, dropping the oldest rows while over capacity
-    /// (a row larger than the stage is not staged).
-    pub fn insert(&self, row: u64, bytes: Vec<u8>) {
-        if bytes.len() > self.cap {
-            return;
+    fn publish(&self, s: &Inner) {
+        self.held.store(s.rows.len(), Ordering::Relaxed);
+    }
+
+    /// Whether `row` is staged or pending.
+    pub fn contains(&self, row: u64) -> bool {
+        !self.is_empty() && self.lock().rows.contains_key(&row)
+    }
+
+    /// Reserves the first of `rows` (in their order; rows of `row_bytes`
+    /// bytes) that are not staged or pending yet, while they fit beside the
+    /// rows held; stale rows make room. Returns the rows reserved, which
+    /// the caller fills ([`Stage::fill`]) or gives up ([`Stage::cancel`]).
+    pub fn reserve(&self, rows: &[u64], row_bytes: usize) -> Vec<u64> {
+        let cap = self.capacity();
+        if cap == 0 || row_bytes == 0 || row_bytes > cap {
+            return Vec::new();
         }
-        let mut s = self.inner.lock().unwrap();
-        if s.rows.contains_key(&row) {
-            return;
-        }
-        while s.bytes + bytes.len() > self.cap {
-            let Some(old) = s.order.pop_front() else {
+        let now = self.reads.load(Ordering::Relaxed);
+        let stale = stale_after(cap / row_bytes);
+        let mut s = self.lock();
+        let mut got = Vec::new();
+        for &row in rows {
+            if s.rows.contains_key(&row) {
+                continue;
+            }
+            while s.bytes + row_bytes > cap && self.drop_stale(&mut s, now, stale) {}
+            if s.bytes + row_bytes > cap {
                 break;
-            };
-            if let Some(b) = s.rows.remove(&old) {
-                s.bytes -= b.len();
+            }
+            s.bytes += row_bytes;
+            s.rows.insert(row, (Slot::Pending, row_bytes));
+            s.order.push_back(row);
+            got.push(row);
+        }
+        self.publish(&s);
+        got
+    }
+
+    /// Drops the oldest row if it is stale (or already taken); whether one went.
+    fn drop_stale(&self, s: &mut Inner, now: u64, stale: u64) -> bool {
+        while let Some(&front) = s.order.front() {
+            match s.rows.get(&front) {
+                None => {
+                    s.order.pop_front(); // taken: its entry goes now
+                }
+                Some((Slot::Ready { at, .. }, _)) if now.saturating_sub(*at) > stale => {
+                    s.order.pop_front();
+                    s.remove(front);
+                    return true;
+                }
+                _ => return false,
             }
         }
-        s.bytes += bytes.len();
-        s.order.push_back(row);
-        s.rows.insert(row, bytes);
-        self.staged.store(s.rows.len(), Ordering::Relaxed);
+        false
     }
 
-    /// Takes `row` out of the stage, if it is there.
+    /// Fills the reserved `row` with its bytes (a row not reserved is ignored).
+    pub fn fill(&self, row: u64, bytes: Vec<u8>) {
+        if !self.created.is_this_process() {
+            return;
+        }
+        let at = self.reads.load(Ordering::Relaxed);
+        let mut s = self.lock();
+        if let Some((slot @ Slot::Pending, len)) = s.rows.get_mut(&row) {
+            if *len == bytes.len() {
+                *slot = Slot::Ready { bytes, at };
+            }
+        }
+        drop(s);
+        self.filled.notify_all();
+    }
+
+    /// Gives up reserved rows that were not filled (their read failed):
+    /// reads waiting for them read them themselves.
+    pub fn cancel(&self, rows: &[u64]) {
+        if rows.is_empty() || !self.created.is_this_process() {
+            return;
+        }
+        let mut s = self.lock();
+        for &row in rows {
+            if matches!(s.rows.get(&row), Some((Slot::Pending, _))) {
+                s.remove(row);
+            }
+        }
+        self.publish(&s);
+        drop(s);
+        self.filled.notify_all();
+    }
+
+    /// Takes `row` out of the stage if it is there; a pending row is waited
+    /// for (up to [`PENDING_WAIT`]; then the caller reads it itself).
     pub fn take(&self, row: u64) -> Option<Vec<u8>> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
         if self.is_empty() {
             return None;
         }
-        let mut s = self.inner.lock().unwrap();
-        let b = s.rows.remove(&row)?;
-        s.bytes -= b.len();
-        // Its entry in `order` goes when it reaches the front (a missing row is skipped).
-        self.staged.store(s.rows.len(), Ordering::Relaxed);
-        Some(b)
+        let mut s = self.lock();
+        let deadline = std::time::Instant::now() + PENDING_WAIT;
+        loop {
+            match s.rows.get(&row) {
+                None => return None,
+                Some((Slot::Ready { .. }, _)) => break,
+                Some((Slot::Pending, _)) => {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        return None;
+                    }
+                    s = self
+                        .filled
+                        .wait_timeout(s, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+            }
+        }
+        let Some(Slot::Ready { bytes, .. }) = s.remove(row) else {
+            unreachable!("checked above")
+        };
+        // Its entry in `order` goes when it reaches the front.
+        self.publish(&s);
+        Some(bytes)
+    }
+}
+
+/// Cancels the rows of a read ahead that did not fill them (an error, or a
+/// panic, on the way), so that no read waits for them.
+pub struct Reserved<'a> {
+    stage: &'a Stage,
+    /// The rows reserved, in order.
+    pub rows: Vec<u64>,
+}
+
+impl<'a> Reserved<'a> {
+    /// `rows` reserved in `stage`.
+    pub fn new(stage: &'a Stage, rows: Vec<u64>) -> Reserved<'a> {
+        Reserved { stage, rows }
+    }
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        self.stage.cancel(&self.rows);
     }
 }
 
@@ -106,16 +278,85 @@ mod tests {
     #[test]
     fn the_stage_is_bounded_and_rows_leave_when_taken() {
         let s = Stage::new(100);
-        for r in 0..5 {
-            s.insert(r, vec![r as u8; 30]);
+        let got = s.reserve(&[0, 1, 2, 3, 4], 30);
+        assert_eq!(got, vec![0, 1, 2], "only 3 rows of 30 bytes fit in 100");
+        for &r in &got {
+            s.fill(r, vec![r as u8; 30]);
         }
-        assert_eq!(s.len(), 3, "only 3 rows of 30 bytes fit in 100");
-        assert!(!s.contains(0) && s.contains(4));
-        assert_eq!(s.take(3), Some(vec![3u8; 30]));
-        assert_eq!(s.take(3), None);
-        s.insert(9, vec![9; 200]);
-        assert!(!s.contains(9), "larger than the stage");
+        assert!(s.contains(0) && !s.contains(4));
+        assert_eq!(
+            s.reserve(&[3, 4], 30),
+            Vec::<u64>::new(),
+            "rows held are not pushed out"
+        );
+        assert_eq!(s.take(2), Some(vec![2u8; 30]));
+        assert_eq!(s.take(2), None);
+        assert_eq!(
+            s.reserve(&[0, 3, 4], 30),
+            vec![3],
+            "0 is held; 3 takes 2's room"
+        );
+        s.cancel(&[3]);
+        assert!(!s.contains(3) && s.take(3).is_none());
+        assert!(s.reserve(&[9], 200).is_empty(), "larger than the stage");
         assert_eq!(stage_bytes(800 << 20), 64 << 20);
         assert_eq!(stage_bytes(80), 10);
+    }
+
+    #[test]
+    fn a_read_waits_for_a_pending_row_and_stale_rows_make_room() {
+        let s = Stage::new(100);
+        assert_eq!(s.reserve(&[7], 50), vec![7]);
+        std::thread::scope(|scope| {
+            let reader = scope.spawn(|| s.take(7));
+            std::thread::sleep(Duration::from_millis(20));
+            s.fill(7, vec![7; 50]);
+            assert_eq!(reader.join().unwrap(), Some(vec![7; 50]));
+        });
+        let kept = s.reserve(&[1, 2], 50);
+        kept.iter().for_each(|&r| s.fill(r, vec![1; 50]));
+        assert!(s.reserve(&[3], 50).is_empty(), "full of fresh rows");
+        for _ in 0..=stale_after(2) {
+            s.take(99); // other rows read: 1 and 2 grow stale
+        }
+        assert_eq!(s.reserve(&[3], 50), vec![3], "a stale row made room");
+        assert!(!s.contains(1) && s.contains(2));
+        let guard = Reserved::new(&s, s.reserve(&[4], 50));
+        assert_eq!(guard.rows, vec![4]);
+        drop(guard);
+        assert!(
+            !s.contains(4),
+            "a read ahead that did not fill its rows gives them up"
+        );
+    }
+
+    #[test]
+    fn a_forked_child_never_uses_its_parents_stage() {
+        let s = Stage::new(100);
+        assert_eq!(s.reserve(&[1], 10), vec![1]);
+        s.fill(1, vec![1; 10]);
+        let held = s.inner.lock().unwrap(); // as a parent thread mid-read at the fork
+                                            // SAFETY: the child uses only the stage (atomics, no lock) and _exit.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0);
+        if child == 0 {
+            let ok = s.is_empty()
+                && s.take(1).is_none()
+                && s.reserve(&[2], 10).is_empty()
+                && !s.contains(1);
+            s.fill(2, vec![0; 10]);
+            s.cancel(&[2]);
+            // SAFETY: leaves the child at once, running no test-harness code.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        drop(held);
+        let mut status = 0;
+        // SAFETY: waits for the child just forked.
+        unsafe { libc::waitpid(child, &mut status, 0) };
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "{status}"
+        );
+        assert_eq!(s.take(1), Some(vec![1; 10]));
     }
 }

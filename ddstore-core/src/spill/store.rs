@@ -182,8 +182,10 @@ pub(crate) fn wrapper(
     let file = pending.as_ref().map(|p| p.file.clone());
     let wrap = move |region: Arc<dyn Memory>| -> Arc<dyn Memory> {
         let Some(file) = &file else { return region };
+        // One reply's reads at a batch's depth (the owner answers several at once).
+        let depth = inflight.min(super::read::MAX_READ_THREADS);
         let share =
-            Arc::new(SpilledShare::new(region, Some(file.clone()), len).with_inflight(inflight));
+            Arc::new(SpilledShare::new(region, Some(file.clone()), len).with_inflight(depth));
         *keep.lock().unwrap() = Some(share.clone());
         share
     };

@@ -2,6 +2,7 @@
 //! one whose share spills, and reading its spilled rows ahead of use.
 
 use crate::plan::Plan;
+use crate::spill::stage::Reserved;
 use crate::spill::store::Split;
 use crate::transport::RemoteRead;
 use crate::Result;
@@ -97,15 +98,16 @@ impl Store {
         };
         let rb = var.info.row_bytes;
         let layout = &var.info.layout;
-        let room = spill.stage.capacity() / rb;
+        let room = spill.stage.capacity() / rb.max(1);
         let total = layout.total();
-        let mut want: Vec<i64> = Vec::new();
+        // The spilled rows among `rows`, in order, up to a stage full of them.
+        let mut spilled: Vec<u64> = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for &r in rows {
-            if want.len() >= room {
+            if spilled.len() >= room {
                 break;
             }
-            if r < 0 || r as u64 >= total || spill.stage.contains(r as u64) || !seen.insert(r) {
+            if r < 0 || r as u64 >= total || !seen.insert(r) {
                 continue;
             }
             let (owner, local) = layout.locate_valid(r as u64);
@@ -118,17 +120,21 @@ impl Store {
             let readable = matches!(spill.split(&probe, &var.name), Ok(Split::Parts(..)))
                 || (spill.remote_serves && spill.spilled_part(&probe).is_some());
             if readable {
-                want.push(r);
+                spilled.push(r as u64);
             }
         }
-        if want.is_empty() {
+        // Reserved rows are pending: a read that needs one waits for it
+        // rather than reading it again; the guard gives up what is not filled.
+        let reserved = Reserved::new(&spill.stage, spill.stage.reserve(&spilled, rb));
+        if reserved.rows.is_empty() {
             return Ok(0);
         }
+        let want: Vec<i64> = reserved.rows.iter().map(|&r| r as i64).collect();
         let mut buf = vec![0u8; want.len() * rb];
         let plan = Plan::build(layout, &want, rb, var.max_read, |o| var.is_remote(o))?;
         self.watch(var.execute_counted(&plan, &mut buf, want.len(), OwnRows::Copy, false))?;
-        for (r, bytes) in want.iter().zip(buf.chunks_exact(rb)) {
-            spill.stage.insert(*r as u64, bytes.to_vec());
+        for (r, bytes) in reserved.rows.iter().zip(buf.chunks_exact(rb)) {
+            spill.stage.fill(*r, bytes.to_vec());
         }
         Ok(want.len())
     }

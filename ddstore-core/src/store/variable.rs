@@ -96,8 +96,10 @@ impl Variable {
         self.execute_counted(plan, out, nrows, own, true)
     }
 
-    /// As [`Variable::execute`]; `counted: false` leaves the read counters
-    /// alone (reads ahead of use, see `Store::prefetch`).
+    /// As [`Variable::execute`]; `counted: false` is a read ahead of use
+    /// (see `Store::prefetch`): it leaves the read counters and the stage
+    /// (whose rows it fills) alone, and reads spilled rows at the read
+    /// ahead's depth.
     pub(crate) fn execute_counted(
         &self,
         plan: &Plan,
@@ -106,7 +108,7 @@ impl Variable {
         own: OwnRows,
         counted: bool,
     ) -> Result<()> {
-        let routes = self.route(plan, own)?;
+        let routes = self.route(plan, own, counted)?;
         self.check_core_alive(&routes.copies)?;
         if !routes.remote.is_empty() {
             let started = Instant::now();
@@ -120,7 +122,12 @@ impl Variable {
         let started = Instant::now();
         copy_segments(&routes.copies, out, routes.local_bytes + routes.node_bytes)?;
         if let Some(spill) = &self.spill {
-            self.read_spilled(spill, &routes.files, out)?;
+            let threads = if counted {
+                crate::spill::read::MAX_READ_THREADS
+            } else {
+                crate::spill::read::MAX_READ_AHEAD_THREADS
+            };
+            self.read_spilled(spill, &routes.files, out, threads)?;
             for (at, bytes) in &routes.staged {
                 out[*at..*at + bytes.len()].copy_from_slice(bytes);
             }
@@ -142,12 +149,17 @@ impl Variable {
 
     /// Which reads of `plan` are memory copies (own share, same-node peers),
     /// which go through the transport, and which are left to the caller.
-    fn route<'a>(&'a self, plan: &'a Plan, own: OwnRows) -> Result<Routes<'a>> {
+    /// `staged`: rows the read-ahead stage holds are taken from it.
+    fn route<'a>(&'a self, plan: &'a Plan, own: OwnRows, staged: bool) -> Result<Routes<'a>> {
         let mut routes = Routes::default();
         let mut pieces = Vec::new();
         for seg in &plan.segments {
             pieces.clear();
-            self.take_staged(seg, &mut routes, &mut pieces);
+            if staged {
+                self.take_staged(seg, &mut routes, &mut pieces);
+            } else {
+                pieces.push(*seg);
+            }
             for seg in &pieces {
                 self.route_one(seg, own, &mut routes)?;
             }
@@ -386,12 +398,13 @@ impl Variable {
         spill: &crate::spill::store::VarSpill,
         files: &[FileRead<'_>],
         out: &mut [u8],
+        threads: usize,
     ) -> Result<()> {
         if files.is_empty() {
             return Ok(());
         }
         let started = Instant::now();
-        crate::spill::store::read_files(files, out, spill.inflight)?;
+        crate::spill::store::read_files(files, out, spill.inflight.min(threads))?;
         Counters::add(&self.counters.spill_ns, started.elapsed().as_nanos() as u64);
         Ok(())
     }

@@ -36,4 +36,5 @@ pub(crate) mod answer;
 pub(crate) mod client;
 pub(crate) mod plan;
 pub(crate) mod server;
+pub(crate) mod spill_reads;
 pub(crate) mod wire;

@@ -22,6 +22,7 @@ use ddstore_core::region::Memory;
 use libfabric_sys as sys;
 
 use super::answer::{self, Access, Bounds, ReplyBody as Body, ServedShares};
+use super::spill_reads::{Done, Job, SpillReads};
 use super::wire::{self, Nonce, Refusal};
 use crate::ofi::context::Contexts;
 use crate::ofi::cq::Poll;
@@ -122,6 +123,9 @@ pub struct Server {
     expiry: Duration,
     /// Packing buffers of sent replies, reused by the next packed replies.
     spare: Vec<Vec<u8>>,
+    /// Replies reaching into a spill file, packed off this thread (each
+    /// holds its send slot and counts as in flight to its reader).
+    spill_reads: SpillReads<(sys::fi_addr_t, usize, Reply)>,
 }
 
 impl Server {
@@ -137,6 +141,8 @@ impl Server {
         let max_msg = info.max_msg_size().max(1);
         let iov_limit = info.tx_iov_limit().clamp(2, 16);
         let name = ep.name()?;
+        let cq = ep.cq().clone();
+        let spill_reads = SpillReads::new(move || cq.signal());
         Ok(Server {
             ep,
             shares,
@@ -158,6 +164,7 @@ impl Server {
             routes: HashMap::new(),
             expiry,
             spare: Vec::new(),
+            spill_reads,
         })
     }
 
@@ -302,6 +309,7 @@ impl Server {
     /// not take now (its reader still connecting, or gone) waits at the
     /// front of its reader's queue; other readers go on.
     fn flush(&mut self) {
+        self.post_spilled();
         let mut turns = self.ready.len();
         while turns > 0 && !self.free_sends.is_empty() {
             turns -= 1;
@@ -374,6 +382,12 @@ impl Server {
                 }
                 let share = share.clone();
                 let ranges = ranges.clone();
+                if ranges
+                    .iter()
+                    .any(|&(o, l)| o + l > share.mapped_len() as u64)
+                {
+                    return self.read_spilled(peer, slot, reply, share, ranges, total);
+                }
                 match self.pack(share.as_ref(), &ranges) {
                     Some(buf) => {
                         self.packed_in_flight += buf.len();
@@ -394,6 +408,77 @@ impl Server {
             }
         }
         self.post_reply(peer, slot, reply, packed, &ranges_iov)
+    }
+
+    /// Hands `reply` (`ranges` of `share`, `total` bytes, some in its spill
+    /// file) to the spill-read threads, with send slot `slot` and a packing
+    /// buffer (fallible: a refusal when there is no memory for it); it is
+    /// sent once packed ([`Server::post_spilled`]).
+    fn read_spilled(
+        &mut self,
+        peer: sys::fi_addr_t,
+        slot: usize,
+        reply: Reply,
+        share: Arc<dyn Memory>,
+        ranges: Vec<(u64, u64)>,
+        total: usize,
+    ) -> Flushed {
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.clear();
+        if buf.try_reserve(total).is_err() {
+            let refusal = Reply {
+                status: Refusal::OverLimit as u64,
+                body: Body::Empty,
+                ..reply
+            };
+            self.requeue(peer, refusal);
+            return Flushed::Next;
+        }
+        buf.resize(total, 0);
+        let taken = self.free_sends.pop();
+        debug_assert_eq!(taken, Some(slot));
+        self.packed_in_flight += total;
+        self.peers.get_mut(&peer).expect("present").in_flight += 1;
+        self.spill_reads.submit(Job {
+            tag: (peer, slot, reply),
+            share,
+            ranges,
+            buf,
+        });
+        Flushed::Next
+    }
+
+    /// Sends the spilled replies packed since the last turn (a failed read
+    /// is refused; a reply whose reader was dropped, or that waited past
+    /// the readers' timeout, is dropped).
+    fn post_spilled(&mut self) {
+        for Done { tag, buf, ok } in self.spill_reads.take_done() {
+            let (peer, slot, reply) = tag;
+            self.free_sends.push(slot);
+            let live = self.peers.get_mut(&peer).map(|p| {
+                p.in_flight = p.in_flight.saturating_sub(1);
+            });
+            if live.is_none() || !ok || reply.queued.elapsed() >= self.expiry {
+                self.packed_in_flight -= buf.len();
+                self.recycle(buf);
+                if live.is_some() && !ok {
+                    let refusal = Reply {
+                        status: Refusal::OverLimit as u64,
+                        body: Body::Empty,
+                        ..reply
+                    };
+                    self.post_reply(peer, slot, refusal, None, &[]);
+                }
+                continue;
+            }
+            // post_reply takes the last free slot: this one.
+            if let Flushed::Later = self.post_reply(peer, slot, reply, Some(buf), &[]) {
+                // Requeued (to be read again): make sure its reader is in turn.
+                if !self.ready.contains(&peer) {
+                    self.ready.push_back(peer);
+                }
+            }
+        }
     }
 
     /// Puts `reply` back at the front of `peer`'s queue.
@@ -592,6 +677,7 @@ impl Server {
     /// Cancels what is posted and waits for it to finish; what does not
     /// finish in time is abandoned (leaked), never freed under the provider.
     fn shutdown(mut self) {
+        self.spill_reads.stop();
         for slot in 0..REQUEST_SLOTS + SEND_SLOTS {
             let live = if slot < REQUEST_SLOTS {
                 self.posted[slot]
