@@ -1,12 +1,15 @@
 """DistDataset with a memory budget (issue 27): samples past it live in spill files; every
 sample read (ds[i], ThreadDataLoader batches over a shuffling DistributedSampler, forked and spawned torch
-DataLoader workers, a restored snapshot) is compared with the source.
+DataLoader workers, a restored snapshot, children forked while the loader reads ahead) is compared
+with the source.
 
 mpirun -n 2 python spill_torch.py <spill_dir> <snapshot_dir>
 """
 
 import os
+import signal
 import sys
+import time
 
 import numpy as np
 import torch
@@ -38,6 +41,29 @@ def check_samples(ds, idx, where):
         same(ds[int(i)], Src()[int(i)], f"{where} sample {i}")
 
 
+def fork_and_check(ds, idx, where):
+    """Forks while the loader's threads run; the child reads samples `idx` (spilled ones among
+    them) and checks them. A child that does not finish within 60 s is a hang (killed, failed)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            check_samples(ds, idx, where)
+            code = 0
+        except BaseException as e:  # noqa: BLE001 - reported, then the child exits
+            sys.stderr.write(f"{where}: {e!r}\n")
+        os._exit(code)
+    for _ in range(600):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"{where}: child failed ({status})"
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError(f"{where}: the forked child hung")
+
+
 def check_loader(ds, rank, size, where):
     """ThreadDataLoader over a shuffling DistributedSampler: set_epoch, read-ahead of spilled
     rows, and a resume from state_dict() mid-epoch; every sample compared with the source."""
@@ -48,7 +74,11 @@ def check_loader(ds, rank, size, where):
     before = ds._store.get_profile()["prefetch_hits"]
     sampler.set_epoch(1)  # set_epoch before iterating, as training loops do
     order = list(iter(sampler))
-    seen = [s for batch in loader for s in batch]
+    seen = []
+    for k, batch in enumerate(loader):
+        seen += batch
+        if k % 4 == 1:  # the read-ahead thread is staging: a fork now must not hang the child
+            fork_and_check(ds, order[: len(seen) + 16], f"{where} forked at batch {k}")
     assert len(seen) == len(order), (len(seen), len(order))
     for i, s in zip(order, seen):
         same(s, Src()[i], f"{where} epoch 1 sample {i}")
