@@ -1,5 +1,5 @@
 # pyddstore: `make help` lists the targets.
-.PHONY: help setup demo test test-long test-libfabric2 bench bench-vcluster bench-graph bench-load bench-workers bench-spill lint fmt soak check-memory check-no-mpi test-torch-min docs clean
+.PHONY: help setup demo test test-long test-libfabric2 bench bench-vcluster bench-graph bench-load bench-workers bench-spill setup-alt lint fmt soak check-memory check-no-mpi test-torch-min docs clean
 
 help:  ## this list
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -51,7 +51,10 @@ bench-spill:  ## a data set 4x the ranks' memory budgets: spilled DistDataset ep
 	bash scripts/setup.sh && . .venv/bin/activate && \
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
 	FI_TCP_IFACE=lo DDSTORE_QUIET=1 mpirun -n 2 --bind-to none python -m pyddstore.benchmarks.spill \
-	--json bench-results/bench-spill.json
+	--json bench-results/bench-spill.json $(if $(wildcard .venv-alt/bin/python),--alt-python .venv-alt/bin/python)
+
+setup-alt:  ## litdata and mosaicml-streaming in .venv-alt (make bench-spill then measures them too)
+	bash scripts/setup-alt.sh
 
 bench-workers:  ## loader workers: threads vs processes vs torch DataLoader (DistDataset, np.memmap), 2 ranks
 	bash scripts/setup.sh && . .venv/bin/activate && \

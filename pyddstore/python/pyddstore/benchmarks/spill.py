@@ -16,7 +16,11 @@ Per sample size it reports, per rank and as ratios against the spilled store's e
 - ``files``: torch DataLoader (4 forked workers) over one file per sample (when the data set
   has at most --max-files samples).
 
-litdata and mosaicml-streaming are not measured (not installed in this environment).
+- ``litdata``, ``streaming``: with ``--alt-python PATH`` (a Python with litdata and
+  mosaicml-streaming, e.g. ``.venv-alt/bin/python`` made by ``scripts/setup-alt.sh``; they do not
+  install beside pyddstore's numpy), each rank runs ``_spill_alt.py`` in that Python over the
+  same source: one conversion by rank 0 (timed apart), then one shuffled epoch split over the
+  ranks (a gloo process group), 4 workers, batches of ``--batch``.
 Root: the page cache is dropped before each epoch (cold cache); else it is warm and says so.
 """
 
@@ -49,6 +53,12 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--max-files", type=int, default=100_000, help="skip one-file-per-sample above this")
     p.add_argument("--json", default=None)
+    p.add_argument(
+        "--alt-python",
+        default=None,
+        help="a Python with litdata and mosaicml-streaming (see scripts/setup-alt.sh)",
+    )
+    p.add_argument("--alt-timeout", type=float, default=3600, help="seconds one alternative's run may take")
     return p.parse_args(argv)
 
 
@@ -69,10 +79,11 @@ def _drop_caches(comm) -> bool:
     return ok
 
 
-def _hwm_kib() -> int:
+def _hwm_kib(field: str = "VmHWM") -> int:
+    """This process's peak (or, with field="VmRSS", current) resident memory in KiB."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     return 0
 
@@ -174,6 +185,9 @@ def _run_size(comm, a, size: int, work: str) -> dict:
         [src], f"spill{size}", comm, method=1, memory_limit=out["budget_bytes"], spill_dir=spill_dir
     )
     out["load_s"] = time.perf_counter() - t0
+    out["load_peak_rss_mib"] = _hwm_kib() / 1024
+    out["after_load_rss_mib"] = _hwm_kib("VmRSS") / 1024
+    _reset_hwm()  # the epoch's own peak from here
     sampler = DistributedSampler(ds, shuffle=True, seed=1)
     sampler.set_epoch(1)
     _last_idx["idx"] = list(iter(sampler))
@@ -187,7 +201,8 @@ def _run_size(comm, a, size: int, work: str) -> dict:
     hits = prof["prefetch_hits"] - before["prefetch_hits"]
     out["spilled_rows_read"] = spilled
     out["prefetch_hit_rate"] = hits / max(1, hits + spilled)
-    out["peak_rss_mib"] = _hwm_kib() / 1024
+    out["epoch_peak_rss_mib"] = _hwm_kib() / 1024
+    out["peak_rss_mib"] = max(out["load_peak_rss_mib"], out["epoch_peak_rss_mib"])
     files = [
         os.path.join(spill_dir, f)
         for f in os.listdir(spill_dir)
@@ -258,9 +273,50 @@ def _run_size(comm, a, size: int, work: str) -> dict:
         out["files"] = torch_epoch(Files())
     else:
         out["files"] = None
-    for k in ("raw", "memory", "memmap", "files"):
+    if a.alt_python:
+        out.update(_alternatives(comm, a, src, os.path.join(work, f"alt-{size}"), size))
+    for k in ("raw", "memory", "memmap", "files", "litdata", "streaming"):
         if out.get(k):
             out[f"spill_over_{k}"] = out["spill"] / out[k]
+    return out
+
+
+def _alternatives(comm, a, src: str, work: str, size: int) -> dict:
+    """litdata's and mosaicml-streaming's samples/s on this rank (see _spill_alt.py), each
+    library in its own process per rank (one after the other in one process, the second hung)."""
+    import signal
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_spill_alt.py")
+    out: dict = {}
+    for k, name in enumerate(("litdata", "streaming")):
+        port = 29500 + (size + k) % 400
+        cmd = [a.alt_python, script, "--src", src, "--work", work, "--rank", str(comm.rank)]
+        cmd += ["--world", str(comm.size), "--port", str(port), "--which", name]
+        cmd += ["--batch", str(a.batch), "--workers", str(a.workers)]
+        comm.Barrier()
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        try:
+            stdout, stderr = proc.communicate(timeout=a.alt_timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its loader workers too
+            stdout, stderr = proc.communicate()
+            stderr += f"\ntimed out after {a.alt_timeout} s"
+        lines = [x for x in stdout.splitlines() if x.startswith("ALT ")]
+        if proc.returncode != 0 or not lines:
+            sys.stderr.write(
+                f"rank {comm.rank}: {' '.join(cmd)} failed ({proc.returncode}):\n{stderr[-3000:]}\n"
+            )
+            out[f"{name}_error"] = stderr[-300:]
+            continue
+        r = json.loads(lines[-1][4:])[name]
+        out[name] = r.get("samples_per_s")
+        out[f"{name}_convert_s"] = r.get("convert_s")
+        if r.get("error"):
+            out[f"{name}_error"] = r["error"]
     return out
 
 
@@ -293,12 +349,22 @@ def main(argv=None) -> None:
                     f"read-ahead hit rate {x['prefetch_hit_rate']:.2f}, "
                     f"peak RSS {x['peak_rss_mib']:.0f} MiB = "
                     f"{x['base_rss_mib']:.0f} before the load + "
-                    f"{x['peak_rss_mib'] - x['base_rss_mib']:.0f}); "
+                    f"{x['peak_rss_mib'] - x['base_rss_mib']:.0f}: load peak "
+                    f"+{x['load_peak_rss_mib'] - x['base_rss_mib']:.0f}, after the load "
+                    f"+{x['after_load_rss_mib'] - x['base_rss_mib']:.0f}, epoch peak "
+                    f"+{x['epoch_peak_rss_mib'] - x['base_rss_mib']:.0f}); "
                     f"raw {x['raw']:.0f}/s, "
                     f"memory {x['memory']:.0f}/s, memmap {x['memmap']:.0f}/s"
                 )
                 if x["files"]:
                     line += f", files {x['files']:.0f}/s"
+                for alt in ("litdata", "streaming"):
+                    if x.get(alt):
+                        line += f", {alt} {x[alt]:.0f}/s"
+                        if x.get(f"{alt}_convert_s"):
+                            line += f" (conversion {x[f'{alt}_convert_s']:.0f} s)"
+                    elif x.get(f"{alt}_error"):
+                        line += f", {alt} failed: {x[f'{alt}_error'][:200]}"
                 ratios = ", ".join(
                     f"{k[len('spill_over_') :]} {v:.2f}" for k, v in x.items() if k.startswith("spill_over_")
                 )
