@@ -586,6 +586,10 @@ impl Store {
         timeout: Duration,
     ) -> Result<u64> {
         let mem = self.local_share(name)?;
-        read_ranges(mem, files, ranges, threads, timeout)
+        let loaded = read_ranges(mem, files, ranges, threads, timeout);
+        if self.is_spilled(name)? {
+            crate::spill::share::release_free_heap(); // the load threads' bounce buffers
+        }
+        loaded
     }
 }
