@@ -37,10 +37,11 @@ pub fn stage_bytes(budget: u64) -> u64 {
 }
 
 /// Spilled rows read after a row was staged beyond which the row counts as
-/// stale: four stages full of rows, and at least 4096 (a loader's batches in
-/// flight are read well within that).
+/// stale: four stages full of rows, and at least 256 (a loader's batches in
+/// flight, past which the read-ahead stages, are read well within that:
+/// `(num_workers * prefetch_factor + 4)` batches).
 pub fn stale_after(cap_rows: usize) -> u64 {
-    (4 * cap_rows as u64).max(4096)
+    (4 * cap_rows as u64).max(256)
 }
 
 /// Staged rows of one variable, by global row.

@@ -9,6 +9,11 @@ use crate::Result;
 
 use super::{Element, OwnRows, Store};
 
+/// Bytes a read ahead reads at once (its buffer beside the stage, outside
+/// the budget): enough rows to keep its reads in flight, far less than a
+/// stage (up to 64 MiB).
+const PREFETCH_PIECE: usize = 4 << 20;
+
 impl Store {
     /// Collective: as [`Store::init`], with this variable's own memory budget
     /// and spill directory where `request` gives them (else the store's,
@@ -129,13 +134,19 @@ impl Store {
         if reserved.rows.is_empty() {
             return Ok(0);
         }
-        let want: Vec<i64> = reserved.rows.iter().map(|&r| r as i64).collect();
-        let mut buf = vec![0u8; want.len() * rb];
-        let plan = Plan::build(layout, &want, rb, var.max_read, |o| var.is_remote(o))?;
-        self.watch(var.execute_counted(&plan, &mut buf, want.len(), OwnRows::Copy, false))?;
-        for (r, bytes) in reserved.rows.iter().zip(buf.chunks_exact(rb)) {
-            spill.stage.fill(*r, bytes.to_vec());
+        // In pieces of PREFETCH_PIECE bytes: the buffer beside the stage stays small.
+        let per_piece = (PREFETCH_PIECE / rb).max(1);
+        let mut buf = Vec::new();
+        for piece in reserved.rows.chunks(per_piece) {
+            let want: Vec<i64> = piece.iter().map(|&r| r as i64).collect();
+            buf.clear();
+            buf.resize(want.len() * rb, 0u8);
+            let plan = Plan::build(layout, &want, rb, var.max_read, |o| var.is_remote(o))?;
+            self.watch(var.execute_counted(&plan, &mut buf, want.len(), OwnRows::Copy, false))?;
+            for (r, bytes) in piece.iter().zip(buf.chunks_exact(rb)) {
+                spill.stage.fill(*r, bytes.to_vec());
+            }
         }
-        Ok(want.len())
+        Ok(reserved.rows.len())
     }
 }

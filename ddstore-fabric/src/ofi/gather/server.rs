@@ -43,6 +43,10 @@ pub const PEER_BACKLOG: usize = 1024;
 pub const TOTAL_BACKLOG: usize = 16384;
 /// Bytes of packed replies in flight at once (at least one is always allowed).
 pub const PACKED_IN_FLIGHT: usize = 128 << 20;
+/// Bytes of replies being read from spill files at once (at least one is
+/// always allowed): two 4 MiB replies per spill-read thread, so the threads
+/// stay busy while a spilling owner's memory beside its budget stays small.
+pub const SPILL_PACKING: usize = 2 * super::spill_reads::SPILL_READ_THREADS * (4 << 20);
 /// CQ entries the serving endpoint needs (every posted operation completes there).
 pub const CQ_SIZE: usize = 2 * (REQUEST_SLOTS + SEND_SLOTS);
 /// Longest block in `fi_cq_sread` before the stop flag and deadlines are checked.
@@ -126,6 +130,8 @@ pub struct Server {
     /// Replies reaching into a spill file, packed off this thread (each
     /// holds its send slot and counts as in flight to its reader).
     spill_reads: SpillReads<(sys::fi_addr_t, usize, Reply)>,
+    /// Bytes of replies the spill-read threads are packing now.
+    spill_packing: usize,
 }
 
 impl Server {
@@ -165,6 +171,7 @@ impl Server {
             expiry,
             spare: Vec::new(),
             spill_reads,
+            spill_packing: 0,
         })
     }
 
@@ -423,6 +430,11 @@ impl Server {
         ranges: Vec<(u64, u64)>,
         total: usize,
     ) -> Flushed {
+        if self.spill_packing > 0 && self.spill_packing + total > SPILL_PACKING {
+            // Wait for the spill reads under way to finish.
+            self.requeue(peer, reply);
+            return Flushed::Later;
+        }
         let mut buf = self.spare.pop().unwrap_or_default();
         buf.clear();
         if buf.try_reserve(total).is_err() {
@@ -438,6 +450,7 @@ impl Server {
         let taken = self.free_sends.pop();
         debug_assert_eq!(taken, Some(slot));
         self.packed_in_flight += total;
+        self.spill_packing += total;
         self.peers.get_mut(&peer).expect("present").in_flight += 1;
         self.spill_reads.submit(Job {
             tag: (peer, slot, reply),
@@ -455,6 +468,7 @@ impl Server {
         for Done { tag, buf, ok } in self.spill_reads.take_done() {
             let (peer, slot, reply) = tag;
             self.free_sends.push(slot);
+            self.spill_packing -= buf.len();
             let live = self.peers.get_mut(&peer).map(|p| {
                 p.in_flight = p.in_flight.saturating_sub(1);
             });

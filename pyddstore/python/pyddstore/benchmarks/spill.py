@@ -58,6 +58,7 @@ def _args(argv=None) -> argparse.Namespace:
         default=None,
         help="a Python with litdata and mosaicml-streaming (see scripts/setup-alt.sh)",
     )
+    p.add_argument("--only-spill", action="store_true", help="the spilled store and the raw limit only")
     p.add_argument("--alt-timeout", type=float, default=3600, help="seconds one alternative's run may take")
     return p.parse_args(argv)
 
@@ -211,6 +212,9 @@ def _run_size(comm, a, size: int, work: str) -> dict:
     _drop_caches(comm)
     out["raw"] = _raw_limit(files, size, max(1000, spilled))
     ds.free()
+    if a.only_spill:
+        out["spill_over_raw"] = out["spill"] / out["raw"]
+        return out
 
     # Everything in memory (for scale).
     ds = DistDataset([src], f"mem{size}", comm, method=1)
@@ -353,11 +357,11 @@ def main(argv=None) -> None:
                     f"+{x['load_peak_rss_mib'] - x['base_rss_mib']:.0f}, after the load "
                     f"+{x['after_load_rss_mib'] - x['base_rss_mib']:.0f}, epoch peak "
                     f"+{x['epoch_peak_rss_mib'] - x['base_rss_mib']:.0f}); "
-                    f"raw {x['raw']:.0f}/s, "
-                    f"memory {x['memory']:.0f}/s, memmap {x['memmap']:.0f}/s"
+                    f"raw {x['raw']:.0f}/s"
                 )
-                if x["files"]:
-                    line += f", files {x['files']:.0f}/s"
+                for k in ("memory", "memmap", "files"):
+                    if x.get(k):
+                        line += f", {k} {x[k]:.0f}/s"
                 for alt in ("litdata", "streaming"):
                     if x.get(alt):
                         line += f", {alt} {x[alt]:.0f}/s"
