@@ -66,7 +66,7 @@ def path_choice(store, expect: str) -> None:
         before = store.get_profile("small")
         check(store, "small", rows)
         after = store.get_profile("small")
-        return after["gather_requests"] - before["gather_requests"], after["remote_rows"] - before["remote_rows"]
+        return tuple(after[k] - before[k] for k in ("gather_requests", "remote_rows"))
 
     (one, remote_one), (two, _) = sent([first]), sent([first, first + 2])
     mode = os.environ.get("DDSTORE_REMOTE_GATHER", "auto")
