@@ -65,7 +65,8 @@ class ProfileCounters:
         Ours: ``calls``, ``rows``, ``bytes``, ``local_rows``, ``node_rows``, ``remote_rows``,
         ``remote_reads``, ``gather_requests`` (the part of the remote reads sent as requests
         through the owner-side gather path; the rest went one-sided), ``remote_ns`` (all
-        transport time, ``cq_ns``, ``mr_ns`` and ``lock_ns`` included), ``copy_ns``, ``epoch_sync`` (seconds in ``epoch_begin``/``epoch_end``) and
+        transport time, ``cq_ns``, ``mr_ns`` and ``lock_ns`` included), ``copy_ns``,
+        ``epoch_sync`` (seconds in ``epoch_begin``/``epoch_end``) and
         ``recv_registered`` (live ``register_recv`` buffers),
         ``rejected_replies`` messages this variable's readers received and discarded (gather
         replies bound to no request they made: forged, or late) and ``rejected_requests`` requests
