@@ -25,7 +25,7 @@ pub(crate) struct Window {
 
 // SAFETY: an MPI_Win is an opaque handle; every call on it goes through
 // `serialize()` (the process-wide lock below MPI_THREAD_MULTIPLE), and under
-// MPI_THREAD_MULTIPLE concurrent MPI_Get/MPI_Win_flush inside one lock_all
+// MPI_THREAD_MULTIPLE concurrent MPI_Rget/MPI_Test inside one lock_all
 // epoch are allowed. `base` is memory MPI keeps until MPI_Win_free.
 unsafe impl Send for Window {}
 // SAFETY: see Send.
@@ -169,51 +169,255 @@ impl Window {
         check("MPI_Win_shared_query", rc)?;
         Ok((base, size.max(0) as usize))
     }
+}
 
-    /// Posts one `MPI_Get` of `count` bytes at `disp` of `target` into `dst`.
-    ///
-    /// # Safety
-    /// `dst..dst+count` must be writable and stay untouched by Rust until the
-    /// target is flushed; the caller holds `serialize()`'s guard if needed.
-    pub(crate) unsafe fn get(
-        &self,
-        dst: *mut u8,
-        count: c_int,
-        target: c_int,
-        disp: ffi::MPI_Aint,
+/// One `MPI_Rget` to post: `len` bytes at `disp` of `target`, landing at
+/// `at` of the destination.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Get {
+    pub(crate) at: usize,
+    pub(crate) len: usize,
+    pub(crate) target: c_int,
+    pub(crate) disp: ffi::MPI_Aint,
+}
+
+/// Where a batch of gets lands.
+enum Dest<'a> {
+    /// The caller's memory: the batch can only end by completing (dropping
+    /// it with requests pending waits for them).
+    Borrowed(&'a mut [u8]),
+    /// A buffer the batch owns: it may be abandoned with requests pending,
+    /// the buffer then leaked rather than freed under MPI.
+    Owned(Vec<u8>),
+}
+
+impl Dest<'_> {
+    fn bytes(&mut self) -> &mut [u8] {
+        match self {
+            Dest::Borrowed(b) => b,
+            Dest::Owned(v) => v,
+        }
+    }
+}
+
+/// A batch of `MPI_Rget`s on one window (inside its lock_all epoch), each
+/// request with its target; a completed request is `MPI_REQUEST_NULL`.
+/// Only [`Gets::post`] adds requests, always into memory the batch holds,
+/// so no request can outlive the memory it writes.
+pub(crate) struct Gets<'a> {
+    dest: Dest<'a>,
+    reqs: Vec<ffi::MPI_Request>,
+    targets: Vec<c_int>,
+    /// Per request: complete right after it was posted (with `test_each`).
+    done_at_post: Vec<bool>,
+}
+
+// SAFETY: MPI requests are opaque handles; every call on them goes through
+// `serialize()`, as for the window.
+unsafe impl Send for Gets<'_> {}
+
+fn request_null() -> ffi::MPI_Request {
+    // SAFETY: reading a link-time constant exported by the MPI shim.
+    unsafe { ffi::RSMPI_REQUEST_NULL }
+}
+
+/// Posts between two checks for a pending signal while posting.
+const POSTS_PER_CHECK: usize = 256;
+
+impl<'a> Gets<'a> {
+    /// A batch landing in `dst` (the caller's memory, borrowed until it ends).
+    pub(crate) fn into_borrowed(dst: &'a mut [u8]) -> Gets<'a> {
+        Self::with(Dest::Borrowed(dst))
+    }
+
+    /// A batch landing in `buf`, which it owns (see [`Gets::abandon`]).
+    pub(crate) fn into_owned(buf: Vec<u8>) -> Gets<'static> {
+        Gets::with(Dest::Owned(buf))
+    }
+
+    fn with(dest: Dest<'a>) -> Gets<'a> {
+        Gets {
+            dest,
+            reqs: Vec::new(),
+            targets: Vec::new(),
+            done_at_post: Vec::new(),
+        }
+    }
+
+    /// Posts every get of `gets` on `win` (one `MPI_Rget` each), checking
+    /// for a pending signal every few hundred; with `test_each`, tests each
+    /// request once right after posting it (see [`Gets::done_at_post`]). On
+    /// error the requests posted so far stay in the batch.
+    pub(crate) fn post(
+        &mut self,
+        win: &Window,
+        gets: impl Iterator<Item = Get>,
+        test_each: bool,
     ) -> FabricResult<()> {
-        // SAFETY: per the caller's contract.
+        let _g = serialize();
+        let dest = self.dest.bytes();
+        let (base, dest_len) = (dest.as_mut_ptr(), dest.len());
+        for (n, g) in gets.enumerate() {
+            if n % POSTS_PER_CHECK == POSTS_PER_CHECK - 1 {
+                crate::error::check_interrupt()?;
+            }
+            let count = c_int::try_from(g.len)
+                .ok()
+                .filter(|_| g.at.checked_add(g.len).is_some_and(|end| end <= dest_len));
+            let Some(count) = count else {
+                return Err(FabricError::Invalid(format!(
+                    "a get of {} bytes at {} does not fit a destination of {dest_len} bytes",
+                    g.len, g.at
+                )));
+            };
+            let mut req = request_null();
+            // SAFETY: `at..at+len` is inside the destination (checked above),
+            // which this batch holds until the request completes: a borrowed
+            // one waits on drop, an owned one is leaked if abandoned. The
+            // window is inside its lock_all epoch; we hold the serialize guard.
+            let rc = unsafe {
+                ffi::MPI_Rget(
+                    base.add(g.at) as *mut c_void,
+                    count,
+                    ffi::RSMPI_UINT8_T,
+                    g.target,
+                    g.disp,
+                    count,
+                    ffi::RSMPI_UINT8_T,
+                    win.win,
+                    &mut req,
+                )
+            };
+            check("MPI_Rget", rc).map_err(|e| e.with_peer(g.target as usize))?;
+            self.reqs.push(req);
+            self.targets.push(g.target);
+            if test_each {
+                let i = self.reqs.len() - 1;
+                let done = self.test_locked(i)?;
+                self.done_at_post.push(done);
+            }
+        }
+        Ok(())
+    }
+
+    /// Requests posted.
+    pub(crate) fn len(&self) -> usize {
+        self.reqs.len()
+    }
+
+    /// The target of request `i`.
+    pub(crate) fn target(&self, i: usize) -> c_int {
+        self.targets[i]
+    }
+
+    /// Whether request `i` was complete when tested right after its post
+    /// (false when `post` did not test each).
+    pub(crate) fn done_at_post(&self, i: usize) -> bool {
+        self.done_at_post.get(i).copied().unwrap_or(false)
+    }
+
+    /// Whether request `i` is known complete (no MPI call).
+    pub(crate) fn is_done(&self, i: usize) -> bool {
+        self.reqs[i] == request_null()
+    }
+
+    /// Tests request `i` once (`MPI_Test`); true when it is complete.
+    pub(crate) fn test(&mut self, i: usize) -> FabricResult<bool> {
+        let _g = serialize();
+        self.test_locked(i)
+    }
+
+    fn test_locked(&mut self, i: usize) -> FabricResult<bool> {
+        if self.is_done(i) {
+            return Ok(true);
+        }
+        let mut flag: c_int = 0;
+        // SAFETY: a request MPI_Rget returned and not yet completed; the
+        // caller holds the serialize guard.
+        let rc = unsafe { ffi::MPI_Test(&mut self.reqs[i], &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+        check("MPI_Test", rc).map_err(|e| e.with_peer(self.targets[i] as usize))?;
+        Ok(flag != 0)
+    }
+
+    /// Tests every request (`MPI_Testall`); true when all are complete.
+    pub(crate) fn test_all(&mut self) -> FabricResult<bool> {
+        if self.reqs.is_empty() {
+            return Ok(true);
+        }
+        let mut flag: c_int = 0;
+        let _g = serialize();
+        // SAFETY: `len` requests MPI_Rget returned (completed ones are
+        // MPI_REQUEST_NULL, which MPI_Testall accepts).
         let rc = unsafe {
-            ffi::MPI_Get(
-                dst as *mut c_void,
-                count,
-                ffi::RSMPI_UINT8_T,
-                target,
-                disp,
-                count,
-                ffi::RSMPI_UINT8_T,
-                self.win,
+            ffi::MPI_Testall(
+                self.reqs.len() as c_int,
+                self.reqs.as_mut_ptr(),
+                &mut flag,
+                ffi::RSMPI_STATUSES_IGNORE,
             )
         };
-        check("MPI_Get", rc).map_err(|e| e.with_peer(target as usize))
+        check("MPI_Testall", rc)?;
+        if flag != 0 {
+            self.reqs.fill(request_null());
+        }
+        Ok(flag != 0)
     }
 
-    /// Completes every operation this process posted to `target`; the caller
-    /// holds `serialize()`'s guard if needed.
-    pub(crate) fn flush(&self, target: c_int) -> FabricResult<()> {
-        // SAFETY: the window is valid and inside its lock_all epoch.
-        check("MPI_Win_flush", unsafe {
-            ffi::MPI_Win_flush(target, self.win)
-        })
-        .map_err(|e| e.with_peer(target as usize))
+    /// Waits for every request (`MPI_Waitall`: no deadline, no signals).
+    pub(crate) fn wait_all(&mut self) -> FabricResult<()> {
+        if self.reqs.iter().all(|&r| r == request_null()) || !is_usable() {
+            return Ok(());
+        }
+        let _g = serialize();
+        // SAFETY: as in `test_all`.
+        let rc = unsafe {
+            ffi::MPI_Waitall(
+                self.reqs.len() as c_int,
+                self.reqs.as_mut_ptr(),
+                ffi::RSMPI_STATUSES_IGNORE,
+            )
+        };
+        self.reqs.fill(request_null());
+        check("MPI_Waitall", rc)
     }
 
-    /// Completes every operation this process posted on the window.
-    pub(crate) fn flush_all(&self) -> FabricResult<()> {
-        // SAFETY: the window is valid and inside its lock_all epoch.
-        check("MPI_Win_flush_all", unsafe {
-            ffi::MPI_Win_flush_all(self.win)
-        })
+    /// The owned buffer, once every request completed (`test_all` said so):
+    /// the landed bytes, and the buffer to reuse. `None` for a borrowed batch
+    /// or while a request is pending.
+    pub(crate) fn landed(&mut self) -> Option<&[u8]> {
+        if !self.reqs.iter().all(|&r| r == request_null()) {
+            return None;
+        }
+        match &self.dest {
+            Dest::Owned(v) => Some(v),
+            Dest::Borrowed(_) => None,
+        }
+    }
+
+    /// Takes the owned buffer back once every request completed (for reuse).
+    pub(crate) fn into_buffer(mut self) -> Option<Vec<u8>> {
+        self.landed()?;
+        match std::mem::replace(&mut self.dest, Dest::Owned(Vec::new())) {
+            Dest::Owned(v) => Some(v),
+            Dest::Borrowed(_) => None,
+        }
+    }
+}
+
+impl Drop for Gets<'_> {
+    fn drop(&mut self) {
+        if self.reqs.iter().all(|&r| r == request_null()) {
+            return;
+        }
+        match &mut self.dest {
+            // Never return the caller's memory with a get still landing in it.
+            Dest::Borrowed(_) => {
+                let _ = self.wait_all();
+            }
+            // MPI may still write the buffer: leaked, never freed (its
+            // request handles too, never freed under MPI).
+            Dest::Owned(v) => std::mem::forget(std::mem::take(v)),
+        }
     }
 }
 
