@@ -7,7 +7,8 @@
 //! MPI write memory that is freed or read again: such reads land in a buffer
 //! the batch owns (copied out on success, kept aside when abandoned). Targets
 //! whose gets are seen to complete inside `MPI_Rget` itself (osc/sm: a memory
-//! copy) are read straight into the caller's memory, as fast as before.
+//! copy) are read straight into the caller's memory with `MPI_Get` and
+//! flushes that return at once, as fast as before.
 //!
 //! Dropping the last handle of an exposed share frees its windows, which is
 //! collective: for method 0 the store's `free()` must be called on every rank.
@@ -319,7 +320,7 @@ struct SharesInner {
     /// owning the buffer they land in: freed once complete, leaked if still
     /// pending when the share is dropped. Before `windows`: dropping them
     /// calls no MPI.
-    abandoned: Mutex<Vec<Gets<'static>>>,
+    abandoned: Mutex<Vec<Gets>>,
     /// `abandoned.len()`, read without the lock on every read.
     abandoned_count: AtomicUsize,
     windows: Arc<ShareWindows>,
@@ -373,7 +374,7 @@ impl TargetGets {
 
 impl SharesInner {
     /// Keeps `gets` (pending, given up on) until its requests complete.
-    fn abandon(&self, gets: Gets<'static>) {
+    fn abandon(&self, gets: Gets) {
         let mut list = self.abandoned.lock().unwrap_or_else(|p| p.into_inner());
         list.push(gets);
         if list.len() > MAX_ABANDONED {
@@ -453,6 +454,8 @@ impl RemoteShares for MpiShares {
         Ok(Box::new(MpiReader {
             shares: self.inner.clone(),
             staging: Vec::new(),
+            touched: vec![false; self.inner.sizes.len()],
+            flush: Vec::new(),
             times: ReaderTimes::default(),
         }))
     }
@@ -489,6 +492,10 @@ struct MpiReader {
     shares: Arc<SharesInner>,
     /// Where staged reads land, reused from read to read.
     staging: Vec<u8>,
+    /// Per rank: a direct read of the current batch goes to it.
+    touched: Vec<bool>,
+    /// The ranks of `touched`, flushed at the end of a direct read.
+    flush: Vec<c_int>,
     /// Time spent waiting for reads to complete.
     times: ReaderTimes,
 }
@@ -501,27 +508,29 @@ const SPIN: Duration = Duration::from_millis(2);
 const MAX_PAUSE: Duration = Duration::from_millis(1);
 
 impl MpiReader {
-    /// Reads every target straight into `dst`: only targets whose gets
-    /// complete inside `MPI_Rget`, since this batch cannot be given up.
+    /// Reads every target straight into `dst` (`MPI_Get` and flushes, as
+    /// fast as any read): only targets whose gets complete inside the call,
+    /// so the flushes return at once.
     fn read_direct(&mut self, reads: &[RemoteRead], dst: &mut [u8]) -> FabricResult<()> {
         let win = self.shares.windows.read_window();
-        let mut gets = Gets::into_borrowed(dst);
-        let posted = gets.post(win, reads.iter().filter(|r| r.len > 0).map(as_get), false);
-        let waiting = Instant::now();
-        let mut done = gets.test_all();
-        if matches!(done, Ok(false)) {
-            // A target that completed its gets inside MPI_Rget so far did not:
-            // its later reads are staged; this batch can only wait.
-            for i in 0..gets.len() {
-                if !gets.test(i)? {
-                    self.shares.targets[gets.target(i) as usize].learn(false);
-                }
+        for r in reads.iter().filter(|r| r.len > 0) {
+            if !self.touched[r.owner] {
+                self.touched[r.owner] = true;
+                self.flush.push(r.owner as c_int);
             }
-            done = gets.wait_all().map(|()| true);
         }
+        let waiting = Instant::now();
+        let read = win.get_into(
+            dst,
+            reads.iter().filter(|r| r.len > 0).map(as_get),
+            &self.flush,
+        );
         self.times.cq_ns += waiting.elapsed().as_nanos() as u64;
-        drop(gets); // waits for whatever an error left pending
-        posted.and(done.map(|_| ()))
+        for &t in &self.flush {
+            self.touched[t as usize] = false;
+        }
+        self.flush.clear();
+        read
     }
 
     /// Reads into the staging buffer, then copies into `dst`; a signal or the
@@ -537,7 +546,7 @@ impl MpiReader {
         let learning = reads
             .iter()
             .any(|r| !self.shares.targets[r.owner].decided());
-        let mut gets = Gets::into_owned(buf);
+        let mut gets = Gets::new(buf);
         let mut at = 0;
         let staged = reads.iter().map(|r| {
             let get = Get { at, ..as_get(r) };
@@ -559,7 +568,11 @@ impl MpiReader {
             }
             return Err(e);
         }
-        let landed = gets.landed().expect("every get completed");
+        let Some(landed) = gets.landed() else {
+            return Err(FabricError::Invalid(
+                "a staged read ended with gets pending".into(),
+            ));
+        };
         let mut at = 0;
         for r in reads {
             dst[r.dst_offset..r.dst_offset + r.len].copy_from_slice(&landed[at..at + r.len]);
@@ -571,7 +584,7 @@ impl MpiReader {
 
     /// Polls `gets` until all complete: spins briefly, then pauses with
     /// backoff; a pending signal or `DDSTORE_TIMEOUT_S` ends the wait.
-    fn wait(&self, gets: &mut Gets<'_>) -> FabricResult<()> {
+    fn wait(&self, gets: &mut Gets) -> FabricResult<()> {
         let start = Instant::now();
         let deadline = start + self.shares.timeout;
         let mut pause = Duration::from_micros(20);
@@ -594,7 +607,7 @@ impl MpiReader {
     }
 
     /// The timeout of a wait, naming the first target still pending.
-    fn timed_out(&self, gets: &mut Gets<'_>, waited: Duration) -> FabricError {
+    fn timed_out(&self, gets: &mut Gets, waited: Duration) -> FabricError {
         let pending = (0..gets.len()).find(|&i| !matches!(gets.test(i), Ok(true)));
         let peer = pending.map_or(0, |i| gets.target(i) as usize);
         let left = (0..gets.len()).filter(|&i| !gets.is_done(i)).count();

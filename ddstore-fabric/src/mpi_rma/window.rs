@@ -169,6 +169,68 @@ impl Window {
         check("MPI_Win_shared_query", rc)?;
         Ok((base, size.max(0) as usize))
     }
+
+    /// Reads every get of `gets` into `dst` with `MPI_Get`, then completes
+    /// them (`MPI_Win_flush` of each target in `targets`, the distinct
+    /// targets of `gets`), even after an error: nothing lands in `dst` after
+    /// this returns. The flushes do not look for signals: only for targets
+    /// whose gets complete inside the call (osc/sm), for which they return at
+    /// once. Checks for a pending signal every few hundred posts.
+    pub(crate) fn get_into(
+        &self,
+        dst: &mut [u8],
+        gets: impl Iterator<Item = Get>,
+        targets: &[c_int],
+    ) -> FabricResult<()> {
+        let (base, dst_len) = (dst.as_mut_ptr(), dst.len());
+        let _g = serialize();
+        let mut posted = Ok(());
+        for (n, g) in gets.enumerate() {
+            if n % POSTS_PER_CHECK == POSTS_PER_CHECK - 1 {
+                if let Err(e) = crate::error::check_interrupt() {
+                    posted = Err(e);
+                    break;
+                }
+            }
+            let Some(count) = fitting(&g, dst_len) else {
+                posted = Err(misfit(&g, dst_len));
+                break;
+            };
+            // SAFETY: `at..at+len` is inside `dst` (checked above), which
+            // stays mutably borrowed until the flushes below complete the get;
+            // the window is inside its lock_all epoch; we hold the serialize guard.
+            let rc = unsafe {
+                ffi::MPI_Get(
+                    base.add(g.at) as *mut c_void,
+                    count,
+                    ffi::RSMPI_UINT8_T,
+                    g.target,
+                    g.disp,
+                    count,
+                    ffi::RSMPI_UINT8_T,
+                    self.win,
+                )
+            };
+            if let Err(e) = check("MPI_Get", rc) {
+                posted = Err(e.with_peer(g.target as usize));
+                break;
+            }
+        }
+        let mut flushed = Ok(());
+        for &t in targets {
+            // SAFETY: the window is valid and inside its lock_all epoch.
+            let rc = unsafe { ffi::MPI_Win_flush(t, self.win) };
+            if let Err(e) = check("MPI_Win_flush", rc) {
+                flushed = Err(e.with_peer(t as usize));
+            }
+        }
+        if flushed.is_err() {
+            // Last resort so nothing lands in `dst` after we return.
+            // SAFETY: as above.
+            let _ = unsafe { ffi::MPI_Win_flush_all(self.win) };
+        }
+        posted.and(flushed)
+    }
 }
 
 /// One `MPI_Rget` to post: `len` bytes at `disp` of `target`, landing at
@@ -181,31 +243,13 @@ pub(crate) struct Get {
     pub(crate) disp: ffi::MPI_Aint,
 }
 
-/// Where a batch of gets lands.
-enum Dest<'a> {
-    /// The caller's memory: the batch can only end by completing (dropping
-    /// it with requests pending waits for them).
-    Borrowed(&'a mut [u8]),
-    /// A buffer the batch owns: it may be abandoned with requests pending,
-    /// the buffer then leaked rather than freed under MPI.
-    Owned(Vec<u8>),
-}
-
-impl Dest<'_> {
-    fn bytes(&mut self) -> &mut [u8] {
-        match self {
-            Dest::Borrowed(b) => b,
-            Dest::Owned(v) => v,
-        }
-    }
-}
-
-/// A batch of `MPI_Rget`s on one window (inside its lock_all epoch), each
-/// request with its target; a completed request is `MPI_REQUEST_NULL`.
-/// Only [`Gets::post`] adds requests, always into memory the batch holds,
-/// so no request can outlive the memory it writes.
-pub(crate) struct Gets<'a> {
-    dest: Dest<'a>,
+/// A batch of `MPI_Rget`s on one window (inside its lock_all epoch) into a
+/// buffer the batch owns, each request with its target; a completed request
+/// is `MPI_REQUEST_NULL`. Only [`Gets::post`] adds requests, always into that
+/// buffer, which is leaked rather than freed while a request may still write
+/// it: a batch can be given up (a signal, a deadline) at any time.
+pub(crate) struct Gets {
+    buf: Vec<u8>,
     reqs: Vec<ffi::MPI_Request>,
     targets: Vec<c_int>,
     /// Per request: complete right after it was posted (with `test_each`).
@@ -214,7 +258,7 @@ pub(crate) struct Gets<'a> {
 
 // SAFETY: MPI requests are opaque handles; every call on them goes through
 // `serialize()`, as for the window.
-unsafe impl Send for Gets<'_> {}
+unsafe impl Send for Gets {}
 
 fn request_null() -> ffi::MPI_Request {
     // SAFETY: reading a link-time constant exported by the MPI shim.
@@ -224,20 +268,24 @@ fn request_null() -> ffi::MPI_Request {
 /// Posts between two checks for a pending signal while posting.
 const POSTS_PER_CHECK: usize = 256;
 
-impl<'a> Gets<'a> {
-    /// A batch landing in `dst` (the caller's memory, borrowed until it ends).
-    pub(crate) fn into_borrowed(dst: &'a mut [u8]) -> Gets<'a> {
-        Self::with(Dest::Borrowed(dst))
-    }
+/// The count of get `g` when it fits a destination of `dst_len` bytes.
+fn fitting(g: &Get, dst_len: usize) -> Option<c_int> {
+    let inside = g.at.checked_add(g.len).is_some_and(|end| end <= dst_len);
+    c_int::try_from(g.len).ok().filter(|_| inside)
+}
 
-    /// A batch landing in `buf`, which it owns (see [`Gets::abandon`]).
-    pub(crate) fn into_owned(buf: Vec<u8>) -> Gets<'static> {
-        Gets::with(Dest::Owned(buf))
-    }
+fn misfit(g: &Get, dst_len: usize) -> FabricError {
+    FabricError::Invalid(format!(
+        "a get of {} bytes at {} does not fit a destination of {dst_len} bytes",
+        g.len, g.at
+    ))
+}
 
-    fn with(dest: Dest<'a>) -> Gets<'a> {
+impl Gets {
+    /// A batch landing in `buf` (reused: its bytes are overwritten).
+    pub(crate) fn new(buf: Vec<u8>) -> Gets {
         Gets {
-            dest,
+            buf,
             reqs: Vec::new(),
             targets: Vec::new(),
             done_at_post: Vec::new(),
@@ -255,25 +303,18 @@ impl<'a> Gets<'a> {
         test_each: bool,
     ) -> FabricResult<()> {
         let _g = serialize();
-        let dest = self.dest.bytes();
-        let (base, dest_len) = (dest.as_mut_ptr(), dest.len());
+        let (base, dst_len) = (self.buf.as_mut_ptr(), self.buf.len());
         for (n, g) in gets.enumerate() {
             if n % POSTS_PER_CHECK == POSTS_PER_CHECK - 1 {
                 crate::error::check_interrupt()?;
             }
-            let count = c_int::try_from(g.len)
-                .ok()
-                .filter(|_| g.at.checked_add(g.len).is_some_and(|end| end <= dest_len));
-            let Some(count) = count else {
-                return Err(FabricError::Invalid(format!(
-                    "a get of {} bytes at {} does not fit a destination of {dest_len} bytes",
-                    g.len, g.at
-                )));
+            let Some(count) = fitting(&g, dst_len) else {
+                return Err(misfit(&g, dst_len));
             };
             let mut req = request_null();
-            // SAFETY: `at..at+len` is inside the destination (checked above),
-            // which this batch holds until the request completes: a borrowed
-            // one waits on drop, an owned one is leaked if abandoned. The
+            // SAFETY: `at..at+len` is inside the buffer (checked above), which
+            // this batch owns and never frees while the request may write it
+            // (see Drop); its heap block does not move with the Vec. The
             // window is inside its lock_all epoch; we hold the serialize guard.
             let rc = unsafe {
                 ffi::MPI_Rget(
@@ -363,60 +404,28 @@ impl<'a> Gets<'a> {
         Ok(flag != 0)
     }
 
-    /// Waits for every request (`MPI_Waitall`: no deadline, no signals).
-    pub(crate) fn wait_all(&mut self) -> FabricResult<()> {
-        if self.reqs.iter().all(|&r| r == request_null()) || !is_usable() {
-            return Ok(());
-        }
-        let _g = serialize();
-        // SAFETY: as in `test_all`.
-        let rc = unsafe {
-            ffi::MPI_Waitall(
-                self.reqs.len() as c_int,
-                self.reqs.as_mut_ptr(),
-                ffi::RSMPI_STATUSES_IGNORE,
-            )
-        };
-        self.reqs.fill(request_null());
-        check("MPI_Waitall", rc)
+    /// Whether every request is known complete (no MPI call).
+    fn all_done(&self) -> bool {
+        self.reqs.iter().all(|&r| r == request_null())
     }
 
-    /// The owned buffer, once every request completed (`test_all` said so):
-    /// the landed bytes, and the buffer to reuse. `None` for a borrowed batch
-    /// or while a request is pending.
-    pub(crate) fn landed(&mut self) -> Option<&[u8]> {
-        if !self.reqs.iter().all(|&r| r == request_null()) {
-            return None;
-        }
-        match &self.dest {
-            Dest::Owned(v) => Some(v),
-            Dest::Borrowed(_) => None,
-        }
+    /// The landed bytes, once every request completed (`test_all` said so).
+    pub(crate) fn landed(&self) -> Option<&[u8]> {
+        self.all_done().then_some(&self.buf[..])
     }
 
-    /// Takes the owned buffer back once every request completed (for reuse).
+    /// Takes the buffer back for reuse, once every request completed.
     pub(crate) fn into_buffer(mut self) -> Option<Vec<u8>> {
-        self.landed()?;
-        match std::mem::replace(&mut self.dest, Dest::Owned(Vec::new())) {
-            Dest::Owned(v) => Some(v),
-            Dest::Borrowed(_) => None,
-        }
+        self.all_done().then(|| std::mem::take(&mut self.buf))
     }
 }
 
-impl Drop for Gets<'_> {
+impl Drop for Gets {
     fn drop(&mut self) {
-        if self.reqs.iter().all(|&r| r == request_null()) {
-            return;
-        }
-        match &mut self.dest {
-            // Never return the caller's memory with a get still landing in it.
-            Dest::Borrowed(_) => {
-                let _ = self.wait_all();
-            }
-            // MPI may still write the buffer: leaked, never freed (its
+        if !self.all_done() {
+            // MPI may still write the buffer: leaked, never freed (the
             // request handles too, never freed under MPI).
-            Dest::Owned(v) => std::mem::forget(std::mem::take(v)),
+            std::mem::forget(std::mem::take(&mut self.buf));
         }
     }
 }
