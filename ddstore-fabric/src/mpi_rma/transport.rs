@@ -496,7 +496,7 @@ struct MpiReader {
     touched: Vec<bool>,
     /// The ranks of `touched`, flushed at the end of a direct read.
     flush: Vec<c_int>,
-    /// Time spent waiting for reads to complete.
+    /// Time spent waiting for the MPI lock and for reads to complete.
     times: ReaderTimes,
 }
 
@@ -519,13 +519,12 @@ impl MpiReader {
                 self.flush.push(r.owner as c_int);
             }
         }
-        let waiting = Instant::now();
         let read = win.get_into(
             dst,
             reads.iter().filter(|r| r.len > 0).map(as_get),
             &self.flush,
+            &mut self.times,
         );
-        self.times.cq_ns += waiting.elapsed().as_nanos() as u64;
         for &t in &self.flush {
             self.touched[t as usize] = false;
         }
@@ -553,7 +552,7 @@ impl MpiReader {
             at += r.len;
             get
         });
-        let posted = gets.post(win, staged, learning);
+        let posted = gets.post(win, staged, learning, &mut self.times.lock_ns);
         if learning {
             for i in 0..gets.len() {
                 self.shares.targets[gets.target(i) as usize].learn(gets.done_at_post(i));
@@ -678,6 +677,21 @@ mod tests {
         let err = MpiRma::new().attach(&[]).err().expect("refused");
         assert!(err.to_string().contains("another job"), "{err}");
         assert_eq!(MpiRma::new().name(), "mpi-rma");
+    }
+
+    #[test]
+    fn a_target_is_read_directly_only_after_its_gets_always_completed_inside_the_call() {
+        let t = TargetGets::default();
+        for _ in 1..GETS_TO_TRUST {
+            t.learn(true);
+        }
+        assert!(!t.direct() && !t.decided(), "trusted too early");
+        t.learn(true);
+        assert!(t.direct() && t.decided());
+        // One get left pending after its post: staged for good.
+        t.learn(false);
+        (0..100).for_each(|_| t.learn(true));
+        assert!(!t.direct() && t.decided());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! from creation until drop, when it is unlocked and freed (collective).
 
 use ddstore_core::fork::CreatedBy;
+use ddstore_core::transport::ReaderTimes;
 use std::os::raw::{c_int, c_void};
 
 use mpi::ffi;
@@ -175,15 +176,17 @@ impl Window {
     /// targets of `gets`), even after an error: nothing lands in `dst` after
     /// this returns. The flushes do not look for signals: only for targets
     /// whose gets complete inside the call (osc/sm), for which they return at
-    /// once. Checks for a pending signal every few hundred posts.
+    /// once. Checks for a pending signal every few hundred posts; adds the
+    /// wait for the MPI lock and the flushes to `times`.
     pub(crate) fn get_into(
         &self,
         dst: &mut [u8],
         gets: impl Iterator<Item = Get>,
         targets: &[c_int],
+        times: &mut ReaderTimes,
     ) -> FabricResult<()> {
         let (base, dst_len) = (dst.as_mut_ptr(), dst.len());
-        let _g = serialize();
+        let _g = locked(&mut times.lock_ns);
         let mut posted = Ok(());
         for (n, g) in gets.enumerate() {
             if n % POSTS_PER_CHECK == POSTS_PER_CHECK - 1 {
@@ -216,6 +219,7 @@ impl Window {
                 break;
             }
         }
+        let flushing = std::time::Instant::now();
         let mut flushed = Ok(());
         for &t in targets {
             // SAFETY: the window is valid and inside its lock_all epoch.
@@ -229,6 +233,7 @@ impl Window {
             // SAFETY: as above.
             let _ = unsafe { ffi::MPI_Win_flush_all(self.win) };
         }
+        times.cq_ns += flushing.elapsed().as_nanos() as u64;
         posted.and(flushed)
     }
 }
@@ -265,6 +270,14 @@ fn request_null() -> ffi::MPI_Request {
     unsafe { ffi::RSMPI_REQUEST_NULL }
 }
 
+/// `serialize()`, adding the time it took to `lock_ns`.
+fn locked(lock_ns: &mut u64) -> Option<std::sync::MutexGuard<'static, ()>> {
+    let started = std::time::Instant::now();
+    let guard = serialize();
+    *lock_ns += started.elapsed().as_nanos() as u64;
+    guard
+}
+
 /// Posts between two checks for a pending signal while posting.
 const POSTS_PER_CHECK: usize = 256;
 
@@ -295,14 +308,16 @@ impl Gets {
     /// Posts every get of `gets` on `win` (one `MPI_Rget` each), checking
     /// for a pending signal every few hundred; with `test_each`, tests each
     /// request once right after posting it (see [`Gets::done_at_post`]). On
-    /// error the requests posted so far stay in the batch.
+    /// error the requests posted so far stay in the batch. Adds the wait for
+    /// the MPI lock to `lock_ns`.
     pub(crate) fn post(
         &mut self,
         win: &Window,
         gets: impl Iterator<Item = Get>,
         test_each: bool,
+        lock_ns: &mut u64,
     ) -> FabricResult<()> {
-        let _g = serialize();
+        let _g = locked(lock_ns);
         let (base, dst_len) = (self.buf.as_mut_ptr(), self.buf.len());
         for (n, g) in gets.enumerate() {
             if n % POSTS_PER_CHECK == POSTS_PER_CHECK - 1 {
