@@ -281,6 +281,7 @@ impl Transport for MpiRma {
             let view = unsafe { RawMemory::new(ptr, peer_len, false, owner.clone()) };
             node_peers[global] = Some(Arc::new(view));
         }
+        open_access(comm, windows.read_window(), &sizes, self.timeout)?;
         let remote = Arc::new(MpiShares {
             inner: Arc::new(SharesInner {
                 targets: (0..sizes.len()).map(|_| TargetGets::default()).collect(),
@@ -584,43 +585,80 @@ impl MpiReader {
     /// Polls `gets` until all complete: spins briefly, then pauses with
     /// backoff; a pending signal or `DDSTORE_TIMEOUT_S` ends the wait.
     fn wait(&self, gets: &mut Gets) -> FabricResult<()> {
-        let start = Instant::now();
-        let deadline = start + self.shares.timeout;
-        let mut pause = Duration::from_micros(20);
-        loop {
-            if gets.test_all()? {
-                return Ok(());
-            }
-            crate::error::check_interrupt()?;
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(self.timed_out(gets, now - start));
-            }
-            if now - start < SPIN {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(pause.min(deadline - now));
-                pause = (pause * 2).min(MAX_PAUSE);
-            }
-        }
+        wait_for(gets, self.shares.timeout)
     }
+}
 
-    /// The timeout of a wait, naming the first target still pending.
-    fn timed_out(&self, gets: &mut Gets, waited: Duration) -> FabricError {
-        let pending = (0..gets.len()).find(|&i| !matches!(gets.test(i), Ok(true)));
-        let peer = pending.map_or(0, |i| gets.target(i) as usize);
-        let left = (0..gets.len()).filter(|&i| !gets.is_done(i)).count();
-        FabricError::Timeout {
-            peer,
-            waited,
-            detail: format!(
-                "{left} of {} MPI_Rget(s) of method 0 still pending: rank {peer} is stopped, \
-                 dead, or (with one-sided components that need the target inside MPI, e.g. \
-                 osc/pt2pt) busy outside MPI; DDSTORE_TIMEOUT_S sets the wait",
-                gets.len()
-            ),
+/// Polls `gets` until all complete: spins briefly, then pauses with backoff;
+/// a pending signal or `timeout` ends the wait.
+fn wait_for(gets: &mut Gets, timeout: Duration) -> FabricResult<()> {
+    let start = Instant::now();
+    let deadline = start + timeout;
+    let mut pause = Duration::from_micros(20);
+    loop {
+        if gets.test_all()? {
+            return Ok(());
+        }
+        crate::error::check_interrupt()?;
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(timed_out(gets, now - start));
+        }
+        if now - start < SPIN {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(pause.min(deadline - now));
+            pause = (pause * 2).min(MAX_PAUSE);
         }
     }
+}
+
+/// The timeout of a wait, naming the first target still pending.
+fn timed_out(gets: &mut Gets, waited: Duration) -> FabricError {
+    let pending = (0..gets.len()).find(|&i| !matches!(gets.test(i), Ok(true)));
+    let peer = pending.map_or(0, |i| gets.target(i) as usize);
+    let left = (0..gets.len()).filter(|&i| !gets.is_done(i)).count();
+    FabricError::Timeout {
+        peer,
+        waited,
+        detail: format!(
+            "{left} of {} MPI_Rget(s) of method 0 still pending: rank {peer} is stopped, \
+             dead, or (with one-sided components that need the target inside MPI, e.g. \
+             osc/pt2pt) busy outside MPI; DDSTORE_TIMEOUT_S sets the wait",
+            gets.len()
+        ),
+    }
+}
+
+/// Opens every target's access while all ranks are inside `expose`: osc/pt2pt
+/// does so at the first get of a target, waiting inside `MPI_Rget` (no
+/// deadline, no signals) until the target answers. One 1-byte get of each
+/// other rank's non-empty share, then a barrier (inside MPI, so the gets of
+/// slower ranks are served). Collective. Only below `MPI_THREAD_MULTIPLE`,
+/// where osc/pt2pt may serve the window (Open MPI refuses it above).
+fn open_access(
+    comm: &Arc<dyn Comm>,
+    win: &Window,
+    sizes: &[usize],
+    timeout: Duration,
+) -> ddstore_core::Result<()> {
+    if thread_level()? == super::ThreadLevel::Multiple || sizes.len() < 2 {
+        return Ok(());
+    }
+    let me = comm.rank();
+    let mut gets = Gets::new(vec![0u8; sizes.len()]);
+    let others = (0..sizes.len())
+        .filter(|&t| t != me && sizes[t] > 0)
+        .map(|t| Get {
+            at: t,
+            len: 1,
+            target: t as c_int,
+            disp: 0,
+        });
+    let mut lock_ns = 0;
+    gets.post(win, others, false, &mut lock_ns)?;
+    wait_for(&mut gets, timeout)?;
+    comm.barrier()
 }
 
 fn as_get(r: &RemoteRead) -> Get {
