@@ -56,7 +56,7 @@ class ProfileCounters:
         in host memory), ``lock_wait`` waiting for a lock before posting reads (MPI below
         ``MPI_THREAD_MULTIPLE``), ``mr`` registering receive buffers (read destinations;
         providers needing ``FI_MR_LOCAL``), ``read`` posting transport reads and memory copies,
-        ``cq`` waiting for the transport's completions (MPI flushes), ``mr_miss`` reads whose
+        ``cq`` waiting for the transport's completions (MPI flushes and polls), ``mr_miss`` reads whose
         destination was not registered ahead (always 0: reads register per batch). Those parts
         happen inside the ``get``/``get_batch`` calls, so upstream's summary
         ``py_get - py_sync - lock_wait - mr - read - cq`` (Python and planning) is never
