@@ -89,6 +89,40 @@ def _hwm_kib(field: str = "VmHWM") -> int:
     return 0
 
 
+def _pss_kib() -> int:
+    """This process's proportional resident memory (shared pages split among the processes
+    that map them: a same-node peer's share, read through shared memory, counts half)."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class _PeakPss:
+    """The highest `_pss_kib()` seen while running (sampled every 0.2 s; the kernel keeps no peak)."""
+
+    def __init__(self):
+        self.peak = _pss_kib()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.wait(0.2):
+            self.peak = max(self.peak, _pss_kib())
+
+    def stop(self) -> float:
+        """Stops sampling; the peak in MiB."""
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _pss_kib())
+        return self.peak / 1024
+
+
 def _reset_hwm() -> None:
     try:
         with open("/proc/self/clear_refs", "w") as f:
@@ -181,6 +215,8 @@ def _run_size(comm, a, size: int, work: str) -> dict:
     out["cold_cache"] = _drop_caches(comm)
     _reset_hwm()
     out["base_rss_mib"] = _hwm_kib() / 1024  # the interpreter, torch and the store's transport
+    out["base_pss_mib"] = _pss_kib() / 1024
+    pss = _PeakPss()
     t0 = time.perf_counter()
     ds = DistDataset(
         [src], f"spill{size}", comm, method=1, memory_limit=out["budget_bytes"], spill_dir=spill_dir
@@ -203,6 +239,8 @@ def _run_size(comm, a, size: int, work: str) -> dict:
     out["spilled_rows_read"] = spilled
     out["prefetch_hit_rate"] = hits / max(1, hits + spilled)
     out["epoch_peak_rss_mib"] = _hwm_kib() / 1024
+    out["peak_pss_mib"] = pss.stop()
+    out["shmem_rss_mib"] = _hwm_kib("RssShmem") / 1024  # own and same-node peers' shares touched
     out["peak_rss_mib"] = max(out["load_peak_rss_mib"], out["epoch_peak_rss_mib"])
     files = [
         os.path.join(spill_dir, f)
@@ -356,7 +394,9 @@ def main(argv=None) -> None:
                     f"{x['peak_rss_mib'] - x['base_rss_mib']:.0f}: load peak "
                     f"+{x['load_peak_rss_mib'] - x['base_rss_mib']:.0f}, after the load "
                     f"+{x['after_load_rss_mib'] - x['base_rss_mib']:.0f}, epoch peak "
-                    f"+{x['epoch_peak_rss_mib'] - x['base_rss_mib']:.0f}); "
+                    f"+{x['epoch_peak_rss_mib'] - x['base_rss_mib']:.0f}, shared memory "
+                    f"{x['shmem_rss_mib']:.0f}; peak PSS {x['peak_pss_mib']:.0f} MiB = "
+                    f"{x['base_pss_mib']:.0f} + {x['peak_pss_mib'] - x['base_pss_mib']:.0f}); "
                     f"raw {x['raw']:.0f}/s"
                 )
                 for k in ("memory", "memmap", "files"):
