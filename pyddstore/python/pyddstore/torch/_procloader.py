@@ -4,8 +4,13 @@ per batch (what torch's DataLoader workers send).
 
 The main process owns the rings' bookkeeping: it sends each task with the id of a free slot of
 that worker; the worker reads (or fetches, transforms and collates) the batch, writes its tensors
-and arrays into the slot and sends back only a small pickle that names their places in it. The
-main process rebuilds the batch as views of the slot (pinned copies with pin_memory). A slot goes
+and arrays into the slot and sends back only how many rows it read straight into the slot, or a
+small pickle that names the places of the tensors and arrays in it. The main process rebuilds the
+batch as views of the slot (pinned copies with pin_memory). Tasks and answers travel through two
+pipes per worker, written by the sending thread itself (no feeder thread, no shared lock): the
+main process waits on every worker's answer pipe and process sentinel at once, so a dead worker
+is seen at once, and it never blocks writing a task (what a full pipe does not take waits in the
+main process, as in an mp.Queue's buffer). A slot goes
 back to the ring when the last view of its batch is gone (a finalizer on the array every view
 hangs from), so no slot is handed out again while a batch still uses it. A ring holds
 prefetch_factor + 2 slots (the batches in flight, the one the caller holds and the one being
@@ -26,11 +31,16 @@ from __future__ import annotations
 import collections
 import gc
 import io
+import math
+import multiprocessing.connection as mp_connection
+import os
 import pickle
-import queue
 import random
+import select
 import signal
+import time
 import weakref
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
@@ -44,7 +54,10 @@ from ._epochs import ResumeEpoch, finish_last_epoch, reset_dispatch
 from ._errors import ForkedWorkerError
 from ._resume import PositionTracking
 
-_STATUS_INTERVAL = 0.5  # seconds between checks that worker processes are alive
+_WATCHDOG_INTERVAL = 2.0  # seconds an idle worker waits for a task before checking its parent
+_FLUSH_INTERVAL = 0.01  # seconds between retries of tasks a full pipe did not take
+_SHUTDOWN_GRACE = 10.0  # seconds workers get to stop before they are killed
+_HEADER = 8  # bytes of a task message's length header
 _ALIGN = 64  # every tensor in a slot starts on a cache line
 _GROWTH = 1.5  # a slot that is too small is replaced by one this much larger than needed
 WORKER_TYPES = ("thread", "process")
@@ -179,6 +192,16 @@ def _pack(batch: Any, writer: _SlotWriter, slot: int, used: int = 0) -> tuple:
     return f.getvalue(), new_memory
 
 
+def _direct_layout(fields: list, rows: int) -> tuple[list[int], int]:
+    """Where each field's rows start in a slot that holds `rows` rows of every field, and the
+    bytes the slot needs (the worker reads there, the main process views there)."""
+    offsets, off = [], 0
+    for f in fields:
+        offsets.append(off)
+        off = _aligned(off + rows * f.row_bytes)
+    return offsets, off
+
+
 class _DirectReader:
     """Reads a DistDataset batch straight into the slot (collates_directly datasets with the
     default collate): each field's rows land where the main process will view them, and each
@@ -188,13 +211,10 @@ class _DirectReader:
         self.ds = dataset
         self.fields = dataset._select(None)
         self.rows = batch_size
-        self.offsets, off = [], 0
-        for f in self.fields:
-            self.offsets.append(off)
-            off = _aligned(off + (batch_size or 0) * f.row_bytes)
-        self.nbytes = off
+        self.offsets, self.nbytes = _direct_layout(self.fields, batch_size or 0)
 
     def read(self, index: Any, writer: _SlotWriter, slot: int) -> tuple:
+        """((rows read, rows the slot's layout holds), the slot's new memory or None)."""
         ds = self.ds
         rows = ds._rows(index)
         n = len(rows)
@@ -211,14 +231,10 @@ class _DirectReader:
                 ds._store.register_recv(f.var, view)
                 regs.append((ds._store, f.var, view))
             writer.registered[slot] = regs
-        got = {}
         for f, off in zip(self.fields, self.offsets):
             view = slot_bytes[off : off + n * f.row_bytes].view(f.dtype).reshape(n, *f.shape)
             ds._read_into(f, view, rows)
-            got[f.key] = torch.from_numpy(view)
-        batch = ds._schema.collate_like(got)
-        payload, grown = _pack(batch, writer, slot, self.nbytes)
-        return payload, new_memory if grown is None else grown
+        return (n, self.rows), new_memory
 
 
 # -- worker process ---------------------------------------------------------------------------
@@ -229,6 +245,23 @@ class _DropSlot:
 
     def __init__(self, slot: int):
         self.slot = slot
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    parts = []
+    while n:
+        part = os.read(fd, n)
+        if not part:
+            raise EOFError("the loader closed the task pipe")
+        parts.append(part)
+        n -= len(part)
+    return b"".join(parts)
+
+
+def _read_task(fd: int) -> Any:
+    """The next message _TaskSender wrote to the pipe `fd` (blocks until it is whole)."""
+    n = int.from_bytes(_read_exact(fd, _HEADER), "little")
+    return pickle.loads(_read_exact(fd, n))
 
 
 def _worker_loop(
@@ -242,8 +275,8 @@ def _worker_loop(
     direct_rows: Any,
     base_seed: int,
     init_fn: Any,
-    index_queue: Any,
-    result_queue: Any,
+    tasks: Any,
+    results: Any,
     done_event: Any,
 ) -> None:
     """One worker process: fetch (or read straight into the slot) the batches sent to it."""
@@ -271,12 +304,19 @@ def _worker_loop(
     except Exception:  # noqa: BLE001 - reported with the first batch, as DataLoader does
         init_error = _tc.ExceptionWrapper(where=f"in ThreadDataLoader worker process {wid}")
     watchdog = _tc.ManagerWatchdog()
+    fd = tasks.fileno()
+    waiting = select.poll()
+    waiting.register(fd, select.POLLIN)
     iteration_end = False
     while watchdog.is_alive():
-        try:
-            r = index_queue.get(timeout=_STATUS_INTERVAL * 4)
-        except queue.Empty:
+        if not waiting.poll(_WATCHDOG_INTERVAL * 1000):
+            if done_event.is_set():  # shutting down and every task read
+                break
             continue
+        try:
+            r = _read_task(fd)
+        except (EOFError, OSError):
+            break
         if r is None:
             break
         if isinstance(r, _DropSlot):
@@ -289,7 +329,7 @@ def _worker_loop(
                 fetcher = _tc.DatasetKind.create_fetcher(
                     dataset_kind, dataset, auto_collation, collate_fn, drop_last
                 )
-            result_queue.put((r, None))
+            results.send((r, None))
             continue
         if done_event.is_set() or iteration_end:
             continue
@@ -309,11 +349,12 @@ def _worker_loop(
                 iteration_end = True
             except Exception:  # noqa: BLE001 - re-raised in the main process
                 data = _tc.ExceptionWrapper(where=f"in ThreadDataLoader worker process {wid}")
-        result_queue.put((idx, data))
+        try:
+            results.send((idx, data))  # blocks only while the main process is not reading
+        except OSError:  # the main process is gone
+            break
         del data, r, index
-    if done_event.is_set():
-        result_queue.cancel_join_thread()
-    result_queue.close()
+    results.close()
 
 
 # -- main process -----------------------------------------------------------------------------
@@ -353,6 +394,43 @@ class _Ring:
         self.peak_bytes = max(self.peak_bytes, self.nbytes())
 
 
+class _TaskSender:
+    """The main process's end of one worker's task pipe. Writes never block (the end is
+    non-blocking): what a full pipe does not take waits here, in order, and goes on with
+    flush(), so a busy or hung worker never stalls the main process (timeout= holds) and a
+    worker blocked sending an answer never waits on a main process blocked sending a task."""
+
+    def __init__(self, conn: Any):
+        self.conn = conn  # owns the descriptor
+        self.fd = conn.fileno()
+        os.set_blocking(self.fd, False)
+        self.backlog: collections.deque = collections.deque()  # bytes not written yet
+
+    def put(self, msg: Any) -> None:
+        data = ForkingPickler.dumps(msg)
+        self.backlog.append(memoryview(len(data).to_bytes(_HEADER, "little") + data))
+        self.flush()
+
+    def flush(self) -> None:
+        while self.backlog:
+            buf = self.backlog[0]
+            try:
+                n = os.write(self.fd, buf)
+            except BlockingIOError:
+                return
+            except OSError:  # the worker is gone (the loader's wait reports it)
+                self.backlog.clear()
+                return
+            if n < len(buf):
+                self.backlog[0] = buf[n:]
+                return
+            self.backlog.popleft()
+
+    def close(self) -> None:
+        self.backlog.clear()
+        self.conn.close()
+
+
 class _ViewUnpickler(pickle.Unpickler):
     """Rebuilds a packed batch: views of the slot (pinned copies with pin)."""
 
@@ -364,7 +442,7 @@ class _ViewUnpickler(pickle.Unpickler):
         kind, off, shape = pid[0], pid[1], pid[2]
         if kind == "t":
             dtype = pid[3]
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            nbytes = math.prod(shape) * dtype.itemsize
             if nbytes == 0:
                 return torch.empty(shape, dtype=dtype)
             view = torch.from_numpy(self.anchor[off : off + nbytes]).view(dtype).view(shape)
@@ -372,7 +450,7 @@ class _ViewUnpickler(pickle.Unpickler):
                 return torch.empty(shape, dtype=dtype, pin_memory=True).copy_(view)
             return view
         dtype, rec = pid[3], pid[4]
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         if nbytes == 0:
             arr = np.empty(shape, dtype=dtype)
         else:
@@ -406,16 +484,20 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
             and loader._settings.fast_collate
         )
         direct_rows = loader.batch_size if direct else False
+        self._direct_fields = ds._select(None) if direct else None
+        self._direct_layouts: dict = {}  # rows a slot holds -> each field's offset in it
         self._rings = [_Ring(self._slots) for _ in range(self._num_workers)]
-        self._result_queue = ctx.Queue()
         self._done_event = ctx.Event()
-        self._index_queues: list = []
+        self._index_queues: list[_TaskSender] = []  # (the name finish_last_epoch uses)
+        self._results: list = []  # each worker's answer pipe
         self._workers: list = []
         self._shutdown = False
         try:
             for wid in range(self._num_workers):
-                iq = ctx.Queue()
-                iq.cancel_join_thread()  # tasks left unread never block the exit
+                task_r, task_w = ctx.Pipe(duplex=False)
+                result_r, result_w = ctx.Pipe(duplex=False)
+                self._index_queues.append(_TaskSender(task_w))
+                self._results.append(result_r)
                 w = ctx.Process(
                     target=_worker_loop,
                     args=(
@@ -429,16 +511,17 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
                         direct_rows,
                         self._base_seed,
                         loader.worker_init_fn,
-                        iq,
-                        self._result_queue,
+                        task_r,
+                        result_w,
                         self._done_event,
                     ),
                     name=f"ddstore-loader-{wid}",
                     daemon=True,
                 )
                 w.start()
-                self._index_queues.append(iq)
                 self._workers.append(w)
+                task_r.close()  # the worker's ends: only the worker holds them now
+                result_w.close()
         except BaseException:
             self._shutdown_workers()
             raise
@@ -538,25 +621,44 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
             out.append(f"worker process {wid} (pid {w.pid}) {how}")
         return out
 
-    def _get_data(self) -> tuple:
-        waited = 0.0
+    def _get_data(self, wid: int | None = None) -> tuple:
+        """The next answer of worker `wid` if it has one now, else of any worker (waiting on
+        their answer pipes and process sentinels at once)."""
+        if wid is not None and self._results[wid].poll():
+            return self._receive(wid)
+        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
         while True:
-            step = _STATUS_INTERVAL if self._timeout <= 0 else min(_STATUS_INTERVAL, self._timeout - waited)
-            try:
-                return self._result_queue.get(timeout=max(step, 1e-3))
-            except queue.Empty:
-                waited += step
-                dead = self._dead_workers()
-                if dead and not self._shutdown:
-                    self._shutdown_workers()
-                    raise WorkerProcessError(
-                        f"ThreadDataLoader(worker_type='process'): {'; '.join(dead)} while the loader "
-                        f"waited for batch {self._rcvd_idx} ({self._context_name} workers; a killed "
-                        "worker is often the kernel's out-of-memory killer: see dmesg)"
-                    ) from None
-                if self._timeout > 0 and waited >= self._timeout:
-                    self._shutdown_workers()
-                    raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
+            for sender in self._index_queues:
+                sender.flush()
+            backlog = any(sender.backlog for sender in self._index_queues)
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            if backlog:
+                left = _FLUSH_INTERVAL if left is None else min(left, _FLUSH_INTERVAL)
+            ready = mp_connection.wait(self._results + [w.sentinel for w in self._workers], left)
+            for wid, conn in enumerate(self._results):
+                if conn in ready:
+                    return self._receive(wid)
+            if ready:
+                self._worker_died()
+            if deadline is not None and time.monotonic() >= deadline:
+                self._shutdown_workers()
+                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+
+    def _receive(self, wid: int) -> tuple:
+        try:
+            return self._results[wid].recv()
+        except (EOFError, OSError):  # it died after its last answer
+            self._workers[wid].join(timeout=_SHUTDOWN_GRACE)
+            self._worker_died()
+
+    def _worker_died(self) -> None:
+        dead = self._dead_workers() or ["a worker process closed its answer pipe"]
+        self._shutdown_workers()
+        raise WorkerProcessError(
+            f"ThreadDataLoader(worker_type='process'): {'; '.join(dead)} while the loader "
+            f"waited for batch {self._rcvd_idx} ({self._context_name} workers; a killed "
+            "worker is often the kernel's out-of-memory killer: see dmesg)"
+        ) from None
 
     def _next_data(self) -> Any:
         while True:
@@ -580,7 +682,7 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
                 info = self._task_info.pop(self._rcvd_idx)
                 self._rcvd_idx += 1
                 return self._process_data(info)
-            idx, data = self._get_data()
+            idx, data = self._get_data(self._task_info[self._rcvd_idx][0])
             if isinstance(idx, ResumeEpoch):
                 continue
             self._tasks_outstanding -= 1
@@ -625,31 +727,63 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
         # base (its own base is a memoryview, not an array), torch.from_numpy keeps the view.
         anchor = np.frombuffer(memoryview(ring.memory[slot]), dtype=np.uint8)
         weakref.finalize(anchor, ring.free.append, slot)
-        batch = _ViewUnpickler(payload, anchor, self._pin_memory).load()
+        if type(payload) is tuple:  # (rows, rows the slot holds): read straight into the slot
+            batch = self._direct_batch(anchor, *payload)
+        else:
+            batch = _ViewUnpickler(payload, anchor, self._pin_memory).load()
         del anchor  # with pinned copies, the slot is free again now
         self._fill()
         return batch
 
+    def _direct_batch(self, anchor: np.ndarray, rows: int, capacity: int) -> Any:
+        """The batch _DirectReader read into the slot: a tensor per field, as read_batch()
+        makes it (views of the slot, or pinned copies)."""
+        fields = self._direct_fields
+        offsets = self._direct_layouts.get(capacity)
+        if offsets is None:
+            offsets = self._direct_layouts[capacity] = _direct_layout(fields, capacity)[0]
+        got = {}
+        for f, off in zip(fields, offsets):
+            view = anchor[off : off + rows * f.row_bytes].view(f.dtype).reshape(rows, *f.shape)
+            t = torch.from_numpy(view)
+            if self._pin_memory:
+                t = torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
+            got[f.key] = t
+        return self._dataset._schema.collate_like(got)
+
     def _shutdown_workers(self) -> None:
-        """Stops the workers after their current batch (killing any that do not stop)."""
+        """Stops the workers after their current batch (killing any that do not stop in
+        _SHUTDOWN_GRACE seconds); answers still coming are read and dropped meanwhile, so no
+        worker stays blocked sending one."""
         if self._shutdown:
             return
         self._shutdown = True
         self._done_event.set()
-        for q in self._index_queues:
-            try:
-                q.put(None)
-            except (OSError, ValueError):
-                pass
+        for sender in self._index_queues:
+            sender.put(None)
+        deadline = time.monotonic() + _SHUTDOWN_GRACE
+        open_results = list(self._results)
+        while time.monotonic() < deadline:
+            live = [w for w in self._workers if w.is_alive()]
+            if not live:
+                break
+            for sender in self._index_queues:
+                sender.flush()
+            ready = mp_connection.wait(open_results + [w.sentinel for w in live], _FLUSH_INTERVAL)
+            for conn in open_results[:]:
+                if conn in ready:
+                    try:
+                        conn.recv_bytes()
+                    except (EOFError, OSError):
+                        open_results.remove(conn)
         for w in self._workers:
-            w.join(timeout=10)
             if w.is_alive():
                 w.kill()
-                w.join(timeout=10)
-        for q in self._index_queues:
-            q.close()
-        self._result_queue.cancel_join_thread()
-        self._result_queue.close()
+            w.join(timeout=_SHUTDOWN_GRACE)
+        for sender in self._index_queues:
+            sender.close()
+        for conn in self._results:
+            conn.close()
 
     def __del__(self) -> None:
         if not getattr(self, "_shutdown", True):
