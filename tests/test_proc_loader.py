@@ -80,8 +80,8 @@ class Slow(Dataset):
 
 
 def test_tasks_larger_than_a_pipe_and_timeout():
-    # 40,000 indices a task pickle to ~200 KB: more than a pipe holds, so the tasks wait in the
-    # main process and go on in pieces while the workers read them.
+    # 40,000 indices a task pickle to ~200 KB: more than a pipe holds (the task queues' feeder
+    # threads write them in pieces while the workers read them).
     ds = TensorDataset(torch.arange(120_000) * 3)
     loader = ThreadDataLoader(ds, batch_size=40_000, num_workers=2, worker_type="process", prefetch_factor=3)
     got = torch.cat([b for (b,) in loader])

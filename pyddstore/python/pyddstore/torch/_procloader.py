@@ -4,15 +4,14 @@ per batch (what torch's DataLoader workers send).
 
 The main process owns the rings' bookkeeping: it sends each task with the id of a free slot of
 that worker; the worker reads (or fetches, transforms and collates) the batch, writes its tensors
-and arrays into the slot and sends back only how many rows it read straight into the slot, or a
-small pickle that names the places of the tensors and arrays in it. The main process rebuilds the
-batch as views of the slot (pinned copies with pin_memory). Tasks and answers travel through two
-pipes per worker, written by the sending thread itself (no feeder thread, no shared lock): the
-main process waits on every worker's answer pipe and process sentinel at once, so a dead worker
-is seen at once, and it never blocks writing a task (what a full pipe does not take waits in the
-main process, as in an mp.Queue's buffer). A slot goes
-back to the ring when the last view of its batch is gone (a finalizer on the array every view
-hangs from), so no slot is handed out again while a batch still uses it. A ring holds
+and arrays into the slot and sends back only how many rows it read straight into the slot (a
+DistDataset read with the default collate), or a small pickle that names the places of the
+tensors and arrays in it. The main process rebuilds the batch as views of the slot (pinned
+copies with pin_memory). Tasks and answers travel through mp.Queues, as in torch: their feeder
+threads write the pipes (measured on a busy machine, a worker and a main process that write the
+pipes themselves and go on working waited several times longer for a core). A slot goes back to
+the ring when the last view of its batch is gone (a finalizer on the array every view hangs
+from), so no slot is handed out again while a batch still uses it. A ring holds
 prefetch_factor + 2 slots (the batches in flight, the one the caller holds and the one being
 handed over); when the caller keeps more batches, the ring grows by a slot for each, and such a
 slot is dropped again once its batch is gone (reuse_buffers=True: the ring never grows, and a
@@ -32,15 +31,11 @@ import collections
 import gc
 import io
 import math
-import multiprocessing.connection as mp_connection
-import os
 import pickle
+import queue
 import random
-import select
 import signal
-import time
 import weakref
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
@@ -54,10 +49,7 @@ from ._epochs import ResumeEpoch, finish_last_epoch, reset_dispatch
 from ._errors import ForkedWorkerError
 from ._resume import PositionTracking
 
-_WATCHDOG_INTERVAL = 2.0  # seconds an idle worker waits for a task before checking its parent
-_FLUSH_INTERVAL = 0.01  # seconds between retries of tasks a full pipe did not take
-_SHUTDOWN_GRACE = 10.0  # seconds workers get to stop before they are killed
-_HEADER = 8  # bytes of a task message's length header
+_STATUS_INTERVAL = 0.5  # seconds between checks that worker processes are alive
 _ALIGN = 64  # every tensor in a slot starts on a cache line
 _GROWTH = 1.5  # a slot that is too small is replaced by one this much larger than needed
 WORKER_TYPES = ("thread", "process")
@@ -247,23 +239,6 @@ class _DropSlot:
         self.slot = slot
 
 
-def _read_exact(fd: int, n: int) -> bytes:
-    parts = []
-    while n:
-        part = os.read(fd, n)
-        if not part:
-            raise EOFError("the loader closed the task pipe")
-        parts.append(part)
-        n -= len(part)
-    return b"".join(parts)
-
-
-def _read_task(fd: int) -> Any:
-    """The next message _TaskSender wrote to the pipe `fd` (blocks until it is whole)."""
-    n = int.from_bytes(_read_exact(fd, _HEADER), "little")
-    return pickle.loads(_read_exact(fd, n))
-
-
 def _worker_loop(
     wid: int,
     num_workers: int,
@@ -275,8 +250,8 @@ def _worker_loop(
     direct_rows: Any,
     base_seed: int,
     init_fn: Any,
-    tasks: Any,
-    results: Any,
+    index_queue: Any,
+    result_queue: Any,
     done_event: Any,
 ) -> None:
     """One worker process: fetch (or read straight into the slot) the batches sent to it."""
@@ -304,19 +279,12 @@ def _worker_loop(
     except Exception:  # noqa: BLE001 - reported with the first batch, as DataLoader does
         init_error = _tc.ExceptionWrapper(where=f"in ThreadDataLoader worker process {wid}")
     watchdog = _tc.ManagerWatchdog()
-    fd = tasks.fileno()
-    waiting = select.poll()
-    waiting.register(fd, select.POLLIN)
     iteration_end = False
     while watchdog.is_alive():
-        if not waiting.poll(_WATCHDOG_INTERVAL * 1000):
-            if done_event.is_set():  # shutting down and every task read
-                break
-            continue
         try:
-            r = _read_task(fd)
-        except (EOFError, OSError):
-            break
+            r = index_queue.get(timeout=_STATUS_INTERVAL * 4)
+        except queue.Empty:
+            continue
         if r is None:
             break
         if isinstance(r, _DropSlot):
@@ -329,7 +297,7 @@ def _worker_loop(
                 fetcher = _tc.DatasetKind.create_fetcher(
                     dataset_kind, dataset, auto_collation, collate_fn, drop_last
                 )
-            results.send((r, None))
+            result_queue.put((r, None))
             continue
         if done_event.is_set() or iteration_end:
             continue
@@ -349,12 +317,11 @@ def _worker_loop(
                 iteration_end = True
             except Exception:  # noqa: BLE001 - re-raised in the main process
                 data = _tc.ExceptionWrapper(where=f"in ThreadDataLoader worker process {wid}")
-        try:
-            results.send((idx, data))  # blocks only while the main process is not reading
-        except OSError:  # the main process is gone
-            break
+        result_queue.put((idx, data))
         del data, r, index
-    results.close()
+    if done_event.is_set():
+        result_queue.cancel_join_thread()
+    result_queue.close()
 
 
 # -- main process -----------------------------------------------------------------------------
@@ -392,43 +359,6 @@ class _Ring:
     def note(self, slot: int, memory: np.ndarray) -> None:
         self.memory[slot] = memory
         self.peak_bytes = max(self.peak_bytes, self.nbytes())
-
-
-class _TaskSender:
-    """The main process's end of one worker's task pipe. Writes never block (the end is
-    non-blocking): what a full pipe does not take waits here, in order, and goes on with
-    flush(), so a busy or hung worker never stalls the main process (timeout= holds) and a
-    worker blocked sending an answer never waits on a main process blocked sending a task."""
-
-    def __init__(self, conn: Any):
-        self.conn = conn  # owns the descriptor
-        self.fd = conn.fileno()
-        os.set_blocking(self.fd, False)
-        self.backlog: collections.deque = collections.deque()  # bytes not written yet
-
-    def put(self, msg: Any) -> None:
-        data = ForkingPickler.dumps(msg)
-        self.backlog.append(memoryview(len(data).to_bytes(_HEADER, "little") + data))
-        self.flush()
-
-    def flush(self) -> None:
-        while self.backlog:
-            buf = self.backlog[0]
-            try:
-                n = os.write(self.fd, buf)
-            except BlockingIOError:
-                return
-            except OSError:  # the worker is gone (the loader's wait reports it)
-                self.backlog.clear()
-                return
-            if n < len(buf):
-                self.backlog[0] = buf[n:]
-                return
-            self.backlog.popleft()
-
-    def close(self) -> None:
-        self.backlog.clear()
-        self.conn.close()
 
 
 class _ViewUnpickler(pickle.Unpickler):
@@ -487,17 +417,15 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
         self._direct_fields = ds._select(None) if direct else None
         self._direct_layouts: dict = {}  # rows a slot holds -> each field's offset in it
         self._rings = [_Ring(self._slots) for _ in range(self._num_workers)]
+        self._result_queue = ctx.Queue()
         self._done_event = ctx.Event()
-        self._index_queues: list[_TaskSender] = []  # (the name finish_last_epoch uses)
-        self._results: list = []  # each worker's answer pipe
+        self._index_queues: list = []
         self._workers: list = []
         self._shutdown = False
         try:
             for wid in range(self._num_workers):
-                task_r, task_w = ctx.Pipe(duplex=False)
-                result_r, result_w = ctx.Pipe(duplex=False)
-                self._index_queues.append(_TaskSender(task_w))
-                self._results.append(result_r)
+                iq = ctx.Queue()
+                iq.cancel_join_thread()  # tasks left unread never block the exit
                 w = ctx.Process(
                     target=_worker_loop,
                     args=(
@@ -511,17 +439,16 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
                         direct_rows,
                         self._base_seed,
                         loader.worker_init_fn,
-                        task_r,
-                        result_w,
+                        iq,
+                        self._result_queue,
                         self._done_event,
                     ),
                     name=f"ddstore-loader-{wid}",
                     daemon=True,
                 )
                 w.start()
+                self._index_queues.append(iq)
                 self._workers.append(w)
-                task_r.close()  # the worker's ends: only the worker holds them now
-                result_w.close()
         except BaseException:
             self._shutdown_workers()
             raise
@@ -621,44 +548,25 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
             out.append(f"worker process {wid} (pid {w.pid}) {how}")
         return out
 
-    def _get_data(self, wid: int | None = None) -> tuple:
-        """The next answer of worker `wid` if it has one now, else of any worker (waiting on
-        their answer pipes and process sentinels at once)."""
-        if wid is not None and self._results[wid].poll():
-            return self._receive(wid)
-        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
+    def _get_data(self) -> tuple:
+        waited = 0.0
         while True:
-            for sender in self._index_queues:
-                sender.flush()
-            backlog = any(sender.backlog for sender in self._index_queues)
-            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            if backlog:
-                left = _FLUSH_INTERVAL if left is None else min(left, _FLUSH_INTERVAL)
-            ready = mp_connection.wait(self._results + [w.sentinel for w in self._workers], left)
-            for wid, conn in enumerate(self._results):
-                if conn in ready:
-                    return self._receive(wid)
-            if ready:
-                self._worker_died()
-            if deadline is not None and time.monotonic() >= deadline:
-                self._shutdown_workers()
-                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
-
-    def _receive(self, wid: int) -> tuple:
-        try:
-            return self._results[wid].recv()
-        except (EOFError, OSError):  # it died after its last answer
-            self._workers[wid].join(timeout=_SHUTDOWN_GRACE)
-            self._worker_died()
-
-    def _worker_died(self) -> None:
-        dead = self._dead_workers() or ["a worker process closed its answer pipe"]
-        self._shutdown_workers()
-        raise WorkerProcessError(
-            f"ThreadDataLoader(worker_type='process'): {'; '.join(dead)} while the loader "
-            f"waited for batch {self._rcvd_idx} ({self._context_name} workers; a killed "
-            "worker is often the kernel's out-of-memory killer: see dmesg)"
-        ) from None
+            step = _STATUS_INTERVAL if self._timeout <= 0 else min(_STATUS_INTERVAL, self._timeout - waited)
+            try:
+                return self._result_queue.get(timeout=max(step, 1e-3))
+            except queue.Empty:
+                waited += step
+                dead = self._dead_workers()
+                if dead and not self._shutdown:
+                    self._shutdown_workers()
+                    raise WorkerProcessError(
+                        f"ThreadDataLoader(worker_type='process'): {'; '.join(dead)} while the loader "
+                        f"waited for batch {self._rcvd_idx} ({self._context_name} workers; a killed "
+                        "worker is often the kernel's out-of-memory killer: see dmesg)"
+                    ) from None
+                if self._timeout > 0 and waited >= self._timeout:
+                    self._shutdown_workers()
+                    raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
 
     def _next_data(self) -> Any:
         while True:
@@ -682,7 +590,7 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
                 info = self._task_info.pop(self._rcvd_idx)
                 self._rcvd_idx += 1
                 return self._process_data(info)
-            idx, data = self._get_data(self._task_info[self._rcvd_idx][0])
+            idx, data = self._get_data()
             if isinstance(idx, ResumeEpoch):
                 continue
             self._tasks_outstanding -= 1
@@ -752,38 +660,25 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
         return self._dataset._schema.collate_like(got)
 
     def _shutdown_workers(self) -> None:
-        """Stops the workers after their current batch (killing any that do not stop in
-        _SHUTDOWN_GRACE seconds); answers still coming are read and dropped meanwhile, so no
-        worker stays blocked sending one."""
+        """Stops the workers after their current batch (killing any that do not stop)."""
         if self._shutdown:
             return
         self._shutdown = True
         self._done_event.set()
-        for sender in self._index_queues:
-            sender.put(None)
-        deadline = time.monotonic() + _SHUTDOWN_GRACE
-        open_results = list(self._results)
-        while time.monotonic() < deadline:
-            live = [w for w in self._workers if w.is_alive()]
-            if not live:
-                break
-            for sender in self._index_queues:
-                sender.flush()
-            ready = mp_connection.wait(open_results + [w.sentinel for w in live], _FLUSH_INTERVAL)
-            for conn in open_results[:]:
-                if conn in ready:
-                    try:
-                        conn.recv_bytes()
-                    except (EOFError, OSError):
-                        open_results.remove(conn)
+        for q in self._index_queues:
+            try:
+                q.put(None)
+            except (OSError, ValueError):
+                pass
         for w in self._workers:
+            w.join(timeout=10)
             if w.is_alive():
                 w.kill()
-            w.join(timeout=_SHUTDOWN_GRACE)
-        for sender in self._index_queues:
-            sender.close()
-        for conn in self._results:
-            conn.close()
+                w.join(timeout=10)
+        for q in self._index_queues:
+            q.close()
+        self._result_queue.cancel_join_thread()
+        self._result_queue.close()
 
     def __del__(self) -> None:
         if not getattr(self, "_shutdown", True):
