@@ -54,12 +54,14 @@ pub struct Config {
 pub enum RemoteGather {
     /// The gather path where it is faster (tcp;ofi_rxm), one-sided reads
     /// elsewhere (cxi, verbs, efa, shm: the NIC or the kernel does them;
-    /// sockets: measured no faster gathered).
+    /// sockets: measured no faster gathered); where it gathers, an owner
+    /// asked for one short read in a batch gets it one-sided.
     #[default]
     Auto,
     /// Always one-sided reads.
     Off,
-    /// The gather path on any provider offering tagged messages.
+    /// Every remote read through the gather path, on any provider offering
+    /// tagged messages.
     On,
 }
 

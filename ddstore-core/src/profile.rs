@@ -31,6 +31,8 @@ pub struct Counters {
     pub mr_ns: AtomicU64,
     /// Part of `remote_ns` spent waiting for a lock before posting reads.
     pub lock_ns: AtomicU64,
+    /// Requests sent through owner-side gather paths (the rest of `remote_reads` went one-sided).
+    pub gather_requests: AtomicU64,
     /// Rows this process read from memory: own or same-node shares (memory hits).
     pub memory_rows: AtomicU64,
     /// Rows read from spill files (own or same-node owners'; see [`crate::spill`]).
@@ -70,6 +72,8 @@ pub struct Profile {
     pub mr_ns: u64,
     /// Nanoseconds of `remote_ns` waiting for a lock before posting.
     pub lock_ns: u64,
+    /// Requests sent through owner-side gather paths.
+    pub gather_requests: u64,
     /// Messages this variable's readers received and discarded: gather
     /// replies not bound to a request they made (forged, or late).
     pub rejected_replies: u64,
@@ -101,6 +105,7 @@ impl Counters {
             cq_ns: self.cq_ns.load(Relaxed),
             mr_ns: self.mr_ns.load(Relaxed),
             lock_ns: self.lock_ns.load(Relaxed),
+            gather_requests: self.gather_requests.load(Relaxed),
             rejected_replies: 0,
             memory_rows: self.memory_rows.load(Relaxed),
             spilled_rows: self.spilled_rows.load(Relaxed),
@@ -115,6 +120,7 @@ impl Counters {
         Self::add(&self.cq_ns, t.cq_ns);
         Self::add(&self.mr_ns, t.mr_ns);
         Self::add(&self.lock_ns, t.lock_ns);
+        Self::add(&self.gather_requests, t.gather_requests);
     }
 
     /// Adds `n` to one counter.
@@ -125,7 +131,7 @@ impl Counters {
 
 impl Profile {
     /// Every counter with its name, in the order `get_profile()` reports them.
-    pub fn fields(&self) -> [(&'static str, u64); 18] {
+    pub fn fields(&self) -> [(&'static str, u64); 19] {
         [
             ("calls", self.calls),
             ("rows", self.rows),
@@ -139,6 +145,7 @@ impl Profile {
             ("cq_ns", self.cq_ns),
             ("mr_ns", self.mr_ns),
             ("lock_ns", self.lock_ns),
+            ("gather_requests", self.gather_requests),
             ("rejected_replies", self.rejected_replies),
             ("memory_rows", self.memory_rows),
             ("spilled_rows", self.spilled_rows),

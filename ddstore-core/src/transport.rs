@@ -202,6 +202,8 @@ pub struct ReaderTimes {
     pub mr_ns: u64,
     /// Waiting for a lock before posting, e.g. MPI below `MPI_THREAD_MULTIPLE` (nanoseconds).
     pub lock_ns: u64,
+    /// Requests sent through an owner-side gather path (a count, not a time).
+    pub gather_requests: u64,
 }
 
 impl ReaderTimes {
@@ -211,6 +213,7 @@ impl ReaderTimes {
             cq_ns: self.cq_ns.saturating_sub(earlier.cq_ns),
             mr_ns: self.mr_ns.saturating_sub(earlier.mr_ns),
             lock_ns: self.lock_ns.saturating_sub(earlier.lock_ns),
+            gather_requests: self.gather_requests.saturating_sub(earlier.gather_requests),
         }
     }
 
@@ -220,6 +223,7 @@ impl ReaderTimes {
             cq_ns: self.cq_ns.saturating_add(other.cq_ns),
             mr_ns: self.mr_ns.saturating_add(other.mr_ns),
             lock_ns: self.lock_ns.saturating_add(other.lock_ns),
+            gather_requests: self.gather_requests.saturating_add(other.gather_requests),
         }
     }
 }

@@ -86,7 +86,7 @@ pub fn transport_for(
         #[cfg(feature = "mpi")]
         (Method::MpiRma, CommKind::Single) => Ok(Arc::new(NodeOnlyTransport)),
         #[cfg(feature = "mpi")]
-        (Method::MpiRma, _) => Ok(Arc::new(MpiRma::new())),
+        (Method::MpiRma, _) => Ok(Arc::new(MpiRma::with_timeout(config.timeout))),
         (Method::Libfabric | Method::LibfabricExtraJobs, _) => Ok(Arc::new(
             OfiTransport::from_env(config, nic_map, ddstore_core::launcher::local_rank_env()?)?,
         )),

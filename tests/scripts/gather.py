@@ -55,6 +55,28 @@ def add_all(store):
         store.add(name, rows_of(seed(name), np.arange(first, first + count), shape, dtype))
 
 
+def path_choice(store, expect: str) -> None:
+    """Which path remote reads took (get_profile's gather_requests): under auto an owner's
+    single short read goes one-sided and two rows go as one gathered request;
+    DDSTORE_REMOTE_GATHER=1 gathers both, one-sided stores gather neither."""
+    n = VARS["small"][0]
+    first, _ = share_of(n, store.size, (store.rank + 1) % store.size)
+
+    def sent(rows):
+        before = store.get_profile("small")
+        check(store, "small", rows)
+        after = store.get_profile("small")
+        return tuple(after[k] - before[k] for k in ("gather_requests", "remote_rows"))
+
+    (one, remote_one), (two, _) = sent([first]), sent([first, first + 2])
+    mode = os.environ.get("DDSTORE_REMOTE_GATHER", "auto")
+    if expect != "gather" or remote_one == 0:  # one-sided, or same-node rows by memory copy
+        want = (0, 0)
+    else:
+        want = (1, 1) if mode == "1" else (0, 1)
+    assert (one, two) == want, f"gather requests for 1 and 2 rows: {(one, two)}, expected {want} ({mode})"
+
+
 def read():
     from mpi4py import MPI
 
@@ -62,6 +84,7 @@ def read():
     expect = os.environ.get("GATHER_EXPECT", "gather")
     assert store.remote_path == expect, f"remote_path {store.remote_path!r}, expected {expect!r}"
     add_all(store)
+    path_choice(store, expect)
     rank = store.rank
     rng = np.random.default_rng(11 + rank)
     for name, (n, _, _) in VARS.items():

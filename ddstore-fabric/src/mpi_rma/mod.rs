@@ -14,8 +14,12 @@
 //!   component can span the nodes (Open MPI over TCP at
 //!   `MPI_THREAD_MULTIPLE`), every rank refuses with `Unavailable` before
 //!   any share exists, instead of failing inside `MPI_Win_create`.
-//! - `MPI_Win_flush` has no timeout: a read from a dead peer can block
-//!   until MPI itself gives up (`Config::timeout` cannot apply here).
+//! - Reads poll their `MPI_Rget`s until `Config::timeout` (or a signal):
+//!   a read that gives up leaves its pending gets landing in a buffer the
+//!   share keeps aside, so the memory it returned is never written later.
+//!   Below `MPI_THREAD_MULTIPLE` (where osc/pt2pt, which opens a target's
+//!   access at the first get, waiting inside `MPI_Rget`, may serve the
+//!   window) `expose` ends with a 1-byte get of every rank and a barrier.
 //! - Loaded bytes are written by plain stores into window memory; this
 //!   relies on MPI's unified memory model (osc sm, rdma, ucx), and the store
 //!   must pass a barrier between loading and reading.

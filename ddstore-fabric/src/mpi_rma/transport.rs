@@ -1,6 +1,14 @@
 //! `MpiRma`: method 0. Each share is MPI window memory (allocated by MPI,
-//! written in place while loading), read by `MPI_Get` inside one
+//! written in place while loading), read by `MPI_Rget` inside one
 //! `MPI_Win_lock_all` epoch that lasts the window's life.
+//!
+//! Reads poll their requests, so a signal (Ctrl-C) or `DDSTORE_TIMEOUT_S`
+//! ends the wait. A read that gives up with gets still pending must not let
+//! MPI write memory that is freed or read again: such reads land in a buffer
+//! the batch owns (copied out on success, kept aside when abandoned). Targets
+//! whose gets are seen to complete inside `MPI_Rget` itself (osc/sm: a memory
+//! copy) are read straight into the caller's memory with `MPI_Get` and
+//! flushes that return at once, as fast as before.
 //!
 //! Dropping the last handle of an exposed share frees its windows, which is
 //! collective: for method 0 the store's `free()` must be called on every rank.
@@ -8,9 +16,9 @@
 use ddstore_core::fork::CreatedBy;
 use std::os::raw::c_int;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use ddstore_core::comm::{gather_u64, Comm};
 use ddstore_core::region::{Memory, RawMemory};
@@ -20,8 +28,8 @@ use ddstore_core::transport::{
 use mpi::ffi;
 
 use super::comm::MpiComm;
-use super::init::{library_version, serialize, thread_level};
-use super::window::Window;
+use super::init::{library_version, thread_level};
+use super::window::{Get, Gets, Window};
 use crate::error::{FabricError, FabricResult};
 
 const NEEDS_MPI_COMM: &str = "method 0 (MPI RMA) needs an MPI communicator; use method=1 with a file or torch.distributed communicator";
@@ -32,13 +40,32 @@ const FORKED: &str = "method 0 cannot be read from a forked process (no MPI afte
 const FAKE_NODE_SIZE_ENV: &str = "DDSTORE_MPI_FAKE_NODE_SIZE";
 
 /// Method 0: MPI one-sided reads.
-#[derive(Debug, Default)]
-pub struct MpiRma;
+#[derive(Debug)]
+pub struct MpiRma {
+    /// How long a read waits for a target (`DDSTORE_TIMEOUT_S`).
+    timeout: Duration,
+}
+
+/// `DDSTORE_TIMEOUT_S`'s default, for [`MpiRma::new`].
+const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl Default for MpiRma {
+    fn default() -> Self {
+        MpiRma::new()
+    }
+}
 
 impl MpiRma {
-    /// The method-0 transport; MPI must be initialised before a share is exposed.
+    /// The method-0 transport; MPI must be initialised before a share is
+    /// exposed. Reads wait 60 s for a target (see [`MpiRma::with_timeout`]).
     pub fn new() -> MpiRma {
-        MpiRma
+        MpiRma::with_timeout(DEFAULT_READ_TIMEOUT)
+    }
+
+    /// The method-0 transport whose reads give up on a target after
+    /// `timeout` (the store's `DDSTORE_TIMEOUT_S`).
+    pub fn with_timeout(timeout: Duration) -> MpiRma {
+        MpiRma { timeout }
     }
 }
 
@@ -254,12 +281,17 @@ impl Transport for MpiRma {
             let view = unsafe { RawMemory::new(ptr, peer_len, false, owner.clone()) };
             node_peers[global] = Some(Arc::new(view));
         }
+        open_access(comm, windows.read_window(), &sizes, self.timeout)?;
         let remote = Arc::new(MpiShares {
             inner: Arc::new(SharesInner {
+                targets: (0..sizes.len()).map(|_| TargetGets::default()).collect(),
                 windows,
                 sizes,
                 pid: CreatedBy::this_process(),
                 forked: AtomicBool::new(false),
+                abandoned: Mutex::new(Vec::new()),
+                abandoned_count: AtomicUsize::new(0),
+                timeout: self.timeout,
             }),
         });
         Ok(Exposed {
@@ -279,20 +311,96 @@ impl Transport for MpiRma {
     }
 }
 
-/// Every rank's share of one variable, read with `MPI_Get`.
+/// Every rank's share of one variable, read with `MPI_Rget`.
 struct MpiShares {
     inner: Arc<SharesInner>,
 }
 
 struct SharesInner {
+    /// Batches given up (a signal, the deadline) with gets pending, each
+    /// owning the buffer they land in: freed once complete, leaked if still
+    /// pending when the share is dropped. Before `windows`: dropping them
+    /// calls no MPI.
+    abandoned: Mutex<Vec<Gets>>,
+    /// `abandoned.len()`, read without the lock on every read.
+    abandoned_count: AtomicUsize,
     windows: Arc<ShareWindows>,
     /// Share size of every rank, gathered at expose.
     sizes: Vec<usize>,
+    /// Per rank: what its gets were seen to do.
+    targets: Vec<TargetGets>,
+    /// How long a read waits for a target (`DDSTORE_TIMEOUT_S`).
+    timeout: Duration,
     pid: CreatedBy,
     forked: AtomicBool,
 }
 
+/// Gets seen complete right after `MPI_Rget` returned before a target's
+/// reads go straight into the caller's memory.
+const GETS_TO_TRUST: u32 = 16;
+/// Abandoned batches kept per share; past it the oldest is leaked.
+const MAX_ABANDONED: usize = 64;
+
+/// What one target's gets were seen to do (shared by the reader threads).
+#[derive(Default)]
+struct TargetGets {
+    /// Gets that were complete right after `MPI_Rget` returned.
+    done_at_post: AtomicU32,
+    /// A get was pending after its post: the target needs waiting for
+    /// (osc/pt2pt, rdma over a network), so its reads are staged for good.
+    waits: AtomicBool,
+}
+
+impl TargetGets {
+    /// Reads of this target may land in the caller's memory: its gets have
+    /// always completed inside `MPI_Rget`, so no read waits for it.
+    fn direct(&self) -> bool {
+        !self.waits.load(Ordering::Relaxed)
+            && self.done_at_post.load(Ordering::Relaxed) >= GETS_TO_TRUST
+    }
+
+    fn learn(&self, done_at_post: bool) {
+        if done_at_post {
+            self.done_at_post.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.waits.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn decided(&self) -> bool {
+        self.waits.load(Ordering::Relaxed)
+            || self.done_at_post.load(Ordering::Relaxed) >= GETS_TO_TRUST
+    }
+}
+
 impl SharesInner {
+    /// Keeps `gets` (pending, given up on) until its requests complete.
+    fn abandon(&self, gets: Gets) {
+        let mut list = self.abandoned.lock().unwrap_or_else(|p| p.into_inner());
+        list.push(gets);
+        if list.len() > MAX_ABANDONED {
+            drop(list.remove(0)); // leaks its buffer: MPI may still write it
+        }
+        self.abandoned_count.store(list.len(), Ordering::Relaxed);
+    }
+
+    /// Frees the abandoned batches whose gets have all completed.
+    fn reap_abandoned(&self) -> FabricResult<()> {
+        if self.abandoned_count.load(Ordering::Relaxed) == 0 {
+            return Ok(());
+        }
+        let mut list = self.abandoned.lock().unwrap_or_else(|p| p.into_inner());
+        let mut kept = Vec::with_capacity(list.len());
+        for mut gets in list.drain(..) {
+            if !gets.test_all()? {
+                kept.push(gets);
+            }
+        }
+        *list = kept;
+        self.abandoned_count.store(list.len(), Ordering::Relaxed);
+        Ok(())
+    }
+
     fn check_not_forked(&self) -> FabricResult<()> {
         if self.forked.load(Ordering::Relaxed) || !self.pid.is_this_process() {
             return Err(FabricError::Unavailable(FORKED.into()));
@@ -346,8 +454,9 @@ impl RemoteShares for MpiShares {
         self.inner.check_not_forked()?;
         Ok(Box::new(MpiReader {
             shares: self.inner.clone(),
+            staging: Vec::new(),
             touched: vec![false; self.inner.sizes.len()],
-            targets: Vec::new(),
+            flush: Vec::new(),
             times: ReaderTimes::default(),
         }))
     }
@@ -378,65 +487,186 @@ impl RemoteShares for MpiShares {
     }
 }
 
-/// One thread's reader: no state shared with other readers, so threads read
-/// concurrently under MPI_THREAD_MULTIPLE.
+/// One thread's reader: no state shared with other readers but what was
+/// learned of the targets, so threads read concurrently under MPI_THREAD_MULTIPLE.
 struct MpiReader {
     shares: Arc<SharesInner>,
-    /// Per rank: posted to in the current batch (reset after each batch).
+    /// Where staged reads land, reused from read to read.
+    staging: Vec<u8>,
+    /// Per rank: a direct read of the current batch goes to it.
     touched: Vec<bool>,
-    targets: Vec<c_int>,
-    /// Time spent waiting for the MPI lock and in flushes.
+    /// The ranks of `touched`, flushed at the end of a direct read.
+    flush: Vec<c_int>,
+    /// Time spent waiting for the MPI lock and for reads to complete.
     times: ReaderTimes,
 }
 
 /// Longest single MPI_Get: its count is a C int.
 const MAX_GET: usize = c_int::MAX as usize;
 
+/// How long a wait polls without pausing, and the longest pause after.
+const SPIN: Duration = Duration::from_millis(2);
+const MAX_PAUSE: Duration = Duration::from_millis(1);
+
 impl MpiReader {
-    /// Posts every read, then flushes every target posted to, even when a
-    /// post failed: `dst` must not be written by MPI after we return.
-    fn post_and_flush(&mut self, reads: &[RemoteRead], dst: &mut [u8]) -> FabricResult<()> {
+    /// Reads every target straight into `dst` (`MPI_Get` and flushes, as
+    /// fast as any read): only targets whose gets complete inside the call,
+    /// so the flushes return at once.
+    fn read_direct(&mut self, reads: &[RemoteRead], dst: &mut [u8]) -> FabricResult<()> {
         let win = self.shares.windows.read_window();
-        let dst_base = dst.as_mut_ptr();
-        let locking = Instant::now();
-        let _g = serialize();
-        self.times.lock_ns += locking.elapsed().as_nanos() as u64;
-        let mut posted = Ok(());
-        'reads: for r in reads.iter().filter(|r| r.len > 0) {
-            let target = r.owner as c_int;
+        for r in reads.iter().filter(|r| r.len > 0) {
             if !self.touched[r.owner] {
                 self.touched[r.owner] = true;
-                self.targets.push(target);
-            }
-            let disp = r.offset as ffi::MPI_Aint;
-            // SAFETY: validate() checked dst_offset+len <= dst.len(), the
-            // remote range and len <= MAX_GET; `dst` stays mutably borrowed
-            // (untouched by Rust) until the flushes below complete; we hold
-            // the serialize guard.
-            let rc = unsafe { win.get(dst_base.add(r.dst_offset), r.len as c_int, target, disp) };
-            if let Err(e) = rc {
-                posted = Err(e);
-                break 'reads;
+                self.flush.push(r.owner as c_int);
             }
         }
-        // The flushes are the wait for the reads' completion.
-        let waiting = Instant::now();
-        let mut flushed = Ok(());
-        for &t in &self.targets {
-            if let Err(e) = win.flush(t) {
-                flushed = Err(e);
-            }
-        }
-        if flushed.is_err() {
-            // Last resort so nothing lands in `dst` after we return.
-            let _ = win.flush_all();
-        }
-        self.times.cq_ns += waiting.elapsed().as_nanos() as u64;
-        for &t in &self.targets {
+        let read = win.get_into(
+            dst,
+            reads.iter().filter(|r| r.len > 0).map(as_get),
+            &self.flush,
+            &mut self.times,
+        );
+        for &t in &self.flush {
             self.touched[t as usize] = false;
         }
-        self.targets.clear();
-        posted.and(flushed)
+        self.flush.clear();
+        read
+    }
+
+    /// Reads into the staging buffer, then copies into `dst`; a signal or the
+    /// deadline abandons the batch (its buffer with it) with gets pending.
+    fn read_staged(&mut self, reads: &[RemoteRead], dst: &mut [u8]) -> FabricResult<()> {
+        let win = self.shares.windows.read_window();
+        let reads: Vec<&RemoteRead> = reads.iter().filter(|r| r.len > 0).collect();
+        let total = reads.iter().map(|r| r.len).sum::<usize>();
+        let mut buf = std::mem::take(&mut self.staging);
+        if buf.len() < total {
+            buf.resize(total, 0);
+        }
+        let learning = reads
+            .iter()
+            .any(|r| !self.shares.targets[r.owner].decided());
+        let mut gets = Gets::new(buf);
+        let mut at = 0;
+        let staged = reads.iter().map(|r| {
+            let get = Get { at, ..as_get(r) };
+            at += r.len;
+            get
+        });
+        let posted = gets.post(win, staged, learning, &mut self.times.lock_ns);
+        if learning {
+            for i in 0..gets.len() {
+                self.shares.targets[gets.target(i) as usize].learn(gets.done_at_post(i));
+            }
+        }
+        let waiting = Instant::now();
+        let waited = posted.and_then(|()| self.wait(&mut gets));
+        self.times.cq_ns += waiting.elapsed().as_nanos() as u64;
+        if let Err(e) = waited {
+            if !gets.test_all()? {
+                self.shares.abandon(gets);
+            }
+            return Err(e);
+        }
+        let Some(landed) = gets.landed() else {
+            return Err(FabricError::Invalid(
+                "a staged read ended with gets pending".into(),
+            ));
+        };
+        let mut at = 0;
+        for r in reads {
+            dst[r.dst_offset..r.dst_offset + r.len].copy_from_slice(&landed[at..at + r.len]);
+            at += r.len;
+        }
+        self.staging = gets.into_buffer().unwrap_or_default();
+        Ok(())
+    }
+
+    /// Polls `gets` until all complete: spins briefly, then pauses with
+    /// backoff; a pending signal or `DDSTORE_TIMEOUT_S` ends the wait.
+    fn wait(&self, gets: &mut Gets) -> FabricResult<()> {
+        wait_for(gets, self.shares.timeout)
+    }
+}
+
+/// Polls `gets` until all complete: spins briefly, then pauses with backoff;
+/// a pending signal or `timeout` ends the wait.
+fn wait_for(gets: &mut Gets, timeout: Duration) -> FabricResult<()> {
+    let start = Instant::now();
+    let deadline = start + timeout;
+    let mut pause = Duration::from_micros(20);
+    loop {
+        if gets.test_all()? {
+            return Ok(());
+        }
+        crate::error::check_interrupt()?;
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(timed_out(gets, now - start));
+        }
+        if now - start < SPIN {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(pause.min(deadline - now));
+            pause = (pause * 2).min(MAX_PAUSE);
+        }
+    }
+}
+
+/// The timeout of a wait, naming the first target still pending.
+fn timed_out(gets: &mut Gets, waited: Duration) -> FabricError {
+    let pending = (0..gets.len()).find(|&i| !matches!(gets.test(i), Ok(true)));
+    let peer = pending.map_or(0, |i| gets.target(i) as usize);
+    let left = (0..gets.len()).filter(|&i| !gets.is_done(i)).count();
+    FabricError::Timeout {
+        peer,
+        waited,
+        detail: format!(
+            "{left} of {} MPI_Rget(s) of method 0 still pending: rank {peer} is stopped, \
+             dead, or (with one-sided components that need the target inside MPI, e.g. \
+             osc/pt2pt) busy outside MPI; DDSTORE_TIMEOUT_S sets the wait",
+            gets.len()
+        ),
+    }
+}
+
+/// Opens every target's access while all ranks are inside `expose`: osc/pt2pt
+/// does so at the first get of a target, waiting inside `MPI_Rget` (no
+/// deadline, no signals) until the target answers. One 1-byte get of each
+/// other rank's non-empty share, then a barrier (inside MPI, so the gets of
+/// slower ranks are served). Collective. Only below `MPI_THREAD_MULTIPLE`,
+/// where osc/pt2pt may serve the window (Open MPI refuses it above).
+fn open_access(
+    comm: &Arc<dyn Comm>,
+    win: &Window,
+    sizes: &[usize],
+    timeout: Duration,
+) -> ddstore_core::Result<()> {
+    if thread_level()? == super::ThreadLevel::Multiple || sizes.len() < 2 {
+        return Ok(());
+    }
+    let me = comm.rank();
+    let mut gets = Gets::new(vec![0u8; sizes.len()]);
+    let others = (0..sizes.len())
+        .filter(|&t| t != me && sizes[t] > 0)
+        .map(|t| Get {
+            at: t,
+            len: 1,
+            target: t as c_int,
+            disp: 0,
+        });
+    let mut lock_ns = 0;
+    gets.post(win, others, false, &mut lock_ns)?;
+    wait_for(&mut gets, timeout)?;
+    comm.barrier()
+}
+
+fn as_get(r: &RemoteRead) -> Get {
+    Get {
+        at: r.dst_offset,
+        len: r.len,
+        target: r.owner as c_int,
+        disp: r.offset as ffi::MPI_Aint,
     }
 }
 
@@ -448,7 +678,16 @@ impl ShareReader for MpiReader {
     fn read_many(&mut self, reads: &[RemoteRead], dst: &mut [u8]) -> ddstore_core::Result<()> {
         self.shares.check_not_forked()?;
         self.shares.validate(reads, dst.len())?;
-        Ok(self.post_and_flush(reads, dst)?)
+        self.shares.reap_abandoned()?;
+        let targets = &self.shares.targets;
+        let direct = reads
+            .iter()
+            .all(|r| r.len == 0 || targets[r.owner].direct());
+        Ok(if direct {
+            self.read_direct(reads, dst)
+        } else {
+            self.read_staged(reads, dst)
+        }?)
     }
 }
 
@@ -476,6 +715,21 @@ mod tests {
         let err = MpiRma::new().attach(&[]).err().expect("refused");
         assert!(err.to_string().contains("another job"), "{err}");
         assert_eq!(MpiRma::new().name(), "mpi-rma");
+    }
+
+    #[test]
+    fn a_target_is_read_directly_only_after_its_gets_always_completed_inside_the_call() {
+        let t = TargetGets::default();
+        for _ in 1..GETS_TO_TRUST {
+            t.learn(true);
+        }
+        assert!(!t.direct() && !t.decided(), "trusted too early");
+        t.learn(true);
+        assert!(t.direct() && t.decided());
+        // One get left pending after its post: staged for good.
+        t.learn(false);
+        (0..100).for_each(|_| t.learn(true));
+        assert!(!t.direct() && t.decided());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! from creation until drop, when it is unlocked and freed (collective).
 
 use ddstore_core::fork::CreatedBy;
+use ddstore_core::transport::ReaderTimes;
 use std::os::raw::{c_int, c_void};
 
 use mpi::ffi;
@@ -25,7 +26,7 @@ pub(crate) struct Window {
 
 // SAFETY: an MPI_Win is an opaque handle; every call on it goes through
 // `serialize()` (the process-wide lock below MPI_THREAD_MULTIPLE), and under
-// MPI_THREAD_MULTIPLE concurrent MPI_Get/MPI_Win_flush inside one lock_all
+// MPI_THREAD_MULTIPLE concurrent MPI_Rget/MPI_Test inside one lock_all
 // epoch are allowed. `base` is memory MPI keeps until MPI_Win_free.
 unsafe impl Send for Window {}
 // SAFETY: see Send.
@@ -170,50 +171,277 @@ impl Window {
         Ok((base, size.max(0) as usize))
     }
 
-    /// Posts one `MPI_Get` of `count` bytes at `disp` of `target` into `dst`.
-    ///
-    /// # Safety
-    /// `dst..dst+count` must be writable and stay untouched by Rust until the
-    /// target is flushed; the caller holds `serialize()`'s guard if needed.
-    pub(crate) unsafe fn get(
+    /// Reads every get of `gets` into `dst` with `MPI_Get`, then completes
+    /// them (`MPI_Win_flush` of each target in `targets`, the distinct
+    /// targets of `gets`), even after an error: nothing lands in `dst` after
+    /// this returns. The flushes do not look for signals: only for targets
+    /// whose gets complete inside the call (osc/sm), for which they return at
+    /// once. Checks for a pending signal every few hundred posts; adds the
+    /// wait for the MPI lock and the flushes to `times`.
+    pub(crate) fn get_into(
         &self,
-        dst: *mut u8,
-        count: c_int,
-        target: c_int,
-        disp: ffi::MPI_Aint,
+        dst: &mut [u8],
+        gets: impl Iterator<Item = Get>,
+        targets: &[c_int],
+        times: &mut ReaderTimes,
     ) -> FabricResult<()> {
-        // SAFETY: per the caller's contract.
+        let (base, dst_len) = (dst.as_mut_ptr(), dst.len());
+        let _g = locked(&mut times.lock_ns);
+        let mut posted = Ok(());
+        for (n, g) in gets.enumerate() {
+            if n % POSTS_PER_CHECK == POSTS_PER_CHECK - 1 {
+                if let Err(e) = crate::error::check_interrupt() {
+                    posted = Err(e);
+                    break;
+                }
+            }
+            let Some(count) = fitting(&g, dst_len) else {
+                posted = Err(misfit(&g, dst_len));
+                break;
+            };
+            // SAFETY: `at..at+len` is inside `dst` (checked above), which
+            // stays mutably borrowed until the flushes below complete the get;
+            // the window is inside its lock_all epoch; we hold the serialize guard.
+            let rc = unsafe {
+                ffi::MPI_Get(
+                    base.add(g.at) as *mut c_void,
+                    count,
+                    ffi::RSMPI_UINT8_T,
+                    g.target,
+                    g.disp,
+                    count,
+                    ffi::RSMPI_UINT8_T,
+                    self.win,
+                )
+            };
+            if let Err(e) = check("MPI_Get", rc) {
+                posted = Err(e.with_peer(g.target as usize));
+                break;
+            }
+        }
+        let flushing = std::time::Instant::now();
+        let mut flushed = Ok(());
+        for &t in targets {
+            // SAFETY: the window is valid and inside its lock_all epoch.
+            let rc = unsafe { ffi::MPI_Win_flush(t, self.win) };
+            if let Err(e) = check("MPI_Win_flush", rc) {
+                flushed = Err(e.with_peer(t as usize));
+            }
+        }
+        if flushed.is_err() {
+            // Last resort so nothing lands in `dst` after we return.
+            // SAFETY: as above.
+            let _ = unsafe { ffi::MPI_Win_flush_all(self.win) };
+        }
+        times.cq_ns += flushing.elapsed().as_nanos() as u64;
+        posted.and(flushed)
+    }
+}
+
+/// One `MPI_Rget` to post: `len` bytes at `disp` of `target`, landing at
+/// `at` of the destination.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Get {
+    pub(crate) at: usize,
+    pub(crate) len: usize,
+    pub(crate) target: c_int,
+    pub(crate) disp: ffi::MPI_Aint,
+}
+
+/// A batch of `MPI_Rget`s on one window (inside its lock_all epoch) into a
+/// buffer the batch owns, each request with its target; a completed request
+/// is `MPI_REQUEST_NULL`. Only [`Gets::post`] adds requests, always into that
+/// buffer, which is leaked rather than freed while a request may still write
+/// it: a batch can be given up (a signal, a deadline) at any time.
+pub(crate) struct Gets {
+    buf: Vec<u8>,
+    reqs: Vec<ffi::MPI_Request>,
+    targets: Vec<c_int>,
+    /// Per request: complete right after it was posted (with `test_each`).
+    done_at_post: Vec<bool>,
+}
+
+// SAFETY: MPI requests are opaque handles; every call on them goes through
+// `serialize()`, as for the window.
+unsafe impl Send for Gets {}
+
+fn request_null() -> ffi::MPI_Request {
+    // SAFETY: reading a link-time constant exported by the MPI shim.
+    unsafe { ffi::RSMPI_REQUEST_NULL }
+}
+
+/// `serialize()`, adding the time it took to `lock_ns`.
+fn locked(lock_ns: &mut u64) -> Option<std::sync::MutexGuard<'static, ()>> {
+    let started = std::time::Instant::now();
+    let guard = serialize();
+    *lock_ns += started.elapsed().as_nanos() as u64;
+    guard
+}
+
+/// Posts between two checks for a pending signal while posting.
+const POSTS_PER_CHECK: usize = 256;
+
+/// The count of get `g` when it fits a destination of `dst_len` bytes.
+fn fitting(g: &Get, dst_len: usize) -> Option<c_int> {
+    let inside = g.at.checked_add(g.len).is_some_and(|end| end <= dst_len);
+    c_int::try_from(g.len).ok().filter(|_| inside)
+}
+
+fn misfit(g: &Get, dst_len: usize) -> FabricError {
+    FabricError::Invalid(format!(
+        "a get of {} bytes at {} does not fit a destination of {dst_len} bytes",
+        g.len, g.at
+    ))
+}
+
+impl Gets {
+    /// A batch landing in `buf` (reused: its bytes are overwritten).
+    pub(crate) fn new(buf: Vec<u8>) -> Gets {
+        Gets {
+            buf,
+            reqs: Vec::new(),
+            targets: Vec::new(),
+            done_at_post: Vec::new(),
+        }
+    }
+
+    /// Posts every get of `gets` on `win` (one `MPI_Rget` each), checking
+    /// for a pending signal every few hundred; with `test_each`, tests each
+    /// request once right after posting it (see [`Gets::done_at_post`]). On
+    /// error the requests posted so far stay in the batch. Adds the wait for
+    /// the MPI lock to `lock_ns`.
+    pub(crate) fn post(
+        &mut self,
+        win: &Window,
+        gets: impl Iterator<Item = Get>,
+        test_each: bool,
+        lock_ns: &mut u64,
+    ) -> FabricResult<()> {
+        let _g = locked(lock_ns);
+        let (base, dst_len) = (self.buf.as_mut_ptr(), self.buf.len());
+        for (n, g) in gets.enumerate() {
+            if n % POSTS_PER_CHECK == POSTS_PER_CHECK - 1 {
+                crate::error::check_interrupt()?;
+            }
+            let Some(count) = fitting(&g, dst_len) else {
+                return Err(misfit(&g, dst_len));
+            };
+            let mut req = request_null();
+            // SAFETY: `at..at+len` is inside the buffer (checked above), which
+            // this batch owns and never frees while the request may write it
+            // (see Drop); its heap block does not move with the Vec. The
+            // window is inside its lock_all epoch; we hold the serialize guard.
+            let rc = unsafe {
+                ffi::MPI_Rget(
+                    base.add(g.at) as *mut c_void,
+                    count,
+                    ffi::RSMPI_UINT8_T,
+                    g.target,
+                    g.disp,
+                    count,
+                    ffi::RSMPI_UINT8_T,
+                    win.win,
+                    &mut req,
+                )
+            };
+            check("MPI_Rget", rc).map_err(|e| e.with_peer(g.target as usize))?;
+            self.reqs.push(req);
+            self.targets.push(g.target);
+            if test_each {
+                let i = self.reqs.len() - 1;
+                let done = self.test_locked(i)?;
+                self.done_at_post.push(done);
+            }
+        }
+        Ok(())
+    }
+
+    /// Requests posted.
+    pub(crate) fn len(&self) -> usize {
+        self.reqs.len()
+    }
+
+    /// The target of request `i`.
+    pub(crate) fn target(&self, i: usize) -> c_int {
+        self.targets[i]
+    }
+
+    /// Whether request `i` was complete when tested right after its post
+    /// (false when `post` did not test each).
+    pub(crate) fn done_at_post(&self, i: usize) -> bool {
+        self.done_at_post.get(i).copied().unwrap_or(false)
+    }
+
+    /// Whether request `i` is known complete (no MPI call).
+    pub(crate) fn is_done(&self, i: usize) -> bool {
+        self.reqs[i] == request_null()
+    }
+
+    /// Tests request `i` once (`MPI_Test`); true when it is complete.
+    pub(crate) fn test(&mut self, i: usize) -> FabricResult<bool> {
+        let _g = serialize();
+        self.test_locked(i)
+    }
+
+    fn test_locked(&mut self, i: usize) -> FabricResult<bool> {
+        if self.is_done(i) {
+            return Ok(true);
+        }
+        let mut flag: c_int = 0;
+        // SAFETY: a request MPI_Rget returned and not yet completed; the
+        // caller holds the serialize guard.
+        let rc = unsafe { ffi::MPI_Test(&mut self.reqs[i], &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+        check("MPI_Test", rc).map_err(|e| e.with_peer(self.targets[i] as usize))?;
+        Ok(flag != 0)
+    }
+
+    /// Tests every request (`MPI_Testall`); true when all are complete.
+    pub(crate) fn test_all(&mut self) -> FabricResult<bool> {
+        if self.reqs.is_empty() {
+            return Ok(true);
+        }
+        let mut flag: c_int = 0;
+        let _g = serialize();
+        // SAFETY: `len` requests MPI_Rget returned (completed ones are
+        // MPI_REQUEST_NULL, which MPI_Testall accepts).
         let rc = unsafe {
-            ffi::MPI_Get(
-                dst as *mut c_void,
-                count,
-                ffi::RSMPI_UINT8_T,
-                target,
-                disp,
-                count,
-                ffi::RSMPI_UINT8_T,
-                self.win,
+            ffi::MPI_Testall(
+                self.reqs.len() as c_int,
+                self.reqs.as_mut_ptr(),
+                &mut flag,
+                ffi::RSMPI_STATUSES_IGNORE,
             )
         };
-        check("MPI_Get", rc).map_err(|e| e.with_peer(target as usize))
+        check("MPI_Testall", rc)?;
+        if flag != 0 {
+            self.reqs.fill(request_null());
+        }
+        Ok(flag != 0)
     }
 
-    /// Completes every operation this process posted to `target`; the caller
-    /// holds `serialize()`'s guard if needed.
-    pub(crate) fn flush(&self, target: c_int) -> FabricResult<()> {
-        // SAFETY: the window is valid and inside its lock_all epoch.
-        check("MPI_Win_flush", unsafe {
-            ffi::MPI_Win_flush(target, self.win)
-        })
-        .map_err(|e| e.with_peer(target as usize))
+    /// Whether every request is known complete (no MPI call).
+    fn all_done(&self) -> bool {
+        self.reqs.iter().all(|&r| r == request_null())
     }
 
-    /// Completes every operation this process posted on the window.
-    pub(crate) fn flush_all(&self) -> FabricResult<()> {
-        // SAFETY: the window is valid and inside its lock_all epoch.
-        check("MPI_Win_flush_all", unsafe {
-            ffi::MPI_Win_flush_all(self.win)
-        })
+    /// The landed bytes, once every request completed (`test_all` said so).
+    pub(crate) fn landed(&self) -> Option<&[u8]> {
+        self.all_done().then_some(&self.buf[..])
+    }
+
+    /// Takes the buffer back for reuse, once every request completed.
+    pub(crate) fn into_buffer(mut self) -> Option<Vec<u8>> {
+        self.all_done().then(|| std::mem::take(&mut self.buf))
+    }
+}
+
+impl Drop for Gets {
+    fn drop(&mut self) {
+        if !self.all_done() {
+            // MPI may still write the buffer: leaked, never freed (the
+            // request handles too, never freed under MPI).
+            std::mem::forget(std::mem::take(&mut self.buf));
+        }
     }
 }
 

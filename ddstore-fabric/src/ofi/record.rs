@@ -28,6 +28,11 @@ pub struct ShareRecord {
     /// The owner answers gather requests for this share (absent in older records).
     #[serde(default)]
     pub gather: bool,
+    /// Bytes from the share's start that are in registered memory, where
+    /// that is less than `len` (a spilled share: the rest is read through
+    /// the gather path only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_len: Option<u64>,
 }
 
 impl ShareRecord {
@@ -41,7 +46,13 @@ impl ShareRecord {
             key,
             len,
             gather: false,
+            mem_len: None,
         }
+    }
+
+    /// Bytes from the share's start that one-sided reads can reach.
+    pub fn registered_len(&self) -> u64 {
+        self.mem_len.unwrap_or(self.len).min(self.len)
     }
 
     /// The record's bytes: a magic tag, then JSON.

@@ -417,6 +417,9 @@ impl OfiTransport {
             spilled.map_or(len, |(full, _)| full) as u64,
         );
         mine.gather = node.served.is_some();
+        if spilled.is_some() {
+            mine.mem_len = Some(len as u64);
+        }
         let records = comm.allgather(&mine.encode())?;
         let peers = self.decode_all(&records)?;
         let local: Arc<dyn Memory> = match spilled {
@@ -589,6 +592,7 @@ impl RemoteShares for OfiShares {
                 max_read_bytes: self.config.max_read_bytes,
                 force_local_mr: self.config.ofi_local_mr,
                 gather: self.gather && self.peers.iter().any(|p| p.gather),
+                single_reads_one_sided: self.config.remote_gather == RemoteGather::Auto,
                 mac_key: self.mac_key.clone(),
                 discarded: self.discarded.clone(),
             },

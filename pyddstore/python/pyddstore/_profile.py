@@ -56,15 +56,17 @@ class ProfileCounters:
         in host memory), ``lock_wait`` waiting for a lock before posting reads (MPI below
         ``MPI_THREAD_MULTIPLE``), ``mr`` registering receive buffers (read destinations;
         providers needing ``FI_MR_LOCAL``), ``read`` posting transport reads and memory copies,
-        ``cq`` waiting for the transport's completions (MPI flushes), ``mr_miss`` reads whose
+        ``cq`` waiting for the transport's completions (MPI flushes and polls), ``mr_miss`` reads whose
         destination was not registered ahead (always 0: reads register per batch). Those parts
         happen inside the ``get``/``get_batch`` calls, so upstream's summary
         ``py_get - py_sync - lock_wait - mr - read - cq`` (Python and planning) is never
         negative.
 
         Ours: ``calls``, ``rows``, ``bytes``, ``local_rows``, ``node_rows``, ``remote_rows``,
-        ``remote_reads``, ``remote_ns`` (all transport time, ``cq_ns``, ``mr_ns`` and ``lock_ns``
-        included), ``copy_ns``, ``epoch_sync`` (seconds in ``epoch_begin``/``epoch_end``) and
+        ``remote_reads``, ``gather_requests`` (the part of the remote reads sent as requests
+        through the owner-side gather path; the rest went one-sided), ``remote_ns`` (all
+        transport time, ``cq_ns``, ``mr_ns`` and ``lock_ns`` included), ``copy_ns``,
+        ``epoch_sync`` (seconds in ``epoch_begin``/``epoch_end``) and
         ``recv_registered`` (live ``register_recv`` buffers),
         ``rejected_replies`` messages this variable's readers received and discarded (gather
         replies bound to no request they made: forged, or late) and ``rejected_requests`` requests
