@@ -8,12 +8,14 @@ processes."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from conftest import run_procs, start_procs
 
 torch = pytest.importorskip("torch")
 from pyddstore.torch import ThreadDataLoader  # noqa: E402
-from torch.utils.data import DataLoader, Dataset, IterableDataset  # noqa: E402
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset  # noqa: E402
 
 
 class Samples(Dataset):
@@ -63,6 +65,34 @@ def test_iterable_dataset_and_in_order_false():
     assert sorted(i for b in loader for i in b[1].tolist()) == list(range(23))
     with pytest.raises(ValueError, match="worker_type"):
         ThreadDataLoader(Samples(), worker_type="greenlet")
+
+
+class Slow(Dataset):
+    """Sample 5 takes far longer than the loader's timeout (1 s)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        if i == 5:
+            time.sleep(5)
+        return i
+
+
+def test_tasks_larger_than_a_pipe_and_timeout():
+    # 40,000 indices a task pickle to ~200 KB: more than a pipe holds (the task queues' feeder
+    # threads write them in pieces while the workers read them).
+    ds = TensorDataset(torch.arange(120_000) * 3)
+    loader = ThreadDataLoader(ds, batch_size=40_000, num_workers=2, worker_type="process", prefetch_factor=3)
+    got = torch.cat([b for (b,) in loader])
+    assert torch.equal(got, torch.arange(120_000) * 3)
+    loader = ThreadDataLoader(Slow(), batch_size=1, num_workers=1, worker_type="process", timeout=1)
+    got, t = [], time.monotonic()
+    with pytest.raises(RuntimeError, match="timed out after 1 seconds"):
+        for b in loader:
+            got.append(int(b))
+    assert got == [0, 1, 2, 3, 4], got  # the batches before the late one
+    assert time.monotonic() - t < 60, "a late batch must not hang the loader"
 
 
 def test_process_workers_core_group_and_reader(handshake_dir):

@@ -4,10 +4,14 @@ per batch (what torch's DataLoader workers send).
 
 The main process owns the rings' bookkeeping: it sends each task with the id of a free slot of
 that worker; the worker reads (or fetches, transforms and collates) the batch, writes its tensors
-and arrays into the slot and sends back only a small pickle that names their places in it. The
-main process rebuilds the batch as views of the slot (pinned copies with pin_memory). A slot goes
-back to the ring when the last view of its batch is gone (a finalizer on the array every view
-hangs from), so no slot is handed out again while a batch still uses it. A ring holds
+and arrays into the slot and sends back only how many rows it read straight into the slot (a
+DistDataset read with the default collate), or a small pickle that names the places of the
+tensors and arrays in it. The main process rebuilds the batch as views of the slot (pinned
+copies with pin_memory). Tasks and answers travel through mp.Queues, as in torch: their feeder
+threads write the pipes (measured on a busy machine, a worker and a main process that write the
+pipes themselves and go on working waited several times longer for a core). A slot goes back to
+the ring when the last view of its batch is gone (a finalizer on the array every view hangs
+from), so no slot is handed out again while a batch still uses it. A ring holds
 prefetch_factor + 2 slots (the batches in flight, the one the caller holds and the one being
 handed over); when the caller keeps more batches, the ring grows by a slot for each, and such a
 slot is dropped again once its batch is gone (reuse_buffers=True: the ring never grows, and a
@@ -26,6 +30,7 @@ from __future__ import annotations
 import collections
 import gc
 import io
+import math
 import pickle
 import queue
 import random
@@ -179,6 +184,16 @@ def _pack(batch: Any, writer: _SlotWriter, slot: int, used: int = 0) -> tuple:
     return f.getvalue(), new_memory
 
 
+def _direct_layout(fields: list, rows: int) -> tuple[list[int], int]:
+    """Where each field's rows start in a slot that holds `rows` rows of every field, and the
+    bytes the slot needs (the worker reads there, the main process views there)."""
+    offsets, off = [], 0
+    for f in fields:
+        offsets.append(off)
+        off = _aligned(off + rows * f.row_bytes)
+    return offsets, off
+
+
 class _DirectReader:
     """Reads a DistDataset batch straight into the slot (collates_directly datasets with the
     default collate): each field's rows land where the main process will view them, and each
@@ -188,13 +203,10 @@ class _DirectReader:
         self.ds = dataset
         self.fields = dataset._select(None)
         self.rows = batch_size
-        self.offsets, off = [], 0
-        for f in self.fields:
-            self.offsets.append(off)
-            off = _aligned(off + (batch_size or 0) * f.row_bytes)
-        self.nbytes = off
+        self.offsets, self.nbytes = _direct_layout(self.fields, batch_size or 0)
 
     def read(self, index: Any, writer: _SlotWriter, slot: int) -> tuple:
+        """((rows read, rows the slot's layout holds), the slot's new memory or None)."""
         ds = self.ds
         rows = ds._rows(index)
         n = len(rows)
@@ -211,14 +223,10 @@ class _DirectReader:
                 ds._store.register_recv(f.var, view)
                 regs.append((ds._store, f.var, view))
             writer.registered[slot] = regs
-        got = {}
         for f, off in zip(self.fields, self.offsets):
             view = slot_bytes[off : off + n * f.row_bytes].view(f.dtype).reshape(n, *f.shape)
             ds._read_into(f, view, rows)
-            got[f.key] = torch.from_numpy(view)
-        batch = ds._schema.collate_like(got)
-        payload, grown = _pack(batch, writer, slot, self.nbytes)
-        return payload, new_memory if grown is None else grown
+        return (n, self.rows), new_memory
 
 
 # -- worker process ---------------------------------------------------------------------------
@@ -364,7 +372,7 @@ class _ViewUnpickler(pickle.Unpickler):
         kind, off, shape = pid[0], pid[1], pid[2]
         if kind == "t":
             dtype = pid[3]
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            nbytes = math.prod(shape) * dtype.itemsize
             if nbytes == 0:
                 return torch.empty(shape, dtype=dtype)
             view = torch.from_numpy(self.anchor[off : off + nbytes]).view(dtype).view(shape)
@@ -372,7 +380,7 @@ class _ViewUnpickler(pickle.Unpickler):
                 return torch.empty(shape, dtype=dtype, pin_memory=True).copy_(view)
             return view
         dtype, rec = pid[3], pid[4]
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         if nbytes == 0:
             arr = np.empty(shape, dtype=dtype)
         else:
@@ -406,6 +414,8 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
             and loader._settings.fast_collate
         )
         direct_rows = loader.batch_size if direct else False
+        self._direct_fields = ds._select(None) if direct else None
+        self._direct_layouts: dict = {}  # rows a slot holds -> each field's offset in it
         self._rings = [_Ring(self._slots) for _ in range(self._num_workers)]
         self._result_queue = ctx.Queue()
         self._done_event = ctx.Event()
@@ -625,10 +635,29 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
         # base (its own base is a memoryview, not an array), torch.from_numpy keeps the view.
         anchor = np.frombuffer(memoryview(ring.memory[slot]), dtype=np.uint8)
         weakref.finalize(anchor, ring.free.append, slot)
-        batch = _ViewUnpickler(payload, anchor, self._pin_memory).load()
+        if type(payload) is tuple:  # (rows, rows the slot holds): read straight into the slot
+            batch = self._direct_batch(anchor, *payload)
+        else:
+            batch = _ViewUnpickler(payload, anchor, self._pin_memory).load()
         del anchor  # with pinned copies, the slot is free again now
         self._fill()
         return batch
+
+    def _direct_batch(self, anchor: np.ndarray, rows: int, capacity: int) -> Any:
+        """The batch _DirectReader read into the slot: a tensor per field, as read_batch()
+        makes it (views of the slot, or pinned copies)."""
+        fields = self._direct_fields
+        offsets = self._direct_layouts.get(capacity)
+        if offsets is None:
+            offsets = self._direct_layouts[capacity] = _direct_layout(fields, capacity)[0]
+        got = {}
+        for f, off in zip(fields, offsets):
+            view = anchor[off : off + rows * f.row_bytes].view(f.dtype).reshape(rows, *f.shape)
+            t = torch.from_numpy(view)
+            if self._pin_memory:
+                t = torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
+            got[f.key] = t
+        return self._dataset._schema.collate_like(got)
 
     def _shutdown_workers(self) -> None:
         """Stops the workers after their current batch (killing any that do not stop)."""
