@@ -401,16 +401,7 @@ impl Server {
                         packed = Some(buf);
                     }
                     // No memory now: refuse rather than abort.
-                    None => {
-                        // Tagged as this message, whose receive ignores status bits.
-                        let refusal = Reply {
-                            status: Refusal::OverLimit as u64,
-                            body: Body::Empty,
-                            ..reply
-                        };
-                        self.requeue(peer, refusal);
-                        return Flushed::Next;
-                    }
+                    None => return self.refuse_over_limit(peer, reply),
                 }
             }
         }
@@ -438,13 +429,7 @@ impl Server {
         let mut buf = self.spare.pop().unwrap_or_default();
         buf.clear();
         if buf.try_reserve(total).is_err() {
-            let refusal = Reply {
-                status: Refusal::OverLimit as u64,
-                body: Body::Empty,
-                ..reply
-            };
-            self.requeue(peer, refusal);
-            return Flushed::Next;
+            return self.refuse_over_limit(peer, reply);
         }
         buf.resize(total, 0);
         let taken = self.free_sends.pop();
@@ -493,6 +478,19 @@ impl Server {
                 }
             }
         }
+    }
+
+    /// Queues a refusal in place of `reply`, for which there is no memory
+    /// now (refused rather than aborting); tagged as its message, whose
+    /// receive ignores status bits.
+    fn refuse_over_limit(&mut self, peer: sys::fi_addr_t, reply: Reply) -> Flushed {
+        let refusal = Reply {
+            status: Refusal::OverLimit as u64,
+            body: Body::Empty,
+            ..reply
+        };
+        self.requeue(peer, refusal);
+        Flushed::Next
     }
 
     /// Puts `reply` back at the front of `peer`'s queue.

@@ -142,14 +142,17 @@ def main(argv=None) -> None:
             while not any(os.path.exists(outs[w] + e) for e in (".done", ".failed")):
                 time.sleep(0.5)
             result[w] = {} if os.path.exists(outs[w] + ".done") else {"error": "conversion failed on rank 0"}
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(a.port),
-        RANK=str(a.rank),
-        WORLD_SIZE=str(a.world),
-        LOCAL_RANK=str(a.rank),
-        LOCAL_WORLD_SIZE=str(a.world),
-    )
+    # torch.distributed's rendezvous, which litdata and streaming also read to split the epoch.
+    rendezvous = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(a.port),
+        "RANK": str(a.rank),
+        "WORLD_SIZE": str(a.world),
+        "LOCAL_RANK": str(a.rank),
+        "LOCAL_WORLD_SIZE": str(a.world),
+    }
+    for key, value in rendezvous.items():
+        os.environ[key] = value
     import torch.distributed as dist
 
     dist.init_process_group("gloo", rank=a.rank, world_size=a.world)
