@@ -592,7 +592,11 @@ impl RemoteShares for OfiShares {
                 max_read_bytes: self.config.max_read_bytes,
                 force_local_mr: self.config.ofi_local_mr,
                 gather: self.gather && self.peers.iter().any(|p| p.gather),
-                single_reads_one_sided: self.config.remote_gather == RemoteGather::Auto,
+                // Only for the job's own shares: records an extra job or a
+                // spawned worker read from files and handles keep the gather
+                // path, whose owner refuses a key it never issued clearly.
+                single_reads_one_sided: self.config.remote_gather == RemoteGather::Auto
+                    && self.served_key.is_some(),
                 mac_key: self.mac_key.clone(),
                 discarded: self.discarded.clone(),
             },
