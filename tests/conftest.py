@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,8 +65,66 @@ def run_mpi(
     if shutil.which("mpirun") is None:
         pytest.skip("mpirun not found: install openmpi-bin (the README's test command does)")
     cmd = ["mpirun", "-n", str(n), "--bind-to", "none", sys.executable, str(SCRIPTS / script), *args]
-    proc = subprocess.run(cmd, env=_env(env), capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen(cmd, env=_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{' '.join(cmd)} timed out after {timeout} s\n{_end_hung(p)}") from None
+    proc = subprocess.CompletedProcess(cmd, p.returncode, out, err)
     return _check(proc, " ".join(cmd)) if expect_ok else proc
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (from /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            found.append(c)
+            todo.append(c)
+    return found
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def _end_hung(p: subprocess.Popen) -> str:
+    """Ends a job that outlived its timeout and says where it was: which of its processes were
+    stopped (state T), and every rank's Python stacks (SIGUSR1: tests/scripts/_common.py makes
+    ranks print them), then kills it all and returns what it printed."""
+    procs = _descendants(p.pid)
+    states = {pid: _state(pid) for pid in procs}
+    try:
+        with open(f"/proc/{p.pid}/comm") as f:
+            launcher = f.read().strip() in ("mpirun", "mpiexec", "orterun", "prterun")
+    except OSError:
+        launcher = False
+    for pid in procs if launcher else [p.pid, *procs]:
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    time.sleep(2)
+    for pid in [p.pid, *procs]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    out, err = p.communicate()
+    return f"process states when it timed out: {states}\n--- stdout ---\n{out}\n--- stderr ---\n{err}"
 
 
 def start_procs(n: int, script: str, *args: str, env: dict | None = None) -> list[subprocess.Popen]:
@@ -95,9 +155,8 @@ def run_procs(
         try:
             out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise AssertionError(f"rank {rank} of {script} timed out after {timeout}s")
+            hung = "\n".join(f"rank {r}: {_end_hung(q)}" for r, q in enumerate(procs) if q.poll() is None)
+            raise AssertionError(f"rank {rank} of {script} timed out after {timeout}s\n{hung}") from None
         cp = subprocess.CompletedProcess(p.args, p.returncode, out, err)
         done.append(_check(cp, f"rank {rank} of {script}") if expect_ok else cp)
     return done

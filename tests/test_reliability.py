@@ -208,4 +208,8 @@ def test_stalled_peer_then_free_completes_or_raises_in_time(method, fabric, mode
         if mode == "resume":
             assert r["free"] == "freed", r
         assert r["free_s"] < 3 + 10, r
+        if "stopped_read_s" in r and not (fabric == "shm" and r["resumed_from_outside"]):
+            # The read of a stopped peer ends within the timeout, except where libfabric's shm
+            # provider holds it until the peer runs again (README, Reliability).
+            assert r["stopped_read_s"] < 3 + 10, r
     assert time.monotonic() - start < 100

@@ -1,12 +1,18 @@
 """Helpers for the multi-rank test scripts: deterministic row contents any
 rank can recompute, and checks that report the failing rank."""
 
+import faulthandler
 import os
+import signal
 import sys
 import threading
 import time
 
 import numpy as np
+
+# A job that outlives its test's timeout gets SIGUSR1 from tests/conftest.py first:
+# every rank then prints where each of its Python threads is, for the failure report.
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 DTYPES = ["bool", "uint8", "int32", "int64", "float32", "float64"]
 

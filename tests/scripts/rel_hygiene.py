@@ -30,13 +30,23 @@ RSS_SLACK_KIB = 512
 RSS_ABORT_KIB = 256 * 1024
 
 
-def shm_files() -> int:
+def shm_names() -> set:
     """Our shares' files, and libfabric shm provider regions (``<pid>-<nonce>:<uid>:<n>``, 16 MiB
     each; ``<pid>:<uid>:<n>`` without pyddstore's nonce)."""
     shm_dir = os.environ.get("DDSTORE_SHM_DIR", "/dev/shm")
-    ours = glob.glob(os.path.join(shm_dir, f"ddstore-{os.getpid()}-*"))
     pid = os.getpid()
-    return len(ours) + len(glob.glob(f"/dev/shm/{pid}:*")) + len(glob.glob(f"/dev/shm/{pid}-*"))
+    ours = glob.glob(os.path.join(shm_dir, f"ddstore-{pid}-*"))
+    return set(ours + glob.glob(f"/dev/shm/{pid}:*") + glob.glob(f"/dev/shm/{pid}-*"))
+
+
+# Files under this pid's names left by an earlier process that had the same pid (one killed
+# by a test, or libfabric's shm files, which outlive their process) are not ours.
+STALE = shm_names()
+
+
+def shm_files() -> int:
+    """How many of shm_names() this process made."""
+    return len(shm_names() - STALE)
 
 
 def snapshot() -> dict:

@@ -9,23 +9,29 @@ data), and both ranks free: free() must complete. `stay`: rank 1 is stopped befo
 it reaches free(), and rank 0 frees while it is still stopped: free() must
 raise DDStoreTimeoutError naming rank 1 within DDSTORE_TIMEOUT_S + slack
 (leaving its share mapped); then rank 1 is resumed and its free() completes
-or raises within the timeout too. Every rank prints
-`stall {json}`."""
+or raises within the timeout too. Rank 0 resumes rank 1 itself after
+DDSTORE_TIMEOUT_S + 12 s in any case, as an outside resume would (report key
+`resumed_from_outside`). Every rank prints `stall {json}`."""
 
 import json
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
-from _common import main_guard, rows_of
+from _common import main_guard, rows_of, wait_stopped
 from mpi4py import MPI
 from pyddstore._shares import share_of
 
 import pyddstore
 
 N, SHAPE, SLACK_S = 40, (64,), 10.0
+# A stopped job is resumed from outside (Slurm, a shell): if rank 0's read is held inside the
+# provider until rank 1 runs again (libfabric 1.x shm locks a peer's region), this plays that
+# part, and the report says it did.
+RESUME_AFTER_S = 12.0
 
 
 def timed_free(store, limit):
@@ -54,6 +60,15 @@ def main():
         rows = np.arange(f1, f1 + c1)
         out = np.empty((len(rows),) + SHAPE, np.float32)
         os.kill(pids[1], signal.SIGSTOP)
+        wait_stopped(pids[1])
+        resumed = threading.Event()
+
+        def resume_from_outside():
+            resumed.set()
+            os.kill(pids[1], signal.SIGCONT)
+
+        outside = threading.Timer(limit + RESUME_AFTER_S, resume_from_outside)
+        outside.start()
         try:
             t0 = time.monotonic()
             try:
@@ -64,6 +79,8 @@ def main():
                 assert "rank 1" in str(e), e
                 report["stopped_read"] = "timeout"
             report["stopped_read_s"] = round(time.monotonic() - t0, 2)
+            outside.cancel()
+            report["resumed_from_outside"] = resumed.is_set()
             if mode == "resume":
                 os.kill(pids[1], signal.SIGCONT)
                 out[:] = 0
@@ -73,6 +90,7 @@ def main():
             else:
                 report["free"], report["free_s"] = timed_free(store, limit)
         finally:
+            outside.cancel()
             os.kill(pids[1], signal.SIGCONT)
     else:
         if mode == "stay":
