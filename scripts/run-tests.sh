@@ -5,11 +5,16 @@
 # tiers: the default one first, then the slow one (`-m slow`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each phase's start, in minutes:seconds since this script began (the CI budget is 15 minutes).
+stamp() { printf '[%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$1"; }
+stamp "setup"
 bash scripts/setup.sh
 . .venv/bin/activate
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo
+stamp "lint"
 bash scripts/lint.sh
+stamp "cargo test"
 echo "==> cargo test"
 cargo test --workspace --exclude pyddstore --quiet
 # The binding's unit tests (its error mapping); no Python needed to run them.
@@ -27,9 +32,11 @@ tier() {
     local marks=$1
     shift
     run -m "$marks and not serial" -n "$WORKERS" "$@"
+    stamp "serial tests"
     run -m "$marks and serial" "$@"
 }
-echo "==> pytest (default tier)"
+stamp "pytest (default tier)"
 tier "not slow" "$@"
-echo "==> pytest (slow tier)"
+stamp "pytest (slow tier)"
 tier "slow" "$@"
+stamp "done"

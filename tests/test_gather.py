@@ -3,6 +3,7 @@ per batch, answered by the owner's progress thread. Methods 1 and 2, with and wi
 memory copies, repeats, 4 threads, a forked child, split replies, a stopped owner and a freed
 variable; every read is checked against the owner's rows (tests/scripts/gather.py)."""
 
+import json
 import subprocess
 import sys
 import time
@@ -90,3 +91,26 @@ def test_method2_extra_job_and_freed_variable(handshake_dir):
             core.kill()
             core.communicate()
     assert core.returncode == 0
+
+
+@pytest.mark.slow
+def test_auth_cost_bench_smoke(tmp_path):
+    """python -m pyddstore.benchmarks.auth_cost against this same build: one round of tiny jobs,
+    every row checked by the bench, a figure and a ratio per row size."""
+    out = tmp_path / "auth.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "pyddstore.benchmarks.auth_cost",
+        "--against",
+        sys.executable,
+        "--rounds",
+        "1",
+    ]
+    cmd += ["--row-sizes", "3072,131072", "--batches", "5,3", "--json", str(out)]
+    p = subprocess.run(cmd, env=_env(None), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    summary = json.loads(out.read_text())["summary"]
+    assert [s["row_bytes"] for s in summary] == [3072, 131072]
+    for s in summary:
+        assert s["this_us"] > 0 and s["other_us"] > 0 and s["ratio"] > 0, s

@@ -118,6 +118,25 @@ ssize_t ddfi_tsendv(struct fid_ep *ep, const struct iovec *iov, void **desc,
 	return fi_tsendv(ep, iov, desc, count, dest_addr, tag, context);
 }
 
+/* A tagged send of an iov whose completion at the receiver carries `data`
+ * (remote CQ data). FI_COMPLETION: the flags passed replace the endpoint's. */
+ssize_t ddfi_tsendv_data(struct fid_ep *ep, const struct iovec *iov,
+			 void **desc, size_t count, fi_addr_t dest_addr,
+			 uint64_t data, uint64_t tag, void *context)
+{
+	struct fi_msg_tagged msg = {
+		.msg_iov = iov,
+		.desc = desc,
+		.iov_count = count,
+		.addr = dest_addr,
+		.tag = tag,
+		.ignore = 0,
+		.context = context,
+		.data = data,
+	};
+	return fi_tsendmsg(ep, &msg, FI_REMOTE_CQ_DATA | FI_COMPLETION);
+}
+
 ssize_t ddfi_cq_read(struct fid_cq *cq, void *buf, size_t count)
 {
 	return fi_cq_read(cq, buf, count);

@@ -62,6 +62,9 @@ ssize_t ddfi_tsend(struct fid_ep *ep, const void *buf, size_t len, void *desc,
 ssize_t ddfi_tsendv(struct fid_ep *ep, const struct iovec *iov, void **desc,
 		    size_t count, fi_addr_t dest_addr, uint64_t tag,
 		    void *context);
+ssize_t ddfi_tsendv_data(struct fid_ep *ep, const struct iovec *iov,
+			 void **desc, size_t count, fi_addr_t dest_addr,
+			 uint64_t data, uint64_t tag, void *context);
 
 ssize_t ddfi_cq_read(struct fid_cq *cq, void *buf, size_t count);
 ssize_t ddfi_cq_readerr(struct fid_cq *cq, struct fi_cq_err_entry *buf,

@@ -2613,6 +2613,18 @@ unsafe extern "C" {
     ) -> isize;
 }
 unsafe extern "C" {
+    pub fn ddfi_tsendv_data(
+        ep: *mut fid_ep,
+        iov: *const iovec,
+        desc: *mut *mut ::std::os::raw::c_void,
+        count: usize,
+        dest_addr: fi_addr_t,
+        data: u64,
+        tag: u64,
+        context: *mut ::std::os::raw::c_void,
+    ) -> isize;
+}
+unsafe extern "C" {
     pub fn ddfi_cq_read(cq: *mut fid_cq, buf: *mut ::std::os::raw::c_void, count: usize) -> isize;
 }
 unsafe extern "C" {

@@ -254,6 +254,40 @@ impl Endpoint {
         posted("fi_tsendv", rc)
     }
 
+    /// Sends the bytes of `iov` (at most the provider's iov limit, at least
+    /// one entry) as one tagged message to `peer` whose completion at the
+    /// receiver carries `data` (remote CQ data: the domain's `cq_data_size`
+    /// must be at least 8).
+    ///
+    /// # Safety
+    /// As [`Endpoint::post_tsendv`].
+    pub unsafe fn post_tsendv_data(
+        &self,
+        iov: &[sys::iovec],
+        peer: sys::fi_addr_t,
+        data: u64,
+        tag: u64,
+        context: *mut c_void,
+    ) -> FabricResult<Result<(), TryAgain>> {
+        let mut desc = [ptr::null_mut::<c_void>(); 16];
+        // SAFETY: the endpoint is live; iov and desc hold at least the count
+        // passed; the caller keeps the iov's memory and context valid until
+        // the send completes (this function's contract).
+        let rc = unsafe {
+            sys::ddfi_tsendv_data(
+                self.ptr,
+                iov.as_ptr(),
+                desc.as_mut_ptr(),
+                iov.len().min(desc.len()),
+                peer,
+                data,
+                tag,
+                context,
+            )
+        };
+        posted("fi_tsendmsg", rc)
+    }
+
     /// Asks the provider to cancel a posted operation (best effort).
     ///
     /// # Safety

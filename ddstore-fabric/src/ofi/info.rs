@@ -301,13 +301,9 @@ impl InfoEntry<'_> {
     pub fn caps(&self) -> u64 {
         self.info.caps
     }
-    /// Most iov entries one receive takes (at least 1).
-    pub fn rx_iov_limit(&self) -> usize {
-        // SAFETY: attribute pointers of a getinfo entry are NULL or valid for its lifetime.
-        unsafe { self.info.rx_attr.as_ref() }
-            .map(|a| a.iov_limit)
-            .unwrap_or(1)
-            .max(1)
+    /// Bytes of remote CQ data a message may carry (0 when it does not say).
+    pub fn cq_data_size(&self) -> usize {
+        self.domain_attr().map(|a| a.cq_data_size).unwrap_or(0)
     }
     /// Bytes in a memory key this provider accepts (0 when it does not say).
     pub fn mr_key_size(&self) -> usize {

@@ -138,7 +138,6 @@ fn close_abandoning(live: Live) {
         contexts,
         bounce,
         requests,
-        headers,
         trash,
         ..
     } = live;
@@ -149,6 +148,5 @@ fn close_abandoning(live: Live) {
     // outlive us in a bound MR): never free them under the provider.
     std::mem::forget(bounce);
     std::mem::forget(requests);
-    std::mem::forget(headers);
     std::mem::forget(trash);
 }

@@ -233,9 +233,11 @@ impl OfiTransport {
             // Our sends and receives pass no descriptors: providers that
             // need registered local buffers keep one-sided reads.
             let usable = queried.and_then(|i| {
-                if i.first().rx_iov_limit() < 2 {
+                if i.first().cq_data_size() < super::gather::wire::REPLY_DATA_BYTES {
                     Err(FabricError::Unavailable(
-                        "its receives take a single buffer (the reply header needs two)".into(),
+                        "its messages carry no 8 bytes of remote CQ data (each reply's nonce \
+                         travels in them)"
+                            .into(),
                     ))
                 } else if i.first().mr_mode() & sys::FI_MR_LOCAL as u64 != 0 {
                     Err(FabricError::Unavailable(

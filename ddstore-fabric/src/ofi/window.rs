@@ -19,7 +19,6 @@ use super::cq::{Cq, CqEntry, CqError, Poll};
 use super::domain::Domain;
 use super::dst::DstRegistry;
 use super::endpoint::{Endpoint, TryAgain};
-use super::gather::wire::REPLY_HEADER_BYTES;
 use super::mr::MemoryRegion;
 use super::record::ShareRecord;
 use crate::error::{close_all, close_last, FabricError, FabricResult, RefusedFor};
@@ -29,8 +28,7 @@ use crate::error::{close_all, close_last, FabricError, FabricResult, RefusedFor}
 pub(crate) enum Op {
     /// A one-sided read.
     Read,
-    /// A receive of reply message `msg` (of request `req`), `want` bytes
-    /// after the reply header (which lands in the slot's header buffer).
+    /// A receive of reply message `msg` (of request `req`), `want` bytes.
     Recv { msg: usize, req: usize, want: usize },
     /// A gather request being sent.
     Send,
@@ -49,11 +47,11 @@ pub(crate) struct Arrived {
     pub(crate) req: usize,
     pub(crate) peer: usize,
     pub(crate) want: usize,
-    /// Bytes received, the reply header included.
+    /// Bytes received.
     pub(crate) got: usize,
     pub(crate) tag: u64,
-    /// The reply header it brought.
-    pub(crate) header: [u8; REPLY_HEADER_BYTES],
+    /// The remote CQ data it brought (None: the message carried none).
+    pub(crate) data: Option<u64>,
 }
 
 /// One reader endpoint with its window, pooled per domain (`EndpointPool`)
@@ -84,15 +82,13 @@ pub(crate) struct Live {
     pub(crate) requests: Vec<Vec<u8>>,
     /// Time spent waiting for completions and registering destinations.
     pub(crate) times: ReaderTimes,
-    /// Per window slot, where a reply receive's header lands.
-    pub(crate) headers: Box<[[u8; REPLY_HEADER_BYTES]]>,
     /// A receive matching any tag from anyone, posted once a batch's reply
     /// receives are: what matches no reply receive (forged or late replies)
     /// lands here and is dropped, so unexpected messages never pile up.
     pub(crate) trash: Box<[u8]>,
     /// Whether the trash receive is posted (its context is the slot after the window).
     pub(crate) trash_posted: bool,
-    /// Messages discarded: trash receives, and replies whose header failed.
+    /// Messages discarded: trash receives, and replies whose CQ data failed.
     pub(crate) discarded: Arc<AtomicU64>,
 }
 
@@ -139,7 +135,6 @@ impl Live {
             bounce: Vec::new(),
             requests: Vec::new(),
             times: ReaderTimes::default(),
-            headers: vec![[0u8; REPLY_HEADER_BYTES]; window].into_boxed_slice(),
             trash: vec![0u8; TRASH_BYTES].into_boxed_slice(),
             trash_posted: false,
             // Set to the borrowing reader's counter at each check-out.
@@ -210,7 +205,7 @@ impl Live {
             !self.in_flight(),
             "an endpoint closed with operations in flight"
         );
-        // The buffers (trash, headers, contexts) are dropped after the endpoint.
+        // The buffers (trash, contexts) are dropped after the endpoint.
         let Live { dst_mrs, ep, .. } = self;
         let registrations = close_all(dst_mrs.into_values(), |(_, mr)| mr.close());
         registrations.and(close_last(ep, Endpoint::close))
@@ -300,6 +295,8 @@ struct Done {
     ctx: *mut c_void,
     len: usize,
     tag: u64,
+    /// Remote CQ data, where the completion says it carries some.
+    data: Option<u64>,
 }
 
 /// Waits (up to `WAIT_MS`) or polls once, as the CQ's entry format requires.
@@ -325,6 +322,7 @@ fn poll_cq(cq: &Cq, block: bool, out: &mut [Done; 32]) -> FabricResult<Result<us
                     ctx: e.op_context,
                     len: e.len,
                     tag: e.tag,
+                    data: (e.flags & sys::FI_REMOTE_CQ_DATA as u64 != 0).then_some(e.data),
                 };
             }
         }
@@ -338,6 +336,7 @@ fn poll_cq(cq: &Cq, block: bool, out: &mut [Done; 32]) -> FabricResult<Result<us
                     ctx: e.op_context,
                     len: 0,
                     tag: 0,
+                    data: None,
                 };
             }
         }
@@ -391,6 +390,7 @@ fn poll_until(
         ctx: ptr::null_mut(),
         len: 0,
         tag: 0,
+        data: None,
     }; 32];
     let mut idle: u32 = 0;
     let cq = live.ep.cq().clone();
@@ -461,7 +461,7 @@ impl Live {
                     want,
                     got: d.len,
                     tag: d.tag,
-                    header: self.headers[slot],
+                    data: d.data,
                 });
             }
         }

@@ -59,7 +59,7 @@ impl Access {
 
 /// The body of one reply message.
 pub enum ReplyBody {
-    /// A refusal: the header only, the status is in the tag.
+    /// A refusal: no bytes (the status is in the tag, the nonce in the CQ data).
     Empty,
     /// Ranges of a share, sent straight from it when they fit one send's
     /// iov limit, else packed into one buffer when the reply is sent.
@@ -78,7 +78,7 @@ pub enum ReplyBody {
 pub struct Bounds {
     /// The provider's longest message.
     pub max_msg: usize,
-    /// Ranges one send takes besides the reply header (more are packed).
+    /// Ranges one send takes (more are packed).
     pub zero_copy_ranges: usize,
 }
 

@@ -2,7 +2,7 @@
 //! batch's requests and lands their replies.
 //!
 //! Every request has a fresh nonce; a reply is used only if its tag and
-//! header carry that nonce (a receive whose header fails is counted,
+//! CQ data carry that nonce (a receive whose CQ data fails is counted,
 //! discarded and posted again, so the genuine reply still lands), and where
 //! the provider offers it (`FI_DIRECTED_RECV`), only if it came from the
 //! owner. Once a batch's reply receives are posted, a trash receive takes
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use libfabric_sys as sys;
 
 use super::plan::{Landing, Message, Plan, RaggedOwner, RaggedSlot};
-use super::wire::{self, MacKey, Nonce, Refusal, END_BYTES, REPLY_HEADER_BYTES};
+use super::wire::{self, MacKey, Nonce, Refusal, END_BYTES};
 use crate::error::{FabricError, FabricResult, RefusedFor};
 use crate::ofi::endpoint::TryAgain;
 use crate::ofi::record::ShareRecord;
@@ -51,8 +51,7 @@ pub(crate) struct Failed {
 }
 
 /// Sends a planned batch's requests and lands their replies in `dst`;
-/// `got` receives each message's received length (without its reply
-/// header), in plan order (a ragged request's replies may be shorter than
+/// `got` receives each message's received length, in plan order (a ragged request's replies may be shorter than
 /// their receives). Every reply receive of a request is posted before the
 /// request is sent; everything posted completes (or is cancelled) before
 /// this returns, unless the error says to break the reader.
@@ -279,21 +278,15 @@ impl<'a> Exchange<'a> {
         }
     }
 
-    /// Posts the receive of message `g` in `slot`: its header into the
-    /// slot's header buffer, its payload where it lands.
+    /// Posts the receive of message `g` in `slot`, straight where it lands
+    /// (its nonce comes in the completion's CQ data).
     fn post_receive(&mut self, slot: usize, g: usize) -> FabricResult<Result<(), TryAgain>> {
         let (ri, mi, m) = self.msgs[g];
         let owner = self.plan.requests[ri].owner;
-        let iov = [
-            sys::iovec {
-                iov_base: self.live.headers[slot].as_mut_ptr() as *mut c_void,
-                iov_len: REPLY_HEADER_BYTES,
-            },
-            sys::iovec {
-                iov_base: self.landing(g) as *mut c_void,
-                iov_len: m.len,
-            },
-        ];
+        let iov = [sys::iovec {
+            iov_base: self.landing(g) as *mut c_void,
+            iov_len: m.len,
+        }];
         let src = if self.client.directed {
             self.live.peers_fi[owner]
         } else {
@@ -301,9 +294,8 @@ impl<'a> Exchange<'a> {
         };
         // SAFETY: the payload lies in dst (borrowed for this whole call,
         // and the endpoint is closed before returning if the receive is
-        // still posted) or in the reader-owned bounce buffer; the header
-        // buffer is the reader's (both abandoned, never freed, if the
-        // reader breaks); the context slot is reserved.
+        // still posted) or in the reader-owned bounce buffer (abandoned,
+        // never freed, if the reader breaks); the context slot is reserved.
         unsafe {
             self.live.ep.post_trecvv(
                 &iov,
@@ -369,12 +361,11 @@ impl<'a> Exchange<'a> {
 
     /// Checks and scatters replies that arrived; a refusal cancels the
     /// rest of its request's receives, any other mismatch poisons the
-    /// reader; a reply whose header is not its request's is discarded
-    /// and its receive posted again.
+    /// reader; a reply whose CQ data is not its request's nonce is
+    /// discarded and its receive posted again.
     fn settle(&mut self) {
         for a in std::mem::take(&mut self.live.arrived) {
-            let genuine =
-                a.got >= REPLY_HEADER_BYTES && a.header == self.nonces[a.req].reply_header();
+            let genuine = a.data == Some(self.nonces[a.req].reply_data());
             if genuine {
                 self.accept(a);
             } else {
@@ -388,7 +379,7 @@ impl<'a> Exchange<'a> {
     /// bytes scattered from the bounce buffer where they landed there.
     fn accept(&mut self, a: Arrived) {
         let status = wire::reply_status(a.tag);
-        let payload = a.got - REPLY_HEADER_BYTES;
+        let payload = a.got;
         // A ragged reply fills at most its receive (the stream's tail is short).
         let fits = if self.plan.requests[a.req].ragged.is_some() {
             payload <= a.want
@@ -416,7 +407,7 @@ impl<'a> Exchange<'a> {
         }
     }
 
-    /// Discards a reply whose header is not its request's and posts its
+    /// Discards a reply whose CQ data is not its request's nonce and posts its
     /// receive again (in the slot its completion freed).
     fn repost(&mut self, a: Arrived) {
         self.live.discarded.fetch_add(1, Ordering::Relaxed);

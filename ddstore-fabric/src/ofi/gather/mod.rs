@@ -18,9 +18,11 @@
 //! - every request carries a fresh 128-bit [`Nonce`] from the operating
 //!   system's CSPRNG. Its reply tags hold 52 of its bits (a reply with any
 //!   other tag matches no receive the reader posted) and every reply message
-//!   starts with [`REPLY_HEADER_BYTES`] more of them, which the reader checks
-//!   before it uses the message. Readers also receive only from the owner's
-//!   address where the provider offers directed receives.
+//!   carries [`REPLY_DATA_BYTES`] more of them as its remote CQ data, which
+//!   the reader checks before it uses the message (in the completion, so a
+//!   reply lands in one buffer: a header of its own cost large replies an
+//!   extra piece in rxm's rendezvous). Readers also receive only from the
+//!   owner's address where the provider offers directed receives.
 //!
 //! Tags: requests carry [`REQUEST_TAG`]; a reply's tag is the nonce's tag
 //! bits, a status (0 = data, else a [`Refusal`] and no payload) and the

@@ -58,6 +58,8 @@ const MAX_ROUTES: usize = 4096;
 const SPARE_PACKING_BUFFERS: usize = 8;
 /// How long shutdown waits for cancelled operations before abandoning buffers.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
+/// What an empty reply's one iov entry points at (it reads none of it).
+static NO_BYTES: u8 = 0;
 
 struct Reply {
     nonce: Nonce,
@@ -74,7 +76,6 @@ struct Reply {
 struct Sending {
     peer: sys::fi_addr_t,
     reply: Reply,
-    header: [u8; wire::REPLY_HEADER_BYTES],
     /// A buffer packed for it (counted in `packed_in_flight`).
     packed: Option<Vec<u8>>,
     iov: Vec<sys::iovec>,
@@ -83,7 +84,7 @@ struct Sending {
     abandoned: bool,
 }
 
-// SAFETY: the iovecs point into the reply's header and buffers (owned here)
+// SAFETY: the iovecs point into the reply's buffers (owned here)
 // or a share kept alive by an Arc<dyn Memory> (Send + Sync); nothing else.
 unsafe impl Send for Sending {}
 
@@ -109,7 +110,7 @@ pub struct Server {
     shares: Arc<ServedShares>,
     access: Arc<Access>,
     max_msg: usize,
-    /// Ranges one send takes besides the reply header.
+    /// Ranges one send takes.
     zero_copy_ranges: usize,
     name: Vec<u8>,
     requests: Vec<Box<[u8]>>,
@@ -145,7 +146,7 @@ impl Server {
     ) -> crate::error::FabricResult<Server> {
         let info = ep.domain().info();
         let max_msg = info.max_msg_size().max(1);
-        let iov_limit = info.tx_iov_limit().clamp(2, 16);
+        let iov_limit = info.tx_iov_limit().clamp(1, 16);
         let name = ep.name()?;
         let cq = ep.cq().clone();
         let spill_reads = SpillReads::new(move || cq.signal());
@@ -154,7 +155,7 @@ impl Server {
             shares,
             access,
             max_msg,
-            zero_copy_ranges: iov_limit - 1,
+            zero_copy_ranges: iov_limit,
             name,
             requests: (0..REQUEST_SLOTS)
                 .map(|_| vec![0u8; wire::MAX_REQUEST_BYTES].into_boxed_slice())
@@ -360,7 +361,7 @@ impl Server {
     /// share when its ranges fit one send, else packed first (within
     /// [`PACKED_IN_FLIGHT`]; a refusal when there is no memory for it).
     fn send_reply(&mut self, peer: sys::fi_addr_t, slot: usize, reply: Reply) -> Flushed {
-        // Build what the send reads: header, then the share's ranges or a buffer.
+        // Build what the send reads: the share's ranges or a buffer.
         let mut packed = None;
         let mut ranges_iov: Vec<(*const u8, usize)> = Vec::new();
         match &reply.body {
@@ -500,8 +501,8 @@ impl Server {
         self.queued_total += 1;
     }
 
-    /// Posts the send of `reply` (its header, then `packed` or its packed
-    /// body, then `ranges_iov` of its share) from send slot `slot`.
+    /// Posts the send of `reply` (`packed` or its packed body, or
+    /// `ranges_iov` of its share; its nonce as CQ data) from send slot `slot`.
     fn post_reply(
         &mut self,
         peer: sys::fi_addr_t,
@@ -512,9 +513,9 @@ impl Server {
     ) -> Flushed {
         self.free_sends.pop();
         let tag = wire::reply_tag(&reply.nonce, reply.index, reply.status);
+        let data = reply.nonce.reply_data();
         let sending = self.sending[slot].insert(Sending {
             peer,
-            header: reply.nonce.reply_header(),
             reply,
             packed,
             iov: Vec::new(),
@@ -522,10 +523,6 @@ impl Server {
             abandoned: false,
         });
         // The iov points into the Sending, whose slot does not move until it completes.
-        sending.iov.push(sys::iovec {
-            iov_base: sending.header.as_ptr() as *mut _,
-            iov_len: sending.header.len(),
-        });
         match (&sending.packed, &sending.reply.body) {
             (Some(buf), _) | (None, Body::Packed(buf)) => sending.iov.push(sys::iovec {
                 iov_base: buf.as_ptr() as *mut _,
@@ -539,14 +536,22 @@ impl Server {
                 iov_len: len,
             });
         }
-        // SAFETY: the iov points into this Sending (header, packed
-        // buffer: heap blocks that stay put) or into the reply's share,
-        // kept alive by its Arc; all stay until the send completes or
-        // shutdown abandons them. The context slot is free.
+        if sending.iov.is_empty() {
+            // A refusal or an empty ragged message: no bytes, one entry.
+            sending.iov.push(sys::iovec {
+                iov_base: &NO_BYTES as *const u8 as *mut _,
+                iov_len: 0,
+            });
+        }
+        // SAFETY: the iov points into this Sending (packed buffer: heap
+        // blocks that stay put) or into the reply's share, kept alive by its
+        // Arc (an empty entry reads nothing); all stay until the send
+        // completes or shutdown abandons them. The context slot is free.
         let rc = unsafe {
-            self.ep.post_tsendv(
+            self.ep.post_tsendv_data(
                 &sending.iov,
                 peer,
+                data,
                 tag,
                 self.contexts.ptr(REQUEST_SLOTS + slot),
             )

@@ -27,8 +27,8 @@ pub const MAX_PACKED_BYTES: usize = 4 << 20;
 /// Most reply bytes one request may ask for (owners refuse more; readers
 /// split their batches into requests of at most this many).
 pub const MAX_REPLY_BYTES: u64 = 256 << 20;
-/// Bytes of nonce at the start of every reply message.
-pub const REPLY_HEADER_BYTES: usize = 8;
+/// Bytes of nonce every reply message carries as its remote CQ data.
+pub const REPLY_DATA_BYTES: usize = 8;
 /// Bytes of the MAC that ends every request.
 pub const MAC_BYTES: usize = 32;
 
@@ -63,9 +63,10 @@ impl Nonce {
         u64::from_le_bytes(self.0[..8].try_into().unwrap()) & NONCE_TAG_MASK
     }
 
-    /// The header every reply message to it starts with.
-    pub fn reply_header(&self) -> [u8; REPLY_HEADER_BYTES] {
-        self.0[8..].try_into().unwrap()
+    /// The remote CQ data every reply message to it carries (the 64 bits
+    /// its tag does not hold).
+    pub fn reply_data(&self) -> u64 {
+        u64::from_le_bytes(self.0[8..].try_into().unwrap())
     }
 }
 
@@ -326,7 +327,7 @@ fn decode_plain(bytes: &[u8]) -> Result<Request, Refusal> {
 // messages: the rows' lengths in units (one little-endian u64 each, in
 // request order), then their values back to back. Message i carries stream
 // bytes `i * msg_bytes ..`; messages past the end of the stream are empty
-// (a reply header only).
+// (nothing but their CQ data).
 
 /// Most reply messages one ragged request may ask for.
 pub const MAX_RAGGED_MSGS: usize = 256;
