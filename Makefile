@@ -1,5 +1,5 @@
 # pyddstore: `make help` lists the targets.
-.PHONY: help setup demo test test-long test-libfabric2 bench bench-vcluster bench-graph bench-load bench-workers bench-spill setup-alt lint fmt soak check-memory check-no-mpi test-torch-min docs clean
+.PHONY: help setup demo test test-long test-libfabric2 bench bench-vcluster bench-paths bench-graph bench-load bench-workers bench-spill setup-alt lint fmt soak check-memory check-no-mpi test-torch-min docs clean
 
 help:  ## this list
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -34,6 +34,14 @@ bench-vcluster:  ## remote rows across two virtual nodes beside one node (root; 
 	bash scripts/setup.sh && . .venv/bin/activate && \
 	python -m pyddstore bench --vcluster --row-sizes 3072,1048576 --batch-sizes 1,128 --threads 1 \
 	--json bench-results/bench-vcluster.json
+
+bench-paths:  ## gather path vs one-sided reads over tcp, alternated per round, quiet and beside 8 busy processes
+	bash scripts/setup.sh && . .venv/bin/activate && \
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+	FI_TCP_IFACE=lo mpirun -n 2 --bind-to none python -m pyddstore.benchmarks.paths \
+	--json bench-results/bench-paths.json && \
+	FI_TCP_IFACE=lo mpirun -n 2 --bind-to none python -m pyddstore.benchmarks.paths --busy 8 \
+	--json bench-results/bench-paths-busy.json
 
 bench-graph:  ## graphs: ragged vs padded vs per-sample records vs a local list (python -m pyddstore.benchmarks.graph)
 	bash scripts/setup.sh && . .venv/bin/activate && \

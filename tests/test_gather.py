@@ -114,3 +114,17 @@ def test_auth_cost_bench_smoke(tmp_path):
     assert [s["row_bytes"] for s in summary] == [3072, 131072]
     for s in summary:
         assert s["this_us"] > 0 and s["other_us"] > 0 and s["ratio"] > 0, s
+
+
+@pytest.mark.slow
+def test_paths_bench_smoke(tmp_path):
+    """python -m pyddstore.benchmarks.paths: both paths alternated, every rank reading, rows
+    checked by the bench; each line has both times and its ratio's quartiles."""
+    out = tmp_path / "paths.json"
+    args = ["--row-sizes", "3072", "--batch-sizes", "1,3", "--rounds", "2", "--seconds", "0.02"]
+    run_mpi(2, "paths_run.py", *args, "--json", str(out), timeout=240)
+    lines = json.loads(out.read_text())["lines"]
+    assert [(x["row_bytes"], x["batch"]) for x in lines] == [(3072, 1), (3072, 3)]
+    for x in lines:
+        assert x["auto_us_per_row"] > 0 and x["one_sided_us_per_row"] > 0, x
+        assert 0 < x["ratio_q1"] <= x["ratio_median"] <= x["ratio_q3"], x

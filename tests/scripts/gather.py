@@ -57,8 +57,8 @@ def add_all(store):
 
 def path_choice(store, expect: str) -> None:
     """Which path remote reads took (get_profile's gather_requests): under auto an owner's
-    single short read goes one-sided and two rows go as one gathered request;
-    DDSTORE_REMOTE_GATHER=1 gathers both, one-sided stores gather neither."""
+    single short read and two reads of 3 KB go one-sided and three rows go as one gathered
+    request; DDSTORE_REMOTE_GATHER=1 gathers all of them, one-sided stores gather none."""
     n = VARS["small"][0]
     first, _ = share_of(n, store.size, (store.rank + 1) % store.size)
 
@@ -68,13 +68,15 @@ def path_choice(store, expect: str) -> None:
         after = store.get_profile("small")
         return tuple(after[k] - before[k] for k in ("gather_requests", "remote_rows"))
 
-    (one, remote_one), (two, _) = sent([first]), sent([first, first + 2])
+    # Rows two apart: never merged into one read.
+    (one, remote_one), (two, _), (three, _) = (sent(first + np.arange(k) * 2) for k in (1, 2, 3))
     mode = os.environ.get("DDSTORE_REMOTE_GATHER", "auto")
     if expect != "gather" or remote_one == 0:  # one-sided, or same-node rows by memory copy
-        want = (0, 0)
+        want = (0, 0, 0)
     else:
-        want = (1, 1) if mode == "1" else (0, 1)
-    assert (one, two) == want, f"gather requests for 1 and 2 rows: {(one, two)}, expected {want} ({mode})"
+        want = (1, 1, 1) if mode == "1" else (0, 0, 1)
+    got = (one, two, three)
+    assert got == want, f"gather requests for 1, 2 and 3 rows: {got}, expected {want} ({mode})"
 
 
 def read():

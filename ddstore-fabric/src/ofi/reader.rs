@@ -22,14 +22,26 @@ use super::record::ShareRecord;
 use super::window::{naming_peer, post_retrying, reap, InFlight, Live, Op, Posted, Stopped};
 use crate::error::{FabricError, FabricResult};
 
-/// The longest read [`ReaderSettings::single_reads_one_sided`] sends
-/// one-sided. Measured on tcp;ofi_rxm with every rank reading
-/// (`python -m pyddstore bench --configs ofi-tcp,ofi-tcp-1s --batch-sizes 1,2`):
-/// one row from an owner costs one round trip either way, and the
-/// provider's own read response is cheaper than a request and a reply
-/// (3 KB: 31 vs 57 µs, 256 KiB: 144 vs 405 µs, 1 MiB: about equal, 4 MiB:
-/// gathered 2x faster); from two rows on, one gathered request wins.
+/// The longest single read of an owner that
+/// [`ReaderSettings::few_reads_one_sided`] sends one-sided. Measured on
+/// tcp;ofi_rxm with every rank reading (`python -m pyddstore.benchmarks.paths`,
+/// both paths alternated round by round): one row from an owner costs one
+/// round trip either way, and the provider's own read response is cheaper
+/// than a request and a reply (3 KB: 31 vs 57 µs, 256 KiB: 144 vs 405 µs,
+/// 1 MiB: about equal, 4 MiB: gathered 1.5x faster).
 pub const ONE_SIDED_SINGLE_MAX: usize = 1 << 20;
+
+/// An owner asked for at most this many reads, each shorter than
+/// [`ONE_SIDED_FEW_MAX`], gets them one-sided too: two 3 KB rows from one
+/// owner cost about the same either way on a quiet node (0.98x) and 1.35x
+/// as long gathered beside 8 busy processes (the owner's thread wakes for a
+/// request, then the reply; the provider answers both reads in one wake).
+/// From three rows on, or two rows of 256 KiB and more, one gathered request
+/// wins (3 rows of 3 KB: 0.70x quiet, 1.05x loaded; 8 rows: 0.46x, 0.77x).
+pub const ONE_SIDED_FEW: usize = 2;
+
+/// The longest read counted among an owner's [`ONE_SIDED_FEW`] reads.
+pub const ONE_SIDED_FEW_MAX: usize = 64 << 10;
 
 /// Where one-sided reads of a batch land.
 struct ReadTarget {
@@ -52,9 +64,10 @@ pub struct ReaderSettings {
     /// (the domain has tagged messages).
     pub gather: bool,
     /// With the gather path on: an owner asked for one read of at most
-    /// [`ONE_SIDED_SINGLE_MAX`] bytes gets it one-sided instead
+    /// [`ONE_SIDED_SINGLE_MAX`] bytes, or for at most [`ONE_SIDED_FEW`]
+    /// reads shorter than [`ONE_SIDED_FEW_MAX`], gets them one-sided instead
     /// (`DDSTORE_REMOTE_GATHER=auto`; `1` gathers every read).
-    pub single_reads_one_sided: bool,
+    pub few_reads_one_sided: bool,
     /// The key gather requests are MACed under (`None`: no gather requests).
     pub mac_key: Option<MacKey>,
     /// Where discarded replies are counted (the variable's profile).
@@ -496,9 +509,9 @@ impl OfiReader {
         // endpoint that only reads one-sided.
         self.live.as_mut().expect("checked out").post_trash();
         // Owners that serve the gather path get requests, except those
-        // asked for a single short read; any other owner (a record without
-        // the gather path) is read one-sided.
-        let singles = self.single_reads(reads);
+        // asked for one or two short reads; any other owner (a record
+        // without the gather path) is read one-sided.
+        let singles = self.one_sided_owners(reads);
         let (gathered, direct): (Vec<&RemoteRead>, Vec<&RemoteRead>) = reads
             .iter()
             .partition(|r| self.peers[r.owner].gather && singles.binary_search(&r.owner).is_err());
@@ -519,29 +532,35 @@ impl OfiReader {
         Ok(())
     }
 
-    /// Owners that get exactly one read of `reads`, short and inside their
-    /// registered memory, where such reads go one-sided (sorted).
-    fn single_reads(&self, reads: &[RemoteRead]) -> Vec<usize> {
-        if !self.settings.single_reads_one_sided {
+    /// Owners whose reads in `reads` are few and short enough to go
+    /// one-sided ([`ReaderSettings::few_reads_one_sided`]), all of them
+    /// inside the owner's registered memory (sorted).
+    fn one_sided_owners(&self, reads: &[RemoteRead]) -> Vec<usize> {
+        if !self.settings.few_reads_one_sided {
             return Vec::new();
         }
-        let mut owners: Vec<usize> = reads.iter().map(|r| r.owner).collect();
-        owners.sort_unstable();
-        let asked_once = |o: usize| {
-            let first = owners.partition_point(|&x| x < o);
-            owners.get(first + 1) != Some(&o)
-        };
-        let mut singles: Vec<usize> = reads
+        // (owner, length, end offset) of every read, grouped by owner.
+        let mut by_owner: Vec<(usize, usize, u64)> = reads
             .iter()
-            .filter(|r| {
-                r.len <= ONE_SIDED_SINGLE_MAX.min(self.max_msg)
-                    && r.offset + r.len as u64 <= self.peers[r.owner].registered_len()
-                    && asked_once(r.owner)
-            })
-            .map(|r| r.owner)
+            .map(|r| (r.owner, r.len, r.offset + r.len as u64))
             .collect();
-        singles.sort_unstable();
-        singles
+        by_owner.sort_unstable();
+        let mut owners = Vec::new();
+        for group in by_owner.chunk_by(|a, b| a.0 == b.0) {
+            let owner = group[0].0;
+            let longest = group.iter().map(|r| r.1).max().unwrap_or(0);
+            let few = match group.len() {
+                1 => longest <= ONE_SIDED_SINGLE_MAX.min(self.max_msg),
+                n => n <= ONE_SIDED_FEW && longest < ONE_SIDED_FEW_MAX,
+            };
+            let inside = group
+                .iter()
+                .all(|r| r.2 <= self.peers[owner].registered_len());
+            if few && inside {
+                owners.push(owner);
+            }
+        }
+        owners
     }
 
     /// The ragged gather: plans [`plan::plan_ragged`] requests, lands every

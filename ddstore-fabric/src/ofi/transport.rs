@@ -597,7 +597,7 @@ impl RemoteShares for OfiShares {
                 // Only for the job's own shares: records an extra job or a
                 // spawned worker read from files and handles keep the gather
                 // path, whose owner refuses a key it never issued clearly.
-                single_reads_one_sided: self.config.remote_gather == RemoteGather::Auto
+                few_reads_one_sided: self.config.remote_gather == RemoteGather::Auto
                     && self.served_key.is_some(),
                 mac_key: self.mac_key.clone(),
                 discarded: self.discarded.clone(),

@@ -7,6 +7,8 @@ library; plots need the ``bench`` extra (``pip install ".[bench]"``: matplotlib)
 - ``python -m pyddstore.benchmarks.dataset``: DistDataset load memory, load paths (load.py) and
   loader throughput.
 - ``python -m pyddstore.benchmarks.workers``: loader workers (threads, processes, torch's).
+- ``python -m pyddstore.benchmarks.paths``: the gather path against one-sided reads, alternated
+  round by round (``--busy N`` beside busy processes).
 - ``python -m pyddstore.benchmarks.graph``: ragged graph reads against padded rows and records.
 - ``python -m pyddstore.benchmarks.loaders``: against other streaming loaders.
 
