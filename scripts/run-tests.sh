@@ -31,7 +31,9 @@ run() {
 tier() {
     local marks=$1
     shift
-    run -m "$marks and not serial" -n "$WORKERS" "$@"
+    # worksteal: an idle worker takes queued tests from a busy one, so a long test near the
+    # end of one worker's share does not leave the other core idle.
+    run -m "$marks and not serial" -n "$WORKERS" --dist worksteal "$@"
     stamp "serial tests"
     run -m "$marks and serial" "$@"
 }

@@ -3,6 +3,7 @@ spill directory; every row read (memory or spilled, own, same-node or remote, fi
 from a forked worker) is checked against what its owner stored; a full spill file system, a
 spill directory of another user and a killed job's files are handled."""
 
+import json
 import os
 import pwd
 import shutil
@@ -120,3 +121,29 @@ def test_a_method2_extra_job_reads_the_core_jobs_spilled_rows(tmp_path, handshak
         except subprocess.TimeoutExpired:
             core.kill()
     assert core.returncode == 0, core.stderr
+
+
+def test_spill_bench_job_line_takes_the_slowest_rank():
+    """The job's epoch figure: ranks x the slowest rank's samples/s, per loader."""
+    from pyddstore.benchmarks.spill import job_line
+
+    ranks = [{"spill": 10.0, "raw": 8.0, "litdata": 5.0}, {"spill": 12.0, "raw": 9.0, "litdata": 20.0}]
+    line = job_line(ranks)
+    assert "spill 20/s, raw 16/s, litdata 10/s" in line, line
+    assert "raw 1.25, litdata 2.00" in line, line
+
+
+@pytest.mark.slow
+def test_spill_bench_smoke(tmp_path):
+    """make bench-spill's bench on a tiny data set (the store and its raw limit, both spilling
+    ranks): every figure present and positive, the epoch's rows checked by the bench."""
+    pytest.importorskip("torch")
+    out = tmp_path / "spill.json"
+    args = ["--mb", "24", "--budget-mb", "4", "--sample-kb", "3", "--only-spill", "--batch", "16"]
+    args += ["--workers", "2", "--dir", str(tmp_path / "work"), "--json", str(out)]
+    p = run_mpi(2, "spill_bench_run.py", *args, env={"DDSTORE_QUIET": "1"}, timeout=300)
+    assert "job (epoch set by the slowest rank)" in p.stdout, p.stdout
+    (rows,) = json.loads(out.read_text())
+    assert len(rows) == 2
+    for x in rows:
+        assert x["spill"] > 0 and x["raw"] > 0 and x["spilled_rows_read"] > 0, x

@@ -413,10 +413,29 @@ def main(argv=None) -> None:
                     f"{k[len('spill_over_') :]} {v:.2f}" for k, v in x.items() if k.startswith("spill_over_")
                 )
                 print(line + f"\n          spill / ...: {ratios}")
+            print(job_line(rows))
     if comm.rank == 0 and a.json:
         os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)
+
+
+# The loaders of a result row, in the order they are reported.
+LOADERS = ("spill", "raw", "memory", "memmap", "files", "litdata", "streaming")
+
+
+def job_line(rows: list[dict]) -> str:
+    """The job's epoch throughput per loader: every rank reads its part of the epoch (split evenly),
+    and a training job's steps wait for the slowest rank, so the epoch takes as long as that
+    rank's part: all ranks' samples / its time = ranks x the lowest rank's samples/s."""
+    job = {}
+    for k in LOADERS:
+        rates = [x.get(k) for x in rows]
+        if all(rates):
+            job[k] = len(rows) * min(rates)
+    figures = ", ".join(f"{k} {v:.0f}/s" for k, v in job.items())
+    ratios = ", ".join(f"{k} {job['spill'] / v:.2f}" for k, v in job.items() if k != "spill")
+    return f"  job (epoch set by the slowest rank): {figures}\n          spill / ...: {ratios}"
 
 
 if __name__ == "__main__":
