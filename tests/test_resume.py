@@ -183,6 +183,31 @@ def test_epoch_order_is_torchs():
                 assert order[r::replicas] == list(ref)
 
 
+def test_upcoming_is_what_the_iteration_yields_next():
+    """upcoming(n): the next n indices of the running iteration, torch's order, fresh and after
+    load_state_dict (a resumed iteration), without advancing it; nothing outside an iteration."""
+    for drop_last in (False, True):
+        ref = torch.utils.data.DistributedSampler(DS, 3, 1, seed=9, drop_last=drop_last)
+        ref.set_epoch(2)
+        want = list(ref)
+        s = DistributedSampler(DS, num_replicas=3, rank=1, seed=9, drop_last=drop_last)
+        s.set_epoch(2)
+        assert s.upcoming(4) == []  # no iteration yet
+        it, got = iter(s), []
+        for k in range(len(want)):
+            if k:  # the generator's body runs from the first next()
+                assert s.upcoming(3) == want[k : k + 3], (drop_last, k)
+            got.append(next(it))
+            if k == 2:
+                state = s.state_dict()
+        assert got == want and s.upcoming(3) == []
+        resumed = DistributedSampler(DS, num_replicas=3, rank=1, seed=9, drop_last=drop_last)
+        resumed.load_state_dict(state)
+        it = iter(resumed)
+        assert next(it) == want[3] and resumed.upcoming(2) == want[4:6]
+        assert [next(it) for _ in range(len(want) - 4)] == want[4:]
+
+
 def test_torch_samplers_resume_exactly():
     """torch's DistributedSampler and a RandomSampler with a generator: the loader restores the
     epoch or the generator and skips the batches already yielded."""

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-import itertools
 import sys
 from typing import Any, Optional
 
+import numpy as np
 import torch.utils.data.distributed as _tud
 
 from pyddstore import _launch
 from pyddstore._errors import DDStoreValueError
 
 from . import _state
+
+# Indices turned into Python ints at a time while an iteration runs.
+_CHUNK = 4096
 
 
 def _store_of(dataset: Any) -> Any:
@@ -128,16 +131,18 @@ class DistributedSampler(_tud.DistributedSampler):
         pending, self._pending = self._pending, None
         if pending is None or pending[1].is_fresh(self) and pending[2] == 0:
             record = [self.epoch, _state.Stream.fresh(self), 0]
-            indices = super().__iter__()  # torch's own order
-            self._order = (record, None)
+            order = np.fromiter(super().__iter__(), dtype=np.int64)  # torch's own order
         else:
             record = [self.epoch, pending[1], pending[2]]
-            indices = itertools.islice(pending[1].indices(self, self.epoch), pending[2], None)
-            self._order = (record, pending[1])
+            order = np.asarray(pending[1].indices(self, self.epoch), dtype=np.int64)
+        # The whole order, once, as 8 bytes an index (a list of Python ints takes 36), shared
+        # with upcoming().
+        self._order = (record, order)
         self._current = record
-        for i in indices:
-            record[2] += 1
-            yield i
+        for start in range(record[2], len(order), _CHUNK):
+            for i in order[start : start + _CHUNK].tolist():
+                record[2] += 1
+                yield i
 
     def upcoming(self, n: int) -> list:
         """The next `n` indices the running iteration will yield (fewer at the epoch's end),
@@ -149,12 +154,8 @@ class DistributedSampler(_tud.DistributedSampler):
         """
         if self._order is None or self._current is not self._order[0]:
             return []
-        record, stream = self._order[0], self._order[1]
-        if len(self._order) == 2:  # the whole order, computed once per iteration
-            whole = list(super().__iter__()) if stream is None else list(stream.indices(self, record[0]))
-            self._order = (record, stream, whole)
-        whole = self._order[2]
-        return whole[record[2] : record[2] + n]
+        record, order = self._order
+        return order[record[2] : record[2] + n].tolist()
 
     def set_epoch(self, epoch: int) -> None:
         """torch's set_epoch(). After load_state_dict(): the state's epoch goes on; a later
