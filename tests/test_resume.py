@@ -183,6 +183,23 @@ def test_epoch_order_is_torchs():
                 assert order[r::replicas] == list(ref)
 
 
+def test_sampler_order_is_torchs():
+    """pyddstore's DistributedSampler yields torch's order for every split: shuffled or not,
+    padded (also by more than the data set) or cut, empty, over several epochs."""
+    for n in (0, 1, 2, 7, 23):
+        data = list(range(n))
+        for replicas in (1, 2, 3, 5):
+            for shuffle in (True, False):
+                for drop_last in (False, True):
+                    for rank in range(replicas):
+                        ours = DistributedSampler(data, replicas, rank, shuffle, seed=3, drop_last=drop_last)
+                        ref = torch.utils.data.DistributedSampler(data, replicas, rank, shuffle, 3, drop_last)
+                        for epoch in (0, 4):
+                            ours.set_epoch(epoch)
+                            ref.set_epoch(epoch)
+                            assert list(ours) == list(ref), (n, replicas, rank, shuffle, drop_last, epoch)
+
+
 def test_upcoming_is_what_the_iteration_yields_next():
     """upcoming(n): the next n indices of the running iteration, torch's order, fresh and after
     load_state_dict (a resumed iteration), without advancing it; nothing outside an iteration."""
