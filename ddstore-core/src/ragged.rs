@@ -142,6 +142,8 @@ pub struct RaggedBatch {
     pub(crate) staged_copies: Vec<(usize, usize, usize)>,
     /// Where `staged` goes back to when the batch drops.
     pub(crate) pool: Option<StagingPool>,
+    /// A read (counted); `false`: a read ahead's own read of rows it stages.
+    pub(crate) counted: bool,
 }
 
 impl Drop for RaggedBatch {

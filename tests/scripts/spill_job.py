@@ -39,8 +39,8 @@ def check_fixed(store, name, seed, idx):
     assert not len(bad), f"'{name}': rows {np.asarray(idx)[bad][:8]} differ from what their owners stored"
 
 
-def check_ragged(store, idx):
-    values, offsets = store.get_batch("r", idx)
+def check_ragged(store, idx, name="r"):
+    values, offsets = store.get_batch(name, idx)
     for i, g in enumerate(idx):
         want = ragged_rows([g])[0]
         got = values[offsets[i] : offsets[i + 1]]
@@ -61,6 +61,9 @@ def member(spill_dir, method, expect):
     rmine = ragged_rows(range(rfirst, rfirst + rcount))
     lengths = [len(r) for r in rmine]
     store.add("r", np.concatenate(rmine), lengths=lengths, memory_limit=40 * 12, spill_dir=spill_dir)
+    # The same ragged rows with room for a read-ahead stage (an eighth of the budget).
+    rbytes = sum(r.nbytes for r in rmine)
+    store.add("rs", np.concatenate(rmine), lengths=lengths, memory_limit=rbytes // 2, spill_dir=spill_dir)
     # v, z, r#values and r#ends spill on each rank; big fits: no file for it.
     files = spill_files(spill_dir)
     assert not any(".big.spill" in f for f in files), files
@@ -91,6 +94,20 @@ def member(spill_dir, method, expect):
     check_fixed(store, "v", 3, ahead)  # taken by the first read: read from the files again
     assert store.get_profile("v")["prefetch_hits"] - before["prefetch_hits"] == staged
     assert store._native.prefetch("big", ahead) == 0, "nothing to stage for a share in memory"
+
+    # Ragged rows are staged whole; the batch mixes staged, spilled and memory rows of both ranks.
+    rbefore = store.get_profile("rs")
+    rahead = rng.permutation(NR)[:80]
+    rstaged = store._native.prefetch("rs", rahead[:50])
+    assert rstaged > 0, "spilled ragged rows among the next batch were staged"
+    assert store.get_profile("rs")["rows"] == rbefore["rows"], "reading ahead is not counted as reads"
+    check_ragged(store, rahead, "rs")
+    rhits = store.get_profile("rs")["prefetch_hits"] - rbefore["prefetch_hits"]
+    assert rhits == rstaged, (rhits, rstaged)
+    check_ragged(store, rahead, "rs")  # taken by the first read: read from the files again
+    assert store.get_profile("rs")["prefetch_hits"] - rbefore["prefetch_hits"] == rstaged
+    assert store._native.prefetch("rs#values", rahead) == 0, "a ragged part stages nothing by itself"
+    check_ragged(store, rahead, "rs")
 
     prof = store.get_profile("v")
     # Repeated rows of a batch are read once: rows >= what the routes read.

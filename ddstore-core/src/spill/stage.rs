@@ -140,16 +140,26 @@ impl Stage {
     /// rows held; stale rows make room. Returns the rows reserved, which
     /// the caller fills ([`Stage::fill`]) or gives up ([`Stage::cancel`]).
     pub fn reserve(&self, rows: &[u64], row_bytes: usize) -> Vec<u64> {
+        let sized: Vec<(u64, usize)> = rows.iter().map(|&r| (r, row_bytes)).collect();
+        self.reserve_sized(&sized)
+    }
+
+    /// As [`Stage::reserve`] for rows of their own sizes, `(row, bytes)`
+    /// (a ragged variable's rows); empty rows are skipped.
+    pub fn reserve_sized(&self, rows: &[(u64, usize)]) -> Vec<u64> {
         let cap = self.capacity();
-        if cap == 0 || row_bytes == 0 || row_bytes > cap {
+        let sized: u64 = rows.iter().map(|r| r.1 as u64).sum();
+        if cap == 0 || sized == 0 {
             return Vec::new();
         }
+        // Rows of the mean size the stage holds: the staleness clock's unit.
+        let mean = (sized / rows.len() as u64).max(1) as usize;
         let now = self.reads.load(Ordering::Relaxed);
-        let stale = stale_after(cap / row_bytes);
+        let stale = stale_after(cap / mean);
         let mut s = self.lock();
         let mut got = Vec::new();
-        for &row in rows {
-            if s.rows.contains_key(&row) {
+        for &(row, row_bytes) in rows {
+            if row_bytes == 0 || row_bytes > cap || s.rows.contains_key(&row) {
                 continue;
             }
             while s.bytes + row_bytes > cap && self.drop_stale(&mut s, now, stale) {}
@@ -302,6 +312,20 @@ mod tests {
         assert!(s.reserve(&[9], 200).is_empty(), "larger than the stage");
         assert_eq!(stage_bytes(800 << 20), 64 << 20);
         assert_eq!(stage_bytes(80), 10);
+    }
+
+    #[test]
+    fn rows_of_their_own_sizes_fill_the_stage_in_order() {
+        let s = Stage::new(100);
+        // Empty rows and rows larger than the stage are skipped; the rest go,
+        // in order, until one does not fit (the soonest needed go first).
+        let got = s.reserve_sized(&[(1, 0), (2, 40), (3, 150), (4, 50), (5, 20), (6, 5)]);
+        assert_eq!(got, vec![2, 4], "5 does not fit beside 2 and 4");
+        s.fill(2, vec![2; 40]);
+        s.fill(4, vec![4; 49]); // not its reserved size: ignored, stays pending
+        s.cancel(&[4]);
+        assert_eq!(s.take(2), Some(vec![2; 40]));
+        assert!(s.take(4).is_none() && s.is_empty());
     }
 
     #[test]

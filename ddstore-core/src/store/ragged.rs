@@ -14,6 +14,8 @@ use crate::ragged::{
     ends_name, values_name, Gathered, RaggedBatch, RaggedInfo, RaggedVar, RowMap, StagingPool,
     END_BYTES, END_GAP_ROWS,
 };
+use crate::spill::stage::Reserved;
+use crate::spill::store::Split;
 use crate::transport::{RaggedRequest, RemoteRead};
 use crate::{Error, Result};
 
@@ -133,7 +135,7 @@ impl Store {
         Ok(self.ragged_var(name)?.info.clone())
     }
 
-    fn ragged_var(&self, name: &str) -> Result<Arc<RaggedVar>> {
+    pub(super) fn ragged_var(&self, name: &str) -> Result<Arc<RaggedVar>> {
         self.check_live()?;
         let found = self.ragged.read().unwrap().get(name).cloned();
         // The lock is released before the error looks at every name.
@@ -169,14 +171,32 @@ impl Store {
     /// owner, which on the gather path also brings the values (staged for
     /// [`Store::read_ragged`]).
     pub fn plan_ragged(&self, name: &str, rows: &[i64]) -> Result<RaggedBatch> {
+        self.plan_ragged_as(name, rows, true)
+    }
+
+    /// [`Store::plan_ragged`]; `reading: false` plans a read ahead's own
+    /// read ([`Store::prefetch_ragged`]): it takes nothing from the stage
+    /// (whose rows it fills) and is not counted.
+    fn plan_ragged_as(&self, name: &str, rows: &[i64], reading: bool) -> Result<RaggedBatch> {
         let var = self.ragged_var(name)?;
         let rows = validate_rows(rows, var.info.rows.total())?;
         let located: Vec<(usize, u64)> = rows
             .iter()
             .map(|&r| var.info.rows.locate_valid(r))
             .collect();
+        // Rows the read-ahead staged come from memory, like gathered ones.
+        let staged = if reading {
+            take_staged(&var, &rows)
+        } else {
+            None
+        };
+        let hits = staged.as_ref().map_or(0, |s| s.by_row.len());
         // Remote owners serving the gather path: whole rows in one round trip each.
-        let gathered = self.gather_ragged(&var, &rows, &located)?;
+        let gathered = self.gather_ragged(&var, &rows, &located, staged.as_ref())?;
+        let gathered = match (gathered, staged) {
+            (Some(g), Some(s)) => Some(merge_gathered(g, s)),
+            (g, s) => g.or(s),
+        };
         let known = KnownEnds::find(&var, &rows, &located, gathered.as_ref())?;
         let remote = self.read_remote_ends(&var, &known)?;
         let mut planned = plan_values(
@@ -189,12 +209,15 @@ impl Store {
             &remote,
         )?;
         let ub = var.info.unit_bytes;
-        count_batch(
-            &var.counters,
-            &var.values,
-            &located,
-            planned.units as usize * ub,
-        );
+        if reading {
+            count_batch(
+                &var.counters,
+                &var.values,
+                &located,
+                planned.units as usize * ub,
+            );
+            Counters::add(&var.counters.prefetch_hits, hits as u64);
+        }
         planned.offsets.push(planned.units);
         Ok(RaggedBatch {
             values: var.values.clone(),
@@ -205,7 +228,95 @@ impl Store {
             pool: gathered.is_some().then(|| var.staging.clone()),
             staged: gathered.map(|g| g.data).unwrap_or_default(),
             staged_copies: planned.staged_copies,
+            counted: reading,
         })
+    }
+
+    /// Reads ahead for ragged variable `name`: stages the rows among global
+    /// `rows` whose values lie (partly) in spill files, whole, in the values'
+    /// read-ahead stage (up to its capacity), so that a batch that needs them
+    /// copies them from memory (see [`Store::prefetch`]). Returns the rows staged.
+    pub(crate) fn prefetch_ragged(&self, name: &str, rows: &[i64]) -> Result<usize> {
+        let var = self.ragged_var(name)?;
+        let Some(spill) = &var.values.spill else {
+            return Ok(0);
+        };
+        let stage = &spill.stage;
+        let total = var.info.rows.total();
+        if stage.capacity() == 0 {
+            return Ok(0);
+        }
+        // Distinct valid rows not staged yet, in order, at most a stage of
+        // them (the smallest rows, of one unit, bound how many fit).
+        let most = stage.capacity() / var.info.unit_bytes.max(1);
+        let mut seen = std::collections::HashSet::new();
+        let mut wanted: Vec<u64> = Vec::new();
+        for &r in rows {
+            if wanted.len() >= most || wanted.len() >= PREFETCH_ROWS {
+                break;
+            }
+            if r >= 0 && (r as u64) < total && seen.insert(r) && !stage.contains(r as u64) {
+                wanted.push(r as u64);
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(0);
+        }
+        // Each row's bounds tell whether its values spill and how large it is.
+        let located: Vec<(usize, u64)> = wanted
+            .iter()
+            .map(|&r| var.info.rows.locate_valid(r))
+            .collect();
+        let known = KnownEnds::find(&var, &wanted, &located, None)?;
+        let remote = self.read_remote_ends(&var, &known)?;
+        let ub = var.info.unit_bytes;
+        let mut spilled: Vec<(u64, usize)> = Vec::new();
+        for (i, (&row, &(owner, local))) in wanted.iter().zip(&located).enumerate() {
+            let (start, end) = match known.bounds[i] {
+                Some(bounds) => bounds,
+                None if local == 0 => (0, remote.end_of(row)),
+                None => (remote.end_of(row - 1), remote.end_of(row)),
+            };
+            if end <= start || end > var.info.units.count(owner) {
+                continue; // empty (nothing to stage) or corrupt (the read reports it)
+            }
+            let probe = RemoteRead {
+                owner,
+                offset: start * ub as u64,
+                len: (end - start) as usize * ub,
+                dst_offset: 0,
+            };
+            let readable = matches!(spill.split(&probe, &var.values.name), Ok(Split::Parts(..)))
+                || (spill.remote_serves && spill.spilled_part(&probe).is_some());
+            if readable {
+                spilled.push((row, probe.len));
+            }
+        }
+        // Reserved rows are pending: a read that needs one waits for it
+        // rather than reading it again; the guard gives up what is not filled.
+        let reserved = Reserved::new(stage, stage.reserve_sized(&spilled));
+        let size: std::collections::HashMap<u64, usize> = spilled.into_iter().collect();
+        let mut piece: Vec<i64> = Vec::new();
+        let mut piece_bytes = 0usize;
+        for (k, &row) in reserved.rows.iter().enumerate() {
+            piece.push(row as i64);
+            piece_bytes += size[&row];
+            if piece_bytes >= PREFETCH_PIECE || k + 1 == reserved.rows.len() {
+                let batch = self.plan_ragged_as(name, &piece, false)?;
+                let mut out = vec![0u8; batch.bytes()];
+                self.read_ragged(&batch, &mut out)?;
+                for (i, &r) in piece.iter().enumerate() {
+                    let (a, b) = (
+                        batch.offsets[i] as usize * ub,
+                        batch.offsets[i + 1] as usize * ub,
+                    );
+                    stage.fill(r as u64, out[a..b].to_vec());
+                }
+                piece.clear();
+                piece_bytes = 0;
+            }
+        }
+        Ok(reserved.rows.len())
     }
 
     /// Reads the row ends `known` still needs from remote owners: those
@@ -276,6 +387,7 @@ impl Store {
         var: &RaggedVar,
         rows: &[u64],
         located: &[(usize, u64)],
+        staged: Option<&Gathered>,
     ) -> Result<Option<Gathered>> {
         let Some(max_row_bytes) = &var.max_row_bytes else {
             return Ok(None);
@@ -291,7 +403,7 @@ impl Store {
         let mut owners: Vec<(usize, u64, Vec<u64>)> = Vec::new();
         let mut seen: RowMap<u64, ()> = RowMap::default();
         for (&row, &(owner, local)) in rows.iter().zip(located) {
-            if !values.is_remote(owner) {
+            if !values.is_remote(owner) || staged.is_some_and(|s| s.by_row.contains_key(&row)) {
                 continue;
             }
             let i = *index.entry(owner).or_insert_with(|| {
@@ -354,7 +466,10 @@ impl Store {
         }
         let units = batch.units() as usize;
         if !batch.plan.segments.is_empty() || !batch.plan.repeats.is_empty() {
-            self.watch(batch.values.execute(&batch.plan, out, units, OwnRows::Copy))?;
+            let values = &batch.values;
+            let read =
+                values.execute_counted(&batch.plan, out, units, OwnRows::Copy, batch.counted);
+            self.watch(read)?;
         }
         for &(from, to, len) in &batch.staged_copies {
             out[to..to + len].copy_from_slice(&batch.staged[from..from + len]);
@@ -586,4 +701,42 @@ fn count_batch(c: &Counters, values: &Variable, located: &[(usize, u64)], bytes:
     Counters::add(&c.local_rows, own);
     Counters::add(&c.node_rows, node);
     Counters::add(&c.remote_rows, rows - own - node);
+}
+
+/// A read ahead's rows read at once, at most (its bounds are looked up first).
+const PREFETCH_ROWS: usize = 4096;
+
+/// Bytes a ragged read ahead reads at once (as the fixed one's pieces).
+const PREFETCH_PIECE: usize = 4 << 20;
+
+/// Takes the rows of `rows` the read-ahead staged out of the values' stage,
+/// as rows gathered into one buffer (`None`: none staged).
+fn take_staged(var: &RaggedVar, rows: &[u64]) -> Option<Gathered> {
+    let stage = &var.values.spill.as_ref()?.stage;
+    if stage.is_empty() {
+        return None;
+    }
+    let ub = var.info.unit_bytes.max(1);
+    let mut data = Vec::new();
+    let mut by_row: RowMap<u64, (u64, usize)> = RowMap::default();
+    for &row in rows {
+        if by_row.contains_key(&row) {
+            continue;
+        }
+        if let Some(bytes) = stage.take(row) {
+            by_row.insert(row, ((bytes.len() / ub) as u64, data.len()));
+            data.extend_from_slice(&bytes);
+        }
+    }
+    (!by_row.is_empty()).then_some(Gathered { data, by_row })
+}
+
+/// `staged` rows appended to those `gathered` read.
+fn merge_gathered(mut gathered: Gathered, staged: Gathered) -> Gathered {
+    let base = gathered.data.len();
+    gathered.data.extend_from_slice(&staged.data);
+    for (row, (units, at)) in staged.by_row {
+        gathered.by_row.insert(row, (units, at + base));
+    }
+    gathered
 }

@@ -1,6 +1,7 @@
 //! Variables past their memory budget (see [`crate::spill`]): creating
 //! one whose share spills, and reading its spilled rows ahead of use.
 
+use crate::kinds::RaggedPart;
 use crate::plan::Plan;
 use crate::spill::stage::Reserved;
 use crate::spill::store::Split;
@@ -87,6 +88,10 @@ impl Store {
 
     /// Whether any rank's share of `name` spills (see [`crate::spill`]).
     pub fn is_spilled(&self, name: &str) -> Result<bool> {
+        if self.is_ragged(name) {
+            let var = self.ragged_var(name)?;
+            return Ok(var.values.spill.is_some() || var.ends.spill.is_some());
+        }
         Ok(self.var(name)?.spill.is_some())
     }
 
@@ -96,8 +101,16 @@ impl Store {
     /// needs them copies them from memory. Returns the rows staged. Not
     /// counted as reads (`get_profile`'s `prefetch_hits` counts the rows
     /// later reads found staged).
+    /// A ragged variable's rows are staged whole ([`Store::prefetch_ragged`]);
+    /// its parts stage nothing by themselves.
     pub fn prefetch(&self, name: &str, rows: &[i64]) -> Result<usize> {
+        if self.is_ragged(name) {
+            return self.prefetch_ragged(name, rows);
+        }
         let var = self.var(name)?;
+        if RaggedPart::owner(&var.name).is_some() {
+            return Ok(0);
+        }
         let Some(spill) = &var.spill else {
             return Ok(0);
         };

@@ -170,8 +170,9 @@ impl Variable {
     /// Takes the rows of `seg` that the read-ahead stage holds out of it
     /// (into `routes.staged`); the rest of `seg` goes to `pieces`.
     fn take_staged(&self, seg: &RemoteRead, routes: &mut Routes<'_>, pieces: &mut Vec<RemoteRead>) {
+        // A ragged part's stage holds whole ragged rows (see `Store::prefetch_ragged`).
         let spill = match &self.spill {
-            Some(s) if !s.stage.is_empty() => s,
+            Some(s) if !s.stage.is_empty() && RaggedPart::owner(&self.name).is_none() => s,
             _ => return pieces.push(*seg),
         };
         let Some((first, end)) = spill.spilled_part(seg) else {

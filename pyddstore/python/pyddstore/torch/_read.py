@@ -286,10 +286,11 @@ class _StoredDataset(Dataset):
         return got
 
     def _spilled_fields(self) -> list:
-        """Fixed fields some of whose rows are in spill files (read ahead by ThreadDataLoader)."""
+        """Fields, fixed and ragged, some of whose rows are in spill files (read ahead by
+        ThreadDataLoader; a ragged field's rows are staged whole)."""
         return [
             f.var
-            for f in self._schema.fixed_fields
+            for f in self._schema.fields
             if f.var not in self._device_shares and self._store._native.is_spilled(f.var)
         ]
 
