@@ -133,6 +133,19 @@ def test_spill_bench_job_line_takes_the_slowest_rank():
     assert "raw 1.25, litdata 2.00" in line, line
 
 
+def test_spill_bench_sets_each_epoch_against_the_raw_bursts_beside_it():
+    """With rounds (raw, epoch, raw, epoch, ..., raw), the job's spill/raw is the median over
+    rounds of the slowest rank's epoch against the slowest mean of the bursts either side."""
+    from pyddstore.benchmarks.spill import job_line
+
+    ranks = [
+        {"spill": 10.0, "raw": 8.5, "spill_epochs": [10.0, 12.0, 9.0], "raw_bursts": [8.0, 8.0, 10.0, 9.0]},
+        {"spill": 11.0, "raw": 9.0, "spill_epochs": [11.0, 10.0, 12.0], "raw_bursts": [9.0, 9.0, 9.0, 9.0]},
+    ]
+    # Rounds: 10 / 8 = 1.25, 10 / 9 = 1.11, 9 / 9 = 1.00 (medians of the rates would give 1.18).
+    assert "spill / ...: raw 1.11" in job_line(ranks), job_line(ranks)
+
+
 @pytest.mark.slow
 def test_spill_bench_smoke(tmp_path):
     """make bench-spill's bench on a tiny data set (the store and its raw limit, both spilling
@@ -140,6 +153,7 @@ def test_spill_bench_smoke(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "spill.json"
     args = ["--mb", "24", "--budget-mb", "4", "--sample-kb", "3", "--only-spill", "--batch", "16"]
+    args += ["--rounds", "2"]
     args += ["--workers", "2", "--dir", str(tmp_path / "work"), "--json", str(out)]
     p = run_mpi(2, "spill_bench_run.py", *args, env={"DDSTORE_QUIET": "1"}, timeout=300)
     assert "job (epoch set by the slowest rank)" in p.stdout, p.stdout
@@ -147,3 +161,5 @@ def test_spill_bench_smoke(tmp_path):
     assert len(rows) == 2
     for x in rows:
         assert x["spill"] > 0 and x["raw"] > 0 and x["spilled_rows_read"] > 0, x
+        assert len(x["spill_epochs"]) == 2 and len(x["raw_bursts"]) == 3, x
+        assert x["spill_over_raw"] > 0 and len(x["pss_peak_after_round_mib"]) == 2, x

@@ -20,7 +20,7 @@ pub mod store;
 
 pub use dir::SpillDir;
 pub use file::{SpillFile, SpillLocator};
-pub use read::{read_all, SpillRead};
+pub use read::{read_all, run_all, SpillRead};
 pub use share::SpilledShare;
 pub use stage::Stage;
 pub use store::SpillRequest;

@@ -35,14 +35,28 @@ pub const MAX_READ_AHEAD_THREADS: usize = 32;
 /// [`MAX_READ_AHEAD_THREADS`]); the first error is returned after every
 /// thread stopped.
 pub fn read_all(reads: Vec<SpillRead<'_>>, inflight: usize) -> Result<()> {
-    let threads = inflight.clamp(1, MAX_READ_AHEAD_THREADS).min(reads.len());
+    run_all(reads, inflight, |r, scratch| {
+        r.file.read_at(r.offset, r.dst, scratch)
+    })
+}
+
+/// Runs `work` on every job of `jobs`, in their order, up to `inflight` at once (at most
+/// [`MAX_READ_AHEAD_THREADS`] threads), each thread with its own scratch
+/// buffer for `O_DIRECT` bounces; after the first error the other threads
+/// stop at their next job, and it is returned once every thread stopped.
+pub fn run_all<T: Send>(
+    jobs: Vec<T>,
+    inflight: usize,
+    work: impl Fn(T, &mut Vec<u8>) -> Result<()> + Sync,
+) -> Result<()> {
+    let threads = inflight.clamp(1, MAX_READ_AHEAD_THREADS).min(jobs.len());
     if threads <= 1 {
         let mut scratch = Vec::new();
-        return reads
-            .into_iter()
-            .try_for_each(|r| r.file.read_at(r.offset, r.dst, &mut scratch));
+        return jobs.into_iter().try_for_each(|j| work(j, &mut scratch));
     }
-    let queue = Mutex::new(reads);
+    let mut jobs = jobs;
+    jobs.reverse(); // taken from the back: the first job first
+    let queue = Mutex::new(jobs);
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
@@ -50,8 +64,8 @@ pub fn read_all(reads: Vec<SpillRead<'_>>, inflight: usize) -> Result<()> {
                     let mut scratch = Vec::new();
                     loop {
                         let next = queue.lock().unwrap().pop();
-                        let Some(r) = next else { return Ok(()) };
-                        if let Err(e) = r.file.read_at(r.offset, r.dst, &mut scratch) {
+                        let Some(job) = next else { return Ok(()) };
+                        if let Err(e) = work(job, &mut scratch) {
                             queue.lock().unwrap().clear(); // the others stop at their next take
                             return Err(e);
                         }

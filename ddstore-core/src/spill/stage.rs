@@ -79,6 +79,24 @@ struct Inner {
 }
 
 impl Inner {
+    /// Forgets the entries of taken rows in `order`: those at its front at
+    /// once, the rest when they outnumber the rows held (a stage that never
+    /// fills up never drops stale rows, and `order` would grow by a row per
+    /// row staged for as long as the store lives).
+    fn trim_order(&mut self) {
+        while self
+            .order
+            .front()
+            .is_some_and(|r| !self.rows.contains_key(r))
+        {
+            self.order.pop_front();
+        }
+        if self.order.len() > 2 * self.rows.len() + 1024 {
+            let rows = &self.rows;
+            self.order.retain(|r| rows.contains_key(r));
+        }
+    }
+
     fn remove(&mut self, row: u64) -> Option<Slot> {
         let (slot, len) = self.rows.remove(&row)?;
         self.bytes -= len;
@@ -157,6 +175,7 @@ impl Stage {
         let now = self.reads.load(Ordering::Relaxed);
         let stale = stale_after(cap / mean);
         let mut s = self.lock();
+        s.trim_order();
         let mut got = Vec::new();
         for &(row, row_bytes) in rows {
             if row_bytes == 0 || row_bytes > cap || s.rows.contains_key(&row) {
@@ -312,6 +331,26 @@ mod tests {
         assert!(s.reserve(&[9], 200).is_empty(), "larger than the stage");
         assert_eq!(stage_bytes(800 << 20), 64 << 20);
         assert_eq!(stage_bytes(80), 10);
+    }
+
+    #[test]
+    fn a_stage_that_never_fills_keeps_no_trail_of_taken_rows() {
+        let s = Stage::new(1 << 20);
+        // Row 0 is staged and never read: it stays at the front of the order.
+        assert_eq!(s.reserve(&[0], 10), vec![0]);
+        s.fill(0, vec![0; 10]);
+        for row in 1..100_000u64 {
+            assert_eq!(s.reserve(&[row], 10), vec![row]);
+            s.fill(row, vec![row as u8; 10]);
+            assert_eq!(s.take(row), Some(vec![row as u8; 10]));
+        }
+        let inner = s.lock();
+        assert_eq!(inner.rows.len(), 1);
+        assert!(
+            inner.order.len() <= 1030,
+            "{} entries for 1 row",
+            inner.order.len()
+        );
     }
 
     #[test]

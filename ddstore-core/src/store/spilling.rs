@@ -3,6 +3,8 @@
 
 use crate::kinds::RaggedPart;
 use crate::plan::Plan;
+use crate::spill::read::MAX_READ_AHEAD_THREADS;
+use crate::spill::run_all;
 use crate::spill::stage::Reserved;
 use crate::spill::store::Split;
 use crate::transport::RemoteRead;
@@ -147,10 +149,37 @@ impl Store {
         if reserved.rows.is_empty() {
             return Ok(0);
         }
-        // In pieces of PREFETCH_PIECE bytes: the buffer beside the stage stays small.
+        // Rows whose file this process reads: each read into its own buffer
+        // and staged as soon as it is in (a read waiting for it goes on
+        // then), up to the read-ahead's depth in flight.
+        let mut served = Vec::new();
+        let mut direct = Vec::new();
+        for &r in &reserved.rows {
+            let (owner, local) = layout.locate_valid(r);
+            let probe = RemoteRead {
+                owner,
+                offset: local * rb as u64,
+                len: rb,
+                dst_offset: 0,
+            };
+            match spill.split(&probe, &var.name)? {
+                Split::Parts(None, file) => direct.push((r, file)),
+                _ => served.push(r),
+            }
+        }
+        let depth = spill.inflight.min(MAX_READ_AHEAD_THREADS);
+        let read = run_all(direct, depth, |(row, file), scratch| {
+            let mut bytes = vec![0u8; file.len];
+            file.file.read_at(file.offset, &mut bytes, scratch)?;
+            spill.stage.fill(row, bytes);
+            Ok(())
+        });
+        self.watch(read)?;
+        // Rows their owners serve (the gather path), in pieces of
+        // PREFETCH_PIECE bytes: the buffer beside the stage stays small.
         let per_piece = (PREFETCH_PIECE / rb).max(1);
         let mut buf = Vec::new();
-        for piece in reserved.rows.chunks(per_piece) {
+        for piece in served.chunks(per_piece) {
             let want: Vec<i64> = piece.iter().map(|&r| r as i64).collect();
             buf.clear();
             buf.resize(want.len() * rb, 0u8);
