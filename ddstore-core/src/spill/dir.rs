@@ -9,10 +9,17 @@
 //! frees them. Opening the directory removes the files of every tag whose
 //! lock no live process holds: a killed job's spill files go with the next
 //! job that opens the directory.
+//!
+//! A cleaner takes a lock it finds to learn whether its holder lives; it can
+//! find a new process's lock file in the instant between its creation and
+//! its `flock`, and hold it for as long as its clean-up takes. The new
+//! process, whose tag no one else uses, then waits for its lock (up to
+//! [`OWN_LOCK_WAIT`]) instead of failing.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::private_dir::{random_hex, NameLock, PrivateDir};
 use crate::Result;
@@ -28,6 +35,12 @@ pub struct SpillDir {
     /// Spill files of killed processes this open removed.
     removed_stale: usize,
 }
+
+/// What a cleaner writes into the lock files it takes.
+const CLEANER: &str = "pyddstore cleaning up";
+
+/// Longest a process waits for its own lock while cleaners hold it.
+pub const OWN_LOCK_WAIT: Duration = Duration::from_secs(10);
 
 fn tag_of(name: &str) -> Option<&str> {
     let tag = name.strip_suffix(".lock").or_else(|| {
@@ -55,15 +68,7 @@ impl SpillDir {
         let pid = std::process::id();
         let tag = format!("p{pid}-{}", &random_hex()[..8]);
         let holder = format!("pyddstore process {pid}");
-        let lock = match dir.try_lock(&format!("{tag}.lock"), &holder)? {
-            Ok(lock) => lock,
-            Err(other) => {
-                return Err(crate::Error::Access(format!(
-                    "spill lock {tag}.lock in {} is held by {other}",
-                    path.display()
-                )))
-            }
-        };
+        let lock = Self::take_own_lock(&dir, &format!("{tag}.lock"), &holder)?;
         let mut me = SpillDir {
             dir,
             tag,
@@ -74,6 +79,31 @@ impl SpillDir {
         };
         me.removed_stale = me.remove_stale()?;
         Ok(Arc::new(me))
+    }
+
+    /// Takes this process's lock `name`, waiting while a cleaner (another
+    /// process opening the directory) holds it: the tag is this process's
+    /// own, so no one else holds it for longer than a clean-up.
+    fn take_own_lock(dir: &PrivateDir, name: &str, holder: &str) -> Result<NameLock> {
+        let deadline = Instant::now() + OWN_LOCK_WAIT;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match dir.try_lock(name, holder)? {
+                Ok(lock) => return Ok(lock),
+                Err(other) if Instant::now() >= deadline => {
+                    return Err(crate::Error::Access(format!(
+                        "spill lock {name} in {} is held by {} after {}s",
+                        dir.path().display(),
+                        if other.is_empty() { "another process" } else { &other },
+                        OWN_LOCK_WAIT.as_secs()
+                    )))
+                }
+                Err(_) => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
+            }
+        }
     }
 
     /// Removes the spill files of tags whose lock no live process holds
@@ -94,7 +124,7 @@ impl SpillDir {
                 continue;
             }
             // Locked by us now: its holder is gone.
-            if let Ok(held) = self.dir.try_lock(&lock_name, "pyddstore cleaning up")? {
+            if let Ok(held) = self.dir.try_lock(&lock_name, CLEANER)? {
                 dead.push(tag.to_string());
                 taken.push(held);
             }

@@ -166,3 +166,67 @@ fn a_spill_dir_others_can_write_is_refused_by_its_name() {
     let e = SpillDir::open(&open).unwrap_err().to_string();
     assert!(e.contains("spill_dir") && e.contains("0777"), "{e}");
 }
+
+/// The directory the helper below creates spill files in (set only for the
+/// processes the test starts).
+const RACE_DIR_VAR: &str = "DDSTORE_TEST_SPILL_RACE_DIR";
+
+/// Spill creations each process of the test below makes.
+const RACE_ROUNDS: usize = 50;
+
+/// Run by [`processes_sharing_a_spill_dir_create_spill_files_at_once`] in
+/// processes of its own: opens the shared directory and creates a spill
+/// file [`RACE_ROUNDS`] times, as a rank adding a spilling variable does.
+#[test]
+#[ignore = "a helper the concurrent-creation test runs in processes of its own"]
+fn spill_race_helper() {
+    let Some(path) = std::env::var_os(RACE_DIR_VAR) else {
+        return;
+    };
+    let path = std::path::PathBuf::from(path);
+    for round in 0..RACE_ROUNDS {
+        let dir = SpillDir::open(&path).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let file = SpillFile::create(&dir, &dir.file_name("v"), 4096, "'v'")
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        file.write_at(0, &[round as u8; 64]).unwrap();
+        let mut back = [0u8; 64];
+        file.read_at(0, &mut back, &mut Vec::new()).unwrap();
+        assert_eq!(back, [round as u8; 64], "round {round}");
+    }
+}
+
+#[test]
+fn processes_sharing_a_spill_dir_create_spill_files_at_once() {
+    let base = tempfile::tempdir().unwrap();
+    let path = base.path().join("spill");
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..16)
+        .map(|_| {
+            std::process::Command::new(&exe)
+                .args([
+                    "--exact",
+                    "spill::file_tests::spill_race_helper",
+                    "--ignored",
+                    "--test-threads=1",
+                ])
+                .env(RACE_DIR_VAR, &path)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let failed: Vec<String> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .filter(|out| !out.status.success())
+        .map(|out| {
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let why = text.lines().find(|l| l.starts_with("round "));
+            why.unwrap_or(&text).to_string()
+        })
+        .collect();
+    assert!(failed.is_empty(), "{} of 16 failed: {failed:?}", failed.len());
+    let ran = std::fs::read_dir(&path).unwrap().count();
+    assert_eq!(ran, 0, "every process removed its files and its lock");
+}
