@@ -35,6 +35,18 @@ def test_spilled_rows_read_by_remote_ranks_through_the_gather_path(tmp_path):
     assert "spill ok" in out
 
 
+@pytest.mark.parametrize("reader", ["node", "remote"])
+def test_updates_reach_rows_staged_by_threads_forked_workers_and_other_ranks(tmp_path, reader):
+    """Issue 36: rows read ahead, then updated by their owner and barrier(), read back new (from
+    a thread, a worker forked while they were staged, and the other rank, same-node or through
+    the gather path); rows nobody updated are still served from the stage."""
+    env = {"DDSTORE_FABRIC": "tcp"}
+    if reader == "remote":
+        env.update({"DDSTORE_SHM": "0", "DDSTORE_REMOTE_GATHER": "1"})
+    out = run_mpi(2, "spill_update.py", _dir(tmp_path), env=env).stdout
+    assert "update ok" in out
+
+
 def test_method0_refuses_a_memory_limit():
     assert run_mpi(1, "spill_job.py", "method0").returncode == 0
 

@@ -11,6 +11,13 @@
 //! [`stale_after`] other spilled rows were read (an epoch ended or was left,
 //! a sampler changed its order) is dropped when its room is needed.
 //!
+//! Updates ([`Stage::invalidate`]): a staged row whose owner updated it is
+//! dropped, and a pending one is *doomed*: its read may have read the old
+//! bytes, so its fill is thrown away and a read that needs it reads it
+//! itself. `Store::write_local` invalidates the rows it wrote in this
+//! process's stage at once, and `Store::barrier` every rank's updated rows
+//! in every rank's stage (see `Store::barrier`).
+//!
 //! Fork safety (see [`crate::fork`]): the stage belongs to the process that
 //! made it. In a forked child it is empty and stages nothing, so the child
 //! never takes its lock, which a thread of the parent (the read-ahead) may
@@ -67,6 +74,9 @@ enum Slot {
     Pending,
     /// Its bytes, staged when the read clock was at `at`.
     Ready { bytes: Vec<u8>, at: u64 },
+    /// Reserved, then updated by its owner before its read ahead filled it:
+    /// the fill may hold the old bytes and is dropped.
+    Doomed,
 }
 
 #[derive(Default)]
@@ -219,10 +229,16 @@ impl Stage {
         }
         let at = self.reads.load(Ordering::Relaxed);
         let mut s = self.lock();
-        if let Some((slot @ Slot::Pending, len)) = s.rows.get_mut(&row) {
-            if *len == bytes.len() {
+        match s.rows.get_mut(&row) {
+            Some((slot @ Slot::Pending, len)) if *len == bytes.len() => {
                 *slot = Slot::Ready { bytes, at };
             }
+            Some((Slot::Doomed, _)) => {
+                // Its owner updated it while it was read: the bytes may be old.
+                s.remove(row);
+                self.publish(&s);
+            }
+            _ => {}
         }
         drop(s);
         self.filled.notify_all();
@@ -236,7 +252,7 @@ impl Stage {
         }
         let mut s = self.lock();
         for &row in rows {
-            if matches!(s.rows.get(&row), Some((Slot::Pending, _))) {
+            if matches!(s.rows.get(&row), Some((Slot::Pending | Slot::Doomed, _))) {
                 s.remove(row);
             }
         }
@@ -256,7 +272,8 @@ impl Stage {
         let deadline = std::time::Instant::now() + PENDING_WAIT;
         loop {
             match s.rows.get(&row) {
-                None => return None,
+                // Doomed: updated since its read ahead began; read it afresh.
+                None | Some((Slot::Doomed, _)) => return None,
                 Some((Slot::Ready { .. }, _)) => break,
                 Some((Slot::Pending, _)) => {
                     let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -277,6 +294,36 @@ impl Stage {
         // Its entry in `order` goes when it reaches the front.
         self.publish(&s);
         Some(bytes)
+    }
+}
+
+impl Stage {
+    /// Forgets the staged copies of global rows `rows` (their owner updated
+    /// them): staged ones are dropped, pending ones doomed (their fill is
+    /// thrown away; a read waiting for one reads it itself). Returns the
+    /// rows forgotten.
+    pub fn invalidate(&self, rows: std::ops::Range<u64>) -> usize {
+        if self.is_empty() || rows.is_empty() {
+            return 0;
+        }
+        let mut s = self.lock();
+        let hit: Vec<u64> = s
+            .rows
+            .keys()
+            .copied()
+            .filter(|r| rows.contains(r))
+            .collect();
+        for &row in &hit {
+            if matches!(s.rows.get(&row), Some((Slot::Ready { .. }, _))) {
+                s.remove(row);
+            } else if let Some((slot, _)) = s.rows.get_mut(&row) {
+                *slot = Slot::Doomed;
+            }
+        }
+        self.publish(&s);
+        drop(s);
+        self.filled.notify_all();
+        hit.len()
     }
 }
 
@@ -392,6 +439,35 @@ mod tests {
             !s.contains(4),
             "a read ahead that did not fill its rows gives them up"
         );
+    }
+
+    #[test]
+    fn updated_rows_leave_the_stage_and_an_old_fill_is_dropped() {
+        let s = Stage::new(1000);
+        assert_eq!(s.reserve(&[1, 2, 3, 10], 10), vec![1, 2, 3, 10]);
+        s.fill(1, vec![1; 10]);
+        s.fill(10, vec![10; 10]);
+        // Rows 0..5 are updated while the reads of 2 and 3 are in flight.
+        assert_eq!(s.invalidate(0..5), 3);
+        assert!(!s.contains(1), "a staged copy of an updated row is dropped");
+        assert_eq!(s.take(2), None, "a doomed row is read afresh, not waited for");
+        s.fill(2, vec![0; 10]); // its read ahead's (maybe old) bytes arrive
+        assert!(!s.contains(2), "and are thrown away");
+        assert!(s.reserve(&[3], 10).is_empty(), "doomed until its read ahead ends");
+        s.cancel(&[3]);
+        assert_eq!(s.reserve(&[1, 2, 3], 10), vec![1, 2, 3], "staged again afresh");
+        assert_eq!(s.take(10), Some(vec![10; 10]), "rows outside the update stay");
+        // A read waiting for a pending row is woken by the update and reads it itself.
+        assert_eq!(s.reserve(&[7], 10), vec![7]);
+        std::thread::scope(|scope| {
+            let reader = scope.spawn(|| s.take(7));
+            std::thread::sleep(Duration::from_millis(20));
+            assert_eq!(s.invalidate(7..8), 1);
+            assert_eq!(reader.join().unwrap(), None);
+        });
+        s.fill(7, vec![7; 10]);
+        assert!(!s.contains(7));
+        assert_eq!(s.invalidate(100..200), 0);
     }
 
     #[test]

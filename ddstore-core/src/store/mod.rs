@@ -43,6 +43,8 @@ pub struct Store {
     freed: AtomicBool,
     /// The memory budget used so far and the spill directories (see [`crate::spill`]).
     spill: crate::spill::store::StoreSpill,
+    /// Rows of spilling variables updated here since the last barrier.
+    updates: spilling::Updates,
 }
 
 impl Store {
@@ -59,6 +61,7 @@ impl Store {
             ragged: RwLock::new(BTreeMap::new()),
             freed: AtomicBool::new(false),
             spill: Default::default(),
+            updates: Default::default(),
         }
     }
 

@@ -37,15 +37,23 @@ impl Store {
                 first_row.saturating_add(n)
             )));
         }
-        local.write_at(first_row as usize * rb, data)
+        local.write_at(first_row as usize * rb, data)?;
+        let start = var.info.layout.start(rank) + first_row;
+        self.note_update(&var, start..start + n);
+        Ok(())
     }
 
     /// This rank's writable share of `name` (loading from files fills it
-    /// without a copy through Python).
+    /// without a copy through Python). Its rows count as updated: staged
+    /// copies go at the next barrier (see [`Store::barrier`]).
     pub(crate) fn local_share(&self, name: &str) -> Result<Arc<dyn Memory>> {
         let var = self.var(name)?;
         match (&var.local, var.my_rank) {
-            (Some(l), Some(_)) => Ok(l.clone()),
+            (Some(l), Some(rank)) => {
+                let start = var.info.layout.start(rank);
+                self.note_update(&var, start..start + var.info.layout.count(rank));
+                Ok(l.clone())
+            }
             _ => Err(Error::Unsupported(format!(
                 "variable '{name}' is attached read-only here"
             ))),

@@ -1,5 +1,18 @@
 //! Variables past their memory budget (see [`crate::spill`]): creating
-//! one whose share spills, and reading its spilled rows ahead of use.
+//! one whose share spills, reading its spilled rows ahead of use, and
+//! telling every rank's read-ahead stage which rows were updated.
+//!
+//! Updates reach staged rows: `write_local` drops this process's staged
+//! copies of the rows it wrote at once and notes them; `barrier` (when any
+//! variable spills) gathers every rank's notes after the barrier proper, so
+//! every rank drops its staged copies of every updated row before it
+//! returns. Only a rank's own process stages rows: a forked child's stage
+//! is empty, and attached stores (spawned workers, method-2 extra jobs)
+//! have none, so no other copy exists.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Mutex;
 
 use crate::kinds::RaggedPart;
 use crate::plan::Plan;
@@ -8,16 +21,119 @@ use crate::spill::run_all;
 use crate::spill::stage::Reserved;
 use crate::spill::store::Split;
 use crate::transport::RemoteRead;
-use crate::Result;
+use crate::{Error, Result};
 
-use super::{Element, OwnRows, Store};
+use super::{Element, OwnRows, Store, Variable};
 
 /// Bytes a read ahead reads at once (its buffer beside the stage, outside
 /// the budget): enough rows to keep its reads in flight, far less than a
 /// stage (up to 64 MiB).
 const PREFETCH_PIECE: usize = 4 << 20;
 
+/// Most row ranges noted per variable between barriers; past it, the
+/// variable's ranges merge into one spanning them all (dropping more staged
+/// rows than were updated is only slower).
+const MOST_RANGES: usize = 256;
+
+/// Global rows of spilling variables this rank updated since the last
+/// [`Store::barrier`], as ranges by variable.
+#[derive(Default)]
+pub(crate) struct Updates(Mutex<BTreeMap<String, Vec<(u64, u64)>>>);
+
+impl Updates {
+    fn note(&self, name: &str, rows: Range<u64>) {
+        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let ranges = all.entry(name.to_string()).or_default();
+        match ranges.last_mut() {
+            // Consecutive updates (a loop over rows) make one range.
+            Some(last) if rows.start <= last.1 && rows.end >= last.0 => {
+                *last = (last.0.min(rows.start), last.1.max(rows.end));
+            }
+            _ => ranges.push((rows.start, rows.end)),
+        }
+        if ranges.len() > MOST_RANGES {
+            let span = ranges.iter().fold((u64::MAX, 0), |(a, b), r| (a.min(r.0), b.max(r.1)));
+            *ranges = vec![span];
+        }
+    }
+
+    fn take(&self) -> BTreeMap<String, Vec<(u64, u64)>> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Puts notes taken for a barrier that failed back (for the next one).
+    fn put_back(&self, taken: BTreeMap<String, Vec<(u64, u64)>>) {
+        for (name, ranges) in taken {
+            for (a, b) in ranges {
+                self.note(&name, a..b);
+            }
+        }
+    }
+}
+
 impl Store {
+    /// Collective barrier over the store's group, bounded by
+    /// `DDSTORE_TIMEOUT_S` (`Error::Timeout` naming the ranks that did not
+    /// arrive). When any variable spills, every rank then learns the rows
+    /// every rank updated (`write_local`, file loads) since the last
+    /// barrier and drops its read-ahead stage's copies of them: a read
+    /// after the barrier returns never gets a row older than the update.
+    pub fn barrier(&self) -> Result<()> {
+        self.comm.barrier_timeout(self.config.timeout)?;
+        // Whether a variable spills is agreed when it is added: every rank
+        // takes the same branch.
+        let spilling = self.vars.read().unwrap().values().any(|v| v.spill.is_some());
+        if !spilling {
+            return Ok(());
+        }
+        let mine = self.updates.take();
+        let record = serde_json::to_vec(&mine).expect("update notes serialise");
+        let all = match self.comm.allgather(&record) {
+            Ok(all) => all,
+            Err(e) => {
+                self.updates.put_back(mine);
+                return Err(e);
+            }
+        };
+        for (rank, raw) in all.iter().enumerate() {
+            let theirs: BTreeMap<String, Vec<(u64, u64)>> = serde_json::from_slice(raw)
+                .map_err(|e| Error::Comm(format!("bad update record from rank {rank}: {e}")))?;
+            for (name, ranges) in theirs {
+                let Some(var) = self.vars.read().unwrap().get(&name).cloned() else {
+                    continue; // freed meanwhile
+                };
+                for (a, b) in ranges {
+                    self.forget_staged(&var, a..b);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Global rows `rows` of `var` were written here: this process's staged
+    /// copies go now, and every rank's at the next [`Store::barrier`].
+    pub(crate) fn note_update(&self, var: &Variable, rows: Range<u64>) {
+        if var.spill.is_none() || rows.is_empty() {
+            return;
+        }
+        self.updates.note(&var.name, rows.clone());
+        self.forget_staged(var, rows);
+    }
+
+    /// Drops the staged copies of `var`'s global rows `rows`. A ragged
+    /// variable's stage (in its values part) holds whole ragged rows, which
+    /// a part's rows do not name: all of it goes.
+    fn forget_staged(&self, var: &Variable, rows: Range<u64>) {
+        if let Some(ragged) = RaggedPart::owner(&var.name) {
+            let found = self.ragged.read().unwrap().get(ragged).cloned();
+            if let Some(spill) = found.as_ref().and_then(|r| r.values.spill.as_ref()) {
+                spill.stage.invalidate(0..u64::MAX);
+            }
+        } else if let Some(spill) = &var.spill {
+            spill.stage.invalidate(rows);
+        }
+    }
+
     /// Collective: as [`Store::init`], with this variable's own memory budget
     /// and spill directory where `request` gives them (else the store's,
     /// `DDSTORE_MEMORY_LIMIT`, `DDSTORE_SPILL_DIR`): rows past the budget go

@@ -123,9 +123,10 @@ impl PyStore {
     }
 
     /// Collective barrier over the store's group, bounded by
-    /// `DDSTORE_TIMEOUT_S` like free()'s (DDStoreTimeoutError naming absent ranks).
+    /// `DDSTORE_TIMEOUT_S` like free()'s (DDStoreTimeoutError naming absent
+    /// ranks); every rank's read-ahead stages drop the rows updated before it.
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
-        self.detached(py, |s| s.comm().barrier_timeout(s.config().timeout))
+        self.detached(py, |s| s.barrier())
     }
 
     fn comm(&self) -> PyComm {
