@@ -1,10 +1,11 @@
 """Updates reach staged rows (issue 36): rows read ahead into a read-ahead stage, then updated by
-their owner and followed by barrier(), read back new from a thread, a forked worker and the other
-rank (same-node or remote), content checked against what the owner wrote.
+their owner and followed by barrier(), read back new from a thread, a forked worker, a spawned
+worker and the other rank (same-node or remote), content checked against what the owner wrote.
 
 python spill_update.py <spill_dir>     (under mpirun, 2 ranks)
 """
 
+import multiprocessing
 import os
 import sys
 import threading
@@ -33,6 +34,19 @@ def check(store, idx, want_seed_of):
 
 def hits(store):
     return store.get_profile("v")["prefetch_hits"]
+
+
+def spawned_reader(store, rows, new_rows, conn):
+    """A spawned worker (the store pickled to a handle, attached): tries to stage `rows`, then
+    reads them once told that their owner updated `new_rows` and barrier() returned."""
+    try:
+        conn.send(store._native.prefetch("v", np.asarray(rows)))
+        assert conn.recv() == "go"
+        new = set(new_rows)
+        check(store, rows, lambda g: NEW if g in new else OLD)
+        conn.send("ok")
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        conn.send(f"spawned reader: {e!r}")
 
 
 def main(spill_dir):
@@ -116,6 +130,21 @@ def main(spill_dir):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, "the forked reader read an old row"
     check(store, np.arange(3600, 3632), seed_of)
+
+    # A spawned worker (an attached store: no stage of its own) reads after the update.
+    ctx = multiprocessing.get_context("spawn")
+    here, there = ctx.Pipe()
+    rows = list(range(3700, 3732))
+    worker = ctx.Process(target=spawned_reader, args=(store, rows, rows[:16], there))
+    worker.start()
+    assert here.poll(120), "the spawned worker did not start"
+    assert here.recv() == 0, "an attached store stages nothing"
+    update(rows[:16])
+    here.send("go")
+    assert here.poll(120), "the spawned worker did not read"
+    assert (said := here.recv()) == "ok", said
+    worker.join(60)
+    assert worker.exitcode == 0, worker.exitcode
 
     # Every row, once more, from every rank.
     check(store, np.arange(N), seed_of)
