@@ -55,7 +55,12 @@ def main(spill_dir):
     store = pyddstore.PyDDStore(MPI.COMM_WORLD, method=1)
     first, count = share_of(N, store.size, store.rank)
     budget = (count // 3) * ROW  # a third in memory, the rest (and 3000..3063, 1400..1463) spilled
-    store.add("v", rows_of(OLD, np.arange(first, first + count), SHAPE, "float32"), memory_limit=budget, spill_dir=spill_dir)
+    store.add(
+        "v",
+        rows_of(OLD, np.arange(first, first + count), SHAPE, "float32"),
+        memory_limit=budget,
+        spill_dir=spill_dir,
+    )
     store.barrier()
     updated = set()  # rows rewritten with NEW so far
 

@@ -94,7 +94,11 @@ impl SpillDir {
                     return Err(crate::Error::Access(format!(
                         "spill lock {name} in {} is held by {} after {}s",
                         dir.path().display(),
-                        if other.is_empty() { "another process" } else { &other },
+                        if other.is_empty() {
+                            "another process"
+                        } else {
+                            &other
+                        },
                         OWN_LOCK_WAIT.as_secs()
                     )))
                 }

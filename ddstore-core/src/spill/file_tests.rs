@@ -169,7 +169,7 @@ fn a_spill_dir_others_can_write_is_refused_by_its_name() {
 
 /// The directory the helper below creates spill files in (set only for the
 /// processes the test starts).
-const RACE_DIR_VAR: &str = "DDSTORE_TEST_SPILL_RACE_DIR";
+const RACE_DIR_VAR: &str = "SPILL_RACE_TEST_DIR";
 
 /// Spill creations each process of the test below makes.
 const RACE_ROUNDS: usize = 50;
@@ -226,7 +226,11 @@ fn processes_sharing_a_spill_dir_create_spill_files_at_once() {
             why.unwrap_or(&text).to_string()
         })
         .collect();
-    assert!(failed.is_empty(), "{} of 16 failed: {failed:?}", failed.len());
+    assert!(
+        failed.is_empty(),
+        "{} of 16 failed: {failed:?}",
+        failed.len()
+    );
     let ran = std::fs::read_dir(&path).unwrap().count();
     assert_eq!(ran, 0, "every process removed its files and its lock");
 }

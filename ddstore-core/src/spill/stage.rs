@@ -450,13 +450,28 @@ mod tests {
         // Rows 0..5 are updated while the reads of 2 and 3 are in flight.
         assert_eq!(s.invalidate(0..5), 3);
         assert!(!s.contains(1), "a staged copy of an updated row is dropped");
-        assert_eq!(s.take(2), None, "a doomed row is read afresh, not waited for");
+        assert_eq!(
+            s.take(2),
+            None,
+            "a doomed row is read afresh, not waited for"
+        );
         s.fill(2, vec![0; 10]); // its read ahead's (maybe old) bytes arrive
         assert!(!s.contains(2), "and are thrown away");
-        assert!(s.reserve(&[3], 10).is_empty(), "doomed until its read ahead ends");
+        assert!(
+            s.reserve(&[3], 10).is_empty(),
+            "doomed until its read ahead ends"
+        );
         s.cancel(&[3]);
-        assert_eq!(s.reserve(&[1, 2, 3], 10), vec![1, 2, 3], "staged again afresh");
-        assert_eq!(s.take(10), Some(vec![10; 10]), "rows outside the update stay");
+        assert_eq!(
+            s.reserve(&[1, 2, 3], 10),
+            vec![1, 2, 3],
+            "staged again afresh"
+        );
+        assert_eq!(
+            s.take(10),
+            Some(vec![10; 10]),
+            "rows outside the update stay"
+        );
         // A read waiting for a pending row is woken by the update and reads it itself.
         assert_eq!(s.reserve(&[7], 10), vec![7]);
         std::thread::scope(|scope| {

@@ -52,7 +52,9 @@ impl Updates {
             _ => ranges.push((rows.start, rows.end)),
         }
         if ranges.len() > MOST_RANGES {
-            let span = ranges.iter().fold((u64::MAX, 0), |(a, b), r| (a.min(r.0), b.max(r.1)));
+            let span = ranges
+                .iter()
+                .fold((u64::MAX, 0), |(a, b), r| (a.min(r.0), b.max(r.1)));
             *ranges = vec![span];
         }
     }
@@ -82,7 +84,12 @@ impl Store {
         self.comm.barrier_timeout(self.config.timeout)?;
         // Whether a variable spills is agreed when it is added: every rank
         // takes the same branch.
-        let spilling = self.vars.read().unwrap().values().any(|v| v.spill.is_some());
+        let spilling = self
+            .vars
+            .read()
+            .unwrap()
+            .values()
+            .any(|v| v.spill.is_some());
         if !spilling {
             return Ok(());
         }

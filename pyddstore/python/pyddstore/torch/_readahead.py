@@ -4,7 +4,9 @@ A sampler that knows its order (pyddstore's DistributedSampler: the epoch's indi
 seed and epoch) says which samples come next; ThreadDataLoader hands the next
 READ_AHEAD_BATCHES batches past those already dispatched to a thread that stages their spilled
 rows (each field's `PyDDStore` read-ahead stage), so the worker that reads the batch copies them
-from memory. Any other sampler reads spilled rows when they are needed.
+from memory. Any other sampler reads spilled rows when they are needed. An `update()` followed by
+`barrier()` drops the staged copies of the rows it wrote on every rank, so a batch read after the
+barrier never gets an old row from the stage.
 """
 
 from __future__ import annotations
