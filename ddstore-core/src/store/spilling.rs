@@ -315,3 +315,33 @@ impl Store {
         Ok(reserved.rows.len())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn update_notes_merge_touching_ranges_and_stay_bounded() {
+        let u = Updates::default();
+        u.note("v", 10..20);
+        u.note("v", 20..30); // a loop over rows: one range
+        u.note("v", 5..12);
+        u.note("v", 100..101);
+        u.note("w", 0..1);
+        let taken = u.take();
+        assert_eq!(taken["v"], vec![(5, 30), (100, 101)]);
+        assert_eq!(taken["w"], vec![(0, 1)]);
+        assert!(u.take().is_empty(), "taken by the barrier");
+        u.put_back(taken);
+        assert_eq!(u.take()["v"], vec![(5, 30), (100, 101)]);
+        for r in 0..(MOST_RANGES as u64 + 1) {
+            u.note("v", 3 * r..3 * r + 1);
+        }
+        let span = 3 * MOST_RANGES as u64 + 1;
+        assert_eq!(
+            u.take()["v"],
+            vec![(0, span)],
+            "many ranges become one spanning them"
+        );
+    }
+}
