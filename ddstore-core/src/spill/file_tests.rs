@@ -231,6 +231,6 @@ fn processes_sharing_a_spill_dir_create_spill_files_at_once() {
         "{} of 16 failed: {failed:?}",
         failed.len()
     );
-    let ran = std::fs::read_dir(&path).unwrap().count();
-    assert_eq!(ran, 0, "every process removed its files and its lock");
+    let left = std::fs::read_dir(&path).unwrap().count();
+    assert_eq!(left, 0, "every process removed its files and its lock");
 }
