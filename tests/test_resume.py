@@ -488,3 +488,106 @@ def test_inflated_sizes_and_seeds_refused():
             with pytest.raises(DDStoreValueError, match="'epoch'"):
                 fresh.load_state_dict(dict(state, epoch=epoch))
         fresh.close()
+
+
+def test_torch_sampler_on_another_rank_count():
+    """torch's own DistributedSampler (53 samples, 2 ranks): its state on 3 or 1 ranks is
+    refused with exact=True; with exact=False inside an epoch it is refused naming
+    'num_replicas' (torch's sampler cannot deal the rest over other ranks), and at an epoch's
+    start, last batch or end the resume is exact: every sample of the epoch counted across
+    the ranks, on 2 ranks as on the new count."""
+    n = 53
+
+    def epoch_ids(replicas, epoch):  # torch's epoch over `replicas` ranks, every rank's part
+        out = []
+        for r in range(replicas):
+            ref = torch.utils.data.DistributedSampler(range(n), num_replicas=replicas, rank=r, seed=5)
+            ref.set_epoch(epoch)
+            out += list(ref)
+        return sorted(out)
+
+    def states(stop):  # epoch 1 on 2 ranks, `stop` batches in (None: to the end of the epoch)
+        seen, out = [], []
+        for r in range(2):
+            s, loader = torch_dist(2, r, n)()
+            s.set_epoch(1)
+            it = iter(loader)
+            seen += [i for _, b in zip(range(len(loader) if stop is None else stop), it) for i in ids_of(b)]
+            if stop is None:
+                assert next(it, None) is None
+            out.append(json.loads(json.dumps(loader.state_dict())))
+            loader.close()
+        return seen, out
+
+    whole = len(torch_dist(2, 0, n)()[1])  # 7 batches of 4 (27 samples a rank)
+    for stop in (0, 3, whole - 1, whole, None):
+        seen, saved = states(stop)
+        inside = stop not in (0, whole, None)
+        for new in (3, 1, 2):
+            rest, nxt = [], []
+            for r in range(new):
+                s, loader = torch_dist(new, r, n)()
+                state = saved[r % 2]
+                if new != 2:
+                    with pytest.raises(DDStoreValueError, match=f"from 2 ranks .'num_replicas'. and this job has {new}"):
+                        loader.load_state_dict(state, exact=True)
+                if inside and new != 2:
+                    with pytest.raises(DDStoreValueError, match="'num_replicas'.*pyddstore.torch.DistributedSampler"):
+                        loader.load_state_dict(state)
+                    loader.close()
+                    continue
+                loader.load_state_dict(state, exact=new == 2)
+                rest += [i for b in loader for i in ids_of(b)]
+                assert s.epoch == (2 if stop is None else 1)
+                nxt += [i for b in loader for i in ids_of(b)]  # then torch's next epoch on `new` ranks
+                loader.close()
+            if inside and new != 2:
+                continue
+            if stop is None:  # the epoch was over: the next ones, whole, on the new ranks
+                assert sorted(seen) == epoch_ids(2, 1)
+                assert sorted(rest) == epoch_ids(new, 2) and sorted(nxt) == epoch_ids(new, 3), (stop, new)
+            elif stop == 0 and new != 2:  # nothing seen: the whole epoch on the new ranks
+                assert sorted(rest) == epoch_ids(new, 1), (stop, new)
+                assert sorted(nxt) == epoch_ids(new, 2)
+            else:  # the rest of the 2 ranks' epoch (empty after the last batch), each sample counted
+                assert sorted(seen + rest) == epoch_ids(2, 1) and set(seen + rest) == set(range(n)), (stop, new)
+                assert sorted(nxt) == epoch_ids(new, 2)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torchdata's own deprecation warnings
+def test_stateful_dataloader_states_checked():
+    """torchdata's StatefulDataLoader restores the pyddstore sampler through its
+    load_state_dict(): a sampler state past the epoch, into padding its rank count has not, or
+    with a seed torch cannot take is refused naming the field; torchdata's own counters
+    cannot skip samples (the sampler's state says where the epoch goes on)."""
+    sdl = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def make():
+        s = DistributedSampler(DS, num_replicas=2, rank=1, seed=3)
+        return sdl.StatefulDataLoader(DS, batch_size=3, sampler=s)
+
+    loader = make()
+    it = iter(loader)
+    next(it)
+    good = json.loads(json.dumps(loader.state_dict()))
+    rest = [ids_of(b) for b in it]
+    for path, value, match in (
+        (("sampler_state", "yielded"), 10**6, "'yielded'"),
+        (("sampler_state", "order_replicas"), 10**3, "'end' 24 is past"),
+        (("sampler_state", "end"), 10**3, "'end' 1000"),
+        (("sampler_state", "seed"), 2**64, "'seed'"),
+        (("sampler_state", "epoch"), 2**63, "'epoch'"),
+    ):
+        state = copy.deepcopy(good)
+        state["_sampler_iter_state"][path[0]][path[1]] = value
+        fresh = make()
+        with pytest.raises(DDStoreValueError, match=match):  # at load_state_dict() or iter()
+            fresh.load_state_dict(state)
+            next(iter(fresh))
+    for key in ("_num_yielded", "_sampler_iter_yielded"):
+        fresh = make()
+        fresh.load_state_dict(dict(good, **{key: 10**3}))
+        assert [ids_of(b) for b in fresh] == rest
+    fresh = make()
+    fresh.load_state_dict(good)
+    assert [ids_of(b) for b in fresh] == rest
