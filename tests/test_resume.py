@@ -451,6 +451,7 @@ def test_inflated_sizes_and_seeds_refused():
     refused(r"'seed' 18446744073709551615 \+ 'epoch' 0", seed=2**64 - 1, epoch=0, epoch_=0)
     refused("'epoch'", epoch=2**63, epoch_=2**63)
     refused("'epoch'", epoch_=2**70)
+    refused("'epoch' 5 is not the sampler's 'epoch' 0", epoch_=5)
     refused("'base_seed'", base_seed=-1)
     refused("'base_seed'", base_seed=2**63)
     # The same inflation on every count a state claims is a job of 10**6 ranks: on 2 ranks its
@@ -529,10 +530,12 @@ def test_torch_sampler_on_another_rank_count():
                 s, loader = torch_dist(new, r, n)()
                 state = saved[r % 2]
                 if new != 2:
-                    with pytest.raises(DDStoreValueError, match=f"from 2 ranks .'num_replicas'. and this job has {new}"):
+                    exact_refused = f"from 2 ranks .'num_replicas'. and this job has {new}"
+                    with pytest.raises(DDStoreValueError, match=exact_refused):
                         loader.load_state_dict(state, exact=True)
                 if inside and new != 2:
-                    with pytest.raises(DDStoreValueError, match="'num_replicas'.*pyddstore.torch.DistributedSampler"):
+                    refused = "'num_replicas'.*pyddstore.torch.DistributedSampler"
+                    with pytest.raises(DDStoreValueError, match=refused):
                         loader.load_state_dict(state)
                     loader.close()
                     continue
@@ -550,7 +553,8 @@ def test_torch_sampler_on_another_rank_count():
                 assert sorted(rest) == epoch_ids(new, 1), (stop, new)
                 assert sorted(nxt) == epoch_ids(new, 2)
             else:  # the rest of the 2 ranks' epoch (empty after the last batch), each sample counted
-                assert sorted(seen + rest) == epoch_ids(2, 1) and set(seen + rest) == set(range(n)), (stop, new)
+                assert sorted(seen + rest) == epoch_ids(2, 1), (stop, new)
+                assert set(seen + rest) == set(range(n))
                 assert sorted(nxt) == epoch_ids(new, 2)
 
 

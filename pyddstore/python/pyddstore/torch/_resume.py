@@ -265,6 +265,10 @@ class LoaderResume:
             if state["sampler"] is None:
                 raise bad_state(what, "'sampler' is missing (a corrupted state?)")
             check_sampler_state(state["sampler"], self.sampler(), exact)
+            if state["epoch"] != state["sampler"]["epoch"]:
+                raise bad_state(
+                    what, f"'epoch' {state['epoch']} is not the sampler's 'epoch' {state['sampler']['epoch']}"
+                )
             same_ranks = state["sampler"]["num_replicas"] == self.sampler().num_replicas
         else:
             same_ranks = self._check_torch_sampler(state, exact, what)
@@ -327,10 +331,8 @@ class LoaderResume:
         if state["mode"] == "sampler":
             s = state["sampler"]
             if state["samples_yielded"] != s["yielded"]:
-                raise bad_state(
-                    what,
-                    f"'samples_yielded' {state['samples_yielded']} is not the sampler's 'yielded' {s['yielded']}",
-                )
+                mine, its = state["samples_yielded"], s["yielded"]
+                raise bad_state(what, f"'samples_yielded' {mine} is not the sampler's 'yielded' {its}")
             samples = stream_len(s["start"], s["end"], s["num_replicas"], s["rank"])
         elif state.get("num_replicas") is not None:  # torch's DistributedSampler, maybe of another rank count
             samples = _torch_samples(sampler, state["num_replicas"])

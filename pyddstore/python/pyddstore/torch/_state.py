@@ -14,7 +14,6 @@ becomes a new stream dealt over the new ranks, each sample once.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -95,7 +94,8 @@ def check_seed(seed: int, epoch: int, what: str, seed_of: str = "'seed'") -> Non
     if seed + epoch + 1 > SEED_MAX:
         raise bad_state(
             what,
-            f"{seed_of} {seed} + 'epoch' {epoch} is past torch's largest seed {SEED_MAX} (a corrupted state?)",
+            f"{seed_of} {seed} + 'epoch' {epoch}: the seed of this epoch or the next is past torch's "
+            f"largest seed {SEED_MAX} (a corrupted state?)",
         )
 
 
@@ -172,7 +172,9 @@ class Stream:
         # order_replicas is the stream's rank count.
         n = len(sampler.dataset)
         replicas = self.order_replicas if self.end > n else 1
-        order = epoch_order(sampler.dataset, replicas, sampler.seed, epoch, sampler.shuffle, sampler.drop_last)
+        order = epoch_order(
+            sampler.dataset, replicas, sampler.seed, epoch, sampler.shuffle, sampler.drop_last
+        )
         return order[self.start : self.end][sampler.rank :: self.replicas]
 
 
