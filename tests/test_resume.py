@@ -49,12 +49,16 @@ def run(make, epochs=3, stop=None, state=None, manual=False):
         loader.close()
 
 
-def tdl(workers, replicas=2, rank=1, auto=True, **kw):
+def tdl(workers, replicas=2, rank=1, auto=True, drop_last=False, batch_drop_last=False, **kw):
+    """A pyddstore DistributedSampler (drop_last: its own) under a ThreadDataLoader
+    (batch_drop_last: the loader's drop_last)."""
+
     def make():
-        s = DistributedSampler(
-            DS, num_replicas=replicas, rank=rank, seed=3, drop_last=kw.pop("drop_last", False)
+        s = DistributedSampler(DS, num_replicas=replicas, rank=rank, seed=3, drop_last=drop_last)
+        loader = ThreadDataLoader(
+            DS, batch_size=3, sampler=s, num_workers=workers, auto_epoch=auto, drop_last=batch_drop_last, **kw
         )
-        return s, ThreadDataLoader(DS, batch_size=3, sampler=s, num_workers=workers, auto_epoch=auto, **kw)
+        return s, loader
 
     return make
 
@@ -301,7 +305,7 @@ def test_bad_states_refused():
     bad(setter(["sampler", "rank"], 7), "rank")
     bad(setter(["sampler", "shuffle"], False), "shuffle")
     bad(setter(["batch_size"], 5), "batch_size")
-    bad(setter(["sampler", "num_replicas"], 3), "3 ranks", exact=True)
+    bad(lambda s: s["sampler"].update(num_replicas=3, order_replicas=3), "3 ranks", exact=True)
     bad(setter(["mode"], "skip"), "DistributedSampler")
     with pytest.raises(DDStoreValueError, match="dict"):
         tdl(0)()[1].load_state_dict([good])
@@ -351,3 +355,243 @@ def test_dataset_name_checked():
     finally:
         a.free()
         b.free()
+
+
+def torch_dist(replicas=2, rank=0, n=N, **kw):
+    """torch's own DistributedSampler under a ThreadDataLoader (the loader's "skip" mode)."""
+    data = TensorDataset(torch.arange(n) * 10, torch.arange(n))
+
+    def make():
+        s = torch.utils.data.DistributedSampler(data, num_replicas=replicas, rank=rank, seed=5)
+        return s, ThreadDataLoader(data, batch_size=4, sampler=s, auto_epoch=True, **kw)
+
+    return make
+
+
+def plain(**kw):
+    """A RandomSampler with a generator, or no automatic batching (batch_size=None)."""
+
+    def make():
+        g = torch.Generator().manual_seed(8)
+        loader = ThreadDataLoader(DS, generator=g, **kw)
+        return loader.sampler, loader
+
+    return make
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        tdl(0),
+        tdl(1, batch_drop_last=True),
+        torch_dist(),
+        torch_dist(drop_last=True),
+        plain(batch_size=4, shuffle=True),
+        plain(batch_size=None),
+    ],
+    ids=["pyddstore", "pyddstore-drop-last", "torch", "torch-drop-last", "random", "unbatched"],
+)
+def test_positions_past_the_epoch_refused(make):
+    """batches_yielded or samples_yielded past this rank's epoch, or not agreeing with each
+    other, is refused at load_state_dict() naming the field: mid-epoch and after the epoch."""
+    _, loader = make()
+    whole = len(loader)
+    it = iter(loader)
+    head = [ids_of(next(it)) if loader.batch_size else [int(next(it)[1])] for _ in range(2)]
+    mid = loader.state_dict()
+    rest = [ids_of(b) if loader.batch_size else [int(b[1])] for b in it]
+    done = loader.state_dict()
+    loader.close()
+    assert done["finished"] and done["batches_yielded"] == whole == len(head) + len(rest)
+    for good in (mid, done):
+        for key, value in (
+            ("batches_yielded", whole + 1),
+            ("batches_yielded", 10**9),
+            ("samples_yielded", good["samples_yielded"] + 1),
+            ("samples_yielded", 10**9),
+        ):
+            state = dict(good, **{key: value})
+            _, fresh = make()
+            with pytest.raises(DDStoreValueError, match=key):
+                fresh.load_state_dict(state)
+            fresh.close()
+    # The untouched state goes on with exactly the rest of the epoch.
+    _, again = make()
+    again.load_state_dict(mid)
+    assert [ids_of(b) if again.batch_size else [int(b[1])] for b in again] == rest
+    again.close()
+
+
+def test_inflated_sizes_and_seeds_refused():
+    """A sampler state's order_replicas/end past what its rank counts allow, seeds and epochs
+    torch cannot seed with, and base seeds out of torch's range: refused at load_state_dict()
+    naming the field, never a longer epoch, a MemoryError or torch's ValueError at iteration."""
+    _, loader = tdl(0)()
+    it = iter(loader)
+    next(it)
+    good = loader.state_dict()
+    loader.close()
+    assert good["sampler"]["end"] == 24 and good["sampler"]["order_replicas"] == 2
+
+    def refused(match, loader=None, **changes):
+        state = copy.deepcopy(good)
+        for key, value in changes.items():
+            where = state if key in ("epoch_", "base_seed") else state["sampler"]
+            where[key.rstrip("_")] = value
+        loader = loader or tdl(0)()[1]
+        with pytest.raises(DDStoreValueError, match=match):
+            loader.load_state_dict(state)
+        loader.close()
+
+    refused("'end' 24 is past", order_replicas=10**3)  # 122 batches before
+    refused("'end' 10000 is past", order_replicas=10**4, end=10**4)  # thousands of batches before
+    refused("'end' 10000000000 is past", order_replicas=10**10, end=10**10)  # a MemoryError before
+    refused("'seed'", seed=2**64)
+    refused("'seed'", seed=-(2**63) - 1)
+    refused(r"'seed' 18446744073709551615 \+ 'epoch' 0", seed=2**64 - 1, epoch=0, epoch_=0)
+    refused("'epoch'", epoch=2**63, epoch_=2**63)
+    refused("'epoch'", epoch_=2**70)
+    refused("'epoch' 5 is not the sampler's 'epoch' 0", epoch_=5)
+    refused("'base_seed'", base_seed=-1)
+    refused("'base_seed'", base_seed=2**63)
+    # The same inflation on every count a state claims is a job of 10**6 ranks: on 2 ranks its
+    # unseen rest is the data set's 23 samples once, not 10**6 positions.
+    state = copy.deepcopy(good)
+    state["sampler"].update(num_replicas=10**6, order_replicas=10**6, end=10**6, rank=0, yielded=0)
+    state.update(batches_yielded=0, samples_yielded=0)
+    rest = []
+    for r in range(2):
+        _, fresh = tdl(0, rank=r)()
+        fresh.load_state_dict(state)
+        rest += [i for b in fresh for i in ids_of(b)]
+        fresh.close()
+    assert sorted(rest) == list(range(N))
+    # Seeds and epochs torch takes, however large, load and run.
+    state = copy.deepcopy(good)
+    state["sampler"].update(seed=2**64 - 10, epoch=7)
+    state["epoch"] = 7
+    _, fresh = tdl(0)()
+    fresh.load_state_dict(state)
+    assert len([b for b in fresh]) == len(fresh) - 1
+    fresh.close()
+    # torch's DistributedSampler: the loader state's epoch against the sampler's own seed.
+    data = TensorDataset(torch.arange(N) * 10, torch.arange(N))
+    s = torch.utils.data.DistributedSampler(data, num_replicas=2, rank=0, seed=2**64 - 10)
+    skip = ThreadDataLoader(data, batch_size=4, sampler=s, auto_epoch=True)
+    state = skip.state_dict()
+    skip.close()
+    for epoch, ok in ((8, True), (9, False), (2**63, False)):
+        fresh = ThreadDataLoader(data, batch_size=4, sampler=s)
+        if ok:
+            fresh.load_state_dict(dict(state, epoch=epoch))
+            assert len(list(fresh)) == len(fresh)
+        else:
+            with pytest.raises(DDStoreValueError, match="'epoch'"):
+                fresh.load_state_dict(dict(state, epoch=epoch))
+        fresh.close()
+
+
+def test_torch_sampler_on_another_rank_count():
+    """torch's own DistributedSampler (53 samples, 2 ranks): its state on 3 or 1 ranks is
+    refused with exact=True; with exact=False inside an epoch it is refused naming
+    'num_replicas' (torch's sampler cannot deal the rest over other ranks), and at an epoch's
+    start, last batch or end the resume is exact: every sample of the epoch counted across
+    the ranks, on 2 ranks as on the new count."""
+    n = 53
+
+    def epoch_ids(replicas, epoch):  # torch's epoch over `replicas` ranks, every rank's part
+        out = []
+        for r in range(replicas):
+            ref = torch.utils.data.DistributedSampler(range(n), num_replicas=replicas, rank=r, seed=5)
+            ref.set_epoch(epoch)
+            out += list(ref)
+        return sorted(out)
+
+    def states(stop):  # epoch 1 on 2 ranks, `stop` batches in (None: to the end of the epoch)
+        seen, out = [], []
+        for r in range(2):
+            s, loader = torch_dist(2, r, n)()
+            s.set_epoch(1)
+            it = iter(loader)
+            seen += [i for _, b in zip(range(len(loader) if stop is None else stop), it) for i in ids_of(b)]
+            if stop is None:
+                assert next(it, None) is None
+            out.append(json.loads(json.dumps(loader.state_dict())))
+            loader.close()
+        return seen, out
+
+    whole = len(torch_dist(2, 0, n)()[1])  # 7 batches of 4 (27 samples a rank)
+    for stop in (0, 3, whole - 1, whole, None):
+        seen, saved = states(stop)
+        inside = stop not in (0, whole, None)
+        for new in (3, 1, 2):
+            rest, nxt = [], []
+            for r in range(new):
+                s, loader = torch_dist(new, r, n)()
+                state = saved[r % 2]
+                if new != 2:
+                    exact_refused = f"from 2 ranks .'num_replicas'. and this job has {new}"
+                    with pytest.raises(DDStoreValueError, match=exact_refused):
+                        loader.load_state_dict(state, exact=True)
+                if inside and new != 2:
+                    refused = "'num_replicas'.*pyddstore.torch.DistributedSampler"
+                    with pytest.raises(DDStoreValueError, match=refused):
+                        loader.load_state_dict(state)
+                    loader.close()
+                    continue
+                loader.load_state_dict(state, exact=new == 2)
+                rest += [i for b in loader for i in ids_of(b)]
+                assert s.epoch == (2 if stop is None else 1)
+                nxt += [i for b in loader for i in ids_of(b)]  # then torch's next epoch on `new` ranks
+                loader.close()
+            if inside and new != 2:
+                continue
+            if stop is None:  # the epoch was over: the next ones, whole, on the new ranks
+                assert sorted(seen) == epoch_ids(2, 1)
+                assert sorted(rest) == epoch_ids(new, 2) and sorted(nxt) == epoch_ids(new, 3), (stop, new)
+            elif stop == 0 and new != 2:  # nothing seen: the whole epoch on the new ranks
+                assert sorted(rest) == epoch_ids(new, 1), (stop, new)
+                assert sorted(nxt) == epoch_ids(new, 2)
+            else:  # the rest of the 2 ranks' epoch (empty after the last batch), each sample counted
+                assert sorted(seen + rest) == epoch_ids(2, 1), (stop, new)
+                assert set(seen + rest) == set(range(n))
+                assert sorted(nxt) == epoch_ids(new, 2)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torchdata's own deprecation warnings
+def test_stateful_dataloader_states_checked():
+    """torchdata's StatefulDataLoader restores the pyddstore sampler through its
+    load_state_dict(): a sampler state past the epoch, into padding its rank count has not, or
+    with a seed torch cannot take is refused naming the field; torchdata's own counters
+    cannot skip samples (the sampler's state says where the epoch goes on)."""
+    sdl = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def make():
+        s = DistributedSampler(DS, num_replicas=2, rank=1, seed=3)
+        return sdl.StatefulDataLoader(DS, batch_size=3, sampler=s)
+
+    loader = make()
+    it = iter(loader)
+    next(it)
+    good = json.loads(json.dumps(loader.state_dict()))
+    rest = [ids_of(b) for b in it]
+    for path, value, match in (
+        (("sampler_state", "yielded"), 10**6, "'yielded'"),
+        (("sampler_state", "order_replicas"), 10**3, "'end' 24 is past"),
+        (("sampler_state", "end"), 10**3, "'end' 1000"),
+        (("sampler_state", "seed"), 2**64, "'seed'"),
+        (("sampler_state", "epoch"), 2**63, "'epoch'"),
+    ):
+        state = copy.deepcopy(good)
+        state["_sampler_iter_state"][path[0]][path[1]] = value
+        fresh = make()
+        with pytest.raises(DDStoreValueError, match=match):  # at load_state_dict() or iter()
+            fresh.load_state_dict(state)
+            next(iter(fresh))
+    for key in ("_num_yielded", "_sampler_iter_yielded"):
+        fresh = make()
+        fresh.load_state_dict(dict(good, **{key: 10**3}))
+        assert [ids_of(b) for b in fresh] == rest
+    fresh = make()
+    fresh.load_state_dict(good)
+    assert [ids_of(b) for b in fresh] == rest

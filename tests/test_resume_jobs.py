@@ -4,7 +4,9 @@ and spawned workers) checkpoint every batch; each stops at its own random point 
 batches, with batches prefetched, at an epoch's start, last batch or end), then the job kills
 itself with SIGKILL (mpirun -n 3). A second job restores the data from the first one's snapshot
 and resumes: the concatenated batches equal an uninterrupted run's, contents checked. A third
-job on 2 ranks resumes the same states: every sample no rank had seen comes once."""
+job on 2 ranks resumes the same states: every sample no rank had seen comes once; with torch's
+own DistributedSampler (tdt-*) a state inside an epoch is refused there, and one at the epoch's
+start, last batch or end resumes with every sample of the epoch counted across the ranks."""
 
 import json
 import os
@@ -34,6 +36,8 @@ def kill_plan(rng: random.Random) -> dict:
         "tdl-m1-w0": "last",
         "tdl-m1-w1": "between",
         "tdl-m1-w4": "between",
+        "tdt-m1-w1": "between",  # torch's own DistributedSampler: refused on 2 ranks
+        "tdt-m1-w0": rng.choice(["start", "last", "end"]),  # exact on 2 ranks
         "sdl-fork": "between",
         "sdl-spawn": rng.choice(["between", "start", "last", "end"]),
     }
@@ -63,3 +67,5 @@ def test_kill_resume_and_resize(tmp_path):
     resized = run_mpi(2, "resume_kill.py", "--phase", "resize", *args, env=env, timeout=400)
     ok = reports(resized.stdout, "resume-ok")
     assert {o["scenario"] for o in ok if o["rank"] == 0} == set(resize), resized.stdout
+    refused = {o["scenario"] for o in ok if o.get("refused")}
+    assert refused == {"tdt-m1-w1"}, resized.stdout

@@ -12,8 +12,10 @@ Phases (argv --phase):
 
 --plan: JSON {scenario: [kill event, ...]} (one event per scenario: an index into its events,
 which are, per epoch: "start" (after iter(), batches in flight), each batch, "end" (after the
-epoch's StopIteration)). Scenarios: tdl-m{0,1}-w{0,1,4} (ThreadDataLoader), sdl-fork,
-sdl-spawn (torchdata StatefulDataLoader, method 1). Every rank prints `resume-ok {json}`.
+epoch's StopIteration)). Scenarios: tdl-m{0,1}-w{0,1,4} (ThreadDataLoader), tdt-m1-w{0,1}
+(ThreadDataLoader with torch's own DistributedSampler: on another rank count refused inside an
+epoch, exact at its start, last batch or end), sdl-fork, sdl-spawn (torchdata
+StatefulDataLoader, method 1). Every rank prints `resume-ok {json}`.
 """
 
 from __future__ import annotations
@@ -56,20 +58,25 @@ def expected(ids):
 
 def scenario_config(name):
     """(method, loader kind, workers, auto_epoch, start method)."""
-    if name.startswith("tdl"):
-        _, m, w = name.split("-")
-        return int(m[1:]), "tdl", int(w[1:]), w != "w1", None
+    if name.startswith(("tdl", "tdt")):
+        kind, m, w = name.split("-")
+        return int(m[1:]), kind, int(w[1:]), w != "w1", None
     return 1, "sdl", 1, False, name.split("-")[1]
 
 
 def make_loader(name, ds, replicas=None, rank=None, reference=False):
     from pyddstore.torch import DistributedSampler, ThreadDataLoader
+    from pyddstore.torch._sampler import replica_of
 
     method, kind, workers, auto, ctx = scenario_config(name)
     if reference and kind == "sdl":
         workers = 0  # the same batches; no worker processes to start
-    sampler = DistributedSampler(ds, num_replicas=replicas, rank=rank, seed=SEED)
-    if kind == "tdl":
+    if kind == "tdt":  # torch's own sampler: the rank and size of the dataset's store
+        rank, replicas, _ = replica_of(ds)
+        sampler = torch.utils.data.DistributedSampler(ds, num_replicas=replicas, rank=rank, seed=SEED)
+    else:
+        sampler = DistributedSampler(ds, num_replicas=replicas, rank=rank, seed=SEED)
+    if kind != "sdl":
         loader = ThreadDataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=workers, auto_epoch=auto)
     else:
         from torchdata.stateful_dataloader import StatefulDataLoader
@@ -213,21 +220,35 @@ def phase_resize(a, plan, W, dss, old_size):
         with open(os.path.join(a.dir, f"{name}.r{W.rank}.first.state")) as f:
             start = json.load(f)
         sampler, loader, auto = make_loader(name, ds)
-        if scenario_config(name)[1] == "tdl":  # torchdata's load_state_dict() takes the state only
+        kind = scenario_config(name)[1]
+        if kind != "sdl":  # torchdata's load_state_dict() takes the state only
             tc.raises(DDStoreValueError, lambda: loader.load_state_dict(start["loader"], exact=True), "ranks")
-        loader.load_state_dict(start["loader"])
         epoch = start["epoch"]
+        logs = [read_log(a.dir, name, r, "first") for r in range(old_size)]
+        seen = [i for log in logs for e, ids in log if e == epoch for i in ids]
+        order = epoch_order(ds, old_size, SEED, epoch, True, False)
+        if kind == "tdt" and 0 < len(seen) < len(order) and not start["epoch_done"]:
+            # torch's sampler cannot deal the rest of an epoch over other ranks: refused
+            tc.raises(DDStoreValueError, lambda: loader.load_state_dict(start["loader"]), "'num_replicas'")
+            loader.close()
+            report = {"rank": W.rank, "scenario": name, "resized_from": old_size, "refused": True}
+            sys.stdout.write(f"resume-ok {json.dumps(report)}\n")
+            sys.stdout.flush()
+            continue
+        loader.load_state_dict(start["loader"])
         if not start["epoch_done"]:
             if not auto:
                 sampler.set_epoch(epoch)
             mine = [i for b in loader for i in check_batch(b, f"{name} resized epoch {epoch}")]
             rest = [i for part in W.comm.allgather(mine) for i in part]
-            logs = [read_log(a.dir, name, r, "first") for r in range(old_size)]
-            seen = {i for log in logs for e, ids in log if e == epoch for i in ids}
-            order = set(epoch_order(ds, old_size, SEED, epoch, True, False))
-            assert len(rest) == len(set(rest)), f"{name}: a sample twice after the resize: {sorted(rest)}"
-            unseen = order - seen
-            assert set(rest) == unseen, f"{name}: {sorted(rest)} != unseen {sorted(unseen)}"
+            if kind == "tdt":  # at the epoch's start: torch's whole epoch on the new ranks; at its end: none
+                whole = epoch_order(ds, W.size, SEED, epoch, True, False) if not seen else []
+                assert sorted(rest) == sorted(whole), f"{name}: {sorted(rest)} != {sorted(whole)}"
+                assert set(seen + rest) == set(range(N)), f"{name}: samples missing: {seen} {rest}"
+            else:
+                assert len(rest) == len(set(rest)), f"{name}: a sample twice after the resize: {sorted(rest)}"
+                unseen = set(order) - set(seen)
+                assert set(rest) == unseen, f"{name}: {sorted(rest)} != unseen {sorted(unseen)}"
         nxt = epoch + 1
         if nxt < EPOCHS:  # then a normal epoch on the new rank count
             if not auto:

@@ -528,8 +528,10 @@ class ThreadDataLoader(DataLoader):
         uninterrupted run would have yielded next, in the same order (the same rank count).
         From another rank count (a pyddstore DistributedSampler; exact=False) the epoch's
         samples no rank has seen yet come once across the new ranks, then normal epochs.
-        A state of another dataset (length or name), batch size, rank count with exact=True, a
-        corrupted state or one from a later epoch than set_epoch() gave raises DDStoreValueError.
+        A state of another dataset (length or name), batch size, rank count with exact=True (or,
+        with torch's own DistributedSampler, from inside an epoch on another rank count), a
+        position past the epoch, a corrupted state or one from a later epoch than set_epoch()
+        gave raises DDStoreValueError naming the field.
         ``{}`` loads nothing (torchdata).
 
         Args:

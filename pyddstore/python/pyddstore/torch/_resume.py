@@ -9,6 +9,7 @@ import copy
 from typing import Any
 
 import torch
+import torch.utils.data.distributed as _tud
 
 from pyddstore._errors import DDStoreValueError
 
@@ -19,17 +20,42 @@ from ._state import (
     VERSION,
     bad_state,
     check_dataset,
+    check_position,
     check_sampler_state,
+    check_seed,
     dataset_name,
     generator_state,
     loader_fields,
     set_generator_state,
+    stream_len,
+    total_size,
     unsupported,
 )
 
 
 def _is_dist_sampler(sampler: Any) -> bool:
     return isinstance(sampler, DistributedSampler)
+
+
+def _torch_replicas(sampler: Any) -> int | None:
+    """The rank count of torch's own DistributedSampler (its part of an epoch depends on it),
+    None for other samplers of the "skip" mode."""
+    if isinstance(sampler, _tud.DistributedSampler) and not _is_dist_sampler(sampler):
+        return int(sampler.num_replicas)
+    return None
+
+
+def _torch_samples(sampler: Any, replicas: int) -> int:
+    """Each rank's samples of an epoch of torch's DistributedSampler `sampler` on `replicas` ranks."""
+    return total_size(len(sampler.dataset), replicas, sampler.drop_last) // replicas
+
+
+def _len(obj: Any) -> int | None:
+    """len(obj), None for an object without a length."""
+    try:
+        return len(obj)
+    except TypeError:
+        return None
 
 
 class Progress:
@@ -121,7 +147,13 @@ class LoaderResume:
                 sampler.epoch = st["epoch"]
             if not finished:
                 start["base_seed"] = st["base_seed"]
-                if mode == "skip":
+                if mode == "skip" and st.get("num_replicas") not in (None, _torch_replicas(sampler)):
+                    # torch's DistributedSampler from another rank count, at the epoch's start
+                    # or end (load_state_dict() refuses the rest): none or all of it on this one.
+                    if st["samples_yielded"] > 0:
+                        whole = len(self.loader)
+                        start.update(skip=whole, batches=whole, samples=len(sampler))
+                elif mode == "skip":
                     start.update(skip=st["batches_yielded"], batches=st["batches_yielded"])
                     start["samples"] = st["samples_yielded"]
             if st["epoch"] is not None:
@@ -177,6 +209,7 @@ class LoaderResume:
             "dataset_name": dataset_name(loader.dataset),
             "batch_size": loader.batch_size,
             "drop_last": bool(loader.drop_last),
+            "num_replicas": _torch_replicas(sampler),
         }
         if p is None:  # no iteration yet: the next one starts the epoch
             epoch = self.next_epoch if self.auto_epoch else None
@@ -232,17 +265,90 @@ class LoaderResume:
             if state["sampler"] is None:
                 raise bad_state(what, "'sampler' is missing (a corrupted state?)")
             check_sampler_state(state["sampler"], self.sampler(), exact)
+            if state["epoch"] != state["sampler"]["epoch"]:
+                raise bad_state(
+                    what, f"'epoch' {state['epoch']} is not the sampler's 'epoch' {state['sampler']['epoch']}"
+                )
+            same_ranks = state["sampler"]["num_replicas"] == self.sampler().num_replicas
+        else:
+            same_ranks = self._check_torch_sampler(state, exact, what)
         batch_size, drop_last = self.loader.batch_size, self.loader.drop_last
-        replicas = getattr(self.sampler(), "num_replicas", None)
-        same_ranks = state["mode"] == "skip" or state["sampler"]["num_replicas"] == replicas
         if same_ranks and (state.get("batch_size") != batch_size or state["drop_last"] != drop_last):
             raise bad_state(
                 what,
                 f"the state has batch_size={state.get('batch_size')}, drop_last={state['drop_last']}; this "
                 f"loader batch_size={batch_size}, drop_last={drop_last}: the batches would differ",
             )
+        self._check_position(state, same_ranks, what)
         self.pending = copy.deepcopy(state)
         self.exact = bool(exact)
+
+    def _check_torch_sampler(self, state: dict, exact: bool, what: str) -> bool:
+        """A "skip" state against this loader's sampler: saved with torch's DistributedSampler
+        exactly when this one is (its 'num_replicas'), its epoch a seed torch takes, and on
+        another rank count only where no sample of the epoch is skipped or repeated: at the
+        epoch's start or end (exact=True: never). True when the rank counts are the same."""
+        sampler = self.sampler()
+        mine, replicas = _torch_replicas(sampler), state.get("num_replicas")
+        if (mine is None) != (replicas is None):
+            saved = "torch's DistributedSampler" if mine is None else "another sampler"
+            raise bad_state(
+                what,
+                f"'num_replicas' is {replicas}: {saved} saved the state; this loader's sampler is a "
+                f"{type(sampler).__name__}",
+            )
+        if mine is None:
+            return True
+        if state["epoch"] is None:
+            raise bad_state(what, "'epoch' is null, but torch's DistributedSampler saved the state")
+        check_seed(int(sampler.seed), state["epoch"], what, "this sampler's seed")
+        if replicas == mine:
+            return True
+        if exact:
+            raise bad_state(
+                what,
+                f"the state is from {replicas} ranks ('num_replicas') and this job has {mine}: exact=True "
+                "refuses another rank count",
+            )
+        seen = state["samples_yielded"]
+        inside = 0 < max(seen, state["batches_yielded"]) and seen < _torch_samples(sampler, replicas)
+        if inside and not state["finished"]:
+            raise bad_state(
+                what,
+                f"the state is from {replicas} ranks ('num_replicas'), {state['batches_yielded']} batches "
+                f"into epoch {state['epoch']}, and this job has {mine}: torch's DistributedSampler cannot "
+                "deal the rest of an epoch over other ranks (samples would be skipped or seen twice). Use "
+                f"pyddstore.torch.DistributedSampler, resume on {replicas} ranks, or from a state saved at "
+                "an epoch's start or end",
+            )
+        return False
+
+    def _check_position(self, state: dict, same_ranks: bool, what: str) -> None:
+        """The state's batches and samples yielded lie inside the iteration it describes (on
+        another rank count: the one of the ranks that saved it) and agree with each other."""
+        loader, sampler = self.loader, self.sampler()
+        batches = None
+        if state["mode"] == "sampler":
+            s = state["sampler"]
+            if state["samples_yielded"] != s["yielded"]:
+                mine, its = state["samples_yielded"], s["yielded"]
+                raise bad_state(what, f"'samples_yielded' {mine} is not the sampler's 'yielded' {its}")
+            samples = stream_len(s["start"], s["end"], s["num_replicas"], s["rank"])
+        elif state.get("num_replicas") is not None:  # torch's DistributedSampler, maybe of another rank count
+            samples = _torch_samples(sampler, state["num_replicas"])
+        else:
+            samples = _len(sampler)
+            if loader.batch_size is None and loader.batch_sampler is not None and same_ranks:
+                batches = _len(loader.batch_sampler)
+        if state.get("batch_size") is not None:
+            batch_size, drop_last = state["batch_size"], state["drop_last"]
+        elif loader.batch_sampler is None:  # no automatic batching: a sample a batch
+            batch_size, drop_last = 1, False
+        else:  # the user's batch_sampler: its own batches
+            batch_size, drop_last = None, False
+            if loader.batch_size is None and getattr(loader.batch_sampler, "sampler", None) is not sampler:
+                samples = None  # the batch sampler draws from a sampler of its own
+        check_position(state, what, samples, batch_size, drop_last, batches)
 
 
 class PositionTracking:

@@ -237,8 +237,9 @@ class DistributedSampler(_tud.DistributedSampler):
     def load_state_dict(self, state_dict: dict, exact: bool = False) -> None:
         """Resumes from a state_dict(): the next iteration yields the rest of the state's epoch
         (see the class). exact=True refuses a state from another rank count. A state of another
-        dataset (length, name), of other shuffle/drop_last settings, corrupted, or from a later
-        epoch than set_epoch() gave raises DDStoreValueError.
+        dataset (length, name), of other shuffle/drop_last settings, corrupted (a position past
+        its epoch, a seed torch cannot take), or from a later epoch than set_epoch() gave raises
+        DDStoreValueError naming the field.
 
         Args:
             state_dict (dict): what state_dict() returned (JSON data).

@@ -14,7 +14,6 @@ becomes a new stream dealt over the new ranks, each sample once.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -25,6 +24,10 @@ from pyddstore._errors import DDStoreUnsupportedError, DDStoreValueError
 SAMPLER_FORMAT = "pyddstore.DistributedSampler"
 LOADER_FORMAT = "pyddstore.ThreadDataLoader"
 VERSION = 1
+# torch.Generator.manual_seed() takes [-2**63, 2**64); a sampler seeds each epoch with seed + epoch.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+# Epochs and torch's base seeds (a random int64 >= 0) are below 2**63.
+INT64_MAX = 2**63 - 1
 
 
 def dataset_name(dataset: Any) -> str | None:
@@ -41,10 +44,11 @@ def dataset_name(dataset: Any) -> str | None:
 
 
 def total_size(n: int, replicas: int, drop_last: bool) -> int:
-    """Length of torch's DistributedSampler order for n samples on `replicas` ranks."""
+    """Length of torch's DistributedSampler order for n samples on `replicas` ranks (torch's
+    float arithmetic in integers: exact for any rank count a state may claim)."""
     if drop_last and n % replicas != 0:
-        return math.ceil((n - replicas) / replicas) * replicas
-    return math.ceil(n / replicas) * replicas
+        return n // replicas * replicas
+    return -(-n // replicas) * replicas
 
 
 def epoch_order(dataset: Any, replicas: int, seed: int, epoch: int, shuffle: bool, drop_last: bool) -> list:
@@ -68,12 +72,31 @@ def bad_state(what: str, detail: str) -> DDStoreValueError:
     return DDStoreValueError(f"{what}: {detail}")
 
 
-def _int(state: dict, key: str, what: str, lo: int | None = 0) -> int:
+def _int(state: dict, key: str, what: str, lo: int | None = 0, hi: int | None = None) -> int:
     v = state.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo):
-        bound = "an integer" if lo is None else f"an integer >= {lo}"
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, int)
+        or (lo is not None and v < lo)
+        or (hi is not None and v > hi)
+    ):
+        if hi is not None:
+            bound = f"an integer in [{lo}, {hi}]"
+        else:
+            bound = "an integer" if lo is None else f"an integer >= {lo}"
         raise bad_state(what, f"{key!r} is {v!r}, expected {bound} (a corrupted or foreign state?)")
     return v
+
+
+def check_seed(seed: int, epoch: int, what: str, seed_of: str = "'seed'") -> None:
+    """seed + epoch (the epoch's shuffle seed) and the next epoch's are seeds torch takes
+    (the seed in [SEED_MIN, SEED_MAX] and the epoch >= 0 checked before)."""
+    if seed + epoch + 1 > SEED_MAX:
+        raise bad_state(
+            what,
+            f"{seed_of} {seed} + 'epoch' {epoch}: the seed of this epoch or the next is past torch's "
+            f"largest seed {SEED_MAX} (a corrupted state?)",
+        )
 
 
 def _bool(state: dict, key: str, what: str) -> bool:
@@ -143,8 +166,14 @@ class Stream:
         return stream_len(self.start, self.end, self.replicas, rank)
 
     def indices(self, sampler: Any, epoch: int) -> list:
+        # The order's first n positions are the shuffle itself, the same for every rank count
+        # (torch pads after them or cuts them): only a stream into the padding needs the order
+        # of order_replicas ranks, and check_sampler_state() allows that only where
+        # order_replicas is the stream's rank count.
+        n = len(sampler.dataset)
+        replicas = self.order_replicas if self.end > n else 1
         order = epoch_order(
-            sampler.dataset, self.order_replicas, sampler.seed, epoch, sampler.shuffle, sampler.drop_last
+            sampler.dataset, replicas, sampler.seed, epoch, sampler.shuffle, sampler.drop_last
         )
         return order[self.start : self.end][sampler.rank :: self.replicas]
 
@@ -174,8 +203,8 @@ def check_sampler_state(state: Any, sampler: Any, exact: bool) -> tuple[int, Str
     DDStoreValueError naming what does not fit."""
     what = "DistributedSampler.load_state_dict"
     _header(state, SAMPLER_FORMAT, what)
-    epoch = _int(state, "epoch", what)
-    _int(state, "seed", what, lo=None)
+    epoch = _int(state, "epoch", what, hi=INT64_MAX)
+    check_seed(_int(state, "seed", what, lo=SEED_MIN, hi=SEED_MAX), epoch, what)
     for key in ("shuffle", "drop_last"):
         if _bool(state, key, what) != bool(getattr(sampler, key)):
             raise bad_state(
@@ -192,6 +221,14 @@ def check_sampler_state(state: Any, sampler: Any, exact: bool) -> tuple[int, Str
     full = total_size(n, order_replicas, sampler.drop_last)
     if not start <= end <= full:
         raise bad_state(what, f"'start' {start} and 'end' {end} are not within the epoch's {full} positions")
+    if n < end and start < end and order_replicas != replicas:
+        # torch pads the order of a fresh epoch only; the rest dealt over other ranks stops at n.
+        raise bad_state(
+            what,
+            f"'end' {end} is past the dataset's {n} samples (torch's padding), which only a stream on "
+            f"the rank count its order was made for reaches: 'order_replicas' {order_replicas}, "
+            f"'num_replicas' {replicas}",
+        )
     if yielded > stream_len(start, end, replicas, rank):
         mine = stream_len(start, end, replicas, rank)
         raise bad_state(what, f"'yielded' {yielded} is more than rank {rank}'s {mine} samples")
@@ -205,8 +242,8 @@ def check_sampler_state(state: Any, sampler: Any, exact: bool) -> tuple[int, Str
         )
     # Every rank took `yielded` of its part: the order's first start + yielded * replicas
     # positions are seen. The rest, without torch's padding copies, goes to the new ranks.
-    seen = min(start + yielded * replicas, end)
-    return epoch, Stream(seen, max(seen, min(end, n)), order_replicas, sampler.num_replicas), 0
+    seen, end = min(start + yielded * replicas, end), min(end, n)
+    return epoch, Stream(min(seen, end), end, order_replicas, sampler.num_replicas), 0
 
 
 def loader_fields(state: Any, what: str) -> dict:
@@ -214,11 +251,13 @@ def loader_fields(state: Any, what: str) -> dict:
     _header(state, LOADER_FORMAT, what)
     epoch = state.get("epoch")
     if epoch is not None:
-        _int(state, "epoch", what)
+        _int(state, "epoch", what, hi=INT64_MAX)
     for key in ("batches_yielded", "samples_yielded"):
         _int(state, key, what)
-    if state.get("base_seed") is not None:
-        _int(state, "base_seed", what, lo=None)
+    if state.get("base_seed") is not None:  # torch draws it as a random int64 >= 0
+        _int(state, "base_seed", what, hi=INT64_MAX)
+    if state.get("num_replicas") is not None:
+        _int(state, "num_replicas", what, lo=1)
     _bool(state, "finished", what)
     _bool(state, "drop_last", what)
     if state.get("batch_size") is not None:
@@ -232,6 +271,34 @@ def loader_fields(state: Any, what: str) -> dict:
     if state.get("mode") not in ("sampler", "skip"):
         raise bad_state(what, f"'mode' is {state.get('mode')!r}, expected 'sampler' or 'skip'")
     return state
+
+
+def check_position(
+    state: dict, what: str, samples: int | None, batch_size: int | None, drop_last: bool, batches: int | None
+) -> None:
+    """The loader state's batches_yielded and samples_yielded are a position inside one
+    iteration over `samples` samples of this rank (None: unknown) in batches of `batch_size`
+    (1 without automatic batching), or over `batches` batches of a user's batch_sampler
+    (batch_size None; None: unknown)."""
+    b, s = state["batches_yielded"], state["samples_yielded"]
+    if batch_size is not None and samples is not None:
+        batches = samples // batch_size if drop_last else -(-samples // batch_size)
+    if batches is not None and b > batches:
+        raise bad_state(what, f"'batches_yielded' {b} is past the epoch's {batches} batches of this rank")
+    if samples is not None and s > samples:
+        raise bad_state(what, f"'samples_yielded' {s} is past the epoch's {samples} samples of this rank")
+    if batch_size is not None:
+        full = b * batch_size  # every batch whole but an epoch's last (drop_last=False)
+        if drop_last:
+            fits = s == full
+        elif samples is not None:
+            fits = s == min(full, samples)
+        else:  # a sampler without a length: only the last batch may be short
+            fits = full - batch_size < s <= full
+        if not fits:
+            raise bad_state(
+                what, f"'samples_yielded' {s} is not what 'batches_yielded' {b} batches of {batch_size} hold"
+            )
 
 
 def generator_state(g: Any) -> list | None:
