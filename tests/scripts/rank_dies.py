@@ -1,11 +1,12 @@
-"""One rank dies of an uncaught exception while the others use the store.
+"""One rank ends while the others use the store: the whole job must end.
 
-    mpirun -n 3 python rank_dies.py METHOD    (DDSTORE_TIMEOUT_S small, e.g. 5)
+    mpirun -n 3 python rank_dies.py METHOD HOW    (DDSTORE_TIMEOUT_S small, e.g. 5)
 
 Every rank builds a store with method METHOD (0: MPI RMA, 1: libfabric) and checks a read of
-every rank's rows. Then rank 1 raises an uncaught exception, rank 0 reads rank 1's rows in a
-loop (up to 60 s) and rank 2 waits in barrier(); each survivor prints `waiting {json}` (rank, time it began)
-first. The job must end, nonzero, within DDSTORE_TIMEOUT_S + 10 s of that time."""
+every rank's rows. Then rank 1 ends: HOW=raise, of an uncaught exception; HOW=exit, with
+sys.exit(3) (no exception hook runs; the store is left unfreed). Rank 0 reads rank 1's rows in a
+loop (up to 60 s) and rank 2 waits in barrier(); each survivor prints `waiting {json}` (rank, the
+time it began) first. The job must end, nonzero, within DDSTORE_TIMEOUT_S + 10 s of that time."""
 
 import json
 import sys
@@ -21,7 +22,7 @@ import pyddstore
 N, SHAPE = 60, (4,)
 
 
-def main(method: int) -> None:
+def main(method: int, how: str) -> None:
     store = pyddstore.PyDDStore(MPI.COMM_WORLD, method=method)
     first, count = share_of(N, store.size, store.rank)
     store.add("v", rows_of(5, np.arange(first, first + count), SHAPE, "float32"))
@@ -32,6 +33,8 @@ def main(method: int) -> None:
     store.barrier()
     if store.rank == 1:
         time.sleep(0.5)
+        if how == "exit":
+            sys.exit(3)
         raise RuntimeError("rank 1 fails (on purpose)")
     print("waiting " + json.dumps({"rank": store.rank, "since": time.time()}), flush=True)
     if store.rank == 0:
@@ -50,4 +53,4 @@ def main(method: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))  # rank 1's exception must stay uncaught
+    main(int(sys.argv[1]), sys.argv[2])  # rank 1's exception must stay uncaught
