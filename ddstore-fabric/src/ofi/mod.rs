@@ -52,11 +52,11 @@ pub mod wire {
     };
 }
 pub use record::ShareRecord;
-pub use signal_owners::provider_signal_handlers;
 pub use select::{
     is_provider_name, nic_for_rank, provider_candidates, InfoRequest, DEFAULT_CANDIDATES,
     FABRIC_VALUES,
 };
+pub use signal_owners::provider_signal_handlers;
 pub use transport::{gather_by_default, OfiShares, OfiTransport};
 
 use libfabric_sys as sys;

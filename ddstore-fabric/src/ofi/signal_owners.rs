@@ -39,7 +39,11 @@ fn handler_library(sig: i32) -> Option<String> {
     }
     // SAFETY: dli_fname is a NUL-terminated string of the loader's, valid while the
     // library stays loaded; it is copied at once.
-    Some(unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned())
+    Some(
+        unsafe { CStr::from_ptr(info.dli_fname) }
+            .to_string_lossy()
+            .into_owned(),
+    )
 }
 
 #[cfg(test)]
