@@ -27,8 +27,8 @@ use super::select;
 /// presence counts. Debian's libfabric links them, so they load with the extension:
 /// the Python package sets these before it loads it (`pyddstore/__init__.py`, the
 /// same list); libfabric builds that load them as providers (`dl`) read them at the
-/// first `fi_getinfo`. libpsm2 11 installs none unless `HFI_BACKTRACE` is set (left
-/// alone). Open MPI's `MPI_Init` sets the same two.
+/// first `fi_getinfo`. libpsm2 11 and libfabric's psm3 install none unless `HFI_BACKTRACE`
+/// or `PSM3_BACKTRACE` is set (left alone). Open MPI's `MPI_Init` sets the same two.
 pub const PROVIDER_SIGNAL_VARIABLES: [&str; 2] = ["IPATH_NO_BACKTRACE", "HFI_NO_BACKTRACE"];
 
 /// rxm's receive buffer size for the (control-only) messages of a store.
