@@ -109,6 +109,22 @@ fn libfabric_env(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     Ok(d)
 }
 
+/// The signals whose handler a PSM library installed (the package puts
+/// Python's back on them; see `ddstore_fabric::ofi::PROVIDER_SIGNAL_VARIABLES`).
+#[pyfunction]
+fn provider_signal_handlers() -> Vec<i32> {
+    ddstore_fabric::ofi::provider_signal_handlers()
+}
+
+/// The PSM variables the package set before loading this module
+/// (`pyddstore._set_before_load`; empty when imported some other way).
+fn set_before_load(py: Python<'_>) -> Vec<String> {
+    py.import("pyddstore")
+        .and_then(|package| package.getattr("_set_before_load"))
+        .and_then(|names| names.extract())
+        .unwrap_or_default()
+}
+
 /// Whether process `pid` exists on this machine (the one check, ddstore_core's).
 #[pyfunction]
 fn pid_alive(pid: u32) -> bool {
@@ -118,8 +134,9 @@ fn pid_alive(pid: u32) -> bool {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Before anything can start libfabric or a pyddstore thread: the one
-    // place the libfabric variables pyddstore defaults are set.
-    ddstore_fabric::ofi::apply_libfabric_defaults();
+    // place the libfabric variables pyddstore defaults are set (the PSM
+    // ones the package had to set before loading libfabric count as ours).
+    ddstore_fabric::ofi::apply_libfabric_defaults_after(&set_before_load(m.py()));
     // Exception classes next: a missing one fails this import.
     errors::bind(m.py())?;
     signals::install(m.py())?;
@@ -135,6 +152,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(setting, m)?)?;
     m.add_function(wrap_pyfunction!(libfabric_env, m)?)?;
     m.add_function(wrap_pyfunction!(pid_alive, m)?)?;
+    m.add_function(wrap_pyfunction!(provider_signal_handlers, m)?)?;
+    m.add(
+        "PROVIDER_SIGNAL_VARIABLES",
+        ddstore_fabric::ofi::PROVIDER_SIGNAL_VARIABLES.to_vec(),
+    )?;
     m.add_function(wrap_pyfunction!(system_info, m)?)?;
     m.add_function(wrap_pyfunction!(provider_candidates, m)?)?;
     m.add_function(wrap_pyfunction!(errors::file_error, m)?)?;

@@ -17,6 +17,20 @@ use ddstore_core::Config;
 
 use super::select;
 
+/// The PSM libraries' variables that keep them from installing signal handlers,
+/// set (to "1") unless the user set them. libinfinipath (PSM, TrueScale) and
+/// libpsm2 before 11 install, from a load-time constructor, handlers for
+/// SIGINT, SIGTERM, SIGSEGV, SIGBUS, SIGILL and SIGABRT that write a `*.btr`
+/// backtrace file into the working directory and `exit(1)`: Ctrl-C no longer
+/// raises `KeyboardInterrupt`, SIGTERM and `abort()` end with status 1 instead of
+/// 143 and 134, and `exit()` from a signal handler can deadlock. Only the variable's
+/// presence counts. Debian's libfabric links them, so they load with the extension:
+/// the Python package sets these before it loads it (`pyddstore/__init__.py`, the
+/// same list); libfabric builds that load them as providers (`dl`) read them at the
+/// first `fi_getinfo`. libpsm2 11 and libfabric's psm3 install none unless `HFI_BACKTRACE`
+/// or `PSM3_BACKTRACE` is set (left alone). Open MPI's `MPI_Init` sets the same two.
+pub const PROVIDER_SIGNAL_VARIABLES: [&str; 2] = ["IPATH_NO_BACKTRACE", "HFI_NO_BACKTRACE"];
+
 /// rxm's receive buffer size for the (control-only) messages of a store.
 pub(crate) const RXM_BUFFER_BYTES: usize = 1024;
 
@@ -49,6 +63,7 @@ pub(crate) fn universe_size_for(config: &Config) -> usize {
 
 /// The defaults for an environment (`get`), as (variable, value):
 ///
+/// - [`PROVIDER_SIGNAL_VARIABLES`] = 1: the PSM libraries install no signal handlers.
 /// - `FI_CXI_DISABLE_HOST_REGISTER=1`: skips GPU-runtime registration of CXI
 ///   host buffers, which fails after fork.
 /// - `DDSTORE_FORK_WORKERS=1`: `FI_MR_CACHE_MONITOR=memhooks` (kdreg2, Frontier's
@@ -93,7 +108,11 @@ fn defaults_for_machine(
 ) -> Vec<(&'static str, String)> {
     let settings = Settings::from_lookup(&get).unwrap_or_default();
     let config = settings.config();
-    let mut out = vec![("FI_CXI_DISABLE_HOST_REGISTER", "1".to_string())];
+    let mut out: Vec<(&'static str, String)> = PROVIDER_SIGNAL_VARIABLES
+        .iter()
+        .map(|&name| (name, "1".to_string()))
+        .collect();
+    out.push(("FI_CXI_DISABLE_HOST_REGISTER", "1".to_string()));
     if settings.flag("DDSTORE_FORK_WORKERS")
         && matches!(
             get("FI_MR_CACHE_MONITOR").as_deref(),
@@ -123,6 +142,10 @@ fn defaults_for_machine(
 /// `python -m pyddstore info` and the debug log.
 pub fn reason(name: &str) -> &'static str {
     match name {
+        "IPATH_NO_BACKTRACE" | "HFI_NO_BACKTRACE" => {
+            "PSM (libinfinipath) and PSM2 before 11: no signal handlers of theirs (Ctrl-C, \
+             SIGTERM and abort() would exit 1 and write a .btr file into the working directory)"
+        }
         "FI_CXI_DISABLE_HOST_REGISTER" => {
             "cxi: skip the GPU runtime's registration of host buffers, which fails after fork"
         }
@@ -149,11 +172,28 @@ pub fn reason(name: &str) -> &'static str {
 /// once per process; later calls return what the first did. Call it before
 /// any thread that may read the environment exists.
 pub fn apply_libfabric_defaults() -> &'static Applied {
+    apply_libfabric_defaults_after(&[])
+}
+
+/// [`apply_libfabric_defaults`] where the loader set `preset` (some of
+/// [`PROVIDER_SIGNAL_VARIABLES`], to "1") before loading libfabric: they count
+/// as set by pyddstore, not by the user. Other names are ignored.
+pub fn apply_libfabric_defaults_after(preset: &[String]) -> &'static Applied {
     APPLIED.get_or_init(|| {
         let mut variables = Vec::new();
         for (name, value) in defaults_for(|k| std::env::var(k).ok()) {
             let forced = name == "FI_MR_CACHE_MONITOR"; // replaces kdreg2, see defaults_for
-            let user = std::env::var(name).ok().filter(|v| !v.is_empty());
+            let ours_already = PROVIDER_SIGNAL_VARIABLES.contains(&name)
+                && preset.iter().any(|p| p == name)
+                && std::env::var(name).ok().as_deref() == Some(value.as_str());
+            if ours_already {
+                variables.push((name, value, true));
+                continue;
+            }
+            // Only a variable's presence counts for the PSM libraries: an empty one is the user's.
+            let user = std::env::var(name)
+                .ok()
+                .filter(|v| !v.is_empty() || PROVIDER_SIGNAL_VARIABLES.contains(&name));
             if user.is_some() && !forced {
                 variables.push((name, user.unwrap_or_default(), false));
                 continue;
@@ -206,7 +246,14 @@ mod tests {
     #[test]
     fn defaults_follow_the_provider_and_settings() {
         let plain = names(&[]);
-        assert_eq!(plain, vec![("FI_CXI_DISABLE_HOST_REGISTER", "1".into())]);
+        assert_eq!(
+            plain,
+            vec![
+                ("IPATH_NO_BACKTRACE", "1".into()),
+                ("HFI_NO_BACKTRACE", "1".into()),
+                ("FI_CXI_DISABLE_HOST_REGISTER", "1".into())
+            ]
+        );
         let tcp = names(&[
             ("DDSTORE_FABRIC", "tcp"),
             ("DDSTORE_MAX_READ_BYTES", "4096"),

@@ -26,6 +26,7 @@ mod progress;
 mod reader;
 mod record;
 mod select;
+mod signal_owners;
 mod transport;
 mod window;
 
@@ -33,7 +34,10 @@ pub use av::Av;
 pub use cq::{Cq, CqError, Poll};
 pub use domain::Domain;
 pub use endpoint::Endpoint;
-pub use env::{apply_libfabric_defaults, defaults_for, reason, started_after_defaults, Applied};
+pub use env::{
+    apply_libfabric_defaults, apply_libfabric_defaults_after, defaults_for, reason,
+    started_after_defaults, Applied, PROVIDER_SIGNAL_VARIABLES,
+};
 pub use error::strerror;
 pub use fabric::Fabric;
 pub use info::{Info, InfoEntry, MR_MODES};
@@ -52,6 +56,7 @@ pub use select::{
     is_provider_name, nic_for_rank, provider_candidates, InfoRequest, DEFAULT_CANDIDATES,
     FABRIC_VALUES,
 };
+pub use signal_owners::provider_signal_handlers;
 pub use transport::{gather_by_default, OfiShares, OfiTransport};
 
 use libfabric_sys as sys;

@@ -6,10 +6,19 @@ Slingshot, InfiniBand, TCP and shared memory). ``pyddstore.torch`` builds
 PyTorch datasets and loaders on top.
 """
 
+# The PSM libraries Debian's libfabric links install signal handlers when the extension loads
+# them, unless these variables are set: set them first (see _signals.py).
+from . import _signals
+
+_set_before_load = _signals.prevent()  # read by the extension: these count as pyddstore's
+
 # Importing the extension sets the libfabric variables pyddstore defaults, before any thread
 # of pyddstore or libfabric exists (see _env.py).
-from . import _native
-from ._log import configure as _configure_logging
+from . import _native  # noqa: E402
+
+_signals.take_back()  # a PSM library loaded before pyddstore may have installed its own
+
+from ._log import configure as _configure_logging  # noqa: E402
 
 _configure_logging()  # DDSTORE_LOG_LEVEL; otherwise only a NullHandler
 

@@ -4,13 +4,15 @@ the methods pyddstore.torch builds on."""
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
+import sys
 import time
 import weakref
 
 import numpy as np
 
-from . import _handshake, _log, _native, _profile
+from . import _abort, _handshake, _log, _native, _profile
 from ._args import as_array as _as_array
 from ._args import dtype_name as _dtype_name
 from ._args import int_arg as _int
@@ -30,11 +32,12 @@ from ._kinds import RAGGED_VALUES, CommKind, Method, ragged_parts
 from ._profile import ProfileCounters, new_py_times
 
 _live_stores: weakref.WeakSet = weakref.WeakSet()
+_made = itertools.count()  # stores are made collectively: the same order on every rank
 
 
 @atexit.register
 def _at_exit_all() -> None:
-    for store in list(_live_stores):
+    for store in sorted(_live_stores, key=lambda s: s._made):
         store._at_exit()
 
 
@@ -136,10 +139,8 @@ class PyDDStore(StoreCollectives, ProfileCounters):
             comm = _native.Comm.single()
         else:
             comm = resolve_comm(comm_or_none, settings)
-        if comm.kind == CommKind.MPI and settings.abort_on_exception:
-            from . import _abort
-
-            _abort.install()
+        if comm.kind == CommKind.MPI:  # an uncaught exception may have to end the job (_abort.py)
+            _abort.install(settings.abort_on_exception)
         if method is None:
             method = Method.MPI_RMA if comm.kind == CommKind.MPI else Method.LIBFABRIC
         method = int(method)  # store.method is the plain number, as upstream's
@@ -181,7 +182,9 @@ class PyDDStore(StoreCollectives, ProfileCounters):
         if method == Method.LIBFABRIC_EXTRA_JOBS and not self.is_extra:
             self._publisher = _handshake.Publisher(self, self.handshake_dir)
         # A weak reference: the exit hook must not keep a dropped store (and its memory) alive.
+        self._made = next(_made)
         _live_stores.add(self)
+        _abort.watch(self)  # a method-0 store open: an uncaught exception ends the job
         _log.report_choice(self)
 
     # -- identity ---------------------------------------------------------
@@ -658,6 +661,20 @@ class PyDDStore(StoreCollectives, ProfileCounters):
             self._publisher.withdraw()
         if not self._native.freed:
             self._report_profile()
+            if self.method == Method.MPI_RMA and self.size > 1:
+                self._free_at_exit()
+
+    def _free_at_exit(self) -> None:
+        """A method-0 store left open is freed at exit, bounded: every rank's exit frees its
+        stores in the order they were made, and where a rank does not come within
+        ``DDSTORE_TIMEOUT_S`` the windows are left to the process's end. Left to interpreter
+        teardown, each window's ``MPI_Win_free`` would wait for every rank, forever where one
+        is gone."""
+        try:
+            self._native.free()
+        except DDStoreError as e:
+            rank = self.world_rank
+            sys.stderr.write(f"pyddstore: rank {rank}: at exit, a method-0 store was left unfreed: {e}\n")
 
     def _report_profile(self) -> None:
         """DDSTORE_PROFILE=1: one line of read counters per variable on stderr."""
