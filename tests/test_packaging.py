@@ -163,3 +163,110 @@ def test_build_without_mpi(tmp_path):
     _run([py, "-c", NO_MPI_CHECK], env=run_env, cwd=tmp_path)
     out = _run([py, "-m", "pyddstore", "info"], env=run_env, cwd=tmp_path)
     assert "not in this build" in out.stdout, out.stdout
+
+
+# --- Every install line of README.md and docs/, as written ----------------------------------
+
+# The recipes' lines that run on this machine, in the order a reader types them: a laptop's
+# first install (mpi4py from its binary wheel, through the `mpi` extra), and a cluster's
+# (mpi4py built from source against the site's MPI first; Perlmutter's `pip install torch`).
+LAPTOP_LINES = ['pip install ".[torch,mpi]"']
+CLUSTER_LINES = [
+    "pip install --no-cache-dir --no-binary mpi4py mpi4py",
+    "pip install torch",
+    'pip install ".[torch,mpi]"',
+]
+# The lines that need another site, each with where it is tested instead.
+SITE_LINES = {
+    'MATURIN_PEP517_ARGS="--no-default-features" pip install .': "make check-no-mpi (test_build_without_mpi)",
+    'MPICC="cc -shared" pip install --no-cache-dir --no-binary mpi4py mpi4py': "a Cray's cc wrapper",
+    "pip install torch --index-url https://download.pytorch.org/whl/rocm7.1": "PyTorch's ROCm build",
+}
+# What the venvs get from the test command's own environment instead of from the index: torch
+# and what it needs (2.8 GB of wheels), as a site's Python module provides them. The packages
+# the install lines themselves bring (pyddstore, mpi4py, numpy, tqdm) and pip's own are left out.
+NOT_LAYERED = ("pyddstore", "mpi4py", "numpy", "tqdm", "pip", "setuptools", "wheel", "maturin")
+NOT_LAYERED += ("_distutils_hack", "pkg_resources", "__editable__", "h5py", "zarr", "__pycache__")
+
+
+def documented_install_lines() -> list[str]:
+    """Every `pip install` line of a code block in README.md and docs/, its comment dropped."""
+    import re
+
+    lines = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for block in re.findall(r"^```[a-z]*\n(.*?)^```", path.read_text(), re.M | re.S):
+            for line in block.splitlines():
+                command = line.split("  #")[0].strip()
+                if re.search(r"\bpip3? install\b", command) and command not in lines:
+                    lines.append(command)
+    return lines
+
+
+def test_every_documented_install_line_is_tested_here_or_placed():
+    """A new install line in the docs is either run by test_install_lines_run_the_quickstart or
+    named in SITE_LINES with the site it needs."""
+    lines = documented_install_lines()
+    unplaced = [x for x in lines if x not in LAPTOP_LINES + CLUSTER_LINES and x not in SITE_LINES]
+    assert not unplaced, f"install lines neither run here nor placed at a site: {unplaced}"
+    assert set(LAPTOP_LINES + CLUSTER_LINES) <= set(lines), "a tested line is no longer documented"
+    assert set(SITE_LINES) <= set(lines), "SITE_LINES names a line the docs no longer have"
+
+
+def _torch_layer(path: Path) -> Path:
+    """A directory of links to the entries of the site-packages holding torch, less NOT_LAYERED."""
+    torch = pytest.importorskip("torch")
+    site = Path(torch.__file__).resolve().parent.parent
+    path.mkdir()
+    for entry in site.iterdir():
+        name = entry.name.lower()
+        if entry.suffix == ".pth" or name.startswith(NOT_LAYERED):
+            continue
+        (path / entry.name).symlink_to(entry)
+    return path
+
+
+def _venv_with_torch_layer(path: Path, layer: Path) -> Path:
+    py = _clean_venv(path)
+    purelib = _run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    Path(purelib, "site-torch.pth").write_text(f"{layer}\n")  # after the venv's own site-packages
+    return py
+
+
+def _type_lines_then_quickstart(venv: Path, lines: list[str], env: dict) -> str:
+    """The lines as a reader types them (the venv activated, in the checkout), then the quickstart
+    with `mpirun -n 2` as docs/index.md shows it; its output."""
+    script = " && ".join([f". {venv}/bin/activate", *lines])
+    _run(["bash", "-c", script], env=env, timeout=1800)
+    probe = _run([venv / "bin" / "python", "-c", "import pyddstore, mpi4py; print(pyddstore.__file__)"], env=env)
+    assert str(venv) in probe.stdout, f"pyddstore not from the venv: {probe.stdout}"
+    run_env = {
+        **env,
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "OMPI_MCA_rmaps_base_oversubscribe": "1",
+        "FI_TCP_IFACE": "lo",
+        "DDSTORE_QUIET": "1",
+    }
+    cmd = f". {venv}/bin/activate && mpirun -n 2 python examples/quickstart.py"
+    out = _run(["bash", "-c", cmd], env=run_env, timeout=600).stdout
+    for rank in (0, 1):
+        for epoch in (0, 1):
+            assert f"rank {rank} of 2, epoch {epoch}: 5000 samples read" in out, out
+    return out
+
+
+@pytest.mark.slow
+def test_install_lines_run_the_quickstart(tmp_path):
+    """The documented install lines, as written, in clean venvs, then the quickstart: the laptop's
+    first line alone must bring everything the quickstart imports (mpi4py included)."""
+    layer = _torch_layer(tmp_path / "torch-layer")
+    env = _build_env()
+    laptop = tmp_path / "laptop"
+    _venv_with_torch_layer(laptop, layer)
+    _type_lines_then_quickstart(laptop, LAPTOP_LINES, env)
+    cluster = tmp_path / "cluster"
+    _venv_with_torch_layer(cluster, layer)
+    _type_lines_then_quickstart(cluster, CLUSTER_LINES, env)
+    mpi4py_from = _run([cluster / "bin" / "python", "-m", "pip", "show", "-f", "mpi4py"], env=env).stdout
+    assert str(cluster) in mpi4py_from, mpi4py_from  # built from source into the venv, not the layer's
