@@ -256,15 +256,81 @@ def _type_lines_then_quickstart(venv: Path, lines: list[str], env: dict) -> str:
     return out
 
 
+# In a venv with pyddstore installed: the first line of each documented object's docstring and of
+# each public member's, from the installed package, as JSON [[name, first line], ...].
+DOCUMENTED_TEXT = r"""
+import importlib, inspect, json, re, sys
+pages = sys.argv[1:]
+found = []
+for page in pages:
+    for target in re.findall(r"^::: (\S+)", open(page).read(), re.M):
+        module, name = target.rsplit(".", 1)
+        obj = getattr(importlib.import_module(module), name)
+        items = [(target, obj)]
+        if inspect.isclass(obj) and not issubclass(obj, BaseException):
+            for attr, value in vars(obj).items():
+                if not attr.startswith("_") and attr != "check_worker_number_rationality":
+                    items.append((f"{target}.{attr}", getattr(obj, attr) if callable(value) else value))
+        for qual, value in items:
+            doc = inspect.getdoc(value) if not isinstance(value, (int, str, tuple)) else None
+            own = qual == target or doc != inspect.getdoc(type(value))
+            if doc and own and not doc.startswith("Alias for field number"):  # a namedtuple's field
+                found.append([qual, doc.split(chr(10))[0]])
+print(json.dumps(found))
+"""
+
+
+def _words(text: str) -> str:
+    """Text as a reader sees it: no Markdown code marks or links, whitespace collapsed."""
+    import re
+
+    text = re.sub(r"\[([^]]*)\]\([^)]*\)", r"\1", text.replace("`", ""))
+    return " ".join(text.split())
+
+
+def _reference_renders_in(venv: Path, tmp_path: Path, env: dict) -> None:
+    """`mkdocs build --strict` in the venv (the docs toolchain from the layer), from a copy of the
+    docs and the Python sources without a built extension, as after `pip install .`: every class,
+    function and method the reference pages name shows its docstring's first line."""
+    import html
+    import json
+    import re
+    import shutil
+
+    copy = tmp_path / "docs-checkout"
+    for part in ("docs", "examples", "mkdocs.yml", "pyddstore/python"):
+        src, dst = ROOT / part, copy / part
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+        else:
+            shutil.copy(src, dst)
+    py = venv / "bin" / "python"
+    docs_env = {**env, "NO_MKDOCS_2_WARNING": "1"}
+    site = tmp_path / "site"
+    out = _run([py, "-m", "mkdocs", "build", "--strict", "-d", str(site)], env=docs_env, cwd=copy)
+    assert "WARNING" not in out.stdout + out.stderr, out.stderr
+    pages = sorted((copy / "docs" / "reference").glob("*.md"))
+    want = json.loads(_run([py, "-c", DOCUMENTED_TEXT, *map(str, pages)], env=env, cwd=tmp_path).stdout)
+    text = ""
+    for page in pages:
+        built = (site / "reference" / page.stem / "index.html").read_text()
+        text += _words(html.unescape(re.sub(r"<[^>]+>", "", built)))
+    missing = [name for name, first in want if _words(first)[:60] not in text]
+    assert len(want) > 60 and not missing, f"reference entries without their text: {missing}"
+
+
 @pytest.mark.slow
-def test_install_lines_run_the_quickstart(tmp_path):
+def test_install_lines_run_the_quickstart_and_the_reference_renders(tmp_path):
     """The documented install lines, as written, in clean venvs, then the quickstart: the laptop's
-    first line alone must bring everything the quickstart imports (mpi4py included)."""
+    first line alone must bring everything the quickstart imports (mpi4py included). In the
+    laptop's venv the API reference then renders every documented object's text."""
     layer = _torch_layer(tmp_path / "torch-layer")
     env = _build_env()
     laptop = tmp_path / "laptop"
     _venv_with_torch_layer(laptop, layer)
     _type_lines_then_quickstart(laptop, LAPTOP_LINES, env)
+    _reference_renders_in(laptop, tmp_path, env)
     cluster = tmp_path / "cluster"
     _venv_with_torch_layer(cluster, layer)
     _type_lines_then_quickstart(cluster, CLUSTER_LINES, env)
