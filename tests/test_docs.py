@@ -95,6 +95,36 @@ def test_figures_page_answers_its_questions_from_the_data():
     assert len(page) < 12000, "the figures page is meant to stay short: history goes to developer.md"
 
 
+@pytest.mark.slow
+def test_pages_render_with_nothing_cut(tmp_path):
+    """`make docs-shots` as a test: headless chromium renders the index, figures, reference,
+    install and security pages at 1280 px; no code block, table or image is wider than its box or
+    the content column, every screenshot is written, and the figures page stays short."""
+    import json
+    import shutil
+
+    pytest.importorskip("mkdocs", reason="the docs toolchain: bash scripts/setup.sh installs it")
+    if not any(shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")):
+        pytest.skip("no chromium: apt-get install chromium (make docs-shots installs it)")
+    out = tmp_path / "shots"
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "shots.py"), "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert set(report) >= {"index", "figures", "reference", "reference-torch"}, report.keys()
+    for page, res in report.items():
+        assert res["cut"] == [], (page, res["cut"])
+        assert (out / f"{page}.png").stat().st_size > 10_000, page
+    assert report["figures"]["height"] < 8000, report["figures"]["height"]
+
+
 def _public_names():
     import pyddstore.torch
 

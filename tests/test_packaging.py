@@ -238,7 +238,8 @@ def _type_lines_then_quickstart(venv: Path, lines: list[str], env: dict) -> str:
     with `mpirun -n 2` as docs/index.md shows it; its output."""
     script = " && ".join([f". {venv}/bin/activate", *lines])
     _run(["bash", "-c", script], env=env, timeout=1800)
-    probe = _run([venv / "bin" / "python", "-c", "import pyddstore, mpi4py; print(pyddstore.__file__)"], env=env)
+    probe_code = "import pyddstore, mpi4py; print(pyddstore.__file__)"
+    probe = _run([venv / "bin" / "python", "-c", probe_code], env=env, cwd=venv)
     assert str(venv) in probe.stdout, f"pyddstore not from the venv: {probe.stdout}"
     run_env = {
         **env,
