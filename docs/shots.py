@@ -27,6 +27,7 @@ PAGES = {
     "reference-torch": "reference/torch/index.html",
     "install": "install/index.html",
     "security": "security/index.html",
+    "developer": "developer/index.html",
 }
 
 # Run in the page once it has loaded: every block of the content that is wider than its box or

@@ -334,6 +334,7 @@ def test_install_lines_run_the_quickstart_and_the_reference_renders(tmp_path):
     _reference_renders_in(laptop, tmp_path, env)
     cluster = tmp_path / "cluster"
     _venv_with_torch_layer(cluster, layer)
-    _type_lines_then_quickstart(cluster, CLUSTER_LINES, env)
+    # mpi4py's one large C file, unoptimised: 3 min of CPU at -O2 (25 min at load 15 here)
+    _type_lines_then_quickstart(cluster, CLUSTER_LINES, {**env, "CFLAGS": "-O0"})
     mpi4py_from = _run([cluster / "bin" / "python", "-m", "pip", "show", "-f", "mpi4py"], env=env).stdout
     assert str(cluster) in mpi4py_from, mpi4py_from  # built from source into the venv, not the layer's
