@@ -213,6 +213,23 @@ def test_every_documented_install_line_is_tested_here_or_placed():
     assert set(SITE_LINES) <= set(lines), "SITE_LINES names a line the docs no longer have"
 
 
+def test_every_extra_the_docs_name_exists():
+    """The extras README.md and docs/ name in prose (`".[graph]"`, `".[hdf5,zarr]"`) are pyproject's."""
+    import re
+
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        tomllib = pytest.importorskip("tomli")
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    named = set()
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for group in re.findall(r"\.\[([\w,]+)\]", path.read_text()):
+            named |= set(group.split(","))
+    assert {"torch", "mpi"} <= named, named
+    assert not named - extras, f"extras the docs name but pyproject lacks: {named - extras}"
+
+
 def _torch_layer(path: Path) -> Path:
     """A directory of links to the entries of the site-packages holding torch, less NOT_LAYERED."""
     torch = pytest.importorskip("torch")
