@@ -1,5 +1,5 @@
 # pyddstore: `make help` lists the targets.
-.PHONY: help setup demo test test-long test-libfabric2 bench bench-vcluster bench-paths bench-graph bench-load bench-workers bench-spill setup-alt lint fmt soak check-memory check-no-mpi test-torch-min docs clean
+.PHONY: help setup demo test test-long test-libfabric2 bench bench-vcluster bench-paths bench-graph bench-load bench-workers bench-spill setup-alt lint fmt soak check-memory check-no-mpi test-torch-min docs docs-shots clean
 
 help:  ## this list
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -85,6 +85,11 @@ test-torch-min:  ## the torch tests against the oldest supported torch (2.6, CPU
 
 docs:  ## build the documentation (mkdocs --strict) into site/
 	bash scripts/setup.sh && . .venv/bin/activate && python -m mkdocs build --strict
+
+docs-shots:  ## screenshots of the built pages into site/shots/ (headless chromium); fails if a code line or column is cut
+	command -v chromium >/dev/null || apt-get install -y chromium
+	bash scripts/setup.sh && . .venv/bin/activate && python -m mkdocs build --strict && \
+	python docs/shots.py --site site --out site/shots
 
 lint:  ## cargo fmt --check, clippy -D warnings (also without MPI), ruff, the _native.pyi stub check
 	bash scripts/lint.sh

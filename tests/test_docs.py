@@ -71,6 +71,60 @@ def _check_reference_pages(site: Path) -> None:
     assert "Parameters:" in torch_page and "str | None" in table and "None" in table
 
 
+def test_figures_page_answers_its_questions_from_the_data():
+    """docs/figures.md: each question's section has one plot drawn by docs/figures/plot.py, the
+    table plot.py prints from the same data file, and a command; no hand-written numbers in tables."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.spec_from_file_location("figures_plot", ROOT / "docs" / "figures" / "plot.py")
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    page = (ROOT / "docs" / "figures.md").read_text()
+    sections = re.split(r"^## ", page, flags=re.M)[1:]
+    measured = [s for s in sections if "![" in s]
+    assert len(measured) == len(plot.SECTIONS), [s.splitlines()[0] for s in sections]
+    for name, section in zip(plot.SECTIONS, measured):
+        title = section.splitlines()[0]
+        assert title.startswith("How") and "?" in title, title
+        assert re.findall(r"!\[[^]]*\]\(img/([^)]+)\)", section) == [f"fig-{name}.png"], title
+        assert (ROOT / "docs" / "img" / f"fig-{name}.png").exists(), name
+        assert plot.table(name) in section, f"{title}: the table differs from plot.py's for data/{name}.json"
+        assert section.count("\n| ") == len(plot.load(name)["rows"]) + 1, f"{title}: one table only"
+        assert "```bash" in section and "Conditions:" in section, title
+    assert len(page) < 12000, "the figures page is meant to stay short: history goes to developer.md"
+
+
+@pytest.mark.slow
+def test_pages_render_with_nothing_cut(tmp_path):
+    """`make docs-shots` as a test: headless chromium renders the index, figures, reference,
+    install and security pages at 1280 px; no code block, table or image is wider than its box or
+    the content column, every screenshot is written, and the figures page stays short."""
+    import json
+    import shutil
+
+    pytest.importorskip("mkdocs", reason="the docs toolchain: bash scripts/setup.sh installs it")
+    if not any(shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")):
+        pytest.skip("no chromium: apt-get install chromium (make docs-shots installs it)")
+    out = tmp_path / "shots"
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "shots.py"), "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert set(report) >= {"index", "figures", "reference", "reference-torch"}, report.keys()
+    for page, res in report.items():
+        assert res["cut"] == [], (page, res["cut"])
+        assert (out / f"{page}.png").stat().st_size > 10_000, page
+    assert report["figures"]["height"] < 8000, report["figures"]["height"]
+
+
 def _public_names():
     import pyddstore.torch
 

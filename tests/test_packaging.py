@@ -163,3 +163,195 @@ def test_build_without_mpi(tmp_path):
     _run([py, "-c", NO_MPI_CHECK], env=run_env, cwd=tmp_path)
     out = _run([py, "-m", "pyddstore", "info"], env=run_env, cwd=tmp_path)
     assert "not in this build" in out.stdout, out.stdout
+
+
+# --- Every install line of README.md and docs/, as written ----------------------------------
+
+# The recipes' lines that run on this machine, in the order a reader types them: a laptop's
+# first install (mpi4py from its binary wheel, through the `mpi` extra), and a cluster's
+# (mpi4py built from source against the site's MPI first; Perlmutter's `pip install torch`).
+LAPTOP_LINES = ['pip install ".[torch,mpi]"']
+CLUSTER_LINES = [
+    "pip install --no-cache-dir --no-binary mpi4py mpi4py",
+    "pip install torch",
+    'pip install ".[torch,mpi]"',
+]
+# The lines that need another site, each with where it is tested instead.
+SITE_LINES = {
+    'MATURIN_PEP517_ARGS="--no-default-features" pip install .': "make check-no-mpi (test_build_without_mpi)",
+    'MPICC="cc -shared" pip install --no-cache-dir --no-binary mpi4py mpi4py': "a Cray's cc wrapper",
+    "pip install torch --index-url https://download.pytorch.org/whl/rocm7.1": "PyTorch's ROCm build",
+}
+# What the venvs get from the test command's own environment instead of from the index: torch
+# and what it needs (2.8 GB of wheels), as a site's Python module provides them. The packages
+# the install lines themselves bring (pyddstore, mpi4py, numpy, tqdm) and pip's own are left out.
+NOT_LAYERED = ("pyddstore", "mpi4py", "numpy", "tqdm", "pip", "setuptools", "wheel", "maturin")
+NOT_LAYERED += ("_distutils_hack", "pkg_resources", "__editable__", "h5py", "zarr", "__pycache__")
+
+
+def documented_install_lines() -> list[str]:
+    """Every `pip install` line of a code block in README.md and docs/, its comment dropped."""
+    import re
+
+    lines = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for block in re.findall(r"^```[a-z]*\n(.*?)^```", path.read_text(), re.M | re.S):
+            for line in block.splitlines():
+                command = line.split("  #")[0].strip()
+                if re.search(r"\bpip3? install\b", command) and command not in lines:
+                    lines.append(command)
+    return lines
+
+
+def test_every_documented_install_line_is_tested_here_or_placed():
+    """A new install line in the docs is either run by test_install_lines_run_the_quickstart or
+    named in SITE_LINES with the site it needs."""
+    lines = documented_install_lines()
+    unplaced = [x for x in lines if x not in LAPTOP_LINES + CLUSTER_LINES and x not in SITE_LINES]
+    assert not unplaced, f"install lines neither run here nor placed at a site: {unplaced}"
+    assert set(LAPTOP_LINES + CLUSTER_LINES) <= set(lines), "a tested line is no longer documented"
+    assert set(SITE_LINES) <= set(lines), "SITE_LINES names a line the docs no longer have"
+
+
+def test_every_extra_the_docs_name_exists():
+    """The extras README.md and docs/ name in prose (`".[graph]"`, `".[hdf5,zarr]"`) are pyproject's."""
+    import re
+
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        tomllib = pytest.importorskip("tomli")
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    named = set()
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for group in re.findall(r"\.\[([\w,]+)\]", path.read_text()):
+            named |= set(group.split(","))
+    assert {"torch", "mpi"} <= named, named
+    assert not named - extras, f"extras the docs name but pyproject lacks: {named - extras}"
+
+
+def _torch_layer(path: Path) -> Path:
+    """A directory of links to the entries of the site-packages holding torch, less NOT_LAYERED."""
+    torch = pytest.importorskip("torch")
+    site = Path(torch.__file__).resolve().parent.parent
+    path.mkdir()
+    for entry in site.iterdir():
+        name = entry.name.lower()
+        if entry.suffix == ".pth" or name.startswith(NOT_LAYERED):
+            continue
+        (path / entry.name).symlink_to(entry)
+    return path
+
+
+def _venv_with_torch_layer(path: Path, layer: Path) -> Path:
+    py = _clean_venv(path)
+    purelib = _run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    Path(purelib, "site-torch.pth").write_text(f"{layer}\n")  # after the venv's own site-packages
+    return py
+
+
+def _type_lines_then_quickstart(venv: Path, lines: list[str], env: dict) -> str:
+    """The lines as a reader types them (the venv activated, in the checkout), then the quickstart
+    with `mpirun -n 2` as docs/index.md shows it; its output."""
+    script = " && ".join([f". {venv}/bin/activate", *lines])
+    _run(["bash", "-c", script], env=env, timeout=1800)
+    probe_code = "import pyddstore, mpi4py; print(pyddstore.__file__)"
+    probe = _run([venv / "bin" / "python", "-c", probe_code], env=env, cwd=venv)
+    assert str(venv) in probe.stdout, f"pyddstore not from the venv: {probe.stdout}"
+    run_env = {
+        **env,
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "OMPI_MCA_rmaps_base_oversubscribe": "1",
+        "FI_TCP_IFACE": "lo",
+        "DDSTORE_QUIET": "1",
+    }
+    cmd = f". {venv}/bin/activate && mpirun -n 2 python examples/quickstart.py"
+    out = _run(["bash", "-c", cmd], env=run_env, timeout=600).stdout
+    for rank in (0, 1):
+        for epoch in (0, 1):
+            assert f"rank {rank} of 2, epoch {epoch}: 5000 samples read" in out, out
+    return out
+
+
+# In a venv with pyddstore installed: the first line of each documented object's docstring and of
+# each public member's, from the installed package, as JSON [[name, first line], ...].
+DOCUMENTED_TEXT = r"""
+import importlib, inspect, json, re, sys
+pages = sys.argv[1:]
+found = []
+for page in pages:
+    for target in re.findall(r"^::: (\S+)", open(page).read(), re.M):
+        module, name = target.rsplit(".", 1)
+        obj = getattr(importlib.import_module(module), name)
+        items = [(target, obj)]
+        if inspect.isclass(obj) and not issubclass(obj, BaseException):
+            for attr, value in vars(obj).items():
+                if not attr.startswith("_") and attr != "check_worker_number_rationality":
+                    items.append((f"{target}.{attr}", getattr(obj, attr) if callable(value) else value))
+        for qual, value in items:
+            doc = inspect.getdoc(value) if not isinstance(value, (int, str, tuple)) else None
+            own = qual == target or doc != inspect.getdoc(type(value))
+            if doc and own and not doc.startswith("Alias for field number"):  # a namedtuple's field
+                found.append([qual, doc.split(chr(10))[0]])
+print(json.dumps(found))
+"""
+
+
+def _words(text: str) -> str:
+    """Text as a reader sees it: no Markdown code marks or links, whitespace collapsed."""
+    import re
+
+    text = re.sub(r"\[([^]]*)\]\([^)]*\)", r"\1", text.replace("`", ""))
+    return " ".join(text.split())
+
+
+def _reference_renders_in(venv: Path, tmp_path: Path, env: dict) -> None:
+    """`mkdocs build --strict` in the venv (the docs toolchain from the layer), from a copy of the
+    docs and the Python sources without a built extension, as after `pip install .`: every class,
+    function and method the reference pages name shows its docstring's first line."""
+    import html
+    import json
+    import re
+    import shutil
+
+    copy = tmp_path / "docs-checkout"
+    for part in ("docs", "examples", "mkdocs.yml", "pyddstore/python"):
+        src, dst = ROOT / part, copy / part
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+        else:
+            shutil.copy(src, dst)
+    py = venv / "bin" / "python"
+    docs_env = {**env, "NO_MKDOCS_2_WARNING": "1"}
+    site = tmp_path / "site"
+    out = _run([py, "-m", "mkdocs", "build", "--strict", "-d", str(site)], env=docs_env, cwd=copy)
+    assert "WARNING" not in out.stdout + out.stderr, out.stderr
+    pages = sorted((copy / "docs" / "reference").glob("*.md"))
+    want = json.loads(_run([py, "-c", DOCUMENTED_TEXT, *map(str, pages)], env=env, cwd=tmp_path).stdout)
+    text = ""
+    for page in pages:
+        built = (site / "reference" / page.stem / "index.html").read_text()
+        text += _words(html.unescape(re.sub(r"<[^>]+>", "", built)))
+    missing = [name for name, first in want if _words(first)[:60] not in text]
+    assert len(want) > 60 and not missing, f"reference entries without their text: {missing}"
+
+
+@pytest.mark.slow
+def test_install_lines_run_the_quickstart_and_the_reference_renders(tmp_path):
+    """The documented install lines, as written, in clean venvs, then the quickstart: the laptop's
+    first line alone must bring everything the quickstart imports (mpi4py included). In the
+    laptop's venv the API reference then renders every documented object's text."""
+    layer = _torch_layer(tmp_path / "torch-layer")
+    env = _build_env()
+    laptop = tmp_path / "laptop"
+    _venv_with_torch_layer(laptop, layer)
+    _type_lines_then_quickstart(laptop, LAPTOP_LINES, env)
+    _reference_renders_in(laptop, tmp_path, env)
+    cluster = tmp_path / "cluster"
+    _venv_with_torch_layer(cluster, layer)
+    # mpi4py's one large C file, unoptimised: 3 min of CPU at -O2 (25 min at load 15 here)
+    _type_lines_then_quickstart(cluster, CLUSTER_LINES, {**env, "CFLAGS": "-O0"})
+    mpi4py_from = _run([cluster / "bin" / "python", "-m", "pip", "show", "-f", "mpi4py"], env=env).stdout
+    assert str(cluster) in mpi4py_from, mpi4py_from  # built from source into the venv, not the layer's

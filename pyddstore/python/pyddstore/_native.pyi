@@ -35,34 +35,121 @@ def launcher(environ: Optional[dict[str, str]] = None) -> Optional[dict[str, Any
 def mpi_launched(environ: Optional[dict[str, str]] = None) -> bool: ...
 
 class Settings:
-    """Every DDSTORE_* setting, typed: attributes are the names without DDSTORE_, lower case."""
+    """Every `DDSTORE_*` setting of one store: the environment, read once, plus
+    the constructor's arguments (an argument wins over its variable), each
+    checked against ddstore_core's one table. Attributes are the variable
+    names without `DDSTORE_`, lower case, typed: flags bool, integers int,
+    seconds float, words and text str, None when unset without a default.
+
+    Example:
+        ```python
+        s = pyddstore.Settings.from_env(timeout_s=5)  # the environment, plus timeout_s
+        s.timeout_s, s.shm, s.fabric  # (5.0, True, None)
+        store = pyddstore.PyDDStore(comm, method=1, settings=s)
+        ```
+    """
 
     @staticmethod
-    def from_env(**overrides: Any) -> Settings: ...
+    def from_env(**overrides: Any) -> Settings:
+        """The environment's settings, checked (DDStoreValueError naming the first
+        bad variable), with `overrides` (setting names without `DDSTORE_`, lower
+        case: `method=1`, `handshake_dir="/x"`; None leaves the variable's value)
+        on top, each checked under its argument's name.
+
+        Args:
+            **overrides (Any): settings by name, e.g. `timeout_s=5`, `method=1`.
+        """
+
     @staticmethod
     def _from_pairs(pairs: list[tuple[str, str]]) -> Settings: ...
-    def replace(self, **overrides: Any) -> Settings: ...
-    def is_set(self, name: str) -> bool: ...
-    def as_dict(self) -> dict[str, Any]: ...
+    def replace(self, **overrides: Any) -> Settings:
+        """These settings with `overrides` on top (as `from_env`'s; None here unsets a setting)."""
+
+    def is_set(self, name: str) -> bool:
+        """Whether the setting `name` (e.g. "fabric") was given, by its variable or an argument.
+
+        Args:
+            name (str): a setting's name: its variable without `DDSTORE_`, lower case.
+        """
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every setting by name (typed, defaults filled in)."""
+
     def __getattr__(self, name: str) -> Any: ...
     def __reduce__(self) -> Any: ...
 
 class DeviceShare:
+    """One rank's share of a variable in device memory (`DistDataset(add_device=)`):
+    the one object that owns the tensor (keeping it alive), stands for its
+    registration with the store (made by `Store.init_device`, released with
+    the store), writes rows into it and reads batches of the variable with
+    this rank's own rows gathered on the device by torch. Other ranks' rows
+    come through the transport; in a forked process (which cannot use the
+    device) every row does, the own ones from the parent's registered share.
+
+    Example:
+        ```python
+        t = torch.empty((n, 64), dtype=torch.uint8, device="cuda")
+        share = store.init_device("x", n, 64, t, "cuda", 0)  # collective
+        share.write(my_rows, 0)
+        share.read(out, [0, 17, 5])  # any rows; own ones gathered on the GPU
+        ```
+    """
+
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The variable's name."""
+
     @property
-    def tensor(self) -> Any: ...
+    def tensor(self) -> Any:
+        """The (count, row_bytes) uint8 device tensor holding this rank's rows."""
+
     @property
-    def start(self) -> int: ...
+    def start(self) -> int:
+        """The first global row of this rank's share."""
+
     @property
-    def count(self) -> int: ...
+    def count(self) -> int:
+        """How many rows this rank holds."""
+
     @property
-    def row_bytes(self) -> int: ...
+    def row_bytes(self) -> int:
+        """Bytes per row."""
+
     @property
-    def device(self) -> Any: ...
-    def write(self, rows: np.ndarray, offset: int) -> None: ...
-    def read(self, out: np.ndarray, rows: Sequence[int] | np.ndarray, own: bool = True) -> None: ...
-    def gather_own(self, dst: Any, rows: Sequence[int] | np.ndarray) -> None: ...
+    def device(self) -> Any:
+        """The torch device of the share."""
+
+    def write(self, rows: np.ndarray, offset: int) -> None:
+        """Writes `rows` (host rows of this variable) into the share from row
+        `offset` on: one host-to-device copy.
+
+        Args:
+            rows (numpy.ndarray): host rows of `row_bytes` bytes each.
+            offset (int): the first of this rank's rows to write, 0-based.
+        """
+
+    def read(self, out: np.ndarray, rows: Sequence[int] | np.ndarray, own: bool = True) -> None:
+        """Reads rows `rows` of the variable into `out` (host memory, len(rows)
+        rows): other ranks' rows through the transport, this rank's gathered
+        on the device and copied once (`own=False` leaves them untouched, for
+        `gather_own`). In a forked process every row comes through the transport.
+
+        Args:
+            out (numpy.ndarray): contiguous host buffer of len(rows) rows.
+            rows (Sequence[int] | numpy.ndarray): global row numbers, any rank's, any order.
+            own (bool): also copy this rank's rows (False: leave them for `gather_own`).
+        """
+
+    def gather_own(self, dst: Any, rows: Sequence[int] | np.ndarray) -> None:
+        """Copies this rank's rows among `rows` into `dst` (a contiguous tensor
+        of len(rows) rows on the share's device), device to device; other
+        rows of `dst` are left as they are.
+
+        Args:
+            dst (torch.Tensor): contiguous, len(rows) rows, on the share's device.
+            rows (Sequence[int] | numpy.ndarray): global row numbers.
+        """
 
 class Comm:
     @staticmethod

@@ -1,0 +1,169 @@
+"""Draws the figures of docs/figures.md from the numbers in docs/figures/data/*.json, and prints
+each section's table as the page shows it.
+
+    python docs/figures/plot.py            # docs/img/fig-*.png and the tables
+    python docs/figures/plot.py --tables   # the tables only (tests/test_docs.py compares them)
+
+Each data file names its question, where its numbers come from (a benchmark's --json run, or a
+documented run's table), the command that measures them again and the conditions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data"
+IMG = HERE.parent / "img"
+SECTIONS = ("read", "load", "graph", "loaders", "spill")
+WIDTH = 7.2  # inches at 110 dpi: about 790 px, the page's column
+
+
+def load(name: str) -> dict:
+    return json.loads((DATA / f"{name}.json").read_text())
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "not run"
+    if isinstance(value, list):
+        return "-".join(_fmt(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:.2f}" if value < 10 else f"{value:,.1f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def table(name: str) -> str:
+    """The section's table in Markdown, its numbers as the data file has them."""
+    d = load(name)
+    lines = ["| " + " | ".join(d["columns"]) + " |", "|" + "---|" * len(d["columns"])]
+    for row in d["rows"]:
+        lines.append("| " + " | ".join(_fmt(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def _bars(ax, labels, values, color="tab:blue", xerr=None):
+    y = range(len(labels))
+    ax.barh(list(y), values, color=color, xerr=xerr, capsize=3)
+    ax.set_yticks(list(y))
+    ax.set_yticklabels(labels)
+    ax.invert_yaxis()
+    ax.grid(True, axis="x", alpha=0.3)
+
+
+def plot_read(plt):
+    d = load("read")
+    rows = d["rows"]
+    labels = [r[0] for r in rows]
+    colors = ["tab:gray" if "ceiling" in r[0] else "tab:blue" for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(WIDTH, 3.4), sharey=True)
+    _bars(a, labels, [r[2] for r in rows], colors)
+    a.set_xlabel("µs per row, 3 KB rows\n(lower is better)")
+    _bars(b, labels, [r[3] for r in rows], colors)
+    b.set_xlabel("GB/s, 1 MB rows\n(higher is better)")
+    fig.suptitle("Reading random rows of another rank, batches of 128", fontsize=10)
+    return fig
+
+
+def plot_load(plt):
+    d = load("load")
+    rows = d["rows"]
+    labels = [r[0].replace("DistDataset, ", "") for r in rows]
+    lo = [min(r[1], r[2]) for r in rows]
+    hi = [max(r[1], r[2]) for r in rows]
+    mid = [(x + y) / 2 for x, y in zip(lo, hi)]
+    err = [[m - x for m, x in zip(mid, lo)], [y - m for m, y in zip(mid, hi)]]
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.2))
+    colors = ["tab:green" if "preads" in r[3] else "tab:blue" for r in rows]
+    _bars(ax, labels, mid, colors, xerr=err)
+    ax.axvline(1.0, color="k", ls="--", lw=1)
+    ax.text(1.01, len(rows) - 0.6, "64-thread read\nof the files", fontsize=7, va="bottom")
+    ax.set_xlabel("x the read limit (two runs: bar = mean, whiskers = the two)")
+    ax.set_title("Loading 242 MiB per rank from 1,500 files, cold page cache", fontsize=10)
+    return fig
+
+
+def plot_graph(plt):
+    d = load("graph")
+    rows = d["rows"]
+    fig, ax = plt.subplots(figsize=(WIDTH, 2.6))
+    y = list(range(len(rows)))
+    for k, (name, color) in enumerate((("ragged", "tab:blue"), ("padded to fixed rows", "tab:orange"))):
+        lo = [r[1 + k][0] for r in rows]
+        hi = [r[1 + k][1] for r in rows]
+        mid = [(a + b) / 2 for a, b in zip(lo, hi)]
+        err = [[m - a for m, a in zip(mid, lo)], [b - m for m, b in zip(mid, hi)]]
+        at = [v + 0.2 * (2 * k - 1) for v in y]
+        ax.barh(at, mid, height=0.4, color=color, xerr=err, capsize=3, label=name)
+    ax.set_yticks(y)
+    ax.set_yticklabels([r[0] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.grid(True, axis="x", which="both", alpha=0.3)
+    ax.set_xlabel("µs per graph, batches of 128 (lower is better; whiskers: ten runs)")
+    ax.legend(fontsize=8, loc="upper right")
+    return fig
+
+
+def plot_loaders(plt):
+    d = load("loaders")
+    rows = d["rows"]
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.0))
+    colors = ["tab:blue"] + ["tab:gray"] * (len(rows) - 1)
+    _bars(ax, [r[0] for r in rows], [r[1] for r in rows], colors)
+    ax.set_xscale("log")
+    ax.set_xlim(300, 3e7)
+    for i, r in enumerate(rows):
+        ax.text(r[1] * 1.15, i, f"{r[1]:,}: {r[2]}", va="center", fontsize=7)
+    ax.set_xlabel("samples/s, log scale (higher is better)")
+    ax.set_title("An in-memory store against file formats at their defaults", fontsize=10)
+    return fig
+
+
+def plot_spill(plt):
+    d = load("spill")
+    rows = d["rows"]
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.0))
+    y = list(range(len(rows)))
+    for k, (size, color) in enumerate((("49 KB", "tab:blue"), ("3 KB", "tab:orange"))):
+        ys = [v + 0.2 * (2 * k - 1) for v, r in zip(y, rows) if r[1 + k] is not None]
+        xs = [r[1 + k] for r in rows if r[1 + k] is not None]
+        ax.barh(ys, xs, height=0.4, color=color, label=f"{size} samples")
+    ax.set_yticks(y)
+    ax.set_yticklabels([r[0] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.grid(True, axis="x", which="both", alpha=0.3)
+    ax.set_xlabel("the job's samples/s over one epoch, log scale (higher is better)")
+    ax.set_title("3 GB through 2 x 384 MiB of memory, cold page cache", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tables", action="store_true", help="print the tables only")
+    args = ap.parse_args(argv)
+    for name in SECTIONS:
+        print(f"<!-- {name} -->\n{table(name)}\n")
+    if args.tables:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for name in SECTIONS:
+        fig = globals()[f"plot_{name}"](plt)
+        fig.tight_layout()
+        fig.savefig(IMG / f"fig-{name}.png", dpi=110)
+        plt.close(fig)
+        print(f"wrote {IMG / f'fig-{name}.png'}")
+
+
+if __name__ == "__main__":
+    main()
