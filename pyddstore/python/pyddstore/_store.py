@@ -55,7 +55,8 @@ class PyDDStore(StoreCollectives, ProfileCounters):
             says the job has several ranks (torchrun, mpirun, srun) and no communicator
             found, None raises `DDStoreValueError` instead of making a one-rank store.
         method: 0 reads with MPI RMA, 1 with libfabric, 2 with libfabric across jobs; a
-            `Method` member or its name in any case (`"LIBFABRIC"`) is the same. Default: `DDSTORE_METHOD`, else 0 with an MPI communicator, else 1.
+            `Method` member or its name in any case (`"LIBFABRIC"`) is the same.
+            Default: `DDSTORE_METHOD`, else 0 with an MPI communicator, else 1.
         handshake_dir: directory for the file communicator and method-2 records
             (default `DDSTORE_HANDSHAKE_DIR`).
         n_core: method 2 only: with `comm=None` and `n_core > 0` this process is

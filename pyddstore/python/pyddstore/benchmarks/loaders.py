@@ -32,6 +32,8 @@ import time
 
 import numpy as np
 
+from ._common import description
+
 
 def _check(x, y) -> None:
     x, y = np.asarray(x), np.asarray(y)

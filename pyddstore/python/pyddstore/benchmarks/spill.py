@@ -45,9 +45,7 @@ PART_SEEDS = 7
 
 
 def _args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m pyddstore.benchmarks.spill", description=description(__doc__)
-    )
+    p = argparse.ArgumentParser(prog="python -m pyddstore.benchmarks.spill", description=description(__doc__))
     p.add_argument("--mb", type=float, default=3072, help="data set size in MB (all ranks)")
     p.add_argument("--budget-mb", type=float, default=384, help="memory budget per rank in MiB")
     p.add_argument("--sample-kb", default="49,3", help="sample sizes in KB, comma-separated")

@@ -37,6 +37,7 @@ from ._agree import agree, agree_ragged_axes, agree_schema, error_payload, rebui
 from ._field import Field
 from ._read import _StoredDataset
 from ._schema import Schema, check_data_cls, use_data_cls
+from ._spans import span
 
 _LOG = get_logger("torch")
 
@@ -433,7 +434,8 @@ class DistDataset(_StoredDataset):
                 f"loading {self.name}",
                 samples=count,
             )
-            stats = fill(start, count, depth, progress)
+            with span("pyddstore.load"):
+                stats = fill(start, count, depth, progress)
             ragged = stats.ragged
         except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
             err, payload = e, error_payload(e, rank)
@@ -455,7 +457,8 @@ class DistDataset(_StoredDataset):
             st.get("secs", 0.0),
             extra={"rank": rank},
         )
-        results = store.allgather(mine)
+        with span("pyddstore.load.agree"):
+            results = store.allgather(mine)
         failed = [r["error"] for r in results if r["error"] is not None]
         if failed:
             raise err if err is not None else rebuild_error(tuple(failed[0]))

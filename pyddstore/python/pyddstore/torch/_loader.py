@@ -26,6 +26,7 @@ from pyddstore._env import settings as _env_settings
 from . import _procloader, _readahead, _resume
 from . import _torch_compat as _tc
 from ._epochs import ResumeEpoch, finish_last_epoch, reset_dispatch
+from ._spans import span
 
 _STATUS_INTERVAL = 1.0  # seconds between checks that worker threads are alive
 _EXIT_JOIN_S = 10.0  # how long interpreter exit waits for each worker thread's fetch in flight
@@ -138,6 +139,10 @@ class _Fetcher:
             self.bufs = None
 
     def fetch(self, index: Any) -> Any:
+        with span("pyddstore.loader.read_batch"):
+            return self._fetch(index)
+
+    def _fetch(self, index: Any) -> Any:
         it = self.it
         if self.iter_fetcher is not None:
             data = self.iter_fetcher.fetch(index)
@@ -280,7 +285,8 @@ class _ThreadIter(_ThreadIterBase):
         while True:
             step = _STATUS_INTERVAL if self._timeout <= 0 else min(_STATUS_INTERVAL, self._timeout - waited)
             try:
-                return self._result_queue.get(timeout=max(step, 1e-3))
+                with span("pyddstore.loader.wait"):
+                    return self._result_queue.get(timeout=max(step, 1e-3))
             except queue.Empty:
                 waited += step
                 dead = [i for i, t in enumerate(self._workers) if not t.is_alive()]
