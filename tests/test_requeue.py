@@ -25,6 +25,7 @@ def test_local_requeue_job(tmp_path):
         **os.environ,
         **MPI_ENV,
         "WORK": str(tmp_path / "rq"),
+        "KEEP": "1",  # the work directory stays, to count its checkpoints
         "SAMPLES": "600",
         "EVERY": "5",
     }
@@ -36,6 +37,15 @@ def test_local_requeue_job(tmp_path):
     starts = reports(p.stdout, "requeue-start")
     modes = [s["mode"] for s in starts if s["rank"] == 0]
     assert modes[:2] == ["fresh", "fresh"] and set(modes[2:]) == {"restore"}, modes  # ref, start 1; restarts
+    # 30 steps, a checkpoint every 5 and at each stop: train.py keeps the newest 2 (--keep-checkpoints).
+    import json
+
+    for run in ("ref", "run"):
+        work = tmp_path / "rq" / run
+        kept = sorted(d.name for d in work.glob("ckpt-*"))
+        latest = json.loads((work / "latest.json").read_text())["dir"]
+        assert len(kept) == 2 and kept[-1] == latest, (run, kept, latest)
+        assert (work / latest / "model.pt").exists() and (work / kept[0] / "loader.r1.json").exists(), kept
 
 
 def test_job_scripts_are_shellcheck_clean():
