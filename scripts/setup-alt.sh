@@ -13,5 +13,5 @@ if [ ! -x .venv-alt/bin/python ]; then
     .venv/bin/python -c "import sys; print('\\n'.join(p for p in sys.path if p.endswith('-packages')))" \
         >"$(.venv-alt/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/main-venv.pth"
 fi
-.venv-alt/bin/python -m pip install -q --no-cache-dir litdata mosaicml-streaming
+.venv-alt/bin/python -m pip install -q --no-cache-dir litdata mosaicml-streaming webdataset
 .venv-alt/bin/python -c "import litdata, streaming, torch, numpy; print('litdata', litdata.__version__, 'streaming', streaming.__version__, 'numpy', numpy.__version__, 'ready')"
