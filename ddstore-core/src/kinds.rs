@@ -165,7 +165,10 @@ mod tests {
             assert_eq!(Method::from_name(&m.name().to_lowercase()).unwrap(), m);
         }
         let e = Method::from_name("fabric").unwrap_err().to_string();
-        assert!(e.contains("method=\"fabric\" is not valid") && e.contains("LIBFABRIC"), "{e}");
+        assert!(
+            e.contains("method=\"fabric\" is not valid") && e.contains("LIBFABRIC"),
+            "{e}"
+        );
     }
 
     #[test]
