@@ -7,6 +7,8 @@ import json
 import numpy as np
 import pytest
 
+import pyddstore
+
 torch = pytest.importorskip("torch")
 
 from pyddstore.torch import (  # noqa: E402
@@ -31,15 +33,7 @@ def _trace_names(prof, path) -> dict:
     return counts
 
 
-def _all_threads() -> dict:
-    """profile()'s arguments that record every thread's spans (ThreadDataLoader's worker threads
-    too), where this torch has the option (its experimental profile_all_threads)."""
-    try:
-        from torch._C._profiler import _ExperimentalConfig
-
-        return {"experimental_config": _ExperimentalConfig(profile_all_threads=True)}
-    except (ImportError, TypeError):
-        return {}
+_all_threads = _spans.all_threads  # profile() arguments recording every thread, where torch can
 
 
 def _data():
@@ -80,3 +74,29 @@ def test_no_span_is_opened_without_a_profiler():
     with profile(activities=[ProfilerActivity.CPU]):
         assert _spans.span("pyddstore.x") is not _spans._NO_SPAN
     assert _spans.span("pyddstore.x") is _spans._NO_SPAN
+
+
+def test_profile_batches_writes_a_chrome_trace_of_the_first_batches(tmp_path, monkeypatch):
+    """ThreadDataLoader(profile_batches=3): the first iteration's first 3 batches in
+    {profile_dir}/pyddstore-trace-rank0.json, with the loader's spans; later iterations and the
+    batches after the third are not recorded, and every epoch still yields every row."""
+    monkeypatch.setenv("FI_TCP_IFACE", "lo")
+    settings = Settings.from_env(quiet=True)
+    ds = DistDataset(_data(), "prof_batches", method=1, settings=settings)
+    loader = ThreadDataLoader(ds, batch_size=BATCH, num_workers=2, profile_batches=3, profile_dir=tmp_path)
+    try:
+        for _ in range(2):
+            rows = sorted(np.concatenate([b[:, 0].numpy() // FEATURES for b in loader]).tolist())
+            assert rows == list(range(ROWS))
+    finally:
+        loader.close()
+        ds.free()
+    assert [p.name for p in tmp_path.iterdir()] == ["pyddstore-trace-rank0.json"]
+    events = json.loads((tmp_path / "pyddstore-trace-rank0.json").read_text())["traceEvents"]
+    names = [e["name"] for e in events if e.get("ph") == "X"]
+    assert sum(n.startswith("enumerate(DataLoader)") for n in names) == 3, names  # 3 batches asked for
+    assert 1 <= names.count("pyddstore.loader.wait") <= 3, names
+    if _all_threads():
+        assert names.count("pyddstore.loader.read_batch") >= 3, names
+    with pytest.raises(pyddstore.DDStoreValueError, match="profile_batches"):
+        ThreadDataLoader(ds, batch_size=BATCH, profile_batches=-1)

@@ -15,6 +15,8 @@ those of worker processes only by a profiler running in the worker.
 from __future__ import annotations
 
 import contextlib
+import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.autograd import profiler as _profiler
@@ -30,3 +32,53 @@ def span(name: str) -> Any:
     if getattr(_profiler, "_is_profiler_enabled", True):
         return record_function(name)
     return _NO_SPAN
+
+
+def all_threads() -> dict:
+    """``profile()`` arguments that record every thread (ThreadDataLoader's worker threads
+    too), where this torch has the option (experimental in torch 2.x); else none."""
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+
+        return {"experimental_config": _ExperimentalConfig(profile_all_threads=True)}
+    except (ImportError, TypeError):
+        return {}
+
+
+def profiled(make_batches: Callable[[], Iterator], n: int, path: str) -> Iterator:
+    """``make_batches()`` (a loader's iterator, made once the profiler runs, so its workers'
+    first reads are recorded too) whose first `n` batches, their reads and waits (every thread
+    where torch can), torch.profiler records and writes to `path` as a Chrome trace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU], **all_threads())
+    prof.start()
+    try:
+        batches = make_batches()
+    except BaseException:
+        prof.stop()
+        raise
+    return _recorded(prof, batches, n, path)
+
+
+def _recorded(prof: Any, batches: Iterator, n: int, path: str) -> Iterator:
+    try:
+        for done, batch in enumerate(batches, 1):
+            if done == n:
+                prof.stop()
+                prof.export_chrome_trace(path)
+                prof = None
+            yield batch
+            if prof is None:
+                yield from batches
+                return
+    finally:
+        if prof is not None:  # fewer than n batches, or the loop stopped early
+            prof.stop()
+            prof.export_chrome_trace(path)
+
+
+def trace_path(directory: Any, dataset: Any) -> str:
+    """`directory`/pyddstore-trace-rank{R}.json, R the dataset's store rank (else 0)."""
+    rank = getattr(getattr(dataset, "ddstore", None), "rank", 0)
+    return os.path.join(os.fspath(directory), f"pyddstore-trace-rank{rank}.json")
