@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The alternatives the spill bench compares against (litdata, mosaicml-streaming) in their own
-# environment, ./.venv-alt: mosaicml-streaming requires an older numpy than pyddstore's .venv has.
-# .venv-alt sees .venv's packages (torch) behind its own (numpy, the two loaders), so nothing is
+# The alternatives the spill and loaders benches compare against (litdata, mosaicml-streaming,
+# webdataset) in their own environment, ./.venv-alt: mosaicml-streaming requires an older numpy
+# than pyddstore's .venv has. .venv-alt sees .venv's packages (torch) behind its own (numpy, the
+# loaders), so nothing is
 # downloaded twice and .venv is left as it is. Run `bash scripts/setup.sh` first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
