@@ -2,8 +2,7 @@
 # The alternatives the spill and loaders benches compare against (litdata, mosaicml-streaming,
 # webdataset) in their own environment, ./.venv-alt: mosaicml-streaming requires an older numpy
 # than pyddstore's .venv has. .venv-alt sees .venv's packages (torch) behind its own (numpy, the
-# loaders), so nothing is
-# downloaded twice and .venv is left as it is. Run `bash scripts/setup.sh` first.
+# loaders), so nothing is downloaded twice and .venv is left as it is. Run `bash scripts/setup.sh` first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || { echo "run bash scripts/setup.sh first" >&2; exit 1; }
