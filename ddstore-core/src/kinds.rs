@@ -48,8 +48,8 @@ impl Method {
             .ok_or_else(|| {
                 let names: Vec<&str> = Method::ALL.iter().map(|m| m.name()).collect();
                 Error::invalid(format!(
-                    "method={name:?} is not valid: expected 0, 1, 2 or a pyddstore.Method name \
-                     ({}, any case)",
+                    "method={name:?} is not valid: expected 0 (MPI RMA), 1 or 2 (libfabric), \
+                     or a pyddstore.Method name ({}, any case)",
                     names.join(", ")
                 ))
             })
