@@ -95,7 +95,8 @@ def test_profile_batches_writes_a_chrome_trace_of_the_first_batches(tmp_path, mo
     events = json.loads((tmp_path / "pyddstore-trace-rank0.json").read_text())["traceEvents"]
     names = [e["name"] for e in events if e.get("ph") == "X"]
     assert sum(n.startswith("enumerate(DataLoader)") for n in names) == 3, names  # 3 batches asked for
-    assert 1 <= names.count("pyddstore.loader.wait") <= 3, names
+    # A wait opens a span per check of the workers (one a second): at least one in 3 batches.
+    assert names.count("pyddstore.loader.wait") >= 1, names
     if _all_threads():
         assert names.count("pyddstore.loader.read_batch") >= 3, names
     with pytest.raises(pyddstore.DDStoreValueError, match="profile_batches"):
