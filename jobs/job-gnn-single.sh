@@ -12,7 +12,7 @@
 
 set -euo pipefail
 module load PrgEnv-gnu
-module load rocm/7.1.0
+module load rocm/7.1.1
 module load miniforge3
 # module load craype-accel-amd-gfx90a    # GPU-aware MPI, if the build uses it
 # The environment with torch, mpi4py and pyddstore: VENV=/path/to/env sbatch -A <project> jobs/job-gnn-single.sh

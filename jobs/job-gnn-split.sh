@@ -15,7 +15,7 @@
 
 set -euo pipefail
 module load PrgEnv-gnu
-module load rocm/7.1.0
+module load rocm/7.1.1
 module load miniforge3
 # The environment with torch, mpi4py and pyddstore: VENV=/path/to/env sbatch -A <project> jobs/job-gnn-split.sh
 : "${SLURM_JOB_ACCOUNT:?submit with an account: VENV=/path/to/env sbatch -A <project> jobs/job-gnn-split.sh}"

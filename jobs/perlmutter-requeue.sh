@@ -3,8 +3,8 @@
 # start loads the dataset and saves a snapshot on $PSCRATCH; checkpoints go to $WORK every N steps
 # and when Slurm's warning signal arrives 120 s before the time limit; the job then requeues
 # itself, and every later start restores the snapshot and the loader state.
-#   sbatch -A <project> jobs/perlmutter-requeue.sh
-#   WORK=$PSCRATCH/rq sbatch -A <project> jobs/perlmutter-requeue.sh
+#   VENV=~/envs/dd sbatch -A <project> jobs/perlmutter-requeue.sh
+#   VENV=~/envs/dd WORK=$PSCRATCH/rq sbatch -A <project> jobs/perlmutter-requeue.sh
 #SBATCH -J requeue
 #SBATCH -o requeue-%j.out
 #SBATCH --open-mode=append
@@ -16,14 +16,18 @@
 #SBATCH --requeue
 
 set -euo pipefail
-if [ -z "${SLURM_JOB_ACCOUNT:-}" ]; then
-    echo "error: no project account: submit with sbatch -A <project> jobs/perlmutter-requeue.sh" >&2
-    exit 1
-fi
 module load PrgEnv-gnu
 module load cudatoolkit
-module load cray-python
-# source /path/to/venv/bin/activate      # with torch (CUDA), mpi4py and pyddstore
+module load python
+# The environment with torch (CUDA), mpi4py and pyddstore: VENV=/path/to/env sbatch -A <project> jobs/perlmutter-requeue.sh
+: "${SLURM_JOB_ACCOUNT:?submit with an account: VENV=/path/to/env sbatch -A <project> jobs/perlmutter-requeue.sh}"
+: "${VENV:?set VENV to the virtual or conda environment with torch, mpi4py and pyddstore}"
+if [ -f "$VENV/bin/activate" ]; then
+    # shellcheck disable=SC1091  # the user's environment, not in this repository
+    . "$VENV/bin/activate"
+else
+    export PATH="$VENV/bin:$PATH"    # a conda prefix
+fi
 
 cd "${SLURM_SUBMIT_DIR:-.}"
 export DDSTORE_METHOD=${DDSTORE_METHOD:-1}

@@ -163,6 +163,8 @@ def test_build_without_mpi(tmp_path):
     _run([py, "-c", NO_MPI_CHECK], env=run_env, cwd=tmp_path)
     out = _run([py, "-m", "pyddstore", "info"], env=run_env, cwd=tmp_path)
     assert "not in this build" in out.stdout, out.stdout
+    no_level = "thread level (method 0)" not in out.stdout
+    assert "MPI thread level: no MPI" in out.stdout and no_level, out.stdout
 
 
 # --- Every install line of README.md and docs/, as written ----------------------------------

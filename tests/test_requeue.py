@@ -25,6 +25,7 @@ def test_local_requeue_job(tmp_path):
         **os.environ,
         **MPI_ENV,
         "WORK": str(tmp_path / "rq"),
+        "KEEP": "1",  # the work directory stays, to count its checkpoints
         "SAMPLES": "600",
         "EVERY": "5",
     }
@@ -36,6 +37,15 @@ def test_local_requeue_job(tmp_path):
     starts = reports(p.stdout, "requeue-start")
     modes = [s["mode"] for s in starts if s["rank"] == 0]
     assert modes[:2] == ["fresh", "fresh"] and set(modes[2:]) == {"restore"}, modes  # ref, start 1; restarts
+    # 30 steps, a checkpoint every 5 and at each stop: train.py keeps the newest 2 (--keep-checkpoints).
+    import json
+
+    for run in ("ref", "run"):
+        work = tmp_path / "rq" / run
+        kept = sorted(d.name for d in work.glob("ckpt-*"))
+        latest = json.loads((work / "latest.json").read_text())["dir"]
+        assert len(kept) == 2 and kept[-1] == latest, (run, kept, latest)
+        assert (work / latest / "model.pt").exists() and (work / kept[0] / "loader.r1.json").exists(), kept
 
 
 def test_job_scripts_are_shellcheck_clean():
@@ -49,4 +59,21 @@ def test_job_scripts_are_shellcheck_clean():
         assert "CHANGEME" not in text and "#SBATCH -A" not in text, job  # the account: sbatch -A
         if "#SBATCH" in text:
             assert "--signal=B:USR1@120" in text and "scontrol requeue" in text, job
-            assert 'if [ -z "${SLURM_JOB_ACCOUNT:-}" ]' in text, job  # a clear error without -A
+            assert '"${SLURM_JOB_ACCOUNT:?submit with an account' in text, job  # a clear error without -A
+            # Like the other job scripts: the user's environment from VENV=, the site's modules.
+            assert '"${VENV:?set VENV' in text and "cray-python" not in text, job
+
+
+def test_every_job_script_is_shellcheck_clean_and_frontier_ones_load_one_rocm():
+    """Every script in jobs/ (as scripts/lint.sh checks them); Frontier's load OLCF's ROCm 7.1.1."""
+    import re
+
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck not found (scripts/setup.sh installs it)")
+    jobs = sorted((ROOT / "jobs").glob("*.sh"))
+    p = subprocess.run(["shellcheck", "-S", "warning", *map(str, jobs)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout
+    for job in jobs:
+        for line in re.findall(r"^module load .*$", job.read_text(), re.M):
+            if "rocm" in line:
+                assert "rocm/7.1.1" in line, f"{job.name}: {line}"

@@ -39,6 +39,22 @@ impl Method {
             })
     }
 
+    /// The method named `name` (`"LIBFABRIC"`, `"libfabric"`, `"mpi_rma"`: a
+    /// `pyddstore.Method` name, any case), the one check of a method name.
+    pub fn from_name(name: &str) -> Result<Method> {
+        Method::ALL
+            .into_iter()
+            .find(|m| m.name().eq_ignore_ascii_case(name.trim()))
+            .ok_or_else(|| {
+                let names: Vec<&str> = Method::ALL.iter().map(|m| m.name()).collect();
+                Error::invalid(format!(
+                    "method={name:?} is not valid: expected 0 (MPI RMA), 1 or 2 (libfabric), \
+                     or a pyddstore.Method name ({}, any case)",
+                    names.join(", ")
+                ))
+            })
+    }
+
     /// Its number, as users pass it.
     pub fn number(self) -> u8 {
         self as u8
@@ -140,6 +156,19 @@ mod tests {
             let e = Method::from_number(bad).unwrap_err().to_string();
             assert!(e.contains(&format!("method={bad} is not valid")), "{e}");
         }
+    }
+
+    #[test]
+    fn methods_are_their_names_in_any_case() {
+        for m in Method::ALL {
+            assert_eq!(Method::from_name(m.name()).unwrap(), m);
+            assert_eq!(Method::from_name(&m.name().to_lowercase()).unwrap(), m);
+        }
+        let e = Method::from_name("fabric").unwrap_err().to_string();
+        assert!(
+            e.contains("method=\"fabric\" is not valid") && e.contains("LIBFABRIC"),
+            "{e}"
+        );
     }
 
     #[test]

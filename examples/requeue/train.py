@@ -11,10 +11,11 @@ with exactly the batches the uninterrupted run would have trained on next.
     mpirun -n 2 python examples/requeue/train.py --work /tmp/rq --epochs 3
     bash jobs/local-requeue.sh                 # with a simulated time limit and a kill -9
 
-Every rank appends one line per trained step to {work}/steps.r{rank}.jsonl: [epoch, batch,
-sample ids]; a restart first cuts it back to the checkpoint, so after the job is done it holds
-the run's whole sequence. Each start prints `requeue-start {json}`: fresh or restored, and the
-seconds from process start to the dataset being ready and to the first batch.
+Only the --keep-checkpoints newest checkpoints (default 2) stay in --work. Every rank appends
+one line per trained step to {work}/steps.r{rank}.jsonl: [epoch, batch, sample ids]; a restart
+first cuts it back to the checkpoint, so after the job is done it holds the run's whole
+sequence. Each start prints `requeue-start {json}`: fresh or restored, and the seconds from
+process start to the dataset being ready and to the first batch.
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--num-workers", type=int, default=1)
     p.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints")
+    p.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=2,
+        help="checkpoints kept in --work (the newest; older ones are removed once a newer one is complete)",
+    )
     p.add_argument("--method", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -132,6 +139,15 @@ def load_data(a, comm, snapshot: str):
     return ds, "fresh", data_s, time.perf_counter() - t0 - data_s
 
 
+def prune_checkpoints(work: str, newest: str, keep: int) -> None:
+    """Removes all but the `keep` newest checkpoint directories of `work` up to `newest` (by
+    step: the names are zero-padded), once latest.json names `newest`, which is always kept. A
+    later one (a checkpoint cut short before a kill) is left: the next checkpoint replaces it."""
+    names = sorted(n for n in os.listdir(work) if n.startswith("ckpt-") and n < newest)
+    for old in names[: max(0, len(names) - max(keep, 1) + 1)]:
+        shutil.rmtree(os.path.join(work, old), ignore_errors=True)
+
+
 def main() -> None:
     a = parse_args()
     stop_requested = []
@@ -196,6 +212,7 @@ def main() -> None:
             with open(latest + ".tmp", "w") as f:
                 json.dump({"dir": name, "step": step, "epoch": epoch, "why": why}, f)
             os.replace(latest + ".tmp", latest)
+            prune_checkpoints(a.work, name, a.keep_checkpoints)
         comm.Barrier()
 
     first_batch_s, steps_here = None, 0

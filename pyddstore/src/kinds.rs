@@ -4,21 +4,28 @@
 
 use ddstore_core::kinds::{CommKind, Method, RaggedPart};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict};
+use pyo3::types::{PyBool, PyDict, PyString};
 
 use crate::errors::{value_error, IntoPyResult};
 
-/// A `method=` argument as its method: an int 0, 1 or 2 (a bool or any
-/// other type is refused), else DDStoreValueError naming the value.
+/// A `method=` argument as its method: an int 0, 1 or 2, or a
+/// `pyddstore.Method` name in any case (`"LIBFABRIC"`, `"libfabric"`); a bool
+/// or any other type is refused: DDStoreValueError naming the value.
 pub fn method_arg(value: &Bound<'_, PyAny>) -> PyResult<Method> {
     let py = value.py();
+    if let Ok(name) = value.cast::<PyString>() {
+        return Method::from_name(&name.to_cow()?).py(py);
+    }
     let number = match value.extract::<i64>() {
         Ok(n) if !value.is_instance_of::<PyBool>() => n,
         _ => {
             let shown = value.repr().map(|r| r.to_string()).unwrap_or_default();
             return Err(value_error(
                 py,
-                format!("method={shown} is not valid: expected 0 (MPI RMA), 1 or 2 (libfabric)"),
+                format!(
+                    "method={shown} is not valid: expected 0 (MPI RMA), 1 or 2 (libfabric), \
+                     or a pyddstore.Method name"
+                ),
             ));
         }
     };
@@ -26,7 +33,8 @@ pub fn method_arg(value: &Bound<'_, PyAny>) -> PyResult<Method> {
 }
 
 /// The number of a valid `method=` argument (0, 1 or 2; an IntEnum member
-/// counts as its number); DDStoreValueError otherwise.
+/// counts as its number, a `Method` name in any case as its method);
+/// DDStoreValueError otherwise.
 #[pyfunction]
 fn check_method(value: &Bound<'_, PyAny>) -> PyResult<u8> {
     Ok(method_arg(value)?.number())

@@ -87,7 +87,14 @@ fn with_overrides(
         if skip_none && v.is_none() {
             continue;
         }
-        inner = inner.with(key, &text_of(&name, &v)?, &name).py(py)?;
+        let text = text_of(&name, &v)?;
+        let text = if name == "method" && text.parse::<i64>().is_err() && !text.is_empty() {
+            // A `pyddstore.Method` name (any case), as a store's method= takes it.
+            crate::kinds::method_arg(&v)?.number().to_string()
+        } else {
+            text
+        };
+        inner = inner.with(key, &text, &name).py(py)?;
     }
     Ok(inner)
 }

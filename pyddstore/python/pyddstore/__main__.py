@@ -110,8 +110,10 @@ def _choose_provider(available: list, s) -> tuple[str, str, str]:
 
 
 def _thread_level(s) -> tuple[str, str]:
-    import sys
+    from . import _native
 
+    if not _native.HAS_MPI:
+        return "no MPI", "this build has no MPI (cargo feature mpi off): no method 0"
     mpi4py = sys.modules.get("mpi4py")
     if mpi4py is not None and "mpi4py.MPI" in sys.modules:
         return str(mpi4py.rc.thread_level), "mpi4py initialised MPI (mpi4py.rc.thread_level)"
@@ -300,7 +302,10 @@ def info(as_json: bool = False) -> None:
     print(f"  provider (methods 1, 2): {c['provider']['value']}\n      because {c['provider']['why']}")
     print(f"  interface: {c['interface']}")
     level = c["mpi_thread_level"]
-    print(f"  MPI thread level (method 0): {level['value']}\n      because {level['why']}")
+    if build["mpi"]:
+        print(f"  MPI thread level (method 0): {level['value']}\n      because {level['why']}")
+    else:
+        print("  MPI thread level: no MPI (built without the cargo feature mpi)")
     print(f"  same-node shared memory: {'on' if c['shm'] else 'off (DDSTORE_SHM=0)'}")
     print(f"  log level: {c['log_level']} (DDSTORE_LOG_LEVEL; logger 'pyddstore')")
     print("libfabric variables (set by pyddstore when `import pyddstore` ran, unless already set):")
@@ -309,12 +314,20 @@ def info(as_json: bool = False) -> None:
         print(f"  {var['name']}={var['value']} ({who}): {var['why']}")
 
 
+def _prog() -> str:
+    """The name this command was invoked by, for usage lines: `pyddstore` (the console script)
+    or `python -m pyddstore`."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return "python -m pyddstore" if name in ("", "__main__.py", "-c") else name
+
+
 def main(argv=None) -> None:
     """`pyddstore` / `python -m pyddstore`: the `info` and `bench` sub-commands."""
     from . import _native
 
     argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="python -m pyddstore", description="pyddstore's command line")
+    prog = _prog()
+    ap = argparse.ArgumentParser(prog=prog, description="pyddstore's command line")
     ap.add_argument("--version", action="version", version=f"pyddstore {_native.__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="{info,bench}")
     p_info = sub.add_parser(
@@ -334,7 +347,7 @@ def main(argv=None) -> None:
     if argv[:1] == ["bench"]:  # everything after `bench` is the benchmark's own
         from .benchmarks.stores import main as bench_main
 
-        bench_main(argv[1:])
+        bench_main(argv[1:], prog=f"{prog} bench")
         return
     args = ap.parse_args(argv)
     from . import _launch

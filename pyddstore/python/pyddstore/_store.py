@@ -57,7 +57,8 @@ class PyDDStore(StoreCollectives, ProfileCounters):
             when initialised, else a `FileComm` in `handshake_dir`. Under a launcher that
             says the job has several ranks (torchrun, mpirun, srun) and no communicator
             found, None raises `DDStoreValueError` instead of making a one-rank store.
-        method: 0 reads with MPI RMA, 1 with libfabric, 2 with libfabric across jobs.
+        method: 0 reads with MPI RMA, 1 with libfabric, 2 with libfabric across jobs; a
+            `Method` member or its name in any case (`"LIBFABRIC"`) is the same.
             Default: `DDSTORE_METHOD`, else 0 with an MPI communicator, else 1.
         handshake_dir: directory for the file communicator and method-2 records
             (default `DDSTORE_HANDSHAKE_DIR`).
@@ -97,7 +98,7 @@ class PyDDStore(StoreCollectives, ProfileCounters):
     def __init__(
         self,
         comm: object | None = None,
-        method: int | None = None,
+        method: int | str | None = None,
         handshake_dir: str | os.PathLike = "",
         n_core: int = 0,
         nic_map: str | dict[int, str] | None = None,

@@ -7,6 +7,26 @@ import time
 from .. import Settings
 
 
+def description(doc: str) -> str:
+    """A benchmark's --help description: its docstring's whole first paragraph, on one line."""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
+def mpi_world():
+    """``MPI.COMM_WORLD``; without mpi4py, ends the benchmark with a message saying how to get it."""
+    try:
+        from mpi4py import MPI
+    except ModuleNotFoundError as e:
+        if e.name != "mpi4py":
+            raise
+        raise SystemExit(
+            "pyddstore's benchmarks run under mpirun and need mpi4py, which is not installed: "
+            "pip install mpi4py (built against the MPI pyddstore links), or the bench extra: "
+            'pip install ".[bench]" from the pyddstore checkout'
+        ) from None
+    return MPI.COMM_WORLD
+
+
 def quiet_wait(comm) -> None:
     """A barrier that sleeps instead of spinning, so waiting ranks leave the CPU to the others."""
     req = comm.Ibarrier()

@@ -39,7 +39,7 @@ from torch.utils.data.distributed import DistributedSampler
 from pyddstore.torch import DistDataset, ThreadDataLoader
 
 from .. import _native
-from ._common import FORKED_WORKERS, bench_settings, quiet_wait
+from ._common import FORKED_WORKERS, bench_settings, description, mpi_world, quiet_wait
 from .load import measure_load, plot_load, print_load
 
 MIB = 1 << 20
@@ -410,7 +410,7 @@ def print_loaders(rows: list[dict], args, size: int) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(
-        prog="python -m pyddstore.benchmarks.dataset", description=__doc__.splitlines()[0]
+        prog="python -m pyddstore.benchmarks.dataset", description=description(__doc__)
     )
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     ap.add_argument("--parts", type=lambda s: s.split(","), default=["memory", "loaders"])
@@ -446,9 +446,7 @@ def main(argv=None) -> None:
     if args.epochs < 1 or args.batches < 1 or args.batch_size < 1:
         ap.error("--epochs, --batches and --batch-size must be positive")
 
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
+    comm = mpi_world()
     out = {"ranks": comm.size, "version": _native.__version__, "args": vars(args)}
     if "memory" in args.parts:
         out["memory"] = measure_memory(args) if comm.rank == 0 else []

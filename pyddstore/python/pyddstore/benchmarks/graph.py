@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from .. import _native
-from ._common import quiet_wait
+from ._common import description, mpi_world, quiet_wait
 from .stores import CONFIGS, open_store
 
 
@@ -251,7 +251,7 @@ def plot(results: list[dict], path: str) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(
-        prog="python -m pyddstore.benchmarks.graph", description=__doc__.splitlines()[0]
+        prog="python -m pyddstore.benchmarks.graph", description=description(__doc__)
     )
     ap.add_argument(
         "--configs",
@@ -271,9 +271,7 @@ def main(argv=None) -> None:
     unknown = [c for c in args.configs if c not in CONFIGS]
     if unknown:
         ap.error(f"unknown configs {unknown}: choose from {', '.join(CONFIGS)}")
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
+    comm = mpi_world()
     if comm.size < 2:
         ap.error("run under mpirun -n 2 or more: rank 0 reads the other ranks' graphs")
     results = measure(args, comm)

@@ -32,6 +32,8 @@ import time
 
 import numpy as np
 
+from ._common import description
+
 
 def _check(x, y) -> None:
     x, y = np.asarray(x), np.asarray(y)
@@ -259,7 +261,7 @@ def _run_one(name: str, args, d: str) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(
-        prog="python -m pyddstore.benchmarks.loaders", description=__doc__.splitlines()[0]
+        prog="python -m pyddstore.benchmarks.loaders", description=description(__doc__)
     )
     ap.add_argument("--samples", type=int, default=20000)
     ap.add_argument("--floats", type=int, default=256, help="float32 features per sample")

@@ -24,7 +24,7 @@ import sys
 import numpy as np
 
 from .._store import PyDDStore
-from ._common import bench_settings, quiet_wait
+from ._common import bench_settings, description, mpi_world, quiet_wait
 from .stores import pattern, timed
 
 PATHS = {
@@ -110,7 +110,7 @@ def summarize(per_rank: list) -> list[dict]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(
-        prog="python -m pyddstore.benchmarks.paths", description=__doc__.splitlines()[0]
+        prog="python -m pyddstore.benchmarks.paths", description=description(__doc__)
     )
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     ap.add_argument("--row-sizes", type=ints, default=[3072, 65536, 262144, 1 << 20, 4 << 20])
@@ -122,9 +122,7 @@ def main(argv=None) -> None:
     ap.add_argument("--busy", type=int, default=0, help="busy-looping processes beside the bench")
     ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args(argv)
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
+    comm = mpi_world()
     busy = []
     if comm.rank == 0:
         busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]

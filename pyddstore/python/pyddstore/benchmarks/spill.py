@@ -39,13 +39,13 @@ import time
 
 import numpy as np
 
+from ._common import description, mpi_world
+
 PART_SEEDS = 7
 
 
 def _args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m pyddstore.benchmarks.spill", description=__doc__.split("\n\n")[0]
-    )
+    p = argparse.ArgumentParser(prog="python -m pyddstore.benchmarks.spill", description=description(__doc__))
     p.add_argument("--mb", type=float, default=3072, help="data set size in MB (all ranks)")
     p.add_argument("--budget-mb", type=float, default=384, help="memory budget per rank in MiB")
     p.add_argument("--sample-kb", default="49,3", help="sample sizes in KB, comma-separated")
@@ -394,10 +394,8 @@ def _alternatives(comm, a, src: str, work: str, size: int) -> dict:
 
 
 def main(argv=None) -> None:
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
     a = _args(argv)
+    comm = mpi_world()
     work = a.dir or os.path.join("bench-results", "spill")
     if comm.rank == 0:
         os.makedirs(work, exist_ok=True)

@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import _native
 from .._store import PyDDStore
-from ._common import bench_settings, quiet_wait
+from ._common import bench_settings, description, mpi_world, quiet_wait
 from .cluster import run as run_vcluster
 
 CONFIGS = {
@@ -372,8 +372,9 @@ def plot(results: list[dict], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m pyddstore bench", description=__doc__.splitlines()[0])
+def main(argv=None, prog: str = "python -m pyddstore bench") -> None:
+    """`python -m pyddstore bench`: measures and prints the table (`prog`: the name --help shows)."""
+    ap = argparse.ArgumentParser(prog=prog, description=description(__doc__))
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     ap.add_argument(
         "--configs",
@@ -419,9 +420,7 @@ def main(argv=None) -> None:
     unknown = [c for c in args.configs if c not in CONFIGS]
     if unknown:
         ap.error(f"unknown configs {unknown}: choose from {', '.join(CONFIGS)}")
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
+    comm = mpi_world()
     results = measure(args, comm)
     if comm.rank == 0:
         add_ratios(results)

@@ -34,7 +34,7 @@ from torch.utils.data.distributed import DistributedSampler
 from pyddstore.torch import DistDataset, ThreadDataLoader
 
 from .. import _native
-from ._common import bench_settings, quiet_wait
+from ._common import bench_settings, description, mpi_world, quiet_wait
 
 SHAPE = (3, 64, 64)
 
@@ -209,7 +209,7 @@ def print_rows(rows: list[dict], args, size: int, loops: int) -> None:
 
 
 def main(argv=None) -> None:
-    doc = __doc__.splitlines()[0]
+    doc = description(__doc__)
     ap = argparse.ArgumentParser(prog="python -m pyddstore.benchmarks.workers", description=doc)
     ap.add_argument("--parts", type=lambda s: s.split(","), default=["plain", "decode"])
     ap.add_argument("--samples", type=int, default=20000, help="plain: samples in the dataset")
@@ -230,9 +230,7 @@ def main(argv=None) -> None:
     if min(args.samples, args.decode_samples, args.batch_size, args.epochs, args.workers, args.rounds) < 1:
         ap.error("--samples, --decode-samples, --batch-size, --epochs, --workers, --rounds must be positive")
 
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
+    comm = mpi_world()
     # Forked torch DataLoader workers read the stores (unless the environment says otherwise).
     settings = bench_settings({"fork_workers": True, "fabric": "tcp", "quiet": True})
     loops = comm.bcast(calibrate(args.decode_ms) if comm.rank == 0 else None)

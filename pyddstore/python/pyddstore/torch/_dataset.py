@@ -37,6 +37,7 @@ from ._agree import agree, agree_ragged_axes, agree_schema, error_payload, rebui
 from ._field import Field
 from ._read import _StoredDataset
 from ._schema import Schema, check_data_cls, use_data_cls
+from ._spans import span
 
 _LOG = get_logger("torch")
 
@@ -152,8 +153,9 @@ class DistDataset(_StoredDataset):
         device (str | torch.device | None): move read samples and batches there.
         add_device (str | torch.device | bool | None): hold each rank's share in that device's memory
             ("cuda", "cuda:1", True: the current GPU); methods 1 and 2 with a provider that has FI_HMEM.
-        method (int | None): 0 MPI RMA, 1 libfabric, 2 libfabric readable by other jobs; None:
-            DDSTORE_METHOD, else by communicator.
+        method (int | str | None): 0 MPI RMA, 1 libfabric, 2 libfabric readable by other jobs, or a
+            `pyddstore.Method` member or name in any case ("LIBFABRIC"); None: DDSTORE_METHOD, else by
+            communicator.
         handshake_dir (str | None): directory for the file communicator and method-2 records; None:
             DDSTORE_HANDSHAKE_DIR.
         chunk_size (int | None): rows per read of array and file sources (not with add_device); None: sized
@@ -197,7 +199,7 @@ class DistDataset(_StoredDataset):
         ddstore_width: int | None = None,
         device: Device | None = None,
         add_device: Device | bool | None = None,
-        method: int | None = None,
+        method: int | str | None = None,
         handshake_dir: str | None = None,
         chunk_size: int | None = None,
         encode: Callable[[Any], Any] | None = None,
@@ -309,7 +311,7 @@ class DistDataset(_StoredDataset):
         comm: object | None = None,
         ddstore_width: int | None = None,
         device: Device | None = None,
-        method: int | None = None,
+        method: int | str | None = None,
         handshake_dir: str | None = None,
         decode: Callable[[Any, int], Any] | None = None,
         data_cls: type | None = None,
@@ -432,7 +434,8 @@ class DistDataset(_StoredDataset):
                 f"loading {self.name}",
                 samples=count,
             )
-            stats = fill(start, count, depth, progress)
+            with span("pyddstore.load"):
+                stats = fill(start, count, depth, progress)
             ragged = stats.ragged
         except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
             err, payload = e, error_payload(e, rank)
@@ -454,7 +457,8 @@ class DistDataset(_StoredDataset):
             st.get("secs", 0.0),
             extra={"rank": rank},
         )
-        results = store.allgather(mine)
+        with span("pyddstore.load.agree"):
+            results = store.allgather(mine)
         failed = [r["error"] for r in results if r["error"] is not None]
         if failed:
             raise err if err is not None else rebuild_error(tuple(failed[0]))

@@ -21,11 +21,13 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from pyddstore import DDStoreTypeError, DDStoreValueError
+from pyddstore._args import int_arg
 from pyddstore._env import settings as _env_settings
 
 from . import _procloader, _readahead, _resume
 from . import _torch_compat as _tc
 from ._epochs import ResumeEpoch, finish_last_epoch, reset_dispatch
+from ._spans import profiled, span, trace_path
 
 _STATUS_INTERVAL = 1.0  # seconds between checks that worker threads are alive
 _EXIT_JOIN_S = 10.0  # how long interpreter exit waits for each worker thread's fetch in flight
@@ -138,6 +140,10 @@ class _Fetcher:
             self.bufs = None
 
     def fetch(self, index: Any) -> Any:
+        with span("pyddstore.loader.read_batch"):
+            return self._fetch(index)
+
+    def _fetch(self, index: Any) -> Any:
         it = self.it
         if self.iter_fetcher is not None:
             data = self.iter_fetcher.fetch(index)
@@ -280,7 +286,8 @@ class _ThreadIter(_ThreadIterBase):
         while True:
             step = _STATUS_INTERVAL if self._timeout <= 0 else min(_STATUS_INTERVAL, self._timeout - waited)
             try:
-                return self._result_queue.get(timeout=max(step, 1e-3))
+                with span("pyddstore.loader.wait"):
+                    return self._result_queue.get(timeout=max(step, 1e-3))
             except queue.Empty:
                 waited += step
                 dead = [i for i, t in enumerate(self._workers) if not t.is_alive()]
@@ -457,6 +464,10 @@ class ThreadDataLoader(DataLoader):
         collate_copies (bool): with reuse_buffers and a custom collate_fn: it copies what it keeps.
         worker_type (str): "thread" (the default) or "process" (worker processes, see above).
         auto_epoch (bool): call sampler.set_epoch() at the start of every iteration (see above).
+        profile_batches (int): record the first iteration's first N batches with torch.profiler
+            (pyddstore's spans; worker threads where torch can record every thread) and write
+            them as a Chrome trace, `{profile_dir}/pyddstore-trace-rank{R}.json`. 0: no trace.
+        profile_dir (str | os.PathLike): where profile_batches writes its trace.
         **kwargs (Any): every `torch.utils.data.DataLoader` argument (batch_size, sampler, num_workers,
             collate_fn, pin_memory, ...).
 
@@ -477,6 +488,8 @@ class ThreadDataLoader(DataLoader):
         collate_copies: bool = False,
         worker_type: str = "thread",
         auto_epoch: bool = False,
+        profile_batches: int = 0,
+        profile_dir: str | os.PathLike[str] = ".",
         **kwargs: Any,
     ):
         if worker_type not in _procloader.WORKER_TYPES:
@@ -506,9 +519,16 @@ class ThreadDataLoader(DataLoader):
                 )
             self._buffer_pool = _BufferPool(dataset, self.batch_size)
         self._resume = _resume.LoaderResume(self, auto_epoch)
+        if int_arg(profile_batches, "profile_batches") < 0:
+            raise DDStoreValueError(f"profile_batches={profile_batches}: expected 0 (no trace) or more")
+        self._profile = (int(profile_batches), profile_dir)  # the first iteration's, then (0, ...)
 
     def __iter__(self) -> Any:
         self._resume.begin()  # a loaded state and auto_epoch apply before torch's iterator starts
+        batches, where = self._profile
+        if batches > 0:  # profile_batches: this iteration's first batches, once
+            self._profile = (0, where)
+            return profiled(super().__iter__, batches, trace_path(where, self.dataset))
         return super().__iter__()
 
     def state_dict(self) -> dict:

@@ -48,6 +48,7 @@ from . import _torch_compat as _tc
 from ._epochs import ResumeEpoch, finish_last_epoch, reset_dispatch
 from ._errors import ForkedWorkerError
 from ._resume import PositionTracking
+from ._spans import span
 
 _STATUS_INTERVAL = 0.5  # seconds between checks that worker processes are alive
 _ALIGN = 64  # every tensor in a slot starts on a cache line
@@ -306,12 +307,13 @@ def _worker_loop(
             data, init_error = init_error, None
         else:
             try:
-                if direct is not None:
-                    data = direct.read(index, writer, slot)
-                else:
-                    batch = fetcher.fetch(index)
-                    data = _pack(batch, writer, slot)
-                    del batch
+                with span("pyddstore.loader.read_batch"):  # in a trace this worker records
+                    if direct is not None:
+                        data = direct.read(index, writer, slot)
+                    else:
+                        batch = fetcher.fetch(index)
+                        data = _pack(batch, writer, slot)
+                        del batch
             except StopIteration:
                 data = _tc.IterableStop(wid)
                 iteration_end = True
@@ -553,7 +555,8 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
         while True:
             step = _STATUS_INTERVAL if self._timeout <= 0 else min(_STATUS_INTERVAL, self._timeout - waited)
             try:
-                return self._result_queue.get(timeout=max(step, 1e-3))
+                with span("pyddstore.loader.wait"):
+                    return self._result_queue.get(timeout=max(step, 1e-3))
             except queue.Empty:
                 waited += step
                 dead = self._dead_workers()
@@ -622,6 +625,10 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
         )
 
     def _process_data(self, info: tuple) -> Any:
+        with span("pyddstore.loader.unpack_batch"):
+            return self._unpack(info)
+
+    def _unpack(self, info: tuple) -> Any:
         wid, slot, data = info
         self._workers_num_tasks[wid] -= 1
         if isinstance(data, _tc.ExceptionWrapper):

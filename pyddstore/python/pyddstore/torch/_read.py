@@ -137,17 +137,34 @@ class _StoredDataset(Dataset):
 
     @property
     def shapes(self) -> Any:
-        """Each field's shape, arranged like a sample (a shape, a tuple/list, or a dict)."""
-        return self._schema.mirror({f.key: f.shape for f in self._schema.fields})
+        """Each field's shape, arranged like a sample (a shape, a tuple/list, or a dict); the
+        same for every sample kind: ``field_shapes``."""
+        return self._schema.mirror(self.field_shapes)
 
     @property
     def dtypes(self) -> Any:
         """Each field's dtype name as upstream gives it ('float32', 'int64'; Python ints, floats
         and bools are 'int64', 'float64', 'bool'); a record field gives its numpy record dtype.
-        The source's own types: ``source_dtypes``."""
-        return self._schema.mirror(
-            {f.key: (f.dtype if f.is_record else f.dtype.name) for f in self._schema.fields}
-        )
+        Arranged like a sample, as ``shapes``; always a dict: ``field_dtypes``. The source's own
+        types: ``source_dtypes``."""
+        return self._schema.mirror(self.field_dtypes)
+
+    @property
+    def field_shapes(self) -> dict:
+        """Each field's shape in a dict keyed by field, for every sample kind: dict keys, tuple
+        positions, or 0 for a one-value sample (the keys of ``fields`` and ``read_rows()``).
+
+        Example:
+            ```python
+            ds.field_shapes  # {0: (3, 32, 32)} for image samples, {"x": (4,), "y": ()} for dicts
+            ```
+        """
+        return {f.key: f.shape for f in self._schema.fields}
+
+    @property
+    def field_dtypes(self) -> dict:
+        """Each field's dtype name (as ``dtypes``) in a dict keyed as ``field_shapes``."""
+        return {f.key: (f.dtype if f.is_record else f.dtype.name) for f in self._schema.fields}
 
     @property
     def source_dtypes(self) -> Any:

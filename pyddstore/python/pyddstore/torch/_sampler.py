@@ -56,7 +56,7 @@ class DistributedSampler(_tud.DistributedSampler):
     with an MPI or file communicator, each rank of the store draws its own part, exactly as
     torch's sampler would with that rank and size. With torch.distributed initialised they come
     from the default group, as in torch. Everything else (``shuffle``, ``seed``, ``drop_last``,
-    ``set_epoch()``, the padding of the last partial round) is torch's own.
+    ``set_epoch()``, the padding of the last partial round) draws exactly torch's indices.
 
     ``state_dict()`` / ``load_state_dict()`` (torchdata's Stateful protocol, so torchdata's
     ``StatefulDataLoader`` saves and restores it): the epoch, the seed and how many samples this
