@@ -32,11 +32,8 @@ test-long:  ## the longer variants of the ragged and graph tests, the bench_work
 	FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo DDSTORE_TEST_LONG=1 \
 	python -m pytest tests/test_ragged.py tests/test_torch_graphs.py tests/test_bench_workers.py -q
 
-# Where the libfabric 2.x source tarball lies (test-libfabric2 copies it into target/libfabric2).
-VENDOR_DIR ?= ../shared/vendor
-
-test-libfabric2:  ## build libfabric 2.3.1 from $(VENDOR_DIR), check the bindings, run the fabric and gather tests with it
-	bash scripts/setup.sh && VENDOR_DIR=$(VENDOR_DIR) bash scripts/test-libfabric2.sh
+test-libfabric2:  ## libfabric 2.3.1 (third_party/, built once into ~/.cache/pyddstore): bindings check, fabric, gather and method-1 tests
+	bash scripts/setup.sh && LIBFABRIC2_FULL=1 bash scripts/test-libfabric2.sh
 
 bench:  ## the benchmark suite (python -m pyddstore bench) under mpirun -n 4
 	$(SETUP) && . .venv/bin/activate && \

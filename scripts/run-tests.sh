@@ -19,6 +19,10 @@ echo "==> cargo test"
 cargo test --workspace --exclude pyddstore --quiet
 # The binding's unit tests (its error mapping); no Python needed to run them.
 cargo test -p pyddstore --lib --quiet
+# libfabric 2.3.1 (Frontier's): built once into ~/.cache/pyddstore, then the fabric transport,
+# gather, stalled-owner and provider tests against it (scripts/test-libfabric2.sh).
+stamp "libfabric 2.3.1"
+bash scripts/test-libfabric2.sh "$@"
 # A tier with nothing selected (pytest's exit status 5, e.g. after `-k`) is not a failure.
 # Each tier runs on TEST_WORKERS pytest workers (pytest-xdist; 0 = in this process), then
 # its `serial` tests (host-wide state: other users, /dev/shm listings, namespaces) alone.

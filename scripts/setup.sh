@@ -10,6 +10,8 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
 APT_PACKAGES="libopenmpi-dev openmpi-bin libfabric-dev libfabric-bin libclang-dev clang pkg-config python3-venv valgrind iproute2 shellcheck"
+# autotools: the libfabric 2.3.1 phase of the test command builds libfabric from source (autogen.sh)
+APT_PACKAGES="$APT_PACKAGES autoconf automake libtool"
 missing=""
 for p in $APT_PACKAGES; do
     dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

@@ -48,8 +48,14 @@ def test_gather_reads_are_verified(env):
     assert out.count("gather read ok") >= 1, out
 
 
-def test_stopped_owner_times_out_naming_it(handshake_dir):
-    env = {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0", "DDSTORE_TIMEOUT_S": "3"}
+@pytest.mark.parametrize("remote_gather", ["auto", "0", "1"])
+def test_stopped_owner_times_out_naming_it(handshake_dir, remote_gather):
+    """A read of a SIGSTOPped owner times out naming it; its data, arriving after SIGCONT, never
+    lands in the buffer the caller got back (refilled with a pattern), on each path: the
+    per-request one-sided read (auto), one-sided only (0), gathered (1)."""
+    # 5 s: the reads after SIGCONT reconnect to the resumed owner, on a loaded CI machine too.
+    env = {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0", "DDSTORE_TIMEOUT_S": "5"}
+    env["DDSTORE_REMOTE_GATHER"] = remote_gather
     env["DDSTORE_HANDSHAKE_DIR"] = str(handshake_dir)
     procs = run_procs(3, "gather.py", "stopped", env=env, timeout=180)
     out = procs[0].stdout

@@ -4,10 +4,14 @@ mpirun -n 3 python gather.py read           method 1: 3 KB, 1 MB and 13 B rows; 
                                             with repeats and the reader's own rows, get(), 4
                                             threads, a forked child; expects remote_path from
                                             GATHER_EXPECT (default "gather")
-python gather.py stopped  (3 plain procs)   rank 0 SIGSTOPs rank 1 and reads its rows: a
+python gather.py stopped  (3 plain procs)   rank 0 SIGSTOPs rank 1 and reads its rows (on the
+                                            path DDSTORE_REMOTE_GATHER picks: auto reads them
+                                            one-sided, 1 gathers, 0 is one-sided only): a
                                             DDStoreTimeoutError naming rank 1 within
-                                            DDSTORE_TIMEOUT_S; after SIGCONT the late reply
-                                            never lands in the caller's buffer, and reads work
+                                            DDSTORE_TIMEOUT_S; after SIGCONT the late data
+                                            never lands in the caller's buffer (refilled with
+                                            a pattern), not even while later reads progress
+                                            the provider, and reads work
 python gather.py core --hs DIR              method-2 core (one process): publishes "g", frees it
                                             when {hs}/free-now appears, serves until {hs}/STOP
 python gather.py extra --hs DIR             joins "g", reads it (gather path, verified), asks the
@@ -136,10 +140,15 @@ def stopped():
     pids = store.allgather(os.getpid())
     limit = float(os.environ["DDSTORE_TIMEOUT_S"])
     if store.rank == 0:
-        assert store.remote_path == "gather", store.remote_path
+        mode = os.environ.get("DDSTORE_REMOTE_GATHER", "auto")
+        assert store.remote_path == ("one-sided" if mode == "0" else "gather"), store.remote_path
         first, count = share_of(VARS["small"][0], store.size, 1)
         victims = np.arange(first, first + count)
+        before = store.get_profile("small")["gather_requests"]
         check(store, "small", victims)
+        # One read of rank 1's ~300 KB: auto reads it one-sided (per request), 1 gathers it.
+        gathered = store.get_profile("small")["gather_requests"] - before
+        assert gathered == (1 if mode == "1" else 0), (mode, gathered)
         os.kill(pids[1], signal.SIGSTOP)
         wait_stopped(pids[1])
         try:
@@ -153,13 +162,19 @@ def stopped():
                 assert "rank 1" in str(e), f"the timeout does not name rank 1: {e}"
                 assert waited < limit + 10, f"took {waited:.1f} s with DDSTORE_TIMEOUT_S={limit}"
                 print(f"stopped owner: DDStoreTimeoutError after {waited:.1f} s: {e}", flush=True)
+            assert (out == -7.0).all(), "a read that timed out wrote into the caller's buffer"
+            # The caller owns `out` again: whatever it writes now must survive the late data.
+            out[:] = np.arange(out.size, dtype=np.float32).reshape(out.shape) + 0.5
+            pattern = out.copy()
         finally:
             os.kill(pids[1], signal.SIGCONT)
         time.sleep(1.0)  # the owner now answers the old request: never into `out`
-        assert (out == -7.0).all(), "a late reply landed in a buffer the caller got back"
+        assert np.array_equal(out, pattern), "a late reply landed in a buffer the caller got back"
         for _ in range(3):
+            # Later reads progress the provider (its progress may be domain-wide).
             check(store, "small", victims)
             check(store, "small", np.random.default_rng(3).integers(0, VARS["small"][0], 128))
+        assert np.array_equal(out, pattern), "a late reply landed while later reads progressed"
         print("stopped owner: reads after SIGCONT ok", flush=True)
     # free() synchronises even after a read timed out (the owner only stalled).
     store.barrier()

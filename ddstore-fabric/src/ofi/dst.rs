@@ -1,29 +1,22 @@
-//! Destination ranges a caller registered once (`register_dst`): each
-//! reader endpoint registers a range with libfabric the first time it
-//! reads into it.
+//! Destination ranges a caller registered once (`register_dst`). Reads no
+//! longer need them: one-sided reads land in their endpoint's landing,
+//! registered once (`window::Landing`), never in the caller's memory; the
+//! ranges are still checked, so an unregister matches a register.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::error::{FabricError, FabricResult};
 
-/// Destination ranges registered once through `register_dst`; each reader
-/// registers a range with its own endpoint the first time it reads into it.
+/// Destination ranges registered once through `register_dst`.
 #[derive(Default)]
 pub struct DstRegistry {
     ranges: Mutex<Vec<DstRange>>,
 }
 
-/// Range ids are unique across registries: pooled endpoints keep the
-/// registrations of every variable's ranges side by side.
-static NEXT_RANGE_ID: AtomicU64 = AtomicU64::new(0);
-
-/// One registered range, with an id unique in the process.
-#[derive(Clone, Copy)]
-pub(crate) struct DstRange {
-    pub(crate) id: u64,
-    pub(crate) addr: usize,
-    pub(crate) len: usize,
+/// One registered range.
+struct DstRange {
+    addr: usize,
+    len: usize,
 }
 
 impl DstRegistry {
@@ -34,11 +27,10 @@ impl DstRegistry {
                 "cannot register {len} bytes at {addr:#x}"
             )));
         }
-        let id = NEXT_RANGE_ID.fetch_add(1, Ordering::Relaxed);
         self.ranges
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(DstRange { id, addr, len });
+            .push(DstRange { addr, len });
         Ok(())
     }
 
@@ -54,12 +46,5 @@ impl DstRegistry {
                 "no destination of {len} bytes at {addr:#x} was registered"
             ))),
         }
-    }
-
-    pub(crate) fn snapshot(&self) -> Vec<DstRange> {
-        self.ranges
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
     }
 }

@@ -133,7 +133,7 @@ fn close_abandoning(live: Live) {
         unsafe { live.ep.cancel(live.contexts.ptr(live.slots.len())) };
     }
     let Live {
-        dst_mrs,
+        landing,
         ep,
         contexts,
         bounce,
@@ -142,7 +142,8 @@ fn close_abandoning(live: Live) {
         ..
     } = live;
     drop(ep);
-    drop(dst_mrs); // the last Arc<Endpoint> may be held by a bound MR
+    // Reads may still land there; the last Arc<Endpoint> may be held by its bound MR.
+    landing.abandon();
     contexts.abandon();
     // Receives and sends may still reference these (the endpoint may
     // outlive us in a bound MR): never free them under the provider.

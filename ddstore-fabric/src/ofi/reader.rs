@@ -4,7 +4,6 @@
 //! domain's [`EndpointPool`] lent for each call.
 
 use std::os::raw::c_void;
-use std::ptr;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,14 +11,14 @@ use std::time::{Duration, Instant};
 use ddstore_core::transport::{RaggedRequest, RaggedRows, ReaderTimes, RemoteRead, ShareReader};
 use libfabric_sys as sys;
 
-use super::dst::DstRegistry;
 use super::gather::client::{self, Client};
 use super::gather::plan::{self, Limits, Plan, RaggedOwner};
 use super::gather::wire::MacKey;
-use super::mr::MemoryRegion;
 use super::pool::EndpointPool;
 use super::record::ShareRecord;
-use super::window::{naming_peer, post_retrying, reap, InFlight, Live, Op, Posted, Stopped};
+use super::window::{
+    naming_peer, post_retrying, reap, InFlight, Landing, Live, Op, Posted, Stopped,
+};
 use crate::error::{FabricError, FabricResult};
 
 /// The longest single read of an owner that
@@ -43,11 +42,15 @@ pub const ONE_SIDED_FEW: usize = 2;
 /// The longest read counted among an owner's [`ONE_SIDED_FEW`] reads.
 pub const ONE_SIDED_FEW_MAX: usize = 64 << 10;
 
-/// Where one-sided reads of a batch land.
+/// Bytes of the landing one-sided reads go through (at least the longest
+/// read): a batch's reads are posted in rounds of at most this many bytes,
+/// each copied out once it has completed, so an endpoint keeps at most this
+/// much beyond its longest read.
+pub const LANDING_BYTES: usize = 4 << 20;
+
+/// How one-sided reads of a batch are posted.
 struct ReadTarget {
-    /// Start of the caller's destination (validated reads stay inside it).
-    dst: *mut u8,
-    /// Its local descriptor (null where the provider needs none).
+    /// The landing's local descriptor (null where the provider needs none).
     desc: *mut c_void,
     /// Remote addresses are virtual addresses (`FI_MR_VIRT_ADDR`), not offsets.
     virt_addr: bool,
@@ -57,7 +60,7 @@ pub struct ReaderSettings {
     pub window: usize,
     pub timeout: Duration,
     pub max_read_bytes: usize,
-    /// Register destinations and pass descriptors even when the provider
+    /// Register the landing and pass its descriptor even when the provider
     /// does not require FI_MR_LOCAL (always legal; tests the cxi/verbs path).
     pub force_local_mr: bool,
     /// Read from owners whose record offers it through the gather path
@@ -82,7 +85,6 @@ pub struct OfiReader {
     pool: Arc<EndpointPool>,
     broken: Option<String>,
     peers: Arc<Vec<ShareRecord>>,
-    registry: Arc<DstRegistry>,
     settings: ReaderSettings,
     /// Longest gather reply message.
     chunk: usize,
@@ -105,7 +107,6 @@ impl OfiReader {
     pub fn open(
         pool: &Arc<EndpointPool>,
         peers: Arc<Vec<ShareRecord>>,
-        registry: Arc<DstRegistry>,
         settings: ReaderSettings,
     ) -> FabricResult<OfiReader> {
         let domain = pool.domain();
@@ -135,7 +136,6 @@ impl OfiReader {
             virt_addr: domain.requires(sys::FI_MR_VIRT_ADDR),
             local_mr: domain.requires(sys::FI_MR_LOCAL) || settings.force_local_mr,
             peers,
-            registry,
             settings: ReaderSettings { window, ..settings },
         };
         // Opening one now reports an unusable provider here, not at the first read.
@@ -206,20 +206,38 @@ impl OfiReader {
     }
 
     /// One-sided reads: each read is posted as one `fi_read` (the store
-    /// planned them no longer than the provider's longest message), up to the
-    /// window in flight, then every posted read is completed.
+    /// planned them no longer than the provider's longest message) into the
+    /// endpoint's [`Landing`], up to the window in flight and as many bytes as
+    /// it holds; once a round has completed, its reads are copied into `dst`.
+    /// A read given up on a timeout thus never writes into `dst`.
     fn do_reads(&mut self, reads: &[RemoteRead], dst: &mut [u8]) -> FabricResult<()> {
-        // Kept until every read has completed or the endpoint is closed.
-        let mut temporary: Option<MemoryRegion> = None;
-        let desc = self.dst_desc(dst, &mut temporary)?;
+        let total: usize = reads.iter().map(|r| r.len).sum();
+        let longest = reads.iter().map(|r| r.len).max().unwrap_or(0);
         let live = self.live.as_mut().expect("checked by read_many");
-        let mut first_error: Option<FabricError> = None;
+        let started = Instant::now();
+        let want = total.min(LANDING_BYTES.max(longest));
+        live.landing
+            .reserve(&live.ep, want, LANDING_BYTES, self.local_mr)?;
+        live.times.mr_ns += started.elapsed().as_nanos() as u64;
         let target = ReadTarget {
-            dst: dst.as_mut_ptr(),
-            desc,
+            desc: live.landing.desc(),
             virt_addr: self.virt_addr,
         };
+        let mut first_error: Option<FabricError> = None;
+        // This round's reads: (offset in the landing, read).
+        let mut round: Vec<(usize, &RemoteRead)> = Vec::new();
+        let mut used = 0;
         for r in reads.iter().filter(|r| r.len > 0) {
+            if used + r.len > live.landing.len() {
+                // The landing is full: complete this round, copy it out, reuse it.
+                live.drain(self.settings.timeout, &mut first_error);
+                if live.in_flight() || first_error.is_some() {
+                    break;
+                }
+                copy_out(&live.landing, &round, dst);
+                round.clear();
+                used = 0;
+            }
             let posted = live
                 .take_slot(self.settings.timeout, &mut first_error)
                 .and_then(|slot| {
@@ -227,6 +245,7 @@ impl OfiReader {
                         live,
                         slot,
                         r,
+                        used,
                         &self.peers[r.owner],
                         &target,
                         self.settings.timeout,
@@ -236,9 +255,12 @@ impl OfiReader {
             if posted.is_err() {
                 break;
             }
+            round.push((used, r));
+            used += r.len;
         }
-        // Complete everything posted, even after an error, so dst is no longer
-        // written once we return; a timeout here breaks the reader.
+        // Complete everything posted, even after an error, so the landing is
+        // free again; a timeout here breaks the reader (its endpoint, with
+        // the landing, is quarantined or closed).
         live.drain(self.settings.timeout, &mut first_error);
         if live.in_flight() {
             let why = first_error
@@ -246,77 +268,10 @@ impl OfiReader {
                 .map(|e| e.to_string())
                 .unwrap_or_default();
             self.break_reader(why);
+        } else if first_error.is_none() {
+            copy_out(&live.landing, &round, dst);
         }
-        drop(temporary);
         first_error.map_or(Ok(()), Err)
-    }
-
-    /// The local descriptor of `dst` where the provider needs one: the
-    /// registration of a `register_dst` range covering it (made once per
-    /// reader), else a registration for this call left in `temporary`.
-    fn dst_desc(
-        &mut self,
-        dst: &mut [u8],
-        temporary: &mut Option<MemoryRegion>,
-    ) -> FabricResult<*mut c_void> {
-        if !self.local_mr {
-            return Ok(ptr::null_mut());
-        }
-        let live = self.live.as_mut().expect("checked by read_many");
-        let started = Instant::now();
-        let ranges = self.registry.snapshot();
-        let mine = Arc::downgrade(&self.registry);
-        // Registrations of ranges since unregistered (of any variable) close.
-        live.dst_mrs.retain(|id, (registry, _)| {
-            if registry.ptr_eq(&mine) {
-                ranges.iter().any(|r| r.id == *id)
-            } else {
-                registry
-                    .upgrade()
-                    .is_some_and(|g| g.snapshot().iter().any(|r| r.id == *id))
-            }
-        });
-        let start = dst.as_ptr() as usize;
-        let covering = ranges
-            .iter()
-            .find(|r| start >= r.addr && start + dst.len() <= r.addr + r.len);
-        let mr = match covering {
-            Some(r) => match live.dst_mrs.entry(r.id) {
-                std::collections::hash_map::Entry::Occupied(e) => &e.into_mut().1,
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    // SAFETY: the caller registered this range and dst, which
-                    // lies inside it, is live memory; a registration never
-                    // writes memory, and unregister_dst drops it.
-                    let mr = unsafe {
-                        MemoryRegion::register(
-                            live.ep.domain(),
-                            &live.ep,
-                            r.addr as *const u8,
-                            r.len,
-                            sys::FI_READ as u64,
-                        )
-                    }?;
-                    &e.insert((mine, mr)).1
-                }
-            },
-            None => {
-                // SAFETY: dst is borrowed mutably for this whole call and the
-                // registration is closed before the call returns.
-                let mr = unsafe {
-                    MemoryRegion::register(
-                        live.ep.domain(),
-                        &live.ep,
-                        dst.as_mut_ptr(),
-                        dst.len(),
-                        sys::FI_READ as u64,
-                    )
-                }?;
-                &*temporary.insert(mr)
-            }
-        };
-        let desc = mr.desc();
-        live.times.mr_ns += started.elapsed().as_nanos() as u64;
-        Ok(desc)
     }
 
     /// Operations may still be in flight: take the endpoint out of use
@@ -331,12 +286,22 @@ impl OfiReader {
     }
 }
 
-/// Posts `r` in `slot`, retrying while the provider says `FI_EAGAIN`
-/// (reaping meanwhile) up to the timeout. On failure the slot is freed.
+/// Copies a completed round of reads from the landing into `dst`.
+fn copy_out(landing: &Landing, round: &[(usize, &RemoteRead)], dst: &mut [u8]) {
+    for &(at, r) in round {
+        dst[r.dst_offset..r.dst_offset + r.len].copy_from_slice(landing.landed(at, r.len));
+    }
+}
+
+/// Posts `r` in `slot`, landing at `at` in the endpoint's landing, retrying
+/// while the provider says `FI_EAGAIN` (reaping meanwhile) up to the
+/// timeout. On failure the slot is freed.
+#[allow(clippy::too_many_arguments)]
 fn post_read(
     live: &mut Live,
     slot: usize,
     r: &RemoteRead,
+    at: usize,
     peer: &ShareRecord,
     target: &ReadTarget,
     timeout: Duration,
@@ -349,13 +314,14 @@ fn post_read(
         r.owner,
         "fi_read kept returning FI_EAGAIN",
         |live| {
-            // SAFETY: the destination bytes lie inside dst (validated), which
-            // stays borrowed until all reads completed or the endpoint is
-            // closed (break_reader); the context slot is reserved until its
+            let land = live.landing.at(at, r.len);
+            // SAFETY: the bytes lie inside the landing, which does not move
+            // until every read completed, and is abandoned with the endpoint
+            // (never freed) otherwise; the context slot is reserved until its
             // completion is reaped.
             unsafe {
                 live.ep.post_read(
-                    target.dst.add(r.dst_offset),
+                    land,
                     r.len,
                     target.desc,
                     live.peers_fi[r.owner],
@@ -402,14 +368,14 @@ fn post_read(
 impl OfiReader {
     /// The gather path: one request per owner (more when the batch exceeds a
     /// request or the window), every reply's receive posted before its request
-    /// is sent; replies land in `dst` directly or through the bounce buffer.
+    /// is sent; replies land in the bounce buffer, copied into `dst` as each completes.
     fn do_gather(
         &mut self,
         reads: &[(usize, u64, usize, usize)],
         dst: &mut [u8],
     ) -> FabricResult<()> {
         let plan = plan::plan(reads, self.gather_limits());
-        self.exchange(&plan, dst, &mut Vec::new())
+        self.exchange(&plan, dst, false, &mut Vec::new())
     }
 
     /// What gather plans of this reader respect.
@@ -422,10 +388,17 @@ impl OfiReader {
         }
     }
 
-    /// Runs a planned batch ([`client::exchange`]) on the lent endpoint; a
-    /// batch that may have left operations in flight, or got a reply that
-    /// did not match its receive, breaks the reader.
-    fn exchange(&mut self, plan: &Plan, dst: &mut [u8], got: &mut Vec<usize>) -> FabricResult<()> {
+    /// Runs a planned batch ([`client::exchange`]) on the lent endpoint
+    /// (`dst_owned`: replies may land in `dst` directly); a batch that may
+    /// have left operations in flight, or got a reply that did not match
+    /// its receive, breaks the reader.
+    fn exchange(
+        &mut self,
+        plan: &Plan,
+        dst: &mut [u8],
+        dst_owned: bool,
+        got: &mut Vec<usize>,
+    ) -> FabricResult<()> {
         let Some(mac_key) = self.settings.mac_key.as_ref() else {
             return Err(FabricError::Unavailable(
                 "gather requests need the job's key, which this reader was not given".into(),
@@ -440,7 +413,7 @@ impl OfiReader {
             timeout: self.settings.timeout,
         };
         live.times.gather_requests += plan.requests.len() as u64;
-        let done = client::exchange(live, &client, plan, dst, got);
+        let done = client::exchange(live, &client, plan, dst, dst_owned, got);
         done.map_err(|failed| {
             if failed.break_reader {
                 self.break_reader(failed.error.to_string());
@@ -595,7 +568,8 @@ impl OfiReader {
             data.resize(staging, 0);
         }
         let mut got = Vec::new();
-        let result = self.exchange(&plan, &mut data[..staging], &mut got);
+        // The staging is this call's own: replies land there directly.
+        let result = self.exchange(&plan, &mut data[..staging], true, &mut got);
         if self.broken.is_some() {
             // Receives may still target it (the endpoint may outlive us in a
             // bound MR): never free it under the provider.

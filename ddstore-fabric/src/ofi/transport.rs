@@ -587,7 +587,6 @@ impl RemoteShares for OfiShares {
         let reader = OfiReader::open(
             &pool,
             self.peers.clone(),
-            self.registry.clone(),
             ReaderSettings {
                 window: self.config.max_inflight,
                 timeout: self.config.timeout,

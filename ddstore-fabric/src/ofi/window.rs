@@ -17,16 +17,15 @@ use super::av::Av;
 use super::context::Contexts;
 use super::cq::{Cq, CqEntry, CqError, Poll};
 use super::domain::Domain;
-use super::dst::DstRegistry;
 use super::endpoint::{Endpoint, TryAgain};
 use super::mr::MemoryRegion;
 use super::record::ShareRecord;
-use crate::error::{close_all, close_last, FabricError, FabricResult, RefusedFor};
+use crate::error::{close_last, FabricError, FabricResult, RefusedFor};
 
 /// What a window slot holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Op {
-    /// A one-sided read.
+    /// A one-sided read, landing in the endpoint's [`Landing`].
     Read,
     /// A receive of reply message `msg` (of request `req`), `want` bytes.
     Recv { msg: usize, req: usize, want: usize },
@@ -57,9 +56,8 @@ pub(crate) struct Arrived {
 /// One reader endpoint with its window, pooled per domain (`EndpointPool`)
 /// and lent to one reader for the length of one call.
 pub(crate) struct Live {
-    /// Registrations of `DstRegistry` ranges, by range id, with the registry
-    /// they belong to (closed before `ep`).
-    pub(crate) dst_mrs: HashMap<u64, (Weak<DstRegistry>, MemoryRegion)>,
+    /// Where one-sided reads land (its registration is closed before `ep`).
+    pub(crate) landing: Landing,
     pub(crate) ep: Arc<Endpoint>,
     /// This endpoint's name (owners address gather replies to it).
     pub(crate) name: Vec<u8>,
@@ -92,6 +90,84 @@ pub(crate) struct Live {
     pub(crate) discarded: Arc<AtomicU64>,
 }
 
+/// Reader-owned memory one-sided reads land in, copied out to the caller's
+/// destination once they completed: a read given up on a timeout may still
+/// complete later (the provider progresses a quarantined endpoint with the
+/// others of its domain, or the owner writes it, as shm does), and then it
+/// writes only here. Registered once where the provider needs local
+/// descriptors; it moves only while nothing is in flight, and is abandoned
+/// (never freed) with an endpoint closed with reads in flight.
+#[derive(Default)]
+pub(crate) struct Landing {
+    buf: Vec<u8>,
+    /// Its registration (closed before `buf` moves or is freed).
+    mr: Option<MemoryRegion>,
+}
+
+impl Landing {
+    /// Bytes it holds.
+    pub(crate) fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Makes it hold at least `want` bytes, and no more than `keep` beyond a
+    /// call's need (grown by doubling up to `keep`); registered with `ep`'s
+    /// domain when `register`. Only while nothing is in flight on `ep`.
+    pub(crate) fn reserve(
+        &mut self,
+        ep: &Arc<Endpoint>,
+        want: usize,
+        keep: usize,
+        register: bool,
+    ) -> FabricResult<()> {
+        let len = self.buf.len();
+        if len < want || len > want.max(keep) {
+            self.mr = None;
+            // Zeroed by the allocator: pages are touched only where reads land.
+            self.buf = vec![0u8; want.max(keep.min(2 * len))];
+        }
+        if register && self.mr.is_none() && !self.buf.is_empty() {
+            // SAFETY: buf is owned here and neither moved nor freed before
+            // the registration is closed (above, and in `Live::close`), or
+            // is abandoned with it (`abandon`).
+            let mr = unsafe {
+                MemoryRegion::register(
+                    ep.domain(),
+                    ep,
+                    self.buf.as_ptr(),
+                    self.buf.len(),
+                    sys::FI_READ as u64,
+                )
+            }?;
+            self.mr = Some(mr);
+        }
+        Ok(())
+    }
+
+    /// Where a read of `len` bytes at `at` lands (`at + len` within `len()`).
+    pub(crate) fn at(&mut self, at: usize, len: usize) -> *mut u8 {
+        self.buf[at..at + len].as_mut_ptr()
+    }
+
+    /// Bytes `at..at + len`, of reads that completed.
+    pub(crate) fn landed(&self, at: usize, len: usize) -> &[u8] {
+        &self.buf[at..at + len]
+    }
+
+    /// Its local descriptor (null when not registered).
+    pub(crate) fn desc(&self) -> *mut c_void {
+        self.mr.as_ref().map_or(ptr::null_mut(), MemoryRegion::desc)
+    }
+
+    /// Closes the registration and leaks the buffer: reads in flight may
+    /// still write it.
+    pub(crate) fn abandon(self) {
+        let Landing { buf, mr } = self;
+        drop(mr);
+        std::mem::forget(buf);
+    }
+}
+
 /// Posting stopped: the error that stopped it is in the caller's `first_error`.
 pub(crate) struct Stopped;
 
@@ -120,7 +196,7 @@ impl Live {
         let ep = Arc::new(Endpoint::open(domain, cq, av)?);
         let name = ep.name()?;
         Ok(Live {
-            dst_mrs: HashMap::new(),
+            landing: Landing::default(),
             ep,
             name,
             addrs: HashMap::new(),
@@ -205,10 +281,12 @@ impl Live {
             !self.in_flight(),
             "an endpoint closed with operations in flight"
         );
-        // The buffers (trash, contexts) are dropped after the endpoint.
-        let Live { dst_mrs, ep, .. } = self;
-        let registrations = close_all(dst_mrs.into_values(), |(_, mr)| mr.close());
-        registrations.and(close_last(ep, Endpoint::close))
+        // The buffers (trash, contexts, landing) are dropped after the endpoint.
+        let Live {
+            mut landing, ep, ..
+        } = self;
+        let registration = landing.mr.take().map_or(Ok(()), MemoryRegion::close);
+        registration.and(close_last(ep, Endpoint::close))
     }
 
     /// Reaps until nothing is in flight or the oldest operation times out.

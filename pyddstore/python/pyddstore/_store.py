@@ -549,9 +549,10 @@ class PyDDStore(StoreCollectives, ProfileCounters):
         return self._native.names()
 
     def register_recv(self, name: str, arr) -> None:
-        """Registers `arr` once as a destination of reads of `name` (reads into it then skip
-        registration, which cxi and verbs need per read otherwise). Registering the same
-        buffer again is a no-op, as upstream.
+        """Registers `arr` once as a destination of reads of `name`, as upstream; registering
+        the same buffer again is a no-op. Reads no longer need it: one-sided reads land in memory
+        each reader registered once (cxi and verbs need registered buffers) and are copied into
+        the destination once complete, so a read given up on a timeout never writes into it.
 
         Args:
             name (str): the variable whose reads land in `arr`.

@@ -27,6 +27,9 @@ use crate::ofi::window::{
 /// Longest wait for the trash receive's cancellation before a batch posts.
 const TRASH_WITHDRAW: Duration = Duration::from_millis(200);
 
+/// Bounce bytes an endpoint keeps after a batch (a larger one is freed).
+const BOUNCE_KEPT: usize = 64 << 20;
+
 /// What an exchange needs of its reader besides the lent endpoint.
 pub(crate) struct Client<'a> {
     /// The key requests are MACed under.
@@ -54,22 +57,32 @@ pub(crate) struct Failed {
 /// `got` receives each message's received length, in plan order (a ragged request's replies may be shorter than
 /// their receives). Every reply receive of a request is posted before the
 /// request is sent; everything posted completes (or is cancelled) before
-/// this returns, unless the error says to break the reader.
+/// this returns, unless the error says to break the reader. `dst_owned`:
+/// `dst` is the reader's own (abandoned with a broken reader), so replies
+/// may land there directly; otherwise every reply lands in the bounce
+/// buffer and is copied out once it completed, so a reply given up on a
+/// timeout never writes into the caller's memory.
 pub(crate) fn exchange(
     live: &mut Live,
     client: &Client<'_>,
     plan: &Plan,
     dst: &mut [u8],
+    dst_owned: bool,
     got: &mut Vec<usize>,
 ) -> Result<(), Failed> {
     let mut batch =
-        Exchange::new(live, client, plan, dst.as_mut_ptr(), got).map_err(|error| Failed {
-            error,
-            break_reader: false,
+        Exchange::new(live, client, plan, dst.as_mut_ptr(), dst_owned, got).map_err(|error| {
+            Failed {
+                error,
+                break_reader: false,
+            }
         })?;
     // Stopped early: the error is in `first_error`; what was posted still completes.
     let _ = batch.post_all();
-    batch.finish()?;
+    let live = batch.finish()?;
+    if live.bounce.len() > BOUNCE_KEPT {
+        live.bounce = Vec::new();
+    }
     for &(from, to, n) in &plan.repeats {
         dst.copy_within(from..from + n, to);
     }
@@ -89,6 +102,9 @@ struct Exchange<'a> {
     dst: *mut u8,
     /// The endpoint's bounce buffer (sized for the plan).
     bounce: *mut u8,
+    /// Per message planned to land directly in `dst`, where it lands in the
+    /// bounce buffer instead (`dst` is the caller's).
+    rehomed: Vec<Option<usize>>,
     /// Per request, whether its send was posted.
     sent: Vec<bool>,
     /// Requests whose receives get no reply (refused): cancelled at the next settle.
@@ -107,6 +123,7 @@ impl<'a> Exchange<'a> {
         client: &'a Client<'a>,
         plan: &'a Plan,
         dst: *mut u8,
+        dst_owned: bool,
         got: &'a mut Vec<usize>,
     ) -> FabricResult<Exchange<'a>> {
         let nonces = plan
@@ -114,19 +131,30 @@ impl<'a> Exchange<'a> {
             .iter()
             .map(|_| Nonce::random())
             .collect::<FabricResult<Vec<Nonce>>>()?;
-        // Nothing is in flight between calls, so the buffers may move here.
-        if live.bounce.len() < plan.bounce_len {
-            live.bounce.resize(plan.bounce_len, 0);
-        }
-        if live.requests.len() < plan.requests.len() {
-            live.requests.resize_with(plan.requests.len(), Vec::new);
-        }
         let msgs: Vec<(usize, usize, Message)> = plan
             .requests
             .iter()
             .enumerate()
             .flat_map(|(ri, r)| r.msgs.iter().enumerate().map(move |(mi, m)| (ri, mi, *m)))
             .collect();
+        let mut bounce_len = plan.bounce_len;
+        let rehomed = msgs
+            .iter()
+            .map(|(_, _, m)| match m.land {
+                Landing::Direct(_) if !dst_owned => {
+                    bounce_len += m.len;
+                    Some(bounce_len - m.len)
+                }
+                _ => None,
+            })
+            .collect();
+        // Nothing is in flight between calls, so the buffers may move here.
+        if live.bounce.len() < bounce_len {
+            live.bounce.resize(bounce_len, 0);
+        }
+        if live.requests.len() < plan.requests.len() {
+            live.requests.resize_with(plan.requests.len(), Vec::new);
+        }
         got.clear();
         got.resize(msgs.len(), 0);
         Ok(Exchange {
@@ -137,6 +165,7 @@ impl<'a> Exchange<'a> {
             nonces,
             msgs,
             dst,
+            rehomed,
             sent: vec![false; plan.requests.len()],
             cancel: vec![false; plan.requests.len()],
             poisoned: false,
@@ -270,6 +299,10 @@ impl<'a> Exchange<'a> {
 
     /// Where message `g` lands.
     fn landing(&self, g: usize) -> *mut u8 {
+        if let Some(at) = self.rehomed[g] {
+            // SAFETY: Exchange::new sized the bounce buffer to hold it.
+            return unsafe { self.bounce.add(at) };
+        }
         match self.msgs[g].2.land {
             // SAFETY: the plan keeps the offset inside dst (validated).
             Landing::Direct(d) => unsafe { self.dst.add(d) },
@@ -397,6 +430,11 @@ impl<'a> Exchange<'a> {
             return;
         }
         self.got[a.msg] = payload;
+        if let (Some(at), Landing::Direct(d)) = (self.rehomed[a.msg], self.msgs[a.msg].2.land) {
+            // SAFETY: at..at+payload lies in the bounce buffer and d..d+payload
+            // in dst (the plan's, validated); this reply has completed.
+            unsafe { ptr::copy_nonoverlapping(self.bounce.add(at), self.dst.add(d), payload) };
+        }
         if let Landing::Bounce { scatter, .. } = self.msgs[a.msg].2.land {
             for &(b, d, n) in &self.plan.scatter[scatter.0..scatter.1] {
                 // SAFETY: the plan keeps b..b+n inside the bounce buffer and
@@ -444,7 +482,8 @@ impl<'a> Exchange<'a> {
 
     /// Completes (or cancels) everything posted before dst is handed back;
     /// what it cannot complete in time, or a poisoned batch, breaks the reader.
-    fn finish(mut self) -> Result<(), Failed> {
+    /// Gives back the endpoint.
+    fn finish(mut self) -> Result<&'a mut Live, Failed> {
         // Every reply receive is posted: from now on what matches none of
         // them lands in the trash.
         self.live.post_trash();
@@ -474,7 +513,7 @@ impl<'a> Exchange<'a> {
                     !break_reader,
                     "a poisoned or unfinished batch records its error"
                 );
-                Ok(())
+                Ok(self.live)
             }
         }
     }
