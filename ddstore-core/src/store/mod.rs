@@ -20,6 +20,7 @@ mod info;
 mod ragged;
 mod rows;
 mod spilling;
+mod updates;
 mod variable;
 
 pub use info::{Element, VarInfo};
@@ -44,7 +45,7 @@ pub struct Store {
     /// The memory budget used so far and the spill directories (see [`crate::spill`]).
     spill: crate::spill::store::StoreSpill,
     /// Rows of spilling variables updated here since the last barrier.
-    updates: spilling::Updates,
+    updates: updates::Updates,
 }
 
 impl Store {
