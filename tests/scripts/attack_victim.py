@@ -27,9 +27,9 @@ import time
 
 import numpy as np
 from _common import main_guard, rows_of
+from pyddstore._kinds import ragged_parts
 
 import pyddstore
-from pyddstore._kinds import ragged_parts
 
 ROWS, WIDTH = 256, 3072
 RAGGED_ROWS, RAGGED_ROW = 64, 256 << 10
@@ -37,6 +37,20 @@ RAGGED_ROWS, RAGGED_ROW = 64, 256 << 10
 
 def rss_kb() -> int:
     return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def progress_cpu_s() -> float:
+    """CPU seconds of this process's libfabric progress threads (the owner's serving loop)."""
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            stat = open(f"/proc/self/task/{tid}/stat").read()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        if name.startswith("ddstore-ofi-pro"):
+            total += int(rest[11]) + int(rest[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def record_of(store, name: str, rank: int) -> dict:
@@ -74,8 +88,16 @@ def main():
     attacking, done = os.path.join(outdir, "attacking"), os.path.join(outdir, "attack.done")
     times: dict[str, list[float]] = {"before": [], "during": []}
     rss = {"start": rss_kb(), "peak": 0}
+    # The progress threads' CPU seconds per wall second, before and during the attack (a spinning
+    # thread: ~1).
+    cpu = {"t0": (time.monotonic(), progress_cpu_s()), "before": None, "during": None}
     while time.monotonic() < end and not os.path.exists(stop):
         phase = "during" if os.path.exists(attacking) and not os.path.exists(done) else "before"
+        ended = "before" if phase == "during" else "during" if os.path.exists(done) else None
+        if ended is not None and cpu[ended] is None:
+            wall, used = time.monotonic() - cpu["t0"][0], progress_cpu_s() - cpu["t0"][1]
+            cpu[ended] = round(used / max(wall, 1e-9), 2)
+            cpu["t0"] = (time.monotonic(), progress_cpu_s())
         if not os.path.exists(attacking):
             rss["start"] = rss_kb()
         rss["peak"] = max(rss["peak"], rss_kb())
@@ -97,6 +119,8 @@ def main():
         "rejected_replies": prof["rejected_replies"],
         "rejected_requests": prof["rejected_requests"],
         "rss_kb": rss_kb(),
+        "cpu_before": cpu["before"],
+        "cpu_during": cpu["during"],
         "rss_start_kb": rss["start"],
         "rss_peak_kb": rss["peak"],
         "batches_before": len(times["before"]),

@@ -7,12 +7,11 @@
 //! reply and without touching the AV); its reply address must look like this
 //! endpoint's own; its replies are bounded ([`check_request`](super::answer::check_request)); each
 //! reader has at most [`PEER_SENDS`] replies in flight and [`PEER_BACKLOG`]
-//! queued ([`TOTAL_BACKLOG`] over all readers); a reply address no reply has
-//! reached yet (a reader still connecting, or an address that never
-//! accepts) queues at most one request's replies, and all such addresses
-//! together [`UNPROVEN_BACKLOG`] (the one waiting longest loses its queue to
-//! a newcomer), so unreachable addresses cannot take the backlog from
-//! readers being served; packed replies (ragged ones included) are built
+//! queued ([`TOTAL_BACKLOG`] over all readers); reply addresses no reply
+//! has reached yet (a reader still connecting, or an address that never
+//! accepts) queue at most [`UNPROVEN_BACKLOG`] together (the one waiting
+//! longest loses its queue to a newcomer), so unreachable addresses cannot
+//! take the backlog from readers being served; packed replies (ragged ones included) are built
 //! only when their turn to be sent comes, from fallible allocations, within
 //! [`PEER_PACKED`] bytes per reply address and [`PACKED_IN_FLIGHT`] over
 //! all, and their memory is freed (and trimmed from the allocator) when
@@ -51,9 +50,6 @@ pub const PEER_SENDS: usize = 64;
 pub const PEER_BACKLOG: usize = 1024;
 /// Replies queued over all readers.
 pub const TOTAL_BACKLOG: usize = 16384;
-/// Replies queued for one reply address no reply has reached yet: one
-/// request's worth.
-pub const UNPROVEN_PEER_BACKLOG: usize = wire::MAX_MSGS_PER_REQUEST;
 /// Replies queued over all reply addresses no reply has reached yet.
 pub const UNPROVEN_BACKLOG: usize = TOTAL_BACKLOG / 8;
 /// Bytes of packed replies (built, queued or in flight) at once (at least
@@ -78,8 +74,9 @@ const SEEN_ADDRESSES: usize = 1 << 16;
 /// this much.
 const MIN_REPLAY_WINDOW: Duration = Duration::from_secs(60);
 /// Bytes of packed replies freed since the last trim above which the
-/// allocator is asked to give free memory back once none is held.
-const TRIM_AFTER: usize = 16 << 20;
+/// allocator is asked to give free memory back once at most this much is
+/// held (one packed message).
+const TRIM_AFTER: usize = wire::MAX_PACKED_BYTES;
 /// Bytes of replies being read from spill files at once (at least one is
 /// always allowed): two 4 MiB replies per spill-read thread, so the threads
 /// stay busy while a spilling owner's memory beside its budget stays small.
@@ -110,11 +107,6 @@ struct Reply {
 }
 
 impl Reply {
-    /// Reply messages it stands for.
-    fn weight(&self) -> usize {
-        1
-    }
-
     /// Bytes of packed reply it holds.
     fn held(&self) -> usize {
         match &self.body {
@@ -143,8 +135,6 @@ unsafe impl Send for Sending {}
 /// One reply address's state at this owner.
 struct Peer {
     backlog: VecDeque<Reply>,
-    /// Reply messages its backlog stands for.
-    queued: usize,
     in_flight: usize,
     /// Bytes of packed replies held for it (queued or in flight).
     packed: usize,
@@ -163,7 +153,6 @@ impl Peer {
     fn new() -> Peer {
         Peer {
             backlog: VecDeque::new(),
-            queued: 0,
             in_flight: 0,
             packed: 0,
             proven: false,
@@ -382,8 +371,7 @@ impl Server {
                 queued: now,
             })
             .collect();
-        let weight: usize = replies.iter().map(Reply::weight).sum();
-        if !self.admit_backlog(peer, weight) {
+        if !self.admit_backlog(peer, replies.len()) {
             self.reject();
             return;
         }
@@ -391,8 +379,7 @@ impl Server {
         if entry.backlog.is_empty() {
             self.ready.push_back(peer);
         }
-        entry.queued += weight;
-        self.queued_total += weight;
+        self.queued_total += replies.len();
         entry.backlog.extend(replies);
     }
 
@@ -402,32 +389,29 @@ impl Server {
             .fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Whether `weight` more replies may be queued for `peer`: within its
-    /// backlog and the total; an address no reply has reached yet within
-    /// one request's worth, and all such addresses within
-    /// [`UNPROVEN_BACKLOG`], the one waiting longest losing its queue to
-    /// make room.
-    fn admit_backlog(&mut self, peer: sys::fi_addr_t, weight: usize) -> bool {
+    /// Whether `n` more replies may be queued for `peer`: within its
+    /// backlog and the total, and for an address no reply has reached yet
+    /// within [`UNPROVEN_BACKLOG`] over all such addresses, the one waiting
+    /// longest losing its queue to make room (a reader connecting now is
+    /// the newest: its first batch is not the one dropped).
+    fn admit_backlog(&mut self, peer: sys::fi_addr_t, n: usize) -> bool {
         let p = self.peers.entry(peer).or_insert_with(Peer::new);
-        let (queued, proven) = (p.queued, p.proven);
-        if queued + weight > PEER_BACKLOG || self.queued_total + weight > TOTAL_BACKLOG {
+        let (queued, proven) = (p.backlog.len(), p.proven);
+        if queued + n > PEER_BACKLOG || self.queued_total + n > TOTAL_BACKLOG {
             return false;
         }
         if proven {
             return true;
         }
-        if queued + weight > UNPROVEN_PEER_BACKLOG {
-            return false;
-        }
         loop {
             let unproven = self.peers.values().filter(|p| !p.proven);
-            if unproven.map(|p| p.queued).sum::<usize>() + weight <= UNPROVEN_BACKLOG {
+            if unproven.map(|p| p.backlog.len()).sum::<usize>() + n <= UNPROVEN_BACKLOG {
                 return true;
             }
             let oldest = self
                 .peers
                 .iter()
-                .filter(|(a, p)| !p.proven && p.queued > 0 && **a != peer)
+                .filter(|(a, p)| !p.proven && !p.backlog.is_empty() && **a != peer)
                 .min_by_key(|(_, p)| p.since)
                 .map(|(a, _)| *a);
             match oldest {
@@ -443,8 +427,7 @@ impl Server {
             return;
         };
         let dropped: Vec<Reply> = p.backlog.drain(..).collect();
-        self.queued_total -= p.queued;
-        p.queued = 0;
+        self.queued_total -= dropped.len();
         for r in dropped {
             self.discard(peer, r);
         }
@@ -491,16 +474,20 @@ impl Server {
         {
             return false;
         }
-        while !proven {
+        if proven {
+            return true;
+        }
+        loop {
             let unproven = self.peers.values().filter(|p| !p.proven);
             let held: usize = unproven.map(|p| p.packed).sum();
             if held == 0 || held + bytes <= UNPROVEN_PACKED {
                 return true;
             }
+            // Only queued packed replies can be taken back (not those in flight).
             let oldest = self
                 .peers
                 .iter()
-                .filter(|(a, p)| !p.proven && p.packed > 0 && p.in_flight == 0 && **a != peer)
+                .filter(|(a, p)| !p.proven && **a != peer && p.backlog.iter().any(|r| r.held() > 0))
                 .min_by_key(|(_, p)| p.since)
                 .map(|(a, _)| *a);
             match oldest {
@@ -508,14 +495,13 @@ impl Server {
                 None => return false,
             }
         }
-        true
     }
 
     /// Gives freed reply memory back to the system once little is held
     /// (the allocator keeps large freed blocks otherwise), at most once a
     /// second.
     fn trim(&mut self) {
-        if self.packed_held <= TRIM_AFTER / 4
+        if self.packed_held <= TRIM_AFTER
             && self.freed_since_trim > TRIM_AFTER
             && self.last_trim.elapsed() >= Duration::from_secs(1)
         {
@@ -582,8 +568,7 @@ impl Server {
                 return true;
             };
             let reply = p.backlog.pop_front().expect("not empty");
-            p.queued -= reply.weight();
-            self.queued_total -= reply.weight();
+            self.queued_total -= 1;
             if reply.queued.elapsed() >= self.expiry {
                 self.discard(peer, reply); // its reader has given up on it
                 continue;
@@ -744,9 +729,8 @@ impl Server {
     /// Puts `reply` back at the front of `peer`'s queue.
     fn requeue(&mut self, peer: sys::fi_addr_t, reply: Reply) {
         let p = self.peers.get_mut(&peer).expect("present");
-        p.queued += reply.weight();
-        self.queued_total += reply.weight();
         p.backlog.push_front(reply);
+        self.queued_total += 1;
     }
 
     /// Posts the send of `reply` (`packed` or its packed body, or
