@@ -218,7 +218,7 @@ def never_accepting(n: int) -> list[socket.socket]:
     return out
 
 
-def misdirected_attack(attacker, tmp_path, mode: str, seconds: float = 8) -> tuple[str, list]:
+def misdirected_attack(attacker, tmp_path, mode: str, seconds: float = 5) -> tuple[str, list]:
     """A token holder's `mode` requests to rank 1 (the owner) of the method-2 victim, whose
     replies go to 16 listeners that never accept (`replay`: to rank 0's endpoints, a reader's),
     for `seconds`; the victim then reads on past the replies' expiry (DDSTORE_TIMEOUT_S=3)."""
@@ -229,16 +229,15 @@ def misdirected_attack(attacker, tmp_path, mode: str, seconds: float = 8) -> tup
         key, length = (outdir / "key.1").read_text().split()
         values, ends, unit, rows = (outdir / "ragged.1").read_text().split()
         reply_ports = ports[0] if mode == "replay" else [s.getsockname()[1] for s in listeners]
-        time.sleep(3)  # reads before the attack: the normal batch time
+        time.sleep(2)  # reads before the attack: the normal batch time
         (outdir / "attacking").touch()
-        time.sleep(2)  # reads under attack from its first request on
         got["out"] = run_attack(
             attacker, mode, seconds, ports[1], "--token", TOKEN, "--key", key, "--len", length,
             "--ragged", f"{values},{ends},{unit},{rows}",
             "--listeners", ",".join(map(str, reply_ports)),
         )  # fmt: skip
         (outdir / "attack.done").touch()
-        time.sleep(3 + 4)  # every reply expired, its memory returned
+        time.sleep(3 + 3)  # every reply expired (DDSTORE_TIMEOUT_S), its memory returned
 
     env = {"DDSTORE_JOB_TOKEN": TOKEN, "DDSTORE_TIMEOUT_S": "3"}
     try:

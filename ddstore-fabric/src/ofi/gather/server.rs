@@ -452,7 +452,8 @@ impl Server {
 
     /// Counts `bytes` of packed reply for `peer` freed.
     fn release(&mut self, peer: sys::fi_addr_t, bytes: usize) {
-        self.packed_held -= bytes;
+        debug_assert!(bytes <= self.packed_held, "released more than held");
+        self.packed_held = self.packed_held.saturating_sub(bytes);
         self.freed_since_trim += bytes;
         if let Some(p) = self.peers.get_mut(&peer) {
             p.packed = p.packed.saturating_sub(bytes);
