@@ -7,11 +7,13 @@
 //! reply and without touching the AV); its reply address must look like this
 //! endpoint's own; its replies are bounded ([`check_request`](super::answer::check_request)); each
 //! reader has at most [`PEER_SENDS`] replies in flight and [`PEER_BACKLOG`]
-//! queued ([`TOTAL_BACKLOG`] over all readers); reply addresses no reply
-//! has reached yet (a reader still connecting, or an address that never
-//! accepts) queue at most [`UNPROVEN_BACKLOG`] together (the one waiting
-//! longest loses its queue to a newcomer), so unreachable addresses cannot
-//! take the backlog from readers being served; packed replies (ragged ones included) are built
+//! queued ([`TOTAL_BACKLOG`] over all readers); reply addresses the
+//! provider refused a send to and no send has completed to since ("stuck":
+//! an address that never accepts, or a reader still connecting) queue at
+//! most [`STUCK_BACKLOG`] replies and hold [`STUCK_PACKED`] bytes together,
+//! and lose their queues, the one stuck longest first, to make room for
+//! any other reader, so unreachable addresses cannot take the backlog from
+//! readers being served; packed replies (ragged ones included) are built
 //! only when their turn to be sent comes, from fallible allocations, within
 //! [`PEER_PACKED`] bytes per reply address and [`PACKED_IN_FLIGHT`] over
 //! all, and their memory is freed (and trimmed from the allocator) when
@@ -19,8 +21,9 @@
 //! once ([`wire::SeenRequests`]: replays are dropped); a reader whose reply
 //! has not completed within the readers' timeout is dropped (its address
 //! removed, which closes its connection) so that the others keep being
-//! served. Replies the provider cannot take now are retried after
-//! [`RETRY_MS`] or the next completion, not in a busy loop.
+//! served. A send the provider refuses is tried again after [`RETRY_MS`]
+//! (longer, up to [`MAX_RETRY_MS`], while nothing of its address is in
+//! flight) or at the next completion, never in a busy loop.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -50,23 +53,23 @@ pub const PEER_SENDS: usize = 64;
 pub const PEER_BACKLOG: usize = 1024;
 /// Replies queued over all readers.
 pub const TOTAL_BACKLOG: usize = 16384;
-/// Replies queued over all reply addresses no reply has reached yet.
-pub const UNPROVEN_BACKLOG: usize = TOTAL_BACKLOG / 8;
+/// Replies queued over all stuck reply addresses (see above).
+pub const STUCK_BACKLOG: usize = TOTAL_BACKLOG / 8;
 /// Bytes of packed replies (built, queued or in flight) at once (at least
 /// one is always allowed).
 pub const PACKED_IN_FLIGHT: usize = 128 << 20;
 /// Bytes of packed replies held for one reply address (at least one is
 /// always allowed).
 pub const PEER_PACKED: usize = PACKED_IN_FLIGHT / 4;
-/// Bytes of packed replies held for reply addresses no reply has reached
-/// yet, over all of them: a packed reply the provider does not take yet
-/// keeps its buffer until it does (not packed again at every try).
-pub const UNPROVEN_PACKED: usize = 16 << 20;
+/// Bytes of packed replies held for stuck reply addresses, over all of
+/// them: within it a packed reply the provider refused keeps its buffer
+/// (not packed again at every try).
+pub const STUCK_PACKED: usize = 16 << 20;
 /// How long a reply address whose last send the provider refused (still
 /// connecting, or not accepting) waits before the next try, unless a
 /// completion comes first.
 pub const RETRY_MS: i32 = 5;
-/// The longest wait before an address no reply has reached yet is tried again.
+/// The longest wait before a stuck address with nothing in flight is tried again.
 pub const MAX_RETRY_MS: u64 = 160;
 /// Reply addresses whose request ids are remembered (see [`wire::SeenRequests`]).
 const SEEN_ADDRESSES: usize = 1 << 16;
@@ -138,14 +141,15 @@ struct Peer {
     in_flight: usize,
     /// Bytes of packed replies held for it (queued or in flight).
     packed: usize,
-    /// A send to it has completed: a reader that is being served.
-    proven: bool,
-    /// When it was first seen (unproven addresses lose their queue oldest first).
+    /// The provider refused a send to it and none has completed since
+    /// (see [`Peer::is_stuck`]).
+    stuck: bool,
+    /// When it last got stuck (the one stuck longest loses its queue first).
     since: Instant,
     /// The provider refused its last send: not tried again before this.
     retry_at: Option<Instant>,
-    /// Sends refused in a row (an address no reply has reached yet waits
-    /// longer after each, up to [`MAX_RETRY_MS`]).
+    /// Sends refused in a row (with nothing in flight it waits longer
+    /// after each, up to [`MAX_RETRY_MS`]).
     refused: u32,
 }
 
@@ -155,11 +159,17 @@ impl Peer {
             backlog: VecDeque::new(),
             in_flight: 0,
             packed: 0,
-            proven: false,
+            stuck: false,
             since: Instant::now(),
             retry_at: None,
             refused: 0,
         }
+    }
+
+    /// Whether it is stuck: refused, with nothing in flight (an address
+    /// with sends in flight is connected, and the provider only busy).
+    fn is_stuck(&self) -> bool {
+        self.stuck && self.in_flight == 0
     }
 
     /// Whether it may be sent to now.
@@ -390,34 +400,49 @@ impl Server {
     }
 
     /// Whether `n` more replies may be queued for `peer`: within its
-    /// backlog and the total, and for an address no reply has reached yet
-    /// within [`UNPROVEN_BACKLOG`] over all such addresses, the one waiting
-    /// longest losing its queue to make room (a reader connecting now is
-    /// the newest: its first batch is not the one dropped).
+    /// backlog and the total and, for a stuck address, within
+    /// [`STUCK_BACKLOG`] over all stuck ones; stuck addresses lose their
+    /// queues, the one stuck longest first, to make room.
     fn admit_backlog(&mut self, peer: sys::fi_addr_t, n: usize) -> bool {
         let p = self.peers.entry(peer).or_insert_with(Peer::new);
-        let (queued, proven) = (p.backlog.len(), p.proven);
-        if queued + n > PEER_BACKLOG || self.queued_total + n > TOTAL_BACKLOG {
+        if p.backlog.len() + n > PEER_BACKLOG {
             return false;
         }
-        if proven {
-            return true;
-        }
+        let stuck = p.is_stuck();
         loop {
-            let unproven = self.peers.values().filter(|p| !p.proven);
-            if unproven.map(|p| p.backlog.len()).sum::<usize>() + n <= UNPROVEN_BACKLOG {
+            let stuck_queued: usize = self
+                .peers
+                .values()
+                .filter(|p| p.is_stuck())
+                .map(|p| p.backlog.len())
+                .sum();
+            if self.queued_total + n <= TOTAL_BACKLOG
+                && (!stuck || stuck_queued + n <= STUCK_BACKLOG)
+            {
                 return true;
             }
-            let oldest = self
-                .peers
-                .iter()
-                .filter(|(a, p)| !p.proven && !p.backlog.is_empty() && **a != peer)
-                .min_by_key(|(_, p)| p.since)
-                .map(|(a, _)| *a);
-            match oldest {
-                Some(a) => self.clear_backlog(a),
-                None => return false,
+            let evicted = self.evict_stuck(peer, |p| !p.backlog.is_empty());
+            if !evicted {
+                return false;
             }
+        }
+    }
+
+    /// Clears the queue of the address stuck longest (other than `peer`)
+    /// among those `which` picks; whether there was one.
+    fn evict_stuck(&mut self, peer: sys::fi_addr_t, which: impl Fn(&Peer) -> bool) -> bool {
+        let oldest = self
+            .peers
+            .iter()
+            .filter(|(a, p)| p.is_stuck() && **a != peer && which(p))
+            .min_by_key(|(_, p)| p.since)
+            .map(|(a, _)| *a);
+        match oldest {
+            Some(a) => {
+                self.clear_backlog(a);
+                true
+            }
+            None => false,
         }
     }
 
@@ -462,40 +487,39 @@ impl Server {
 
     /// Whether `bytes` more of packed reply may be held for `peer` now:
     /// within [`PACKED_IN_FLIGHT`] and [`PEER_PACKED`] (at least one reply
-    /// always may), and for an address no reply has reached yet within
-    /// [`UNPROVEN_PACKED`] over all such addresses, the one waiting longest
-    /// losing its queue to make room.
+    /// always may) and, for a stuck address, within [`STUCK_PACKED`] over
+    /// all stuck ones, the one stuck longest losing its queue to make room.
     fn make_room(&mut self, peer: sys::fi_addr_t, bytes: usize) -> bool {
-        let (mine, proven) = self
+        let (mine, stuck) = self
             .peers
             .get(&peer)
-            .map_or((0, false), |p| (p.packed, p.proven));
+            .map_or((0, false), |p| (p.packed, p.is_stuck()));
         if !(self.packed_held == 0 || self.packed_held + bytes <= PACKED_IN_FLIGHT)
             || !(mine == 0 || mine + bytes <= PEER_PACKED)
         {
             return false;
         }
-        if proven {
+        if !stuck {
             return true;
         }
         loop {
-            let unproven = self.peers.values().filter(|p| !p.proven);
-            let held: usize = unproven.map(|p| p.packed).sum();
-            if held == 0 || held + bytes <= UNPROVEN_PACKED {
+            if self.stuck_packed() + bytes <= STUCK_PACKED {
                 return true;
             }
             // Only queued packed replies can be taken back (not those in flight).
-            let oldest = self
-                .peers
-                .iter()
-                .filter(|(a, p)| !p.proven && **a != peer && p.backlog.iter().any(|r| r.held() > 0))
-                .min_by_key(|(_, p)| p.since)
-                .map(|(a, _)| *a);
-            match oldest {
-                Some(a) => self.clear_backlog(a),
-                None => return false,
+            if !self.evict_stuck(peer, |p| p.backlog.iter().any(|r| r.held() > 0)) {
+                return false;
             }
         }
+    }
+
+    /// Bytes of packed replies held for stuck addresses.
+    fn stuck_packed(&self) -> usize {
+        self.peers
+            .values()
+            .filter(|p| p.is_stuck())
+            .map(|p| p.packed)
+            .sum()
     }
 
     /// Gives freed reply memory back to the system once little is held
@@ -798,27 +822,41 @@ impl Server {
         let back = self.sending[slot].take().expect("just placed");
         self.free_sends.push(slot);
         let mut reply = back.reply;
-        if let Some(buf) = back.packed {
-            // Packed once: it keeps its buffer (still held) until it goes.
-            reply.body = Body::Packed(buf);
-        }
         match rc {
             // Not taken now: it waits at the front of its reader's queue,
-            // tried again after a while or the next completion.
+            // tried again after a while or at the next completion.
             Ok(Err(_again)) => {
                 let p = self.peers.get_mut(&peer).expect("present");
-                let wait = if p.proven {
+                if !p.stuck {
+                    p.stuck = true;
+                    p.since = Instant::now();
+                }
+                let p_stuck = p.is_stuck();
+                let wait = if p.in_flight > 0 {
                     RETRY_MS as u64
                 } else {
                     (RETRY_MS as u64) << p.refused.min(5)
                 };
                 p.refused += 1;
                 p.retry_at = Some(Instant::now() + Duration::from_millis(wait.min(MAX_RETRY_MS)));
+                if let Some(buf) = back.packed {
+                    if !p_stuck || self.stuck_packed() <= STUCK_PACKED {
+                        // Packed once: it keeps its buffer (still held) until it goes.
+                        reply.body = Body::Packed(buf);
+                    } else {
+                        self.release(peer, buf.len());
+                        self.recycle(buf);
+                    }
+                }
                 self.requeue(peer, reply);
                 Flushed::Later
             }
             // The reader is gone (or unreachable): drop its reply.
             _ => {
+                if let Some(buf) = back.packed {
+                    self.release(peer, buf.len());
+                    self.recycle(buf);
+                }
                 self.discard(peer, reply);
                 Flushed::Next
             }
@@ -884,8 +922,11 @@ impl Server {
                 self.free_sends.push(s);
                 if let Some(p) = self.peers.get_mut(&done.peer).filter(|_| !done.abandoned) {
                     p.in_flight = p.in_flight.saturating_sub(1);
-                    // A reply reached it: a reader being served.
-                    p.proven |= ok;
+                    if ok {
+                        // A reply reached it: a reader being served.
+                        p.stuck = false;
+                        p.refused = 0;
+                    }
                 }
                 // An abandoned send's reader is gone: its bytes count only in the total.
                 let peer = if done.abandoned {
@@ -940,10 +981,13 @@ impl Server {
                     self.completed(e.op_context, e.len, true);
                 }
                 if n > 0 {
-                    // The provider made progress: readers' refused sends may
-                    // go now (unreached addresses wait out their time).
-                    for p in self.peers.values_mut().filter(|p| p.proven) {
-                        p.retry_at = None;
+                    // The provider made progress: refused sends of addresses
+                    // with sends in flight (connected) or just completed may
+                    // go now; the others wait out their time.
+                    for p in self.peers.values_mut() {
+                        if !p.is_stuck() {
+                            p.retry_at = None;
+                        }
                     }
                 }
                 n > 0
