@@ -205,3 +205,85 @@ def test_a_reader_that_never_progresses_does_not_stall_the_owner(attacker, tmp_p
     print("stall:", out.replace("\n", " "), reports)
     for r in reports:
         assert r["wrong"] == 0 and r["reads"] > 0 and r["rss_kb"] < 1 << 20, reports
+
+
+def never_accepting(n: int) -> list[socket.socket]:
+    """`n` loopback listeners that never accept (a connection to one never completes)."""
+    out = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen(0)
+        out.append(s)
+    return out
+
+
+def misdirected_attack(attacker, tmp_path, mode: str, seconds: float = 5) -> tuple[str, list]:
+    """A token holder's `mode` requests to rank 1 (the owner) of the method-2 victim, whose
+    replies go to 16 listeners that never accept (`replay`: to rank 0's endpoints, a reader's),
+    for `seconds`; the victim then reads on past the replies' expiry (DDSTORE_TIMEOUT_S=3)."""
+    listeners = never_accepting(16)
+    got = {}
+
+    def attack(ports, outdir):
+        key, length = (outdir / "key.1").read_text().split()
+        values, ends, unit, rows = (outdir / "ragged.1").read_text().split()
+        reply_ports = ports[0] if mode == "replay" else [s.getsockname()[1] for s in listeners]
+        time.sleep(2)  # reads before the attack: the normal batch time
+        (outdir / "attacking").touch()
+        got["out"] = run_attack(
+            attacker, mode, seconds, ports[1], "--token", TOKEN, "--key", key, "--len", length,
+            "--ragged", f"{values},{ends},{unit},{rows}",
+            "--listeners", ",".join(map(str, reply_ports)),
+        )  # fmt: skip
+        (outdir / "attack.done").touch()
+        time.sleep(3 + 3)  # every reply expired (DDSTORE_TIMEOUT_S), its memory returned
+
+    env = {"DDSTORE_JOB_TOKEN": TOKEN, "DDSTORE_TIMEOUT_S": "3"}
+    try:
+        reports = attacked_job(tmp_path, attack, method=2, env=env)
+    finally:
+        for s in listeners:
+            s.close()
+    owner, reader = reports[1], reports[0]
+    ratio = reader["median_during_s"] / reader["median_before_s"]
+    print(
+        f"{mode}: {got['out'].strip()}; reader batches before/during {reader['batches_before']}/"
+        f"{reader['batches_during']}, median {reader['median_before_s'] * 1e3:.1f}/"
+        f"{reader['median_during_s'] * 1e3:.1f} ms (x{ratio:.2f}); owner RSS start/peak/end "
+        f"{owner['rss_start_kb'] >> 10}/{owner['rss_peak_kb'] >> 10}/{owner['rss_kb'] >> 10} MiB; "
+        f"owner rejected {owner['rejected_requests']}; owner CPU s/s before/during "
+        f"{owner['cpu_before']}/{owner['cpu_during']}"
+    )
+    for r in reports:
+        # Every read of both ranks exact; none timed out (a timeout fails the victim).
+        assert r["wrong"] == 0 and r["batches_during"] > 0, reports
+    # Served throughout: generous slack over the 2x goal (medians on a loaded machine swing 4x).
+    assert ratio < 8, reports
+    # The progress threads wait in the provider between sends, never spin (spinning: ~1 CPU s/s).
+    assert owner["cpu_during"] is not None and owner["cpu_during"] < 0.5, reports
+    # The owner's memory back within 10% (+4 MiB for the interpreter's own churn).
+    assert owner["rss_kb"] <= owner["rss_start_kb"] * 1.1 + 4096, reports
+    return got["out"], reports
+
+
+def test_unreachable_reply_addresses_do_not_take_the_backlog(attacker, tmp_path):
+    """Every second, 5 requests of 256 messages per listener for 16 listeners that never accept:
+    the reader being served keeps being served (its batch time stays near normal) and the owner
+    does not spin (it answers from its wait) nor keep memory."""
+    misdirected_attack(attacker, tmp_path, "backlog")
+
+
+def test_ragged_replies_that_never_leave_hold_no_memory(attacker, tmp_path):
+    """Ragged requests of every row (16 MiB each), replies to listeners that never accept: they
+    are built only when sent, so the owner's RSS stays near its start, and returns to it."""
+    _, reports = misdirected_attack(attacker, tmp_path, "ragged")
+    owner = reports[1]
+    assert owner["rss_peak_kb"] < owner["rss_start_kb"] + (256 << 10), reports
+
+
+def test_replayed_requests_are_refused(attacker, tmp_path):
+    """One request of ~8 MiB per reader endpoint, sent 20 times (the same bytes): the owner serves
+    each once and drops the 19 replays; the reader keeps reading exact rows, none times out."""
+    out, reports = misdirected_attack(attacker, tmp_path, "replay", seconds=3)
+    assert reports[1]["rejected_requests"] >= 19, (out, reports)

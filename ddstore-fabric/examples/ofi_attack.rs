@@ -16,7 +16,16 @@
 //!   with key K (L bytes) in one message and one in 900 messages (longer
 //!   than any request); prints `refused N statuses [..]` (refusals received) first;
 //! - `stall` (same flags): 400 requests of the whole share in 16 messages
-//!   each, whose replies this process never receives.
+//!   each, whose replies this process never receives;
+//! - `backlog` (same flags, `--listeners P,P,..`): every second, 5 requests
+//!   of the whole share in 256 messages each per listener, whose replies go
+//!   to that listener (one that never accepts);
+//! - `ragged` (`--token`, `--ragged VALUES_KEY,ENDS_KEY,UNIT,ROWS`,
+//!   `--listeners`): every second, 4 ragged requests of every row per
+//!   listener, replies to the listeners;
+//! - `replay` (`--token`, `--key`, `--len`, `--listeners`: the reader's
+//!   ports): one request of about 8 MiB of the share per reader port, each
+//!   sent 20 times, the same bytes.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -149,6 +158,29 @@ fn main() {
             let len: u64 = flag("--len").map_or(64 << 20, |k| k.parse().unwrap());
             let big = mode == "big-request";
             token_holder(&mut a, targets, &token, (key, len), big, deadline)
+        }
+        "backlog" | "ragged" | "replay" => {
+            let token = flag("--token").expect("--token");
+            let listeners: Vec<u16> = flag("--listeners")
+                .expect("--listeners")
+                .split(',')
+                .map(|p| p.parse().expect("port"))
+                .collect();
+            let key: u64 = flag("--key").map_or(0, |k| k.parse().unwrap());
+            let len: u64 = flag("--len").map_or(64 << 20, |k| k.parse().unwrap());
+            let ragged: Vec<u64> = flag("--ragged")
+                .map(|r| r.split(',').map(|v| v.parse().unwrap()).collect())
+                .unwrap_or_default();
+            misdirected(
+                &mut a,
+                targets,
+                &mode,
+                &token,
+                (key, len),
+                &ragged,
+                &listeners,
+                deadline,
+            )
         }
         other => panic!("unknown mode {other}"),
     }
@@ -332,8 +364,8 @@ fn token_holder(
         };
         wire::encode(&mut out, &mac, &Nonce(rng.gen()), &me, &r);
         out.truncate(out.len() - wire::MAC_BYTES);
-        // n_msgs and n_ranges follow magic, nonce, name length, name and key.
-        let at = 4 + 16 + 2 + me.len() + 8;
+        // n_msgs and n_ranges follow magic, nonce, id, name length, name and key.
+        let at = 4 + 16 + 8 + 2 + me.len() + 8;
         out[at..at + 8].copy_from_slice(&[0xff; 8]);
         let sealed = leak(mac.seal(out));
         for t in 0..targets {
@@ -359,4 +391,92 @@ fn token_holder(
         std::thread::sleep(Duration::from_millis(5));
     }
     println!("refused {} statuses {:?}", a.refused, a.statuses);
+}
+
+/// `backlog`, `ragged` and `replay`: a token holder's requests whose
+/// replies go to `listeners` (addresses that never accept, or a reader's).
+#[allow(clippy::too_many_arguments)]
+fn misdirected(
+    a: &mut Attacker,
+    targets: usize,
+    mode: &str,
+    token: &str,
+    share: (u64, u64),
+    ragged: &[u64],
+    listeners: &[u16],
+    deadline: Instant,
+) {
+    let (key, len) = share;
+    let mut rng = rand::thread_rng();
+    let mac = MacKey::derive(token.as_bytes());
+    let encode = |rng: &mut rand::rngs::ThreadRng, port: u16| {
+        let mut out = Vec::new();
+        let nonce = Nonce(rng.gen());
+        match mode {
+            "backlog" => {
+                let piece = (len / 256).max(1);
+                let req = wire::Request {
+                    key,
+                    msg_ranges: vec![1; 256],
+                    ranges: (0..256).map(|i| ((i * piece) % len, piece)).collect(),
+                };
+                wire::encode(&mut out, &mac, &nonce, &sockaddr(port), &req);
+            }
+            "ragged" => {
+                let (values, ends, unit, rows) = (ragged[0], ragged[1], ragged[2], ragged[3]);
+                let req = wire::RaggedRequest {
+                    key: values,
+                    n_msgs: 64,
+                    part: wire::RaggedPart {
+                        ends_key: ends,
+                        unit_bytes: unit as u32,
+                        msg_bytes: 4 << 20,
+                        rows: (0..rows).collect(),
+                    },
+                };
+                wire::encode_ragged(&mut out, &mac, &nonce, &sockaddr(port), &req);
+            }
+            _ => {
+                // About 8 MiB: the share again and again, one message each.
+                let n = ((8u64 << 20) / len).clamp(1, 256) as usize;
+                let req = wire::Request {
+                    key,
+                    msg_ranges: vec![1; n],
+                    ranges: vec![(0, len); n],
+                };
+                wire::encode(&mut out, &mac, &nonce, &sockaddr(port), &req);
+            }
+        }
+        leak(out)
+    };
+    if mode == "replay" {
+        let sealed: Vec<&'static [u8]> = listeners.iter().map(|&p| encode(&mut rng, p)).collect();
+        for _ in 0..20 {
+            for bytes in &sealed {
+                for t in 0..targets {
+                    a.send(t, wire::REQUEST_TAG, bytes, deadline);
+                }
+            }
+        }
+        println!("request bytes {}", sealed[0].len());
+    } else {
+        let per_listener = if mode == "backlog" { 5 } else { 4 };
+        while Instant::now() < deadline {
+            let round = Instant::now();
+            for _ in 0..per_listener {
+                for &port in listeners {
+                    let bytes = encode(&mut rng, port);
+                    for t in 0..targets {
+                        a.send(t, wire::REQUEST_TAG, bytes, deadline);
+                    }
+                }
+            }
+            let rest = Duration::from_secs(1).saturating_sub(round.elapsed());
+            std::thread::sleep(rest.min(deadline.saturating_duration_since(Instant::now())));
+        }
+    }
+    while Instant::now() < deadline {
+        a.poll();
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }

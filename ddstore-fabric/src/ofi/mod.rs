@@ -48,7 +48,8 @@ pub use reader::OfiReader;
 /// attacker, `examples/ofi_attack.rs`).
 pub mod wire {
     pub use super::gather::wire::{
-        encode, reply_tag, MacKey, Nonce, Request, MAC_BYTES, REQUEST_TAG, STATUS_MASK,
+        encode, encode_ragged, reply_tag, MacKey, Nonce, RaggedPart, RaggedRequest, Request,
+        MAC_BYTES, REQUEST_TAG, STATUS_MASK,
     };
 }
 pub use record::ShareRecord;

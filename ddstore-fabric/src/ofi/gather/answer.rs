@@ -61,15 +61,19 @@ impl Access {
 pub enum ReplyBody {
     /// A refusal: no bytes (the status is in the tag, the nonce in the CQ data).
     Empty,
-    /// Ranges of a share, sent straight from it when they fit one send's
-    /// iov limit, else packed into one buffer when the reply is sent.
+    /// Ranges of a share, after `head`, sent straight from them when they
+    /// fit one send's iov limit, else packed into one buffer when the reply
+    /// is sent (so a queued reply holds no copy of them).
     Ranges {
+        /// Bytes sent before the ranges (a ragged reply's row lengths).
+        head: Vec<u8>,
         /// The share the request's key named.
         share: Arc<dyn Memory>,
         /// (offset, len) in the share, checked inside it.
         ranges: Vec<(u64, u64)>,
     },
-    /// Bytes built when the request was answered (ragged replies).
+    /// Bytes built for a reply message (a packed reply the provider did
+    /// not take yet keeps its buffer).
     Packed(Vec<u8>),
 }
 
@@ -83,17 +87,15 @@ pub struct Bounds {
 }
 
 /// The replies to an authenticated request's body: (status 0, body) per
-/// message, or one refusal (its status, an empty body). `spare`: packing
-/// buffers to reuse (no fresh pages per ragged reply).
+/// message, or one refusal (its status, an empty body).
 pub fn answer(
     shares: &ServedShares,
     body: Result<Body, Refusal>,
     bounds: Bounds,
-    spare: &mut Vec<Vec<u8>>,
 ) -> Vec<(u64, ReplyBody)> {
     let replies = match body {
         Ok(Body::Plain(req)) => answer_plain(shares, req, bounds),
-        Ok(Body::Ragged(req)) => ragged_replies(shares, req, bounds, spare),
+        Ok(Body::Ragged(req)) => ragged_replies(shares, req, bounds),
         Err(r) => Err(r),
     };
     replies.unwrap_or_else(|r| vec![(r as u64, ReplyBody::Empty)])
@@ -120,6 +122,7 @@ fn answer_plain(
         out.push((
             0,
             ReplyBody::Ranges {
+                head: Vec::new(),
                 share: share.clone(),
                 ranges,
             },
@@ -128,30 +131,29 @@ fn answer_plain(
     Ok(out)
 }
 
-/// The replies of a ragged request: its rows' lengths, then their
-/// values, cut into the messages the reader posted.
+/// The replies of a ragged request: its messages, each the row lengths and
+/// values ranges it carries, packed only when it is sent.
 fn ragged_replies(
     shares: &ServedShares,
     req: RaggedRequest,
     bounds: Bounds,
-    spare: &mut Vec<Vec<u8>>,
 ) -> Result<Vec<(u64, ReplyBody)>, Refusal> {
     let values = shares.get(req.key).ok_or(Refusal::UnknownKey)?;
     let ends = shares.get(req.part.ends_key).ok_or(Refusal::UnknownKey)?;
-    // A packing buffer of an earlier reply: no fresh pages per reply.
-    let stream = spare.pop().unwrap_or_default();
-    let msgs = answer_ragged(&req, ends.as_ref(), values.as_ref(), bounds.max_msg, stream)?;
+    let msgs = ragged_messages(&req, ends.as_ref(), values.len() as u64, bounds.max_msg)?;
     Ok(msgs
         .into_iter()
-        .map(|b| {
-            (
-                0,
-                if b.is_empty() {
-                    ReplyBody::Empty
-                } else {
-                    ReplyBody::Packed(b)
-                },
-            )
+        .map(|(head, ranges)| {
+            let body = if head.is_empty() && ranges.is_empty() {
+                ReplyBody::Empty
+            } else {
+                ReplyBody::Ranges {
+                    head,
+                    share: values.clone(),
+                    ranges,
+                }
+            };
+            (0, body)
         })
         .collect())
 }
@@ -192,33 +194,40 @@ pub fn check_request(
     Ok(())
 }
 
-/// The owner's answer to a ragged request: the reply messages (`n_msgs` of
-/// them, each at most `msg_bytes`), or why it is refused. `ends` and
-/// `values` are the owner's shares the request's keys named; every row and
-/// every range is checked against them, and the stream must fit the
-/// receives the reader posted (at most `max_msg` bytes each). `stream` is a
-/// buffer to reuse for the first message (its contents are replaced).
-pub fn answer_ragged(
+/// One ragged reply message: the row lengths it carries (bytes), then
+/// (offset, len) ranges of the values share.
+pub type RaggedMessage = (Vec<u8>, Vec<(u64, u64)>);
+
+/// The owner's answer to a ragged request: its reply messages (`n_msgs` of
+/// them, each at most `msg_bytes`), or why it is refused. `ends` is the
+/// owner's row-ends share the request named, `values_len` the length of its
+/// values share; every row and every range is checked against them, and
+/// the stream must fit the receives the reader posted (at most `max_msg`
+/// bytes each). The stream, cut into the messages: the rows' lengths in
+/// units (one little-endian u64 each, in request order), then their values
+/// back to back.
+pub fn ragged_messages(
     req: &RaggedRequest,
     ends: &dyn Memory,
-    values: &dyn Memory,
+    values_len: u64,
     max_msg: usize,
-    mut stream: Vec<u8>,
-) -> Result<Vec<Vec<u8>>, Refusal> {
+) -> Result<Vec<RaggedMessage>, Refusal> {
     let part = &req.part;
-    let m = part.msg_bytes as usize;
+    let m = part.msg_bytes as u64;
     if !ends.len().is_multiple_of(END_BYTES) {
         return Err(Refusal::Malformed);
     }
-    let capacity = m as u64 * req.n_msgs as u64;
-    if m > max_msg.min(MAX_PACKED_BYTES) || capacity > MAX_REPLY_BYTES {
+    let capacity = m * req.n_msgs as u64;
+    if m > max_msg.min(MAX_PACKED_BYTES) as u64 || capacity > MAX_REPLY_BYTES {
         return Err(Refusal::OverLimit);
     }
     let n_rows = (ends.len() / END_BYTES) as u64;
     let ub = part.unit_bytes as u64;
-    // Each row's byte range, from its end and its predecessor's.
+    // Each row's length in units and byte range, from its end and its predecessor's.
+    let mut lens = Vec::with_capacity(END_BYTES * part.rows.len());
     let mut spans = Vec::with_capacity(part.rows.len());
-    let mut total = (END_BYTES * part.rows.len()) as u64;
+    let heads = (END_BYTES * part.rows.len()) as u64;
+    let mut total = heads;
     for &row in &part.rows {
         if row >= n_rows {
             return Err(Refusal::OutOfRange);
@@ -235,45 +244,45 @@ pub fn answer_ragged(
         let range = start
             .checked_mul(ub)
             .zip(end.checked_mul(ub))
-            .filter(|&(s, e)| s <= e && e <= values.len() as u64)
+            .filter(|&(s, e)| s <= e && e <= values_len)
             .ok_or(Refusal::OutOfRange)?;
         total = total.saturating_add(range.1 - range.0);
-        spans.push((end - start, range.0 as usize, (range.1 - range.0) as usize));
+        lens.extend_from_slice(&(end - start).to_le_bytes());
+        spans.push((range.0, range.1 - range.0));
     }
     if total > capacity {
         return Err(Refusal::TooLarge);
     }
-    // Readers ask for distinct rows, whose values fit in the share: what a
-    // request makes this owner allocate is bounded by its own share.
-    if total - (END_BYTES * part.rows.len()) as u64 > values.len() as u64 {
+    // Readers ask for distinct rows, whose values fit in the share.
+    if total - heads > values_len {
         return Err(Refusal::Malformed);
     }
-    // Every byte is overwritten below: a reused buffer is only zeroed where
-    // it grows. No memory for it refuses the request (never aborts).
-    let total = total as usize;
-    stream
-        .try_reserve(total.saturating_sub(stream.len()))
-        .map_err(|_| Refusal::OverLimit)?;
-    stream.resize(total, 0);
-    let mut at = 0;
-    for &(units, _, _) in &spans {
-        stream[at..at + END_BYTES].copy_from_slice(&units.to_le_bytes());
-        at += END_BYTES;
-    }
-    for &(_, off, len) in &spans {
-        values
-            .read_at(off, &mut stream[at..at + len])
-            .map_err(|_| Refusal::OutOfRange)?;
-        at += len;
-    }
-    // Cut into the posted messages, from the back (each tail copied once).
+    // Cut the stream into the posted messages: message i carries stream
+    // bytes [i m, (i + 1) m); the values' spans start after the lengths.
     let mut msgs = Vec::with_capacity(req.n_msgs as usize);
-    for i in (1..req.n_msgs as usize).rev() {
-        let at = (i * m).min(stream.len());
-        msgs.push(stream.split_off(at));
+    let mut spans = spans.into_iter().filter(|s| s.1 > 0).peekable();
+    let mut at = heads; // stream offset of the next span's first byte not yet placed
+    let mut skip = 0; // bytes of that span already placed
+    for i in 0..req.n_msgs as u64 {
+        let (start, end) = ((i * m).min(total), ((i + 1) * m).min(total));
+        let head = lens[start.min(heads) as usize..end.min(heads) as usize].to_vec();
+        let mut ranges = Vec::new();
+        while let Some(&(off, len)) = spans.peek() {
+            let from = at.max(start);
+            if from >= end {
+                break;
+            }
+            let take = (len - skip).min(end - from);
+            ranges.push((off + skip, take));
+            skip += take;
+            at += take;
+            if skip == len {
+                spans.next();
+                skip = 0;
+            }
+        }
+        msgs.push((head, ranges));
     }
-    msgs.push(stream);
-    msgs.reverse();
     Ok(msgs)
 }
 
@@ -327,6 +336,29 @@ mod tests {
             Err(Refusal::OutOfRange)
         );
     }
+    /// The messages of a ragged reply, packed as an owner sends them.
+    fn answer_ragged(
+        req: &RaggedRequest,
+        ends: &dyn Memory,
+        values: &dyn Memory,
+        max_msg: usize,
+        _spare: Vec<u8>,
+    ) -> Result<Vec<Vec<u8>>, Refusal> {
+        let msgs = ragged_messages(req, ends, values.len() as u64, max_msg)?;
+        Ok(msgs
+            .into_iter()
+            .map(|(head, ranges)| {
+                let mut b = head;
+                for (off, len) in ranges {
+                    let mut part = vec![0; len as usize];
+                    values.read_at(off as usize, &mut part).unwrap();
+                    b.extend(part);
+                }
+                b
+            })
+            .collect())
+    }
+
     fn region(bytes: &[u8]) -> ddstore_core::region::Region {
         let r = ddstore_core::region::Region::anonymous(bytes.len().max(1)).unwrap();
         r.write_at(0, bytes).unwrap();

@@ -7,11 +7,23 @@
 //! reply and without touching the AV); its reply address must look like this
 //! endpoint's own; its replies are bounded ([`check_request`](super::answer::check_request)); each
 //! reader has at most [`PEER_SENDS`] replies in flight and [`PEER_BACKLOG`]
-//! queued ([`TOTAL_BACKLOG`] over all readers), packed replies are built
-//! when sent, within [`PACKED_IN_FLIGHT`] bytes, from fallible allocations;
-//! and a reader whose reply has not completed within the readers' timeout
-//! is dropped (its address removed, which closes its connection) so that
-//! the others keep being served.
+//! queued ([`TOTAL_BACKLOG`] over all readers); reply addresses the
+//! provider refused a send to and no send has completed to since ("stuck":
+//! an address that never accepts, or a reader still connecting) queue at
+//! most [`STUCK_BACKLOG`] replies and hold [`STUCK_PACKED`] bytes together,
+//! and lose their queues, the one stuck longest first, to make room for
+//! any other reader, so unreachable addresses cannot take the backlog from
+//! readers being served; packed replies (ragged ones included) are built
+//! only when their turn to be sent comes, from fallible allocations, within
+//! [`PEER_PACKED`] bytes per reply address and [`PACKED_IN_FLIGHT`] over
+//! all, and their memory is freed (and trimmed from the allocator) when
+//! they complete or expire; each reply address's request ids are admitted
+//! once ([`wire::SeenRequests`]: replays are dropped); a reader whose reply
+//! has not completed within the readers' timeout is dropped (its address
+//! removed, which closes its connection) so that the others keep being
+//! served. A send the provider refuses is tried again after [`RETRY_MS`]
+//! (longer, up to [`MAX_RETRY_MS`], while nothing of its address is in
+//! flight) or at the next completion, never in a busy loop.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,8 +53,33 @@ pub const PEER_SENDS: usize = 64;
 pub const PEER_BACKLOG: usize = 1024;
 /// Replies queued over all readers.
 pub const TOTAL_BACKLOG: usize = 16384;
-/// Bytes of packed replies in flight at once (at least one is always allowed).
+/// Replies queued over all stuck reply addresses (see above).
+pub const STUCK_BACKLOG: usize = TOTAL_BACKLOG / 8;
+/// Bytes of packed replies (built, queued or in flight) at once (at least
+/// one is always allowed).
 pub const PACKED_IN_FLIGHT: usize = 128 << 20;
+/// Bytes of packed replies held for one reply address (at least one is
+/// always allowed).
+pub const PEER_PACKED: usize = PACKED_IN_FLIGHT / 4;
+/// Bytes of packed replies held for stuck reply addresses, over all of
+/// them: within it a packed reply the provider refused keeps its buffer
+/// (not packed again at every try).
+pub const STUCK_PACKED: usize = 16 << 20;
+/// How long a reply address whose last send the provider refused (still
+/// connecting, or not accepting) waits before the next try, unless a
+/// completion comes first.
+pub const RETRY_MS: i32 = 5;
+/// The longest wait before a stuck address with nothing in flight is tried again.
+pub const MAX_RETRY_MS: u64 = 160;
+/// Reply addresses whose request ids are remembered (see [`wire::SeenRequests`]).
+const SEEN_ADDRESSES: usize = 1 << 16;
+/// The shortest replay window: readers' and owners' clocks may differ by
+/// this much.
+const MIN_REPLAY_WINDOW: Duration = Duration::from_secs(60);
+/// Bytes of packed replies freed since the last trim above which the
+/// allocator is asked to give free memory back once at most this much is
+/// held (one packed message).
+const TRIM_AFTER: usize = wire::MAX_PACKED_BYTES;
 /// Bytes of replies being read from spill files at once (at least one is
 /// always allowed): two 4 MiB replies per spill-read thread, so the threads
 /// stay busy while a spilling owner's memory beside its budget stays small.
@@ -72,11 +109,21 @@ struct Reply {
     queued: Instant,
 }
 
+impl Reply {
+    /// Bytes of packed reply it holds.
+    fn held(&self) -> usize {
+        match &self.body {
+            Body::Packed(b) => b.len(),
+            _ => 0,
+        }
+    }
+}
+
 /// A reply posted to the provider: its memory stays here until it completes.
 struct Sending {
     peer: sys::fi_addr_t,
     reply: Reply,
-    /// A buffer packed for it (counted in `packed_in_flight`).
+    /// A buffer packed for it (counted in `packed_held`).
     packed: Option<Vec<u8>>,
     iov: Vec<sys::iovec>,
     posted: Instant,
@@ -88,11 +135,47 @@ struct Sending {
 // or a share kept alive by an Arc<dyn Memory> (Send + Sync); nothing else.
 unsafe impl Send for Sending {}
 
-/// One reader's state at this owner.
-#[derive(Default)]
+/// One reply address's state at this owner.
 struct Peer {
     backlog: VecDeque<Reply>,
     in_flight: usize,
+    /// Bytes of packed replies held for it (queued or in flight).
+    packed: usize,
+    /// The provider refused a send to it and none has completed since
+    /// (see [`Peer::is_stuck`]).
+    stuck: bool,
+    /// When it last got stuck (the one stuck longest loses its queue first).
+    since: Instant,
+    /// The provider refused its last send: not tried again before this.
+    retry_at: Option<Instant>,
+    /// Sends refused in a row (with nothing in flight it waits longer
+    /// after each, up to [`MAX_RETRY_MS`]).
+    refused: u32,
+}
+
+impl Peer {
+    fn new() -> Peer {
+        Peer {
+            backlog: VecDeque::new(),
+            in_flight: 0,
+            packed: 0,
+            stuck: false,
+            since: Instant::now(),
+            retry_at: None,
+            refused: 0,
+        }
+    }
+
+    /// Whether it is stuck: refused, with nothing in flight (an address
+    /// with sends in flight is connected, and the provider only busy).
+    fn is_stuck(&self) -> bool {
+        self.stuck && self.in_flight == 0
+    }
+
+    /// Whether it may be sent to now.
+    fn ready(&self, now: Instant) -> bool {
+        self.retry_at.is_none_or(|t| t <= now)
+    }
 }
 
 /// What became of a reply taken from the front of a reader's queue.
@@ -123,8 +206,15 @@ pub struct Server {
     /// Peers with queued replies, in turn.
     ready: VecDeque<sys::fi_addr_t>,
     queued_total: usize,
-    packed_in_flight: usize,
+    /// Bytes of packed replies held (built and queued, being read from a
+    /// spill file, or in flight).
+    packed_held: usize,
+    /// Bytes of packed replies freed since the allocator was last trimmed.
+    freed_since_trim: usize,
+    last_trim: Instant,
     routes: HashMap<Vec<u8>, sys::fi_addr_t>,
+    /// Request ids admitted per reply address (replays are dropped).
+    seen: wire::SeenRequests,
     expiry: Duration,
     /// Packing buffers of sent replies, reused by the next packed replies.
     spare: Vec<Vec<u8>>,
@@ -167,8 +257,11 @@ impl Server {
             peers: HashMap::new(),
             ready: VecDeque::new(),
             queued_total: 0,
-            packed_in_flight: 0,
+            packed_held: 0,
+            freed_since_trim: 0,
+            last_trim: Instant::now(),
             routes: HashMap::new(),
+            seen: wire::SeenRequests::new(expiry.max(MIN_REPLAY_WINDOW), SEEN_ADDRESSES),
             expiry,
             spare: Vec::new(),
             spill_reads,
@@ -262,10 +355,13 @@ impl Server {
                 .fetch_add(1, Ordering::Relaxed);
             return;
         };
+        if !self.seen.admit(&opened.reply_to, opened.id, wire::now_us()) {
+            // A replay (or a reader's clock far behind ours at first contact).
+            self.reject();
+            return;
+        }
         let Some(peer) = self.route(&opened.reply_to) else {
-            self.access
-                .rejected_requests
-                .fetch_add(1, Ordering::Relaxed);
+            self.reject();
             return;
         };
         let now = Instant::now();
@@ -274,41 +370,190 @@ impl Server {
             max_msg: self.max_msg,
             zero_copy_ranges: self.zero_copy_ranges,
         };
-        let bodies = answer::answer(&self.shares, opened.body, bounds, &mut self.spare);
-        let entry = self.peers.entry(peer).or_default();
-        if entry.backlog.len() + bodies.len() > PEER_BACKLOG
-            || self.queued_total + bodies.len() > TOTAL_BACKLOG
-        {
-            self.access
-                .rejected_requests
-                .fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        if entry.backlog.is_empty() {
-            self.ready.push_back(peer);
-        }
-        self.queued_total += bodies.len();
-        for (index, (status, body)) in bodies.into_iter().enumerate() {
-            let index = if status == 0 { index as u32 } else { 0 };
-            entry.backlog.push_back(Reply {
+        let replies: Vec<Reply> = answer::answer(&self.shares, opened.body, bounds)
+            .into_iter()
+            .enumerate()
+            .map(|(index, (status, body))| Reply {
                 nonce,
-                index,
+                index: if status == 0 { index as u32 } else { 0 },
                 status,
                 body,
                 queued: now,
-            });
+            })
+            .collect();
+        if !self.admit_backlog(peer, replies.len()) {
+            self.reject();
+            return;
+        }
+        let entry = self.peers.entry(peer).or_insert_with(Peer::new);
+        if entry.backlog.is_empty() {
+            self.ready.push_back(peer);
+        }
+        self.queued_total += replies.len();
+        entry.backlog.extend(replies);
+    }
+
+    fn reject(&self) {
+        self.access
+            .rejected_requests
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether `n` more replies may be queued for `peer`: within its
+    /// backlog and the total and, for a stuck address, within
+    /// [`STUCK_BACKLOG`] over all stuck ones; stuck addresses lose their
+    /// queues, the one stuck longest first, to make room.
+    fn admit_backlog(&mut self, peer: sys::fi_addr_t, n: usize) -> bool {
+        let p = self.peers.entry(peer).or_insert_with(Peer::new);
+        if p.backlog.len() + n > PEER_BACKLOG {
+            return false;
+        }
+        let stuck = p.is_stuck();
+        loop {
+            let stuck_queued: usize = self
+                .peers
+                .values()
+                .filter(|p| p.is_stuck())
+                .map(|p| p.backlog.len())
+                .sum();
+            if self.queued_total + n <= TOTAL_BACKLOG
+                && (!stuck || stuck_queued + n <= STUCK_BACKLOG)
+            {
+                return true;
+            }
+            let evicted = self.evict_stuck(peer, |p| !p.backlog.is_empty());
+            if !evicted {
+                return false;
+            }
         }
     }
 
-    /// Packs `ranges` of `share` into one buffer (fallible: `None` when
-    /// there is no memory for it now).
-    fn pack(&mut self, share: &dyn Memory, ranges: &[(u64, u64)]) -> Option<Vec<u8>> {
-        let total: usize = ranges.iter().map(|r| r.1 as usize).sum();
+    /// Clears the queue of the address stuck longest (other than `peer`)
+    /// among those `which` picks; whether there was one.
+    fn evict_stuck(&mut self, peer: sys::fi_addr_t, which: impl Fn(&Peer) -> bool) -> bool {
+        let oldest = self
+            .peers
+            .iter()
+            .filter(|(a, p)| p.is_stuck() && **a != peer && which(p))
+            .min_by_key(|(_, p)| p.since)
+            .map(|(a, _)| *a);
+        match oldest {
+            Some(a) => {
+                self.clear_backlog(a);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Drops every reply queued for `peer` (their memory freed).
+    fn clear_backlog(&mut self, peer: sys::fi_addr_t) {
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        let dropped: Vec<Reply> = p.backlog.drain(..).collect();
+        self.queued_total -= dropped.len();
+        for r in dropped {
+            self.discard(peer, r);
+        }
+    }
+
+    /// Frees a reply that will not be sent.
+    fn discard(&mut self, peer: sys::fi_addr_t, reply: Reply) {
+        let held = reply.held();
+        if let Body::Packed(buf) = reply.body {
+            self.release(peer, held);
+            self.recycle(buf);
+        }
+    }
+
+    /// Counts `bytes` of packed reply held for `peer`.
+    fn hold(&mut self, peer: sys::fi_addr_t, bytes: usize) {
+        self.packed_held += bytes;
+        if let Some(p) = self.peers.get_mut(&peer) {
+            p.packed += bytes;
+        }
+    }
+
+    /// Counts `bytes` of packed reply for `peer` freed.
+    fn release(&mut self, peer: sys::fi_addr_t, bytes: usize) {
+        debug_assert!(bytes <= self.packed_held, "released more than held");
+        self.packed_held = self.packed_held.saturating_sub(bytes);
+        self.freed_since_trim += bytes;
+        if let Some(p) = self.peers.get_mut(&peer) {
+            p.packed = p.packed.saturating_sub(bytes);
+        }
+    }
+
+    /// Whether `bytes` more of packed reply may be held for `peer` now:
+    /// within [`PACKED_IN_FLIGHT`] and [`PEER_PACKED`] (at least one reply
+    /// always may) and, for a stuck address, within [`STUCK_PACKED`] over
+    /// all stuck ones, the one stuck longest losing its queue to make room.
+    fn make_room(&mut self, peer: sys::fi_addr_t, bytes: usize) -> bool {
+        let (mine, stuck) = self
+            .peers
+            .get(&peer)
+            .map_or((0, false), |p| (p.packed, p.is_stuck()));
+        if !(self.packed_held == 0 || self.packed_held + bytes <= PACKED_IN_FLIGHT)
+            || !(mine == 0 || mine + bytes <= PEER_PACKED)
+        {
+            return false;
+        }
+        if !stuck {
+            return true;
+        }
+        loop {
+            if self.stuck_packed() + bytes <= STUCK_PACKED {
+                return true;
+            }
+            // Only queued packed replies can be taken back (not those in flight).
+            if !self.evict_stuck(peer, |p| p.backlog.iter().any(|r| r.held() > 0)) {
+                return false;
+            }
+        }
+    }
+
+    /// Bytes of packed replies held for stuck addresses.
+    fn stuck_packed(&self) -> usize {
+        self.peers
+            .values()
+            .filter(|p| p.is_stuck())
+            .map(|p| p.packed)
+            .sum()
+    }
+
+    /// Gives freed reply memory back to the system once little is held
+    /// (the allocator keeps large freed blocks otherwise), at most once a
+    /// second.
+    fn trim(&mut self) {
+        if self.packed_held <= TRIM_AFTER
+            && self.freed_since_trim > TRIM_AFTER
+            && self.last_trim.elapsed() >= Duration::from_secs(1)
+        {
+            self.spare.clear();
+            ddstore_core::spill::share::release_free_heap();
+            self.freed_since_trim = 0;
+            self.last_trim = Instant::now();
+        }
+    }
+
+    /// Packs `head` and `ranges` of `share` into one buffer (fallible:
+    /// `None` when there is no memory for it now).
+    fn pack(&mut self, head: &[u8], share: &dyn Memory, ranges: &[(u64, u64)]) -> Option<Vec<u8>> {
+        let mut packed = self.packing_buffer(head, ranges)?;
+        share.read_ranges(ranges, &mut packed[head.len()..]).ok()?;
+        Some(packed)
+    }
+
+    /// A buffer (reused when one is spare) of `head` followed by room for
+    /// `ranges` (fallible).
+    fn packing_buffer(&mut self, head: &[u8], ranges: &[(u64, u64)]) -> Option<Vec<u8>> {
+        let total = head.len() + ranges.iter().map(|r| r.1 as usize).sum::<usize>();
         let mut packed = self.spare.pop().unwrap_or_default();
         packed.clear();
         packed.try_reserve(total).ok()?;
+        packed.extend_from_slice(head);
         packed.resize(total, 0);
-        share.read_ranges(ranges, &mut packed).ok()?;
         Some(packed)
     }
 
@@ -318,13 +563,14 @@ impl Server {
     /// front of its reader's queue; other readers go on.
     fn flush(&mut self) {
         self.post_spilled();
+        let now = Instant::now();
         let mut turns = self.ready.len();
         while turns > 0 && !self.free_sends.is_empty() {
             turns -= 1;
             let Some(peer) = self.ready.pop_front() else {
                 return;
             };
-            let keep = self.flush_peer(peer);
+            let keep = self.flush_peer(peer, now);
             if keep {
                 self.ready.push_back(peer);
             }
@@ -332,7 +578,7 @@ impl Server {
     }
 
     /// Posts what `peer` may have in flight now; whether it still has replies queued.
-    fn flush_peer(&mut self, peer: sys::fi_addr_t) -> bool {
+    fn flush_peer(&mut self, peer: sys::fi_addr_t, now: Instant) -> bool {
         loop {
             let Some(p) = self.peers.get_mut(&peer) else {
                 return false;
@@ -340,7 +586,7 @@ impl Server {
             if p.backlog.is_empty() {
                 return false;
             }
-            if p.in_flight >= PEER_SENDS {
+            if p.in_flight >= PEER_SENDS || !p.ready(now) {
                 return true;
             }
             let Some(&slot) = self.free_sends.last() else {
@@ -349,7 +595,8 @@ impl Server {
             let reply = p.backlog.pop_front().expect("not empty");
             self.queued_total -= 1;
             if reply.queued.elapsed() >= self.expiry {
-                continue; // its reader has given up on it
+                self.discard(peer, reply); // its reader has given up on it
+                continue;
             }
             if let Flushed::Later = self.send_reply(peer, slot, reply) {
                 return true;
@@ -367,12 +614,19 @@ impl Server {
         match &reply.body {
             Body::Empty | Body::Packed(_) => {}
             // A spilled share's rows past its memory are not addressable: packed.
-            Body::Ranges { share, ranges }
-                if ranges.len() <= self.zero_copy_ranges
-                    && ranges
-                        .iter()
-                        .all(|&(o, l)| o + l <= share.mapped_len() as u64) =>
+            Body::Ranges {
+                head,
+                share,
+                ranges,
+            } if ranges.len() + usize::from(!head.is_empty()) <= self.zero_copy_ranges
+                && ranges
+                    .iter()
+                    .all(|&(o, l)| o + l <= share.mapped_len() as u64) =>
             {
+                // The head's heap block stays put when the reply moves.
+                if !head.is_empty() {
+                    ranges_iov.push((head.as_ptr(), head.len()));
+                }
                 let base = share.as_ptr();
                 // In bounds: check_request saw every range inside the share.
                 ranges_iov.extend(
@@ -381,24 +635,29 @@ impl Server {
                         .map(|&(off, len)| (base.wrapping_add(off as usize), len as usize)),
                 );
             }
-            Body::Ranges { share, ranges } => {
-                let total: usize = ranges.iter().map(|r| r.1 as usize).sum();
-                if self.packed_in_flight > 0 && self.packed_in_flight + total > PACKED_IN_FLIGHT {
-                    // Wait for packed replies in flight to complete.
+            Body::Ranges {
+                head,
+                share,
+                ranges,
+            } => {
+                let total = head.len() + ranges.iter().map(|r| r.1 as usize).sum::<usize>();
+                if !self.make_room(peer, total) {
+                    // Wait for packed replies held to complete.
                     self.requeue(peer, reply);
                     return Flushed::Later;
                 }
                 let share = share.clone();
                 let ranges = ranges.clone();
+                let head = head.clone();
                 if ranges
                     .iter()
                     .any(|&(o, l)| o + l > share.mapped_len() as u64)
                 {
-                    return self.read_spilled(peer, slot, reply, share, ranges, total);
+                    return self.read_spilled(peer, slot, reply, share, (head, ranges), total);
                 }
-                match self.pack(share.as_ref(), &ranges) {
+                match self.pack(&head, share.as_ref(), &ranges) {
                     Some(buf) => {
-                        self.packed_in_flight += buf.len();
+                        self.hold(peer, buf.len());
                         packed = Some(buf);
                     }
                     // No memory now: refuse rather than abort.
@@ -419,7 +678,7 @@ impl Server {
         slot: usize,
         reply: Reply,
         share: Arc<dyn Memory>,
-        ranges: Vec<(u64, u64)>,
+        (head, ranges): (Vec<u8>, Vec<(u64, u64)>),
         total: usize,
     ) -> Flushed {
         if self.spill_packing > 0 && self.spill_packing + total > SPILL_PACKING {
@@ -427,21 +686,19 @@ impl Server {
             self.requeue(peer, reply);
             return Flushed::Later;
         }
-        let mut buf = self.spare.pop().unwrap_or_default();
-        buf.clear();
-        if buf.try_reserve(total).is_err() {
+        let Some(buf) = self.packing_buffer(&head, &ranges) else {
             return self.refuse_over_limit(peer, reply);
-        }
-        buf.resize(total, 0);
+        };
         let taken = self.free_sends.pop();
         debug_assert_eq!(taken, Some(slot));
-        self.packed_in_flight += total;
+        self.hold(peer, total);
         self.spill_packing += total;
         self.peers.get_mut(&peer).expect("present").in_flight += 1;
         self.spill_reads.submit(Job {
             tag: (peer, slot, reply),
             share,
             ranges,
+            skip: head.len(),
             buf,
         });
         Flushed::Next
@@ -459,7 +716,7 @@ impl Server {
                 p.in_flight = p.in_flight.saturating_sub(1);
             });
             if live.is_none() || !ok || reply.queued.elapsed() >= self.expiry {
-                self.packed_in_flight -= buf.len();
+                self.release(peer, buf.len());
                 self.recycle(buf);
                 if live.is_some() && !ok {
                     let refusal = Reply {
@@ -557,28 +814,58 @@ impl Server {
             )
         };
         if matches!(rc, Ok(Ok(()))) {
-            self.peers.get_mut(&peer).expect("present").in_flight += 1;
+            let p = self.peers.get_mut(&peer).expect("present");
+            p.in_flight += 1;
+            p.refused = 0;
             return Flushed::Next;
         }
         let back = self.sending[slot].take().expect("just placed");
         self.free_sends.push(slot);
-        if let Some(buf) = back.packed {
-            self.packed_in_flight -= buf.len();
-            self.recycle(buf);
-        }
+        let mut reply = back.reply;
         match rc {
-            // Not taken now: it waits at the front of its reader's queue.
+            // Not taken now: it waits at the front of its reader's queue,
+            // tried again after a while or at the next completion.
             Ok(Err(_again)) => {
-                self.requeue(peer, back.reply);
+                let p = self.peers.get_mut(&peer).expect("present");
+                if !p.stuck {
+                    p.stuck = true;
+                    p.since = Instant::now();
+                }
+                let p_stuck = p.is_stuck();
+                let wait = if p.in_flight > 0 {
+                    RETRY_MS as u64
+                } else {
+                    (RETRY_MS as u64) << p.refused.min(5)
+                };
+                p.refused += 1;
+                p.retry_at = Some(Instant::now() + Duration::from_millis(wait.min(MAX_RETRY_MS)));
+                if let Some(buf) = back.packed {
+                    if !p_stuck || self.stuck_packed() <= STUCK_PACKED {
+                        // Packed once: it keeps its buffer (still held) until it goes.
+                        reply.body = Body::Packed(buf);
+                    } else {
+                        self.release(peer, buf.len());
+                        self.recycle(buf);
+                    }
+                }
+                self.requeue(peer, reply);
                 Flushed::Later
             }
             // The reader is gone (or unreachable): drop its reply.
-            _ => Flushed::Next,
+            _ => {
+                if let Some(buf) = back.packed {
+                    self.release(peer, buf.len());
+                    self.recycle(buf);
+                }
+                self.discard(peer, reply);
+                Flushed::Next
+            }
         }
     }
 
     fn recycle(&mut self, buffer: Vec<u8>) {
-        if self.spare.len() < SPARE_PACKING_BUFFERS {
+        // Only message-sized buffers: a large ragged stream's is freed.
+        if self.spare.len() < SPARE_PACKING_BUFFERS && buffer.capacity() <= wire::MAX_PACKED_BYTES {
             self.spare.push(buffer);
         }
     }
@@ -595,11 +882,10 @@ impl Server {
             .map(|s| s.peer)
             .collect();
         for peer in stalled {
-            let Some(p) = self.peers.get_mut(&peer) else {
+            if !self.peers.contains_key(&peer) {
                 continue;
-            };
-            self.queued_total -= p.backlog.len();
-            p.backlog.clear();
+            }
+            self.clear_backlog(peer);
             self.routes.retain(|_, a| *a != peer);
             let _ = self.ep.av().remove(peer);
             // Its sends in flight keep their slots until the provider fails them.
@@ -636,25 +922,43 @@ impl Server {
                 self.free_sends.push(s);
                 if let Some(p) = self.peers.get_mut(&done.peer).filter(|_| !done.abandoned) {
                     p.in_flight = p.in_flight.saturating_sub(1);
+                    if ok {
+                        // A reply reached it: a reader being served.
+                        p.stuck = false;
+                        p.refused = 0;
+                    }
                 }
+                // An abandoned send's reader is gone: its bytes count only in the total.
+                let peer = if done.abandoned {
+                    sys::FI_ADDR_UNSPEC
+                } else {
+                    done.peer
+                };
                 if let Some(buf) = done.packed {
-                    self.packed_in_flight -= buf.len();
-                    self.recycle(buf);
-                } else if let Body::Packed(buf) = done.reply.body {
+                    self.release(peer, buf.len());
                     self.recycle(buf);
                 }
+                self.discard(peer, done.reply);
             }
         }
     }
 
     /// Whether replies wait that a free slot could take now.
     fn can_send(&self) -> bool {
+        let now = Instant::now();
         !self.free_sends.is_empty()
             && self.ready.iter().any(|a| {
-                self.peers
-                    .get(a)
-                    .is_some_and(|p| p.in_flight < PEER_SENDS && !p.backlog.is_empty())
+                self.peers.get(a).is_some_and(|p| {
+                    p.in_flight < PEER_SENDS && !p.backlog.is_empty() && p.ready(now)
+                })
             })
+    }
+
+    /// Whether replies wait for a retry (their address refused a send).
+    fn retrying(&self) -> bool {
+        self.ready
+            .iter()
+            .any(|a| self.peers.get(a).is_some_and(|p| p.retry_at.is_some()))
     }
 
     /// One turn: wait (or poll) for completions, handle them, send replies.
@@ -666,7 +970,8 @@ impl Server {
         let cq = self.ep.cq().clone();
         let mut entries = [sys::fi_cq_tagged_entry::default(); 16];
         let polled = if block && !self.can_send() && cq.has_wait() {
-            cq.wait_read(&mut entries, WAIT_MS)
+            let wait = if self.retrying() { RETRY_MS } else { WAIT_MS };
+            cq.wait_read(&mut entries, wait)
         } else {
             cq.poll(&mut entries)
         };
@@ -674,6 +979,16 @@ impl Server {
             Ok(Poll::Completed(n)) => {
                 for e in &entries[..n] {
                     self.completed(e.op_context, e.len, true);
+                }
+                if n > 0 {
+                    // The provider made progress: refused sends of addresses
+                    // with sends in flight (connected) or just completed may
+                    // go now; the others wait out their time.
+                    for p in self.peers.values_mut() {
+                        if !p.is_stuck() {
+                            p.retry_at = None;
+                        }
+                    }
                 }
                 n > 0
             }
@@ -688,6 +1003,7 @@ impl Server {
         };
         self.flush();
         self.drop_stalled_readers();
+        self.trim();
         busy || self.can_send()
     }
 

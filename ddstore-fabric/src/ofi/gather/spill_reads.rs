@@ -32,6 +32,8 @@ pub struct Job<T> {
     pub ranges: Vec<(u64, u64)>,
     /// Where the bytes go.
     pub buf: Vec<u8>,
+    /// Bytes at the front of `buf` already filled (the ranges go after them).
+    pub skip: usize,
 }
 
 /// A packed reply: its tag, its buffer, and whether every read succeeded.
@@ -155,7 +157,10 @@ impl<T: Send + 'static> Drop for SpillReads<T> {
 }
 
 fn pack<T>(mut job: Job<T>) -> Done<T> {
-    let ok = job.share.read_ranges(&job.ranges, &mut job.buf).is_ok();
+    let ok = job
+        .share
+        .read_ranges(&job.ranges, &mut job.buf[job.skip..])
+        .is_ok();
     Done {
         tag: job.tag,
         buf: job.buf,
@@ -208,6 +213,7 @@ mod tests {
                 share: share.clone(),
                 ranges: vec![(k * 100, 10), (4000, 50)],
                 buf: vec![0; 60],
+                skip: 0,
             });
         }
         reads.submit(Job {
@@ -215,6 +221,7 @@ mod tests {
             share: share.clone(),
             ranges: vec![(4090, 10)], // past the share: a failed read
             buf: vec![0; 10],
+            skip: 0,
         });
         let mut got = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(30);

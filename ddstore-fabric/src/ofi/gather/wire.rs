@@ -2,6 +2,9 @@
 //! request MAC, and the encoding of plain and ragged requests (safe code).
 //! See [`super`] for the protocol.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::error::{FabricError, FabricResult};
 
 /// The tag of every request (owners receive exactly this tag).
@@ -32,10 +35,11 @@ pub const REPLY_DATA_BYTES: usize = 8;
 /// Bytes of the MAC that ends every request.
 pub const MAC_BYTES: usize = 32;
 
-const MAGIC: u32 = u32::from_le_bytes(*b"DDG2");
-const RAGGED_MAGIC: u32 = u32::from_le_bytes(*b"DDR2");
-/// Magic, nonce and the reply address's length: what precedes the address.
-const HEAD_BYTES: usize = 4 + NONCE_BYTES + 2;
+const MAGIC: u32 = u32::from_le_bytes(*b"DDG3");
+const RAGGED_MAGIC: u32 = u32::from_le_bytes(*b"DDR3");
+/// Magic, nonce, request id and the reply address's length: what precedes
+/// the address.
+const HEAD_BYTES: usize = 4 + NONCE_BYTES + 8 + 2;
 const PLAIN_FIXED_BYTES: usize = 8 + 4 + 4;
 const RAGGED_FIXED_BYTES: usize = 8 + 8 + 4 + 4 + 4 + 4;
 const RANGE_BYTES: usize = 16;
@@ -176,12 +180,16 @@ pub struct Request {
     pub ranges: Vec<(u64, u64)>,
 }
 
-/// An authenticated request: its nonce, where its replies go, and its body
-/// (`Err` when the body is malformed: the sender is refused).
+/// An authenticated request: its nonce, id, where its replies go, and its
+/// body (`Err` when the body is malformed: the sender is refused).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Opened {
     /// The request's nonce (in every reply).
     pub nonce: Nonce,
+    /// Its id: the reader's clock in microseconds when it was sent, strictly
+    /// increasing per process ([`next_request_id`]); owners admit each
+    /// reader's ids once ([`SeenRequests`]).
+    pub id: u64,
     /// The reader endpoint's name (covered by the MAC).
     pub reply_to: Vec<u8>,
     /// What it asks for.
@@ -197,11 +205,17 @@ pub enum Body {
     Ragged(RaggedRequest),
 }
 
-/// Starts a request into `out` (cleared first): magic, nonce, reply address.
+/// Starts a request into `out` (cleared first): magic, nonce, a fresh
+/// request id, reply address.
 fn begin(out: &mut Vec<u8>, magic: u32, nonce: &Nonce, reply_to: &[u8]) {
+    begin_with_id(out, magic, nonce, next_request_id(), reply_to);
+}
+
+fn begin_with_id(out: &mut Vec<u8>, magic: u32, nonce: &Nonce, id: u64, reply_to: &[u8]) {
     out.clear();
     out.extend_from_slice(&magic.to_le_bytes());
     out.extend_from_slice(&nonce.0);
+    out.extend_from_slice(&id.to_le_bytes());
     out.extend_from_slice(&(reply_to.len() as u16).to_le_bytes());
     out.extend_from_slice(reply_to);
 }
@@ -269,6 +283,7 @@ pub fn open(bytes: &[u8], mac_key: &MacKey) -> Option<Opened> {
     let mut c = Cursor(signed);
     let magic = c.u32()?;
     let nonce = Nonce(c.take(NONCE_BYTES)?.try_into().ok()?);
+    let id = c.u64()?;
     let name_len = c.u16()? as usize;
     let reply_to = c.take(name_len)?.to_vec();
     let body = match magic {
@@ -278,6 +293,7 @@ pub fn open(bytes: &[u8], mac_key: &MacKey) -> Option<Opened> {
     };
     Some(Opened {
         nonce,
+        id,
         reply_to,
         body,
     })
@@ -314,6 +330,136 @@ fn decode_plain(bytes: &[u8]) -> Result<Request, Refusal> {
         msg_ranges,
         ranges,
     })
+}
+
+// ---------------------------------------------------------------------------
+// Replays. A request captured on the wire (or sent again by a token holder)
+// would make its owner send the same replies to its reader again. Each
+// request carries an id, the reader's wall clock in microseconds, strictly
+// increasing in the process, under the MAC; an owner admits each reply
+// address's ids once: above the highest seen, or within the REPLAY_SLACK ids
+// below it not seen yet (requests of one reader may overtake each other). A
+// reply address it does not know (first contact, or forgotten after a
+// window of silence) is admitted only with an id inside the window of the
+// owner's clock and above any it forgot early: a replay is refused by the
+// address's record or, once that is forgotten, by its age. Readers' and
+// owners' clocks may differ by up to the window at first contact.
+
+/// Ids below a reply address's highest that are tracked (older ones are refused).
+const REPLAY_SLACK: u64 = 128;
+
+/// A fresh request id: the wall clock in microseconds, strictly increasing
+/// in this process.
+pub fn next_request_id() -> u64 {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = now_us();
+    let prev = LAST
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+            Some(now.max(last + 1))
+        })
+        .unwrap_or_else(|p| p);
+    now.max(prev + 1)
+}
+
+/// The wall clock in microseconds since the Unix epoch.
+pub fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// One reply address's ids seen: the highest, and which of the
+/// [`REPLAY_SLACK`] below it (bit i: `highest - i`).
+struct Seen {
+    highest: u64,
+    bits: u128,
+}
+
+/// The request ids an owner admitted, per reply address (see above).
+pub struct SeenRequests {
+    window_us: u64,
+    capacity: usize,
+    by_name: HashMap<Vec<u8>, Seen>,
+    /// Ids at or below this are refused from unknown addresses (raised
+    /// when records are dropped before their window ends).
+    floor: u64,
+    last_prune_us: u64,
+}
+
+impl SeenRequests {
+    /// Remembers up to `capacity` reply addresses, each for `window` after
+    /// its last request.
+    pub fn new(window: std::time::Duration, capacity: usize) -> SeenRequests {
+        SeenRequests {
+            window_us: window.as_micros() as u64,
+            capacity: capacity.max(2),
+            by_name: HashMap::new(),
+            floor: 0,
+            last_prune_us: 0,
+        }
+    }
+
+    /// Whether request `id` from `name` is admitted at `now_us` (the
+    /// owner's clock); records it if so.
+    pub fn admit(&mut self, name: &[u8], id: u64, now_us: u64) -> bool {
+        if now_us.saturating_sub(self.last_prune_us) > self.window_us / 4 {
+            self.prune(now_us);
+        }
+        if let Some(s) = self.by_name.get_mut(name) {
+            if id > s.highest {
+                let shift = id - s.highest;
+                s.bits = if shift >= REPLAY_SLACK {
+                    1
+                } else {
+                    (s.bits << shift) | 1
+                };
+                s.highest = id;
+                return true;
+            }
+            let back = s.highest - id;
+            if back >= REPLAY_SLACK || s.bits & (1 << back) != 0 {
+                return false;
+            }
+            s.bits |= 1 << back;
+            return true;
+        }
+        if id.saturating_add(self.window_us) < now_us || id <= self.floor {
+            return false;
+        }
+        if self.by_name.len() >= self.capacity {
+            self.prune(now_us);
+        }
+        if self.by_name.len() >= self.capacity {
+            self.forget_older_half();
+        }
+        self.by_name.insert(
+            name.to_vec(),
+            Seen {
+                highest: id,
+                bits: 1,
+            },
+        );
+        true
+    }
+
+    /// Forgets addresses silent for the window: their ids are refused by age now.
+    fn prune(&mut self, now_us: u64) {
+        let window = self.window_us;
+        self.by_name
+            .retain(|_, s| s.highest.saturating_add(window) >= now_us);
+        self.last_prune_us = now_us;
+    }
+
+    /// Forgets the half of the addresses with the oldest ids, refusing
+    /// their ids (and any older) from unknown addresses from now on.
+    fn forget_older_half(&mut self) {
+        let mut highest: Vec<u64> = self.by_name.values().map(|s| s.highest).collect();
+        let mid = highest.len() / 2;
+        let (_, median, _) = highest.select_nth_unstable(mid);
+        let median = *median;
+        self.floor = self.floor.max(median);
+        self.by_name.retain(|_, s| s.highest > median);
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -489,6 +635,54 @@ mod tests {
             opened_plain(&huge, &key()).unwrap().2,
             Err(Refusal::Malformed)
         );
+    }
+
+    #[test]
+    fn each_request_id_is_admitted_once_per_reader() {
+        let window = std::time::Duration::from_secs(60);
+        let w = 60_000_000u64;
+        let now = 1_000 * w;
+        let mut seen = SeenRequests::new(window, 4);
+        // Ids increase per process, even within one microsecond.
+        let (a, b) = (next_request_id(), next_request_id());
+        assert!(b > a && a.abs_diff(now_us()) < w);
+        // An id once; reordered ids within the slack once each.
+        assert!(seen.admit(b"r1", now, now));
+        assert!(!seen.admit(b"r1", now, now));
+        assert!(seen.admit(b"r1", now + 5, now));
+        assert!(seen.admit(b"r1", now + 2, now));
+        assert!(!seen.admit(b"r1", now + 2, now));
+        assert!(!seen.admit(b"r1", now + 5, now));
+        assert!(!seen.admit(b"r1", now + 5 - REPLAY_SLACK, now));
+        // The same id from another reader is its own; stale ids from an
+        // unknown reader are refused (clock skew up to the window is not).
+        assert!(seen.admit(b"r2", now, now));
+        assert!(seen.admit(b"r3", now - w + 1, now));
+        assert!(!seen.admit(b"r4", now - w - 1, now));
+        assert!(seen.admit(b"r4", now + w, now));
+        // Forgotten after a window of silence: old ids are refused by age.
+        let later = now + 2 * w + 1;
+        assert!(!seen.admit(b"r1", now + 5, later));
+        assert!(seen.admit(b"r1", later, later));
+        // Full: the older half is forgotten and its ids refused from then on.
+        for (i, name) in [b"a", b"b", b"c", b"d", b"e"].iter().enumerate() {
+            assert!(seen.admit(*name, later + 10 + i as u64, later));
+        }
+        assert!(seen.by_name.len() <= 4 && seen.floor >= later);
+        assert!(!seen.admit(b"r1", later, later));
+        // Over the wire: the id is under the MAC and comes back out.
+        let mut buf = Vec::new();
+        let req = Request {
+            key: 1,
+            msg_ranges: vec![1],
+            ranges: vec![(0, 8)],
+        };
+        encode(&mut buf, &key(), &nonce(3), b"r", &req);
+        let first = open(&buf, &key()).unwrap().id;
+        encode(&mut buf, &key(), &nonce(3), b"r", &req);
+        assert!(open(&buf, &key()).unwrap().id > first);
+        buf[4 + NONCE_BYTES] ^= 1;
+        assert!(open(&buf, &key()).is_none());
     }
 
     #[test]
