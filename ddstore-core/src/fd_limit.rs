@@ -124,7 +124,10 @@ mod tests {
         assert_eq!(preflight("ofi:cxi", 1 << 20, false), None);
         assert_eq!(preflight("mpi-rma", 1 << 20, false), None);
         let big = preflight("ofi:tcp;ofi_rxm", 1 << 40, false).expect("fires");
-        assert!(big.contains("ulimit -n") && big.contains("tcp;ofi_rxm"), "{big}");
+        assert!(
+            big.contains("ulimit -n") && big.contains("tcp;ofi_rxm"),
+            "{big}"
+        );
         assert_eq!(preflight("ofi:tcp;ofi_rxm", 2, false), None);
     }
 }

@@ -365,11 +365,18 @@ impl MpiComm {
     /// Every rank's bytes, in rank order: the lengths (`MPI_Iallgather`), then
     /// the records (`MPI_Iallgatherv`), each polled against the deadline
     /// ([`MpiComm::wait_collective`]).
-    fn allgather_within(&self, mine: &[u8], timeout: Duration) -> ddstore_core::Result<Vec<Vec<u8>>> {
+    fn allgather_within(
+        &self,
+        mine: &[u8],
+        timeout: Duration,
+    ) -> ddstore_core::Result<Vec<Vec<u8>>> {
         self.check_usable()?;
         // Buffers MPI reads or writes until the collective completes: kept in
         // boxes that are leaked if the wait gives up.
-        let (len, mut lens) = (Box::new(mine.len() as u64), vec![0u64; self.size].into_boxed_slice());
+        let (len, mut lens) = (
+            Box::new(mine.len() as u64),
+            vec![0u64; self.size].into_boxed_slice(),
+        );
         // SAFETY: reading a link-time constant exported by the MPI shim.
         let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
         let rc = {
@@ -490,14 +497,16 @@ impl MpiComm {
         std::mem::forget(buffers);
         Err(match unfinished {
             Unfinished::Failed(e) => e.into(),
-            Unfinished::Absent(missing, how) if missing.is_empty() => ddstore_core::Error::Timeout {
-                peer: 0,
-                waited: timeout,
-                what: format!(
-                    "every MPI rank arrived at the {what} but it did not complete in time \
+            Unfinished::Absent(missing, how) if missing.is_empty() => {
+                ddstore_core::Error::Timeout {
+                    peer: 0,
+                    waited: timeout,
+                    what: format!(
+                        "every MPI rank arrived at the {what} but it did not complete in time \
                      (DDSTORE_TIMEOUT_S sets the wait; {how})"
-                ),
-            },
+                    ),
+                }
+            }
             Unfinished::Absent(missing, how) => ddstore_core::Error::Timeout {
                 peer: missing[0],
                 waited: timeout,
@@ -542,9 +551,13 @@ impl MpiComm {
             return Ok(());
         }
         if !probed {
-            return Err(Unfinished::Absent(vec![0], "did not release the others from"));
+            return Err(Unfinished::Absent(
+                vec![0],
+                "did not release the others from",
+            ));
         }
-        let mut answer = Pending::send(h, 0, tag(seq, PRESENT), &[1]).map_err(Unfinished::Failed)?;
+        let mut answer =
+            Pending::send(h, 0, tag(seq, PRESENT), &[1]).map_err(Unfinished::Failed)?;
         let mut verdict = None;
         let ended = poll_until(Instant::now() + 3 * RELEASE_GRACE, || {
             if test_request(req)? {
@@ -561,7 +574,10 @@ impl MpiComm {
                 "did not arrive (as rank 0 saw) at",
             )),
             (true, None) => Ok(()),
-            (false, None) => Err(Unfinished::Absent(vec![0], "did not release the others from")),
+            (false, None) => Err(Unfinished::Absent(
+                vec![0],
+                "did not release the others from",
+            )),
         }
     }
 
