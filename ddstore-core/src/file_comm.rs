@@ -798,6 +798,55 @@ mod tests {
     }
 
     #[test]
+    fn without_rank_0_the_others_name_it_and_a_bad_merged_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let hs = dir.path().join("hs");
+        in_threads(&hs, 1..3, 3, "z", |c, _| {
+            let e = c.barrier_timeout(Duration::from_millis(300)).unwrap_err();
+            assert!(
+                e.to_string().contains("ranks [0]") && e.to_string().contains("release"),
+                "{e}"
+            );
+        });
+        let ranks: Vec<_> = (1..3)
+            .map(|rank| {
+                let hs = hs.clone();
+                std::thread::spawn(move || {
+                    let short = Duration::from_millis(300);
+                    let c = FileComm::new(&hs, Some(rank), Some(3), Some("y".into()), short);
+                    c.unwrap().allgather(b"r").unwrap_err().to_string()
+                })
+            })
+            .collect();
+        for r in ranks {
+            let e = r.join().unwrap();
+            assert!(e.contains("rank 0 wrote no merged record"), "{e}");
+        }
+        let all = Gathered::All(vec![b"a".to_vec(), Vec::new(), b"ccc".to_vec()]);
+        let bytes = encode_merged(&all);
+        assert!(matches!(decode_merged(&bytes, 3), Ok(Gathered::All(v)) if v[2] == b"ccc"));
+        assert!(
+            decode_merged(&bytes, 4).is_err(),
+            "a file of another group size"
+        );
+        assert!(
+            decode_merged(&bytes[..bytes.len() - 1], 3).is_err(),
+            "cut short"
+        );
+        assert!(
+            decode_merged(&[bytes.as_slice(), b"x"].concat(), 3).is_err(),
+            "trailing bytes"
+        );
+        let missing = encode_merged(&Gathered::Missing(vec![2]));
+        assert!(matches!(decode_merged(&missing, 3), Ok(Gathered::Missing(m)) if m == [2]));
+        assert!(
+            decode_merged(&missing, 2).is_err(),
+            "rank 2 of a group of 2"
+        );
+        assert!(decode_merged(b"", 3).is_err());
+    }
+
+    #[test]
     fn a_job_with_a_live_rank_keeps_its_files() {
         use std::os::unix::fs::OpenOptionsExt;
         let dir = tempfile::tempdir().unwrap();

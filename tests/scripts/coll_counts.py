@@ -2,17 +2,25 @@
 `allgather`, counted by an LD_PRELOAD'ed shim (tests/scripts/pmpi_count.c: MPI calls and bytes;
 file opens and creates in the handshake directory): prints `COUNTS {json}` per rank.
 
-    mpirun -n 8 -x LD_PRELOAD=/tmp/pmpi_count.so python tests/scripts/coll_counts.py mpi 1
-    (file communicator: N processes with SLURM_PROCID/SLURM_NTASKS and DDSTORE_HANDSHAKE_DIR)
+    mpicc -shared -fPIC -o /tmp/pmpi_count.so tests/scripts/pmpi_count.c
+    PMPI_SHIM=/tmp/pmpi_count.so mpirun -n 8 python tests/scripts/coll_counts.py [METHOD]
+    (file communicator: N processes with SLURM_PROCID/SLURM_NTASKS, DDSTORE_HANDSHAKE_DIR and
+    LD_PRELOAD=fileops_count.so, built with cc -shared -fPIC ... -ldl)
 """
 
 import ctypes
 import json
+import os
 import sys
 
-import numpy as np
+# The MPI shim goes first in the global symbol scope, before pyddstore loads libmpi, so the
+# extension's MPI calls resolve to it (LD_PRELOAD would load it into mpirun too).
+if os.environ.get("PMPI_SHIM"):
+    ctypes.CDLL(os.environ["PMPI_SHIM"], mode=ctypes.RTLD_GLOBAL)
 
-import pyddstore
+import numpy as np  # noqa: E402
+
+import pyddstore  # noqa: E402
 
 SHIM = ctypes.CDLL(None)
 FIELDS = ("sends", "send_bytes", "collectives", "collective_bytes", "recvs", "file_opens", "file_creates")

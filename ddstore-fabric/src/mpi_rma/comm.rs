@@ -652,6 +652,12 @@ impl MpiComm {
         if std::mem::replace(&mut self.freed, true) || !self.pid.is_this_process() || !is_usable() {
             return Ok(());
         }
+        // A collective given up may still be in flight, and MPI would go on
+        // progressing it on a freed communicator (Open MPI's libnbc crashes in
+        // MPI_Finalize): such a communicator is left to MPI_Finalize.
+        if self.broken.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let _g = serialize();
         // SAFETY: we own the handle (a dup or split result) and MPI is usable;
         // freed once (the flag above).
