@@ -7,6 +7,8 @@
 - File communicator: an LD_PRELOAD'ed counter (tests/scripts/fileops_count.c) counts the round
   files opened and created per allgather and barrier: O(N) in all, not N^2.
 - A rank that does not come to an MPI collective is named on every rank that waited.
+- torch.distributed (gloo): the barrier is the backend's own, polled; a rank that does not come
+  is named (monitored_barrier) only after the timeout.
 - Descriptors: a store raises the soft RLIMIT_NOFILE to the hard limit; with the limit below
   what tcp;ofi_rxm will need for the job, the first add fails on every rank, at once, naming
   `ulimit -n`.
@@ -25,7 +27,7 @@ from conftest import SCRIPTS, reports, run_mpi, run_procs
 def _build(tmp_path_factory, compiler: str, source: str, *libs: str) -> str:
     cc = shutil.which(compiler)
     if cc is None:
-        pytest.skip(f"{compiler} not found: install openmpi-bin / a C compiler (the README's test command does)")
+        pytest.skip(f"{compiler} not found: install openmpi-bin and a C compiler (see the README)")
     out = tmp_path_factory.mktemp("shims") / (source.replace(".c", ".so"))
     subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out), str(SCRIPTS / source), *libs], check=True)
     return str(out)
@@ -124,3 +126,19 @@ def test_below_the_descriptors_tcp_needs_every_rank_fails_at_once_naming_ulimit(
         assert "ulimit -n" in msg and "needs at least" in msg and "tcp;ofi_rxm" in msg, msg
         assert f"the limit is {r['after'][0]}" in msg, msg
         assert r["add_s"] < 60, r
+
+
+def test_a_torch_rank_absent_from_a_gloo_barrier_is_named_after_the_timeout():
+    pytest.importorskip("torch")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    done = run_procs(3, "torch_barrier.py", env=env, timeout=300)
+    found = {r["rank"]: r for p in done for r in reports(p.stdout, "TBARRIER")}
+    assert set(found) == {0, 1, 2}, found
+    assert "Ranks 2 failed to pass" in found[0]["error"], found[0]
+    assert "did not complete within 2.0 s" in found[1]["error"], found[1]
+    assert all(found[r]["waited_s"] < 60 for r in (0, 1)), found
