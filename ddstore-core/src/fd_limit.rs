@@ -24,7 +24,7 @@ fn get() -> Option<(u64, u64)> {
     };
     // SAFETY: getrlimit writes the struct we pass and has no other effect.
     let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
-    (rc == 0).then_some((lim.rlim_cur as u64, lim.rlim_max as u64))
+    (rc == 0).then_some((lim.rlim_cur, lim.rlim_max))
 }
 
 /// Raises the soft descriptor limit to the hard one (capped by the kernel's
@@ -41,8 +41,8 @@ pub fn raise_soft_limit() -> Option<Raised> {
         let target = hard.min(nr_open);
         if soft < target {
             let lim = libc::rlimit {
-                rlim_cur: target as libc::rlim_t,
-                rlim_max: hard as libc::rlim_t,
+                rlim_cur: target,
+                rlim_max: hard,
             };
             // SAFETY: setrlimit reads the struct we pass; raising the soft
             // limit up to the hard one needs no privilege.

@@ -596,9 +596,9 @@ impl MpiComm {
         let mut completed = false;
         let waited = poll_until(Instant::now() + RELEASE_GRACE, || {
             completed = test_request(req)?;
-            for peer in 1..self.size {
-                if !present[peer] && take_message(h, peer, tag(seq, PRESENT), 1)?.is_some() {
-                    present[peer] = true;
+            for (peer, here) in present.iter_mut().enumerate().skip(1) {
+                if !*here && take_message(h, peer, tag(seq, PRESENT), 1)?.is_some() {
+                    *here = true;
                 }
             }
             Ok(completed || present.iter().all(|&p| p))
