@@ -36,81 +36,54 @@ pub struct MpiComm {
 
 /// Tags of the messages that name absent ranks once a collective timed out
 /// (this communicator is our private dup, so nobody else's messages share
-/// them): rank 0's probe, a rank's answer "present", rank 0's verdict. Each
-/// collective has its own three (its number modulo `TAG_ROUNDS`), so a late
-/// message of one collective never answers another.
+/// them): rank 0's probe, a rank's answer "present", rank 0's verdict, and
+/// the notice of a rank that gave up without hearing from rank 0. Each
+/// collective has its own four (its number modulo `TAG_ROUNDS`; a probe also
+/// carries the full number), so a late message of one never answers another.
 const TAG_BASE: c_int = 1024;
 /// Collectives before the tags repeat (MPI guarantees tags up to 32,767).
-const TAG_ROUNDS: u64 = 10_000;
+const TAG_ROUNDS: u64 = 7_000;
 const PROBE: c_int = 0;
 const PRESENT: c_int = 1;
 const VERDICT: c_int = 2;
+const GAVE_UP: c_int = 3;
+/// First byte of a verdict: the collective completed / rank 0 gave up on it.
+const COMPLETED: u8 = 0;
+const GIVEN_UP: u8 = 1;
 /// How much longer than rank 0 the other ranks wait, so rank 0's probe and
 /// verdict (which ranks did not arrive) reach them before they give up.
 const RELEASE_GRACE: Duration = Duration::from_secs(2);
 
 fn tag(seq: u64, which: c_int) -> c_int {
-    TAG_BASE + 3 * (seq % TAG_ROUNDS) as c_int + which
+    TAG_BASE + 4 * (seq % TAG_ROUNDS) as c_int + which
 }
 
-/// One nonblocking point-to-point request and the buffer it uses; a request
-/// still pending when its owner gives up is cancelled and the buffer leaked
-/// (MPI may still write it).
-struct Pending {
-    req: ffi::MPI_Request,
-    buf: Box<[u8]>,
-    done: bool,
-}
-
-impl Pending {
-    /// Posts a send of `data` to `peer` with `tag`.
-    fn send(comm: ffi::MPI_Comm, peer: usize, tag: c_int, data: &[u8]) -> FabricResult<Pending> {
-        let mut p = Pending {
-            // SAFETY: reading a link-time constant exported by the MPI shim.
-            req: unsafe { ffi::RSMPI_REQUEST_NULL },
-            buf: data.to_vec().into_boxed_slice(),
-            done: false,
-        };
-        let _g = serialize();
-        // SAFETY: `p.buf` lives in a Box that is kept (or leaked) until the
-        // request completes or is cancelled; the handle is valid.
-        let rc = unsafe {
-            ffi::MPI_Isend(
-                p.buf.as_ptr() as *const c_void,
-                p.buf.len() as c_int,
-                ffi::RSMPI_UINT8_T,
-                peer as c_int,
-                tag,
-                comm,
-                &mut p.req,
-            )
-        };
-        check("MPI_Isend", rc)?;
-        Ok(p)
-    }
-
-    fn test(&mut self) -> FabricResult<bool> {
-        if !self.done {
-            self.done = test_request(&mut self.req)?;
-        }
-        Ok(self.done)
-    }
-
-    /// Gives up on a request: cancelled and freed, its buffer leaked.
-    fn abandon(self) {
-        if self.done {
-            return;
-        }
-        let mut req = self.req;
-        let _g = serialize();
-        // SAFETY: a pending request of ours; after MPI_Request_free MPI may
-        // still use the buffer, which is therefore leaked, never freed.
-        unsafe {
-            ffi::MPI_Cancel(&mut req);
-            ffi::MPI_Request_free(&mut req);
-        }
-        std::mem::forget(self.buf);
-    }
+/// Sends `data` to `peer` and lets the send go on without us (`MPI_Isend`,
+/// then `MPI_Request_free`: the message is still delivered). The buffer is
+/// leaked, as MPI may read it later: only the few messages of a collective
+/// that timed out go this way.
+fn send_and_forget(comm: ffi::MPI_Comm, peer: usize, tag: c_int, data: &[u8]) -> FabricResult<()> {
+    let buf: &'static mut [u8] = Box::leak(data.to_vec().into_boxed_slice());
+    // SAFETY: reading a link-time constant exported by the MPI shim.
+    let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+    let _g = serialize();
+    // SAFETY: `buf` is leaked, so it outlives the send; the handle is valid.
+    let rc = unsafe {
+        ffi::MPI_Isend(
+            buf.as_ptr() as *const c_void,
+            buf.len() as c_int,
+            ffi::RSMPI_UINT8_T,
+            peer as c_int,
+            tag,
+            comm,
+            &mut req,
+        )
+    };
+    check("MPI_Isend", rc)?;
+    // SAFETY: a request we just posted; freeing it leaves the send to complete.
+    check("MPI_Request_free", unsafe {
+        ffi::MPI_Request_free(&mut req)
+    })
 }
 
 /// Whether `req` completed (MPI_Test; a completed request becomes null).
@@ -131,18 +104,21 @@ fn take_message(
     tag: c_int,
     len: usize,
 ) -> FabricResult<Option<Vec<u8>>> {
+    take_from(comm, peer as c_int, tag, len)
+}
+
+/// As [`take_message`], from `source` (a rank or `MPI_ANY_SOURCE`).
+fn take_from(
+    comm: ffi::MPI_Comm,
+    source: c_int,
+    tag: c_int,
+    len: usize,
+) -> FabricResult<Option<Vec<u8>>> {
+    let peer = source;
     let mut flag: c_int = 0;
     let _g = serialize();
     // SAFETY: a valid communicator; MPI writes the flag.
-    let rc = unsafe {
-        ffi::MPI_Iprobe(
-            peer as c_int,
-            tag,
-            comm,
-            &mut flag,
-            ffi::RSMPI_STATUS_IGNORE,
-        )
-    };
+    let rc = unsafe { ffi::MPI_Iprobe(peer, tag, comm, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
     check("MPI_Iprobe", rc)?;
     if flag == 0 {
         return Ok(None);
@@ -155,7 +131,7 @@ fn take_message(
             buf.as_mut_ptr() as *mut c_void,
             len as c_int,
             ffi::RSMPI_UINT8_T,
-            peer as c_int,
+            peer,
             tag,
             comm,
             ffi::RSMPI_STATUS_IGNORE,
@@ -192,17 +168,6 @@ fn poll_until(
             pause = (pause * 2).min(Duration::from_millis(2));
         }
     }
-}
-
-/// Polls `pending` until all complete or `deadline` passes; false on timeout.
-fn poll_all(pending: &mut [Pending], deadline: Instant) -> FabricResult<bool> {
-    poll_until(deadline, || {
-        let mut all = true;
-        for p in pending.iter_mut() {
-            all &= p.test()?;
-        }
-        Ok(all)
-    })
 }
 
 /// How a bounded wait for a nonblocking collective ended without completing.
@@ -521,9 +486,12 @@ impl MpiComm {
     /// Polls the nonblocking collective `req` (this communicator's collective
     /// number `seq`) until it completes or `timeout` passes. Nothing but the
     /// collective itself is sent while it completes in time. When it does
-    /// not, a second exchange names the absent: rank 0 probes every other
-    /// rank, the ranks still waiting answer "present", and rank 0 sends them
-    /// the list of the others. Every wait is bounded and a signal ends it.
+    /// not, rank 0 decides: it probes every other rank, the ranks waiting
+    /// answer "present", and rank 0 sends every rank its verdict (completed
+    /// after all, or the ranks that did not arrive). A rank that arrives after
+    /// the others gave up finds the probe, or (rank 0) another rank's notice,
+    /// and fails too instead of going on alone. Every wait is bounded and a
+    /// signal ends it.
     fn wait_collective(
         &self,
         req: &mut ffi::MPI_Request,
@@ -532,69 +500,88 @@ impl MpiComm {
     ) -> Result<(), Unfinished> {
         let start = Instant::now();
         let h = self.handle;
+        let failed = Unfinished::Failed;
         if self.rank == 0 {
-            if poll_until(start + timeout, || test_request(req)).map_err(Unfinished::Failed)? {
-                return Ok(());
+            if poll_until(start + timeout, || test_request(req)).map_err(failed)? {
+                // SAFETY: reading a link-time constant exported by the MPI shim.
+                let any = unsafe { ffi::RSMPI_ANY_SOURCE };
+                return match take_from(h, any, tag(seq, GAVE_UP), 0).map_err(failed)? {
+                    None => Ok(()),
+                    Some(_) => Err(Unfinished::Absent(
+                        vec![0],
+                        "came after the others gave up on",
+                    )),
+                };
             }
             return self.name_the_absent(req, seq);
         }
+        let probe = |h| -> FabricResult<bool> {
+            Ok(take_message(h, 0, tag(seq, PROBE), 8)?.is_some_and(|p| p == seq.to_le_bytes()))
+        };
         let mut probed = false;
-        let ended = poll_until(start + timeout + RELEASE_GRACE, || {
-            if test_request(req)? {
-                return Ok(true);
-            }
-            probed = take_message(h, 0, tag(seq, PROBE), 1)?.is_some();
-            Ok(probed)
+        let mut completed = false;
+        poll_until(start + timeout + RELEASE_GRACE, || {
+            completed = test_request(req)?;
+            probed = probe(h)?;
+            Ok(completed || probed)
         })
-        .map_err(Unfinished::Failed)?;
-        if ended && !probed {
-            return Ok(());
-        }
+        .map_err(failed)?;
         if !probed {
+            if completed {
+                return Ok(());
+            }
+            // Rank 0 never asked: tell it, should it come later, and name it.
+            let _ = send_and_forget(h, 0, tag(seq, GAVE_UP), &[]);
             return Err(Unfinished::Absent(
                 vec![0],
                 "did not release the others from",
             ));
         }
-        let mut answer =
-            Pending::send(h, 0, tag(seq, PRESENT), &[1]).map_err(Unfinished::Failed)?;
+        send_and_forget(h, 0, tag(seq, PRESENT), &[1]).map_err(failed)?;
         let mut verdict = None;
-        let ended = poll_until(Instant::now() + 3 * RELEASE_GRACE, || {
-            if test_request(req)? {
-                return Ok(true);
-            }
-            verdict = take_message(h, 0, tag(seq, VERDICT), self.size)?;
+        poll_until(Instant::now() + 3 * RELEASE_GRACE, || {
+            // A verdict of another collective (tags repeat) is dropped.
+            verdict = take_message(h, 0, tag(seq, VERDICT), self.size + 9)?
+                .filter(|v| v[1..9] == seq.to_le_bytes());
             Ok(verdict.is_some())
-        });
-        let _ = answer.test();
-        answer.abandon();
-        match (ended.map_err(Unfinished::Failed)?, verdict) {
-            (_, Some(v)) => Err(Unfinished::Absent(
-                (0..self.size).filter(|&r| v[r] != 0).collect(),
+        })
+        .map_err(failed)?;
+        match verdict {
+            Some(v) if v[0] == COMPLETED => {
+                // Everyone came: this rank's part completes too (its buffers are then filled).
+                let done = completed
+                    || poll_until(Instant::now() + RELEASE_GRACE, || test_request(req))
+                        .map_err(failed)?;
+                match done {
+                    true => Ok(()),
+                    false => Err(Unfinished::Absent(Vec::new(), "rank 0 saw everyone at")),
+                }
+            }
+            Some(v) => Err(Unfinished::Absent(
+                (0..self.size).filter(|&r| v[r + 9] != 0).collect(),
                 "did not arrive (as rank 0 saw) at",
             )),
-            (true, None) => Ok(()),
-            (false, None) => Err(Unfinished::Absent(
+            None => Err(Unfinished::Absent(
                 vec![0],
                 "did not release the others from",
             )),
         }
     }
 
-    /// Rank 0's side of naming the absent once `req` timed out: probes every
-    /// other rank, collects the answers of those waiting, and sends them the
-    /// verdict (a byte per rank, 1: absent). A collective that completes
-    /// meanwhile (everyone came after all) ends it with success.
+    /// Rank 0's side once `req` timed out: probes every other rank, collects
+    /// the answers of those waiting (while the collective may still complete:
+    /// everyone came after all), and sends every rank the verdict: a status
+    /// byte, the collective's number, then a byte per rank (1: absent).
     fn name_the_absent(&self, req: &mut ffi::MPI_Request, seq: u64) -> Result<(), Unfinished> {
         let h = self.handle;
-        let mut sends = (1..self.size)
-            .map(|peer| Pending::send(h, peer, tag(seq, PROBE), &[1]))
-            .collect::<FabricResult<Vec<_>>>()
-            .map_err(Unfinished::Failed)?;
+        let failed = Unfinished::Failed;
+        for peer in 1..self.size {
+            send_and_forget(h, peer, tag(seq, PROBE), &seq.to_le_bytes()).map_err(failed)?;
+        }
         let mut present = vec![false; self.size];
         present[0] = true;
         let mut completed = false;
-        let waited = poll_until(Instant::now() + RELEASE_GRACE, || {
+        poll_until(Instant::now() + RELEASE_GRACE, || {
             completed = test_request(req)?;
             for (peer, here) in present.iter_mut().enumerate().skip(1) {
                 if !*here && take_message(h, peer, tag(seq, PRESENT), 1)?.is_some() {
@@ -603,38 +590,21 @@ impl MpiComm {
             }
             Ok(completed || present.iter().all(|&p| p))
         })
-        .and_then(|_| {
+        .map_err(failed)?;
+        if !completed && present.iter().all(|&p| p) {
             // Everyone answered: they are all in this collective, give it the grace to end.
-            if !completed && present.iter().all(|&p| p) {
-                poll_until(Instant::now() + RELEASE_GRACE, || {
-                    completed = test_request(req)?;
-                    Ok(completed)
-                })?;
-            }
-            Ok(())
-        });
-        if let Err(e) = waited {
-            sends.into_iter().for_each(Pending::abandon);
-            return Err(Unfinished::Failed(e));
+            completed =
+                poll_until(Instant::now() + RELEASE_GRACE, || test_request(req)).map_err(failed)?;
+        }
+        let mut verdict = vec![if completed { COMPLETED } else { GIVEN_UP }];
+        verdict.extend_from_slice(&seq.to_le_bytes());
+        verdict.extend(present.iter().map(|&p| u8::from(!p && !completed)));
+        for peer in 1..self.size {
+            send_and_forget(h, peer, tag(seq, VERDICT), &verdict).map_err(failed)?;
         }
         if completed {
-            let _ = poll_all(&mut sends, Instant::now());
-            sends.into_iter().for_each(Pending::abandon);
             return Ok(());
         }
-        let verdict: Vec<u8> = present.iter().map(|&p| u8::from(!p)).collect();
-        for peer in (1..self.size).filter(|&p| present[p]) {
-            match Pending::send(h, peer, tag(seq, VERDICT), &verdict) {
-                Ok(p) => sends.push(p),
-                Err(e) => {
-                    sends.into_iter().for_each(Pending::abandon);
-                    return Err(Unfinished::Failed(e));
-                }
-            }
-        }
-        let sent = poll_all(&mut sends, Instant::now() + RELEASE_GRACE);
-        sends.into_iter().for_each(Pending::abandon);
-        sent.map_err(Unfinished::Failed)?;
         let missing = (0..self.size).filter(|&r| !present[r]).collect();
         Err(Unfinished::Absent(missing, "did not arrive at"))
     }
