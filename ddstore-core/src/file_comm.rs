@@ -141,6 +141,44 @@ fn clean_dead_jobs(dir: &PrivateDir, own_job: &str) {
             }
         }
     }
+    // A job whose ranks all ended leaves no lock, but its last merged file.
+    let live: Vec<&str> = names
+        .iter()
+        .filter_map(|n| {
+            n.strip_suffix(LIVE_SUFFIX)?
+                .rsplit_once('.')
+                .map(|(job, _)| job)
+        })
+        .collect();
+    let within = |job: &str, group: &str| job == group || job.starts_with(&format!("{group}."));
+    for n in &names {
+        let Some(job) = round_file_job(n) else {
+            continue;
+        };
+        if !within(job, own_job) && !live.iter().any(|&l| within(job, l)) {
+            let _ = dir.remove(n);
+        }
+    }
+}
+
+/// The job of a round's file (`<job>.r<round>.<rank>.rec`, `<job>.r<round>.all`,
+/// or a temporary file of either), or None for any other name.
+fn round_file_job(name: &str) -> Option<&str> {
+    let name = match name.strip_prefix('.') {
+        Some(tmp) => tmp.rsplit_once(".tmp-")?.0,
+        None => name,
+    };
+    let stem = match name.strip_suffix(".all") {
+        Some(stem) => stem,
+        None => {
+            let (stem, rank) = name.strip_suffix(".rec")?.rsplit_once('.')?;
+            rank.parse::<u64>().ok()?;
+            stem
+        }
+    };
+    let (job, round) = stem.rsplit_once(".r")?;
+    round.parse::<u64>().ok()?;
+    Some(job)
 }
 
 impl FileComm {
@@ -266,18 +304,6 @@ impl FileComm {
         (!ids.is_empty()).then(|| ids.join(", "))
     }
 
-    fn barrier_file(&self, round: u64, rank: usize, kind: &str) -> String {
-        format!("{}.r{round}.{rank}.{kind}", self.job)
-    }
-
-    /// Removes this rank's files of rounds before `round` that may remain
-    /// (only called once every rank is known to have read them).
-    fn drop_own_before(&self, round: u64) {
-        for r in round.saturating_sub(2)..round {
-            let _ = self.dir.remove(&self.file(r, self.rank));
-        }
-    }
-
     /// Runs collective `f` unless an earlier one was interrupted by a signal
     /// (then every later one fails clearly instead of meeting the wrong round).
     fn collective<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -297,68 +323,95 @@ impl FileComm {
         done
     }
 
-    /// A barrier that leaves no file behind and names the ranks that did not
-    /// arrive on every rank: ranks report to rank 0, rank 0 releases them.
-    fn barrier_within(&self, timeout: Duration) -> Result<()> {
+    /// The merged records of round `round`, which rank 0 writes for everyone.
+    fn merged_file(&self, round: u64) -> String {
+        format!("{}.r{round}.all", self.job)
+    }
+
+    /// One round: every rank writes its record; rank 0 alone reads them (and
+    /// removes each), then writes them merged into one file every other rank
+    /// reads (or, past the deadline, the list of the ranks that wrote none).
+    /// O(N) file operations per round in all, one read and one write for a
+    /// rank other than 0. Only the last round's merged file stays behind, for
+    /// the next round (or, once every rank of the job is gone, the next job
+    /// in the directory: `clean_dead_jobs`) to remove.
+    fn gather_round(&self, mine: &[u8], timeout: Duration) -> Result<(u64, Gathered)> {
         let mut round = self.round.lock().unwrap();
         *round += 1;
         let r = *round;
         let start = Instant::now();
-        if self.rank == 0 {
-            let deadline = start + timeout;
-            let mut missing = Vec::new();
-            for peer in 1..self.size {
-                let name = self.barrier_file(r, peer, "arr");
-                match self.dir.wait_for(&name, deadline, 64)? {
-                    Some(_) => self.dir.remove(&name)?,
-                    None => missing.push(peer),
-                }
-            }
-            if missing.is_empty() {
-                self.drop_own_before(r);
-            }
-            let verdict = if missing.is_empty() {
-                "ok".to_string()
-            } else {
-                format!("missing {missing:?}")
-            };
-            for peer in (1..self.size).filter(|p| !missing.contains(p)) {
+        self.dir.write(&self.file(r, self.rank), mine)?;
+        if self.rank != 0 {
+            let cap = (DEFAULT_READ_CAP + 8).saturating_mul(self.size) + 16;
+            let merged =
                 self.dir
-                    .write(&self.barrier_file(r, peer, "rel"), verdict.as_bytes())?;
-            }
-            if missing.is_empty() {
-                return Ok(());
-            }
-            return Err(self.absent_error(missing, timeout, "did not arrive at the barrier"));
-        }
-        let arrived = self.barrier_file(r, self.rank, "arr");
-        self.dir.write(&arrived, b"")?;
-        let rel = self.barrier_file(r, self.rank, "rel");
-        match self
-            .dir
-            .wait_for(&rel, start + timeout + RELEASE_GRACE, 256)?
-        {
-            Some(verdict) => {
-                self.dir.remove(&rel)?;
-                if verdict == b"ok" {
-                    self.drop_own_before(r);
-                    return Ok(());
+                    .wait_for(&self.merged_file(r), start + timeout + RELEASE_GRACE, cap)?;
+            let Some(merged) = merged else {
+                let _ = self.dir.remove(&self.file(r, self.rank));
+                return Ok((r, Gathered::Unreleased));
+            };
+            let got = decode_merged(&merged, self.size)
+                .map_err(|e| Error::Comm(format!("{}: {e}", self.merged_file(r))))?;
+            if let Gathered::All(all) = &got {
+                if all[self.rank] != mine {
+                    return Err(Error::Comm(format!(
+                        "{} does not hold this rank's record: another job shares job id '{}' \
+                         in this handshake_dir",
+                        self.merged_file(r),
+                        self.job
+                    )));
                 }
-                let text = String::from_utf8_lossy(&verdict);
-                let missing: Vec<usize> = text
-                    .trim_start_matches("missing [")
-                    .trim_end_matches(']')
-                    .split(',')
-                    .filter_map(|s| s.trim().parse().ok())
-                    .collect();
-                Err(self.absent_error(
-                    missing,
-                    timeout,
-                    "did not arrive at the barrier (as rank 0 saw)",
-                ))
             }
-            None => {
-                let _ = self.dir.remove(&arrived);
+            return Ok((r, got));
+        }
+        let deadline = start + timeout;
+        let mut all = vec![Vec::new(); self.size];
+        all[0] = mine.to_vec();
+        let mut missing = Vec::new();
+        for (peer, slot) in all.iter_mut().enumerate().skip(1) {
+            // Once one peer is missing, the others are only checked, not waited for.
+            let until = if missing.is_empty() {
+                deadline
+            } else {
+                Instant::now()
+            };
+            let name = self.file(r, peer);
+            match self.dir.wait_for(&name, until, DEFAULT_READ_CAP)? {
+                Some(data) => {
+                    self.dir.remove(&name)?;
+                    *slot = data;
+                }
+                None => missing.push(peer),
+            }
+        }
+        // Every rank wrote this round's record, so it has read the last merged file.
+        if missing.is_empty() && r >= 2 {
+            self.dir.remove(&self.merged_file(r - 1))?;
+        }
+        let got = if missing.is_empty() {
+            Gathered::All(all)
+        } else {
+            Gathered::Missing(missing)
+        };
+        self.dir.write(&self.merged_file(r), &encode_merged(&got))?;
+        self.dir.remove(&self.file(r, 0))?;
+        Ok((r, got))
+    }
+
+    /// A barrier that names the ranks that did not arrive on every rank: a
+    /// round of empty records (see `gather_round`).
+    fn barrier_within(&self, timeout: Duration) -> Result<()> {
+        match self.gather_round(b"", timeout)?.1 {
+            Gathered::All(_) => Ok(()),
+            Gathered::Missing(missing) if self.rank == 0 => {
+                Err(self.absent_error(missing, timeout, "did not arrive at the barrier"))
+            }
+            Gathered::Missing(missing) => Err(self.absent_error(
+                missing,
+                timeout,
+                "did not arrive at the barrier (as rank 0 saw)",
+            )),
+            Gathered::Unreleased => {
                 Err(self.absent_error(vec![0], timeout, "did not release the barrier"))
             }
         }
@@ -376,6 +429,96 @@ impl FileComm {
             ),
         }
     }
+}
+
+/// What a round of the file communicator brought.
+enum Gathered {
+    /// Every rank's record, in rank order.
+    All(Vec<Vec<u8>>),
+    /// These ranks wrote no record by rank 0's deadline.
+    Missing(Vec<usize>),
+    /// Rank 0 wrote no merged file (a rank other than 0 waited in vain).
+    Unreleased,
+}
+
+/// Kinds of merged file: every record, or the ranks that wrote none.
+const MERGED_ALL: u8 = 0;
+const MERGED_MISSING: u8 = 1;
+
+/// The merged file of a round: a kind byte, a count, then per record its
+/// length and bytes (or per missing rank its number), all u64 little-endian.
+fn encode_merged(got: &Gathered) -> Vec<u8> {
+    let mut out = Vec::new();
+    match got {
+        Gathered::All(all) => {
+            out.push(MERGED_ALL);
+            out.extend_from_slice(&(all.len() as u64).to_le_bytes());
+            for rec in all {
+                out.extend_from_slice(&(rec.len() as u64).to_le_bytes());
+                out.extend_from_slice(rec);
+            }
+        }
+        Gathered::Missing(missing) => {
+            out.push(MERGED_MISSING);
+            out.extend_from_slice(&(missing.len() as u64).to_le_bytes());
+            for &m in missing {
+                out.extend_from_slice(&(m as u64).to_le_bytes());
+            }
+        }
+        Gathered::Unreleased => unreachable!("rank 0 writes records or the missing"),
+    }
+    out
+}
+
+/// The next `n` bytes of `rest`, or an error when it is shorter.
+fn take<'a>(rest: &mut &'a [u8], n: usize) -> std::result::Result<&'a [u8], String> {
+    if rest.len() < n {
+        return Err("the merged record file is cut short".into());
+    }
+    let (head, tail) = rest.split_at(n);
+    *rest = tail;
+    Ok(head)
+}
+
+fn take_u64(rest: &mut &[u8]) -> std::result::Result<u64, String> {
+    Ok(u64::from_le_bytes(
+        take(rest, 8)?.try_into().expect("8 bytes"),
+    ))
+}
+
+/// Reads a merged file of a group of `size` ranks (see [`encode_merged`]);
+/// any other content is an error saying what is wrong.
+fn decode_merged(data: &[u8], size: usize) -> std::result::Result<Gathered, String> {
+    let mut rest = data;
+    let kind = take(&mut rest, 1)?[0];
+    let count = take_u64(&mut rest)?;
+    let got = match kind {
+        MERGED_ALL if count == size as u64 => Gathered::All(
+            (0..size)
+                .map(|_| {
+                    let len = usize::try_from(take_u64(&mut rest)?).unwrap_or(usize::MAX);
+                    Ok(take(&mut rest, len)?.to_vec())
+                })
+                .collect::<std::result::Result<_, String>>()?,
+        ),
+        MERGED_MISSING if count >= 1 && count < size as u64 => Gathered::Missing(
+            (0..count)
+                .map(|_| match take_u64(&mut rest)? {
+                    m if m < size as u64 => Ok(m as usize),
+                    m => Err(format!("it names rank {m} of a group of {size}")),
+                })
+                .collect::<std::result::Result<_, String>>()?,
+        ),
+        _ => {
+            return Err(format!(
+                "not a merged record file of {size} ranks (kind {kind}, count {count})"
+            ))
+        }
+    };
+    if !rest.is_empty() {
+        return Err(format!("{} bytes follow the records", rest.len()));
+    }
+    Ok(got)
 }
 
 impl Comm for FileComm {
@@ -412,61 +555,40 @@ impl Comm for FileComm {
 
 impl FileComm {
     fn allgather_round(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let mut round = self.round.lock().unwrap();
-        *round += 1;
-        let r = *round;
-        self.dir.write(&self.file(r, self.rank), mine)?;
-        // Everyone has finished reading round r-2 once they wrote round r-1.
-        if r >= 2 {
-            let _ = self.dir.remove(&self.file(r - 2, self.rank));
-        }
-        let deadline = Instant::now() + self.timeout;
-        let mut all = vec![Vec::new(); self.size];
-        let mut missing = Vec::new();
-        for (peer, slot) in all.iter_mut().enumerate() {
-            if peer == self.rank {
-                *slot = mine.to_vec();
-                continue;
-            }
-            // Once one peer is missing, the others are only checked, not waited for.
-            let until = if missing.is_empty() {
-                deadline
-            } else {
-                Instant::now()
-            };
-            match self
-                .dir
-                .wait_for(&self.file(r, peer), until, DEFAULT_READ_CAP)?
-            {
-                Some(data) => *slot = data,
-                None => missing.push(peer),
-            }
-        }
-        if let Some(&peer) = missing.first() {
-            let what = match self.other_job_ids(peer) {
-                // The usual cause: ranks started under different parents (a wrapper, `timeout`,
-                // separate shells) derive different default job ids.
-                Some(others) => format!(
-                    "rank {peer} wrote no record {} in handshake_dir, but records of rank {peer} \
-                     under job id {others} are there: the ranks have different job ids (ranks \
-                     started under different parents get different defaults); set the same \
-                     DDSTORE_JOB_ID for every rank",
-                    self.file(r, peer),
-                ),
-                None => format!(
-                    "ranks {missing:?} wrote no record {} in handshake_dir (are they running, with \
-                     the same handshake_dir and job id '{}'?)",
-                    self.file(r, peer),
-                    self.job
-                ),
-            };
-            return Err(Error::Timeout {
-                peer,
-                waited: self.timeout,
-                what,
-            });
-        }
-        Ok(all)
+        let (r, missing) = match self.gather_round(mine, self.timeout)? {
+            (_, Gathered::All(all)) => return Ok(all),
+            (r, Gathered::Missing(missing)) => (r, missing),
+            (r, Gathered::Unreleased) => (r, vec![0]),
+        };
+        let peer = missing[0];
+        let what = match self.other_job_ids(peer) {
+            // The usual cause: ranks started under different parents (a wrapper, `timeout`,
+            // separate shells) derive different default job ids.
+            Some(others) => format!(
+                "rank {peer} wrote no record {} in handshake_dir, but records of rank {peer} \
+                 under job id {others} are there: the ranks have different job ids (ranks \
+                 started under different parents get different defaults); set the same \
+                 DDSTORE_JOB_ID for every rank",
+                self.file(r, peer),
+            ),
+            None if self.rank != 0 && peer == 0 => format!(
+                "rank 0 wrote no merged record {} in handshake_dir (is it running, with the \
+                 same handshake_dir and job id '{}'?)",
+                self.merged_file(r),
+                self.job
+            ),
+            None => format!(
+                "ranks {missing:?} wrote no record {} in handshake_dir (are they running, with \
+                 the same handshake_dir and job id '{}'?)",
+                self.file(r, peer),
+                self.job
+            ),
+        };
+        Err(Error::Timeout {
+            peer,
+            waited: self.timeout,
+            what,
+        })
     }
 
     fn split_group(&self, color: usize, key: usize) -> Result<Arc<dyn Comm>> {
@@ -649,6 +771,22 @@ mod tests {
             c.allgather(&[rank as u8]).unwrap();
             c.barrier().unwrap();
         });
+        // Only the last round's merged file stays, until the next job in the directory.
+        let left: Vec<_> = fs::read_dir(&hs)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(left, ["j.c0.r3.all"]);
+        drop(
+            FileComm::new(
+                &hs,
+                Some(0),
+                Some(1),
+                Some("next".into()),
+                Duration::from_secs(5),
+            )
+            .unwrap(),
+        );
         assert_eq!(fs::read_dir(&hs).unwrap().count(), 0);
         // Rank 2 never comes: ranks 0 and 1 both name it.
         in_threads(&hs, 0..2, 3, "k", |c, _| {
@@ -657,6 +795,55 @@ mod tests {
             assert!(t0.elapsed() < Duration::from_secs(4));
             assert!(e.to_string().contains("ranks [2]"), "{e}");
         });
+    }
+
+    #[test]
+    fn without_rank_0_the_others_name_it_and_a_bad_merged_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let hs = dir.path().join("hs");
+        in_threads(&hs, 1..3, 3, "z", |c, _| {
+            let e = c.barrier_timeout(Duration::from_millis(300)).unwrap_err();
+            assert!(
+                e.to_string().contains("ranks [0]") && e.to_string().contains("release"),
+                "{e}"
+            );
+        });
+        let ranks: Vec<_> = (1..3)
+            .map(|rank| {
+                let hs = hs.clone();
+                std::thread::spawn(move || {
+                    let short = Duration::from_millis(300);
+                    let c = FileComm::new(&hs, Some(rank), Some(3), Some("y".into()), short);
+                    c.unwrap().allgather(b"r").unwrap_err().to_string()
+                })
+            })
+            .collect();
+        for r in ranks {
+            let e = r.join().unwrap();
+            assert!(e.contains("rank 0 wrote no merged record"), "{e}");
+        }
+        let all = Gathered::All(vec![b"a".to_vec(), Vec::new(), b"ccc".to_vec()]);
+        let bytes = encode_merged(&all);
+        assert!(matches!(decode_merged(&bytes, 3), Ok(Gathered::All(v)) if v[2] == b"ccc"));
+        assert!(
+            decode_merged(&bytes, 4).is_err(),
+            "a file of another group size"
+        );
+        assert!(
+            decode_merged(&bytes[..bytes.len() - 1], 3).is_err(),
+            "cut short"
+        );
+        assert!(
+            decode_merged(&[bytes.as_slice(), b"x"].concat(), 3).is_err(),
+            "trailing bytes"
+        );
+        let missing = encode_merged(&Gathered::Missing(vec![2]));
+        assert!(matches!(decode_merged(&missing, 3), Ok(Gathered::Missing(m)) if m == [2]));
+        assert!(
+            decode_merged(&missing, 2).is_err(),
+            "rank 2 of a group of 2"
+        );
+        assert!(decode_merged(b"", 3).is_err());
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod config;
 pub mod dtype;
 pub mod error;
 pub mod external;
+pub mod fd_limit;
 pub mod file_comm;
 pub mod file_load;
 pub mod fork;

@@ -131,6 +131,13 @@ fn pid_alive(pid: u32) -> bool {
     ddstore_core::region::process_alive(pid)
 }
 
+/// The soft descriptor limit the first store raised (`(before, after, hard)`),
+/// None before any store or where the limits could not be read or set.
+#[pyfunction]
+fn fd_limit_raised() -> Option<(u64, u64, u64)> {
+    ddstore_core::fd_limit::raise_soft_limit().map(|r| (r.before, r.after, r.hard))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Before anything can start libfabric or a pyddstore thread: the one
@@ -157,6 +164,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "PROVIDER_SIGNAL_VARIABLES",
         ddstore_fabric::ofi::PROVIDER_SIGNAL_VARIABLES.to_vec(),
     )?;
+    m.add_function(wrap_pyfunction!(fd_limit_raised, m)?)?;
     m.add_function(wrap_pyfunction!(system_info, m)?)?;
     m.add_function(wrap_pyfunction!(provider_candidates, m)?)?;
     m.add_function(wrap_pyfunction!(errors::file_error, m)?)?;

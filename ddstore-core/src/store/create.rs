@@ -113,6 +113,14 @@ impl Store {
     ) -> Result<()> {
         self.check_live()?;
         let dtype = element.dtype;
+        // Every rank learns of a rank that cannot hold its connections, and fails now.
+        let problem = problem.or_else(|| {
+            crate::fd_limit::preflight(
+                &self.transport_name,
+                self.comm.size(),
+                self.config.node_sharing,
+            )
+        });
         let mine = InitRecord {
             name: name.to_string(),
             rows,

@@ -50,7 +50,10 @@ pub struct Store {
 
 impl Store {
     /// A store of no variables over `comm`, reading through `transport`.
+    /// Raises the soft descriptor limit to the hard one first (once per
+    /// process, see [`crate::fd_limit`]).
     pub fn new(comm: Arc<dyn Comm>, transport: Arc<dyn Transport>, config: Config) -> Store {
+        crate::fd_limit::raise_soft_limit();
         Store {
             comm,
             transport_name: transport.name(),

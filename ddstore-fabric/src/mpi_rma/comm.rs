@@ -4,7 +4,7 @@
 use ddstore_core::fork::CreatedBy;
 use std::any::Any;
 use std::os::raw::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,124 +23,137 @@ pub struct MpiComm {
     pid: CreatedBy,
     /// Freed already (by `close`).
     freed: bool,
-    /// A bounded barrier gave up: messages may still be in flight, so later
+    /// A bounded collective gave up: it may still be in flight, so later
     /// collectives refuse instead of matching stale ones.
     broken: AtomicBool,
-    /// Bound of `allgather` and `barrier` (`DDSTORE_HANDSHAKE_TIMEOUT_S`): each
-    /// first meets the others in a bounded barrier, so a rank that never comes
-    /// is named instead of waited for.
+    /// Bounded collectives started so far: numbers the tags that name the
+    /// absent ranks of one (every rank makes the same sequence of calls).
+    collectives: AtomicU64,
+    /// Bound of `allgather` and `barrier` (`DDSTORE_HANDSHAKE_TIMEOUT_S`): a
+    /// rank that never comes is named instead of waited for.
     timeout: Duration,
 }
 
-/// Tag of the bounded barrier's messages (this communicator is our private dup).
-const BARRIER_TAG: c_int = 0x0dd5;
-/// How much longer than rank 0 the other ranks wait, so rank 0's verdict
-/// (which ranks did not arrive) reaches them before they give up.
+/// Tags of the messages that name absent ranks once a collective timed out
+/// (this communicator is our private dup, so nobody else's messages share
+/// them): rank 0's probe, a rank's answer "present", rank 0's verdict, and
+/// the notice of a rank that gave up without hearing from rank 0. Each
+/// collective has its own four (its number modulo `TAG_ROUNDS`; a probe also
+/// carries the full number), so a late message of one never answers another.
+const TAG_BASE: c_int = 1024;
+/// Collectives before the tags repeat (MPI guarantees tags up to 32,767).
+const TAG_ROUNDS: u64 = 7_000;
+const PROBE: c_int = 0;
+const PRESENT: c_int = 1;
+const VERDICT: c_int = 2;
+const GAVE_UP: c_int = 3;
+/// First byte of a verdict: the collective completed / rank 0 gave up on it.
+const COMPLETED: u8 = 0;
+const GIVEN_UP: u8 = 1;
+/// How much longer than rank 0 the other ranks wait, so rank 0's probe and
+/// verdict (which ranks did not arrive) reach them before they give up.
 const RELEASE_GRACE: Duration = Duration::from_secs(2);
 
-/// One nonblocking request and the buffer it uses; a request still pending
-/// when its owner gives up is cancelled and the buffer leaked (MPI may still
-/// write it).
-struct Pending {
-    req: ffi::MPI_Request,
-    buf: Box<[u8]>,
-    done: bool,
+fn tag(seq: u64, which: c_int) -> c_int {
+    TAG_BASE + 4 * (seq % TAG_ROUNDS) as c_int + which
 }
 
-impl Pending {
-    /// Posts a receive of `len` bytes from `peer`, or a send of `data` to it.
-    fn post(
-        comm: ffi::MPI_Comm,
-        peer: usize,
-        recv_len: Option<usize>,
-        data: &[u8],
-    ) -> FabricResult<Pending> {
-        let mut p = Pending {
-            // SAFETY: reading a link-time constant exported by the MPI shim.
-            req: unsafe { ffi::RSMPI_REQUEST_NULL },
-            buf: match recv_len {
-                Some(n) => vec![0u8; n.max(1)].into_boxed_slice(),
-                None => data.to_vec().into_boxed_slice(),
-            },
-            done: false,
-        };
-        let _g = serialize();
-        // SAFETY: `p.buf` lives in a Box that is kept (or leaked) until the
-        // request completes or is cancelled; the handle is valid.
-        let rc = unsafe {
-            match recv_len {
-                Some(n) => ffi::MPI_Irecv(
-                    p.buf.as_mut_ptr() as *mut c_void,
-                    n as c_int,
-                    ffi::RSMPI_UINT8_T,
-                    peer as c_int,
-                    BARRIER_TAG,
-                    comm,
-                    &mut p.req,
-                ),
-                None => ffi::MPI_Isend(
-                    p.buf.as_ptr() as *const c_void,
-                    p.buf.len() as c_int,
-                    ffi::RSMPI_UINT8_T,
-                    peer as c_int,
-                    BARRIER_TAG,
-                    comm,
-                    &mut p.req,
-                ),
-            }
-        };
-        check(
-            if recv_len.is_some() {
-                "MPI_Irecv"
-            } else {
-                "MPI_Isend"
-            },
-            rc,
-        )?;
-        Ok(p)
-    }
-
-    fn test(&mut self) -> FabricResult<bool> {
-        if !self.done {
-            let mut flag: c_int = 0;
-            let _g = serialize();
-            // SAFETY: `req` is a request we posted and have not completed.
-            let rc = unsafe { ffi::MPI_Test(&mut self.req, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
-            check("MPI_Test", rc)?;
-            self.done = flag != 0;
-        }
-        Ok(self.done)
-    }
-
-    /// Gives up on a request: cancelled and freed, its buffer leaked.
-    fn abandon(self) {
-        if self.done {
-            return;
-        }
-        let mut req = self.req;
-        let _g = serialize();
-        // SAFETY: a pending request of ours; after MPI_Request_free MPI may
-        // still use the buffer, which is therefore leaked, never freed.
-        unsafe {
-            ffi::MPI_Cancel(&mut req);
-            ffi::MPI_Request_free(&mut req);
-        }
-        std::mem::forget(self.buf);
-    }
+/// Sends `data` to `peer` and lets the send go on without us (`MPI_Isend`,
+/// then `MPI_Request_free`: the message is still delivered). The buffer is
+/// leaked, as MPI may read it later: only the few messages of a collective
+/// that timed out go this way.
+fn send_and_forget(comm: ffi::MPI_Comm, peer: usize, tag: c_int, data: &[u8]) -> FabricResult<()> {
+    let buf: &'static mut [u8] = Box::leak(data.to_vec().into_boxed_slice());
+    // SAFETY: reading a link-time constant exported by the MPI shim.
+    let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+    let _g = serialize();
+    // SAFETY: `buf` is leaked, so it outlives the send; the handle is valid.
+    let rc = unsafe {
+        ffi::MPI_Isend(
+            buf.as_ptr() as *const c_void,
+            buf.len() as c_int,
+            ffi::RSMPI_UINT8_T,
+            peer as c_int,
+            tag,
+            comm,
+            &mut req,
+        )
+    };
+    check("MPI_Isend", rc)?;
+    // SAFETY: a request we just posted; freeing it leaves the send to complete.
+    check("MPI_Request_free", unsafe {
+        ffi::MPI_Request_free(&mut req)
+    })
 }
 
-/// Polls `pending` until all complete or `deadline` passes; false on timeout.
-/// Spins (yielding) for the first moments, as a barrier usually completes in
-/// microseconds, then sleeps with backoff so a long wait costs no CPU.
-fn poll_all(pending: &mut [Pending], deadline: Instant) -> FabricResult<bool> {
+/// Whether `req` completed (MPI_Test; a completed request becomes null).
+fn test_request(req: &mut ffi::MPI_Request) -> FabricResult<bool> {
+    let mut flag: c_int = 0;
+    let _g = serialize();
+    // SAFETY: `req` is a request we posted and have not completed.
+    let rc = unsafe { ffi::MPI_Test(req, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+    check("MPI_Test", rc)?;
+    Ok(flag != 0)
+}
+
+/// The message `peer` sent with `tag`, of at most `len` bytes, if one has
+/// arrived (MPI_Iprobe, then the receive of what it found), else None.
+fn take_message(
+    comm: ffi::MPI_Comm,
+    peer: usize,
+    tag: c_int,
+    len: usize,
+) -> FabricResult<Option<Vec<u8>>> {
+    take_from(comm, peer as c_int, tag, len)
+}
+
+/// As [`take_message`], from `source` (a rank or `MPI_ANY_SOURCE`).
+fn take_from(
+    comm: ffi::MPI_Comm,
+    source: c_int,
+    tag: c_int,
+    len: usize,
+) -> FabricResult<Option<Vec<u8>>> {
+    let peer = source;
+    let mut flag: c_int = 0;
+    let _g = serialize();
+    // SAFETY: a valid communicator; MPI writes the flag.
+    let rc = unsafe { ffi::MPI_Iprobe(peer, tag, comm, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+    check("MPI_Iprobe", rc)?;
+    if flag == 0 {
+        return Ok(None);
+    }
+    let mut buf = vec![0u8; len.max(1)];
+    // SAFETY: the probed message is there, so this receive completes at once;
+    // `buf` holds `len` bytes (a longer message is MPI's truncation error).
+    let rc = unsafe {
+        ffi::MPI_Recv(
+            buf.as_mut_ptr() as *mut c_void,
+            len as c_int,
+            ffi::RSMPI_UINT8_T,
+            peer,
+            tag,
+            comm,
+            ffi::RSMPI_STATUS_IGNORE,
+        )
+    };
+    check("MPI_Recv", rc)?;
+    buf.truncate(len);
+    Ok(Some(buf))
+}
+
+/// Calls `done` until it says true (then true) or `deadline` passes (false).
+/// Spins (yielding) for the first moments, as a collective usually completes
+/// in microseconds, then sleeps with backoff so a long wait costs no CPU;
+/// a signal (Ctrl-C) ends the wait with `FabricError::Interrupted`.
+fn poll_until(
+    deadline: Instant,
+    mut done: impl FnMut() -> FabricResult<bool>,
+) -> FabricResult<bool> {
     let start = Instant::now();
     let mut pause = Duration::from_micros(50);
     loop {
-        let mut all = true;
-        for p in pending.iter_mut() {
-            all &= p.test()?;
-        }
-        if all {
+        if done()? {
             return Ok(true);
         }
         crate::error::check_interrupt()?;
@@ -155,6 +168,15 @@ fn poll_all(pending: &mut [Pending], deadline: Instant) -> FabricResult<bool> {
             pause = (pause * 2).min(Duration::from_millis(2));
         }
     }
+}
+
+/// How a bounded wait for a nonblocking collective ended without completing.
+enum Unfinished {
+    /// These ranks did not arrive (rank 0's verdict), or rank 0 never
+    /// probed (`[0]`: it did not arrive or did not release the others).
+    Absent(Vec<usize>, &'static str),
+    /// MPI failed or a signal interrupted the wait.
+    Failed(FabricError),
 }
 
 // SAFETY: an MPI_Comm is an opaque handle to MPI-internal state. Every call
@@ -237,6 +259,7 @@ impl MpiComm {
             pid: CreatedBy::this_process(),
             freed: false,
             broken: AtomicBool::new(false),
+            collectives: AtomicU64::new(0),
             timeout: DEFAULT_TIMEOUT,
         };
         let (mut rank, mut size): (c_int, c_int) = (0, 0);
@@ -304,66 +327,87 @@ impl MpiComm {
         self.handle
     }
 
-    /// Every rank's value of a u64, in rank order (plain MPI_Allgather).
-    fn allgather_u64(&self, value: u64) -> FabricResult<Vec<u64>> {
-        let mut all = vec![0u64; self.size];
-        let _g = serialize();
-        // SAFETY: one u64 sent, `size` u64 received into a buffer of that size.
-        let rc = unsafe {
-            ffi::MPI_Allgather(
-                &value as *const u64 as *const c_void,
-                1,
-                ffi::RSMPI_UINT64_T,
-                all.as_mut_ptr() as *mut c_void,
-                1,
-                ffi::RSMPI_UINT64_T,
-                self.handle,
-            )
+    /// Every rank's bytes, in rank order: the lengths (`MPI_Iallgather`), then
+    /// the records (`MPI_Iallgatherv`), each polled against the deadline
+    /// ([`MpiComm::wait_collective`]).
+    fn allgather_within(
+        &self,
+        mine: &[u8],
+        timeout: Duration,
+    ) -> ddstore_core::Result<Vec<Vec<u8>>> {
+        self.check_usable()?;
+        // Buffers MPI reads or writes until the collective completes: kept in
+        // boxes that are leaked if the wait gives up.
+        let (len, mut lens) = (
+            Box::new(mine.len() as u64),
+            vec![0u64; self.size].into_boxed_slice(),
+        );
+        // SAFETY: reading a link-time constant exported by the MPI shim.
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        let rc = {
+            let _g = serialize();
+            // SAFETY: one u64 sent, `size` u64 received into `lens`; both
+            // boxes live until the request completes or are leaked.
+            unsafe {
+                ffi::MPI_Iallgather(
+                    &*len as *const u64 as *const c_void,
+                    1,
+                    ffi::RSMPI_UINT64_T,
+                    lens.as_mut_ptr() as *mut c_void,
+                    1,
+                    ffi::RSMPI_UINT64_T,
+                    self.handle,
+                    &mut req,
+                )
+            }
         };
-        check("MPI_Allgather", rc)?;
-        Ok(all)
-    }
-
-    fn allgather_bytes(&self, mine: &[u8]) -> FabricResult<Vec<Vec<u8>>> {
-        let lens = self.allgather_u64(mine.len() as u64)?;
+        check("MPI_Iallgather", rc)?;
+        let (_, lens) = self.finish(&mut req, "allgather", timeout, (len, lens))?;
         // Every rank sees the same lengths, so every rank takes the same branch.
         let total: u64 = lens.iter().sum();
         if total > c_int::MAX as u64 {
             return Err(FabricError::Invalid(format!(
                 "allgather of {total} bytes in all exceeds MPI's count limit of {} bytes",
                 c_int::MAX
-            )));
+            ))
+            .into());
         }
-        let counts: Vec<c_int> = lens.iter().map(|&l| l as c_int).collect();
+        let counts: Box<[c_int]> = lens.iter().map(|&l| l as c_int).collect();
         let mut displs = Vec::with_capacity(counts.len());
         let mut at: c_int = 0;
-        for &c in &counts {
+        for &c in counts.iter() {
             displs.push(at);
             at += c;
         }
+        let displs = displs.into_boxed_slice();
+        let send: Box<[u8]> = mine.into();
         // One spare byte keeps the pointers valid when every record is empty.
-        let mut recv = vec![0u8; total as usize + 1];
+        let mut recv = vec![0u8; total as usize + 1].into_boxed_slice();
         let rc = {
             let _g = serialize();
-            // SAFETY: `mine` holds counts[rank] bytes; `recv` holds `total` bytes
-            // laid out by `displs`; all buffers outlive the blocking call.
+            // SAFETY: `send` holds counts[rank] bytes; `recv` holds `total`
+            // bytes laid out by `displs`; all four boxes live until the
+            // request completes or are leaked.
             unsafe {
-                ffi::MPI_Allgatherv(
-                    mine.as_ptr() as *const c_void,
-                    mine.len() as c_int,
+                ffi::MPI_Iallgatherv(
+                    send.as_ptr() as *const c_void,
+                    send.len() as c_int,
                     ffi::RSMPI_UINT8_T,
                     recv.as_mut_ptr() as *mut c_void,
                     counts.as_ptr(),
                     displs.as_ptr(),
                     ffi::RSMPI_UINT8_T,
                     self.handle,
+                    &mut req,
                 )
             }
         };
-        check("MPI_Allgatherv", rc)?;
+        check("MPI_Iallgatherv", rc)?;
+        let (_, recv, counts, displs) =
+            self.finish(&mut req, "allgather", timeout, (send, recv, counts, displs))?;
         Ok(counts
             .iter()
-            .zip(&displs)
+            .zip(displs.iter())
             .map(|(&c, &d)| recv[d as usize..(d + c) as usize].to_vec())
             .collect())
     }
@@ -371,7 +415,7 @@ impl MpiComm {
     fn check_usable(&self) -> FabricResult<()> {
         if self.broken.load(Ordering::Acquire) {
             return Err(FabricError::Invalid(
-                "this communicator gave up on a barrier (a rank did not arrive in time, or a \
+                "this communicator gave up on a collective (a rank did not arrive in time, or a \
                  signal such as Ctrl-C interrupted it); its collectives can no longer be used"
                     .into(),
             ));
@@ -379,91 +423,190 @@ impl MpiComm {
         Ok(())
     }
 
-    /// Leaves a barrier that failed (`why`: an MPI error or a signal): its
-    /// requests are abandoned and later collectives refused (the ranks no
-    /// longer agree on which collective comes next).
-    fn give_up(
-        &self,
-        pending: impl IntoIterator<Item = Pending>,
-        why: FabricError,
-    ) -> ddstore_core::Error {
-        self.broken.store(true, Ordering::Release);
-        pending.into_iter().for_each(Pending::abandon);
-        why.into()
-    }
-
-    /// A barrier bounded by `timeout`: every rank reports to rank 0, which
-    /// releases them with the list of ranks that did not arrive; every rank
-    /// that waited raises `Error::Timeout` naming them.
+    /// A barrier bounded by `timeout` (`MPI_Ibarrier` polled): every rank
+    /// that waited in vain raises `Error::Timeout` naming the ranks that did
+    /// not arrive.
     pub fn barrier_within(&self, timeout: Duration) -> ddstore_core::Result<()> {
         self.check_usable()?;
-        let start = Instant::now();
-        let absent = |missing: Vec<usize>, what: &str| ddstore_core::Error::Timeout {
-            peer: missing.first().copied().unwrap_or(0),
-            waited: timeout,
-            what: format!(
-                "MPI ranks {missing:?} {what} (stopped or dead; DDSTORE_TIMEOUT_S sets the wait)"
-            ),
-        };
         if self.size == 1 {
             return Ok(());
         }
-        if self.rank == 0 {
-            let mut arrivals = (1..self.size)
-                .map(|peer| Pending::post(self.handle, peer, Some(1), &[]))
-                .collect::<FabricResult<Vec<_>>>()?;
-            let all = match poll_all(&mut arrivals, start + timeout) {
-                Ok(all) => all,
-                Err(e) => return Err(self.give_up(arrivals, e)),
-            };
-            let missing: Vec<usize> = arrivals
-                .iter()
-                .enumerate()
-                .filter(|(_, p)| !p.done)
-                .map(|(i, _)| i + 1)
-                .collect();
-            let mut verdict = vec![0u8; self.size];
-            for &m in &missing {
-                verdict[m] = 1;
+        // SAFETY: reading a link-time constant exported by the MPI shim.
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        let rc = {
+            let _g = serialize();
+            // SAFETY: a valid communicator; MPI writes the request.
+            unsafe { ffi::MPI_Ibarrier(self.handle, &mut req) }
+        };
+        check("MPI_Ibarrier", rc)?;
+        self.finish(&mut req, "barrier", timeout, ())
+    }
+
+    /// Waits for the nonblocking collective `req` (see `wait_collective`) and
+    /// hands back `buffers`, the memory it uses. When the wait gives up, the
+    /// request and `buffers` are leaked (MPI may still use them) and later
+    /// collectives are refused (the ranks no longer agree on which comes next).
+    fn finish<B>(
+        &self,
+        req: &mut ffi::MPI_Request,
+        what: &str,
+        timeout: Duration,
+        buffers: B,
+    ) -> ddstore_core::Result<B> {
+        let seq = self.collectives.fetch_add(1, Ordering::Relaxed);
+        let unfinished = match self.wait_collective(req, seq, timeout) {
+            Ok(()) => return Ok(buffers),
+            Err(unfinished) => unfinished,
+        };
+        self.broken.store(true, Ordering::Release);
+        std::mem::forget(buffers);
+        Err(match unfinished {
+            Unfinished::Failed(e) => e.into(),
+            Unfinished::Absent(missing, how) if missing.is_empty() => {
+                ddstore_core::Error::Timeout {
+                    peer: 0,
+                    waited: timeout,
+                    what: format!(
+                        "every MPI rank arrived at the {what} but it did not complete in time \
+                     (DDSTORE_TIMEOUT_S sets the wait; {how})"
+                    ),
+                }
             }
-            let mut sends = (1..self.size)
-                .filter(|p| !missing.contains(p))
-                .map(|peer| Pending::post(self.handle, peer, None, &verdict))
-                .collect::<FabricResult<Vec<_>>>()?;
-            let sent = match poll_all(&mut sends, Instant::now() + RELEASE_GRACE) {
-                Ok(sent) => sent,
-                Err(e) => return Err(self.give_up(arrivals.into_iter().chain(sends), e)),
-            };
-            if all && sent {
+            Unfinished::Absent(missing, how) => ddstore_core::Error::Timeout {
+                peer: missing[0],
+                waited: timeout,
+                what: format!(
+                    "MPI ranks {missing:?} {how} the {what} (stopped or dead; DDSTORE_TIMEOUT_S \
+                     sets the wait)"
+                ),
+            },
+        })
+    }
+
+    /// Polls the nonblocking collective `req` (this communicator's collective
+    /// number `seq`) until it completes or `timeout` passes. Nothing but the
+    /// collective itself is sent while it completes in time. When it does
+    /// not, rank 0 decides: it probes every other rank, the ranks waiting
+    /// answer "present", and rank 0 sends every rank its verdict (completed
+    /// after all, or the ranks that did not arrive). A rank that arrives after
+    /// the others gave up finds the probe, or (rank 0) another rank's notice,
+    /// and fails too instead of going on alone. Every wait is bounded and a
+    /// signal ends it.
+    fn wait_collective(
+        &self,
+        req: &mut ffi::MPI_Request,
+        seq: u64,
+        timeout: Duration,
+    ) -> Result<(), Unfinished> {
+        let start = Instant::now();
+        let h = self.handle;
+        let failed = Unfinished::Failed;
+        if self.rank == 0 {
+            if poll_until(start + timeout, || test_request(req)).map_err(failed)? {
+                // SAFETY: reading a link-time constant exported by the MPI shim.
+                let any = unsafe { ffi::RSMPI_ANY_SOURCE };
+                return match take_from(h, any, tag(seq, GAVE_UP), 0).map_err(failed)? {
+                    None => Ok(()),
+                    Some(_) => Err(Unfinished::Absent(
+                        vec![0],
+                        "came after the others gave up on",
+                    )),
+                };
+            }
+            return self.name_the_absent(req, seq);
+        }
+        let probe = |h| -> FabricResult<bool> {
+            Ok(take_message(h, 0, tag(seq, PROBE), 8)?.is_some_and(|p| p == seq.to_le_bytes()))
+        };
+        let mut probed = false;
+        let mut completed = false;
+        poll_until(start + timeout + RELEASE_GRACE, || {
+            completed = test_request(req)?;
+            probed = probe(h)?;
+            Ok(completed || probed)
+        })
+        .map_err(failed)?;
+        if !probed {
+            if completed {
                 return Ok(());
             }
-            self.broken.store(true, Ordering::Release);
-            arrivals.into_iter().chain(sends).for_each(Pending::abandon);
-            return Err(absent(missing, "did not arrive at the barrier"));
+            // Rank 0 never asked: tell it, should it come later, and name it.
+            let _ = send_and_forget(h, 0, tag(seq, GAVE_UP), &[]);
+            return Err(Unfinished::Absent(
+                vec![0],
+                "did not release the others from",
+            ));
         }
-        let arrive = Pending::post(self.handle, 0, None, &[1])?;
-        let release = Pending::post(self.handle, 0, Some(self.size), &[])?;
-        let mut both = [arrive, release];
-        let ok = match poll_all(&mut both, start + timeout + RELEASE_GRACE) {
-            Ok(ok) => ok,
-            Err(e) => return Err(self.give_up(both, e)),
-        };
-        let [arrive, release] = both;
-        if !ok {
-            self.broken.store(true, Ordering::Release);
-            arrive.abandon();
-            release.abandon();
-            return Err(absent(vec![0], "did not release the barrier"));
+        send_and_forget(h, 0, tag(seq, PRESENT), &[1]).map_err(failed)?;
+        let mut verdict = None;
+        poll_until(Instant::now() + 3 * RELEASE_GRACE, || {
+            // A verdict of another collective (tags repeat) is dropped.
+            verdict = take_message(h, 0, tag(seq, VERDICT), self.size + 9)?
+                .filter(|v| v[1..9] == seq.to_le_bytes());
+            Ok(verdict.is_some())
+        })
+        .map_err(failed)?;
+        match verdict {
+            Some(v) if v[0] == COMPLETED => {
+                // Everyone came: this rank's part completes too (its buffers are then filled).
+                let done = completed
+                    || poll_until(Instant::now() + RELEASE_GRACE, || test_request(req))
+                        .map_err(failed)?;
+                match done {
+                    true => Ok(()),
+                    false => Err(Unfinished::Absent(Vec::new(), "rank 0 saw everyone at")),
+                }
+            }
+            Some(v) => Err(Unfinished::Absent(
+                (0..self.size).filter(|&r| v[r + 9] != 0).collect(),
+                "did not arrive (as rank 0 saw) at",
+            )),
+            None => Err(Unfinished::Absent(
+                vec![0],
+                "did not release the others from",
+            )),
         }
-        let missing: Vec<usize> = (0..self.size).filter(|&r| release.buf[r] != 0).collect();
-        if missing.is_empty() {
+    }
+
+    /// Rank 0's side once `req` timed out: probes every other rank, collects
+    /// the answers of those waiting (while the collective may still complete:
+    /// everyone came after all), and sends every rank the verdict: a status
+    /// byte, the collective's number, then a byte per rank (1: absent).
+    fn name_the_absent(&self, req: &mut ffi::MPI_Request, seq: u64) -> Result<(), Unfinished> {
+        let h = self.handle;
+        let failed = Unfinished::Failed;
+        for peer in 1..self.size {
+            send_and_forget(h, peer, tag(seq, PROBE), &seq.to_le_bytes()).map_err(failed)?;
+        }
+        let mut present = vec![false; self.size];
+        present[0] = true;
+        let mut completed = false;
+        poll_until(Instant::now() + RELEASE_GRACE, || {
+            completed = test_request(req)?;
+            for (peer, here) in present.iter_mut().enumerate().skip(1) {
+                if !*here && take_message(h, peer, tag(seq, PRESENT), 1)?.is_some() {
+                    *here = true;
+                }
+            }
+            Ok(completed || present.iter().all(|&p| p))
+        })
+        .map_err(failed)?;
+        if !completed && present.iter().all(|&p| p) {
+            // Everyone answered: they are all in this collective, give it the grace to end.
+            completed =
+                poll_until(Instant::now() + RELEASE_GRACE, || test_request(req)).map_err(failed)?;
+        }
+        let mut verdict = vec![if completed { COMPLETED } else { GIVEN_UP }];
+        verdict.extend_from_slice(&seq.to_le_bytes());
+        verdict.extend(present.iter().map(|&p| u8::from(!p && !completed)));
+        for peer in 1..self.size {
+            send_and_forget(h, peer, tag(seq, VERDICT), &verdict).map_err(failed)?;
+        }
+        if completed {
             return Ok(());
         }
-        self.broken.store(true, Ordering::Release);
-        Err(absent(
-            missing,
-            "did not arrive at the barrier (as rank 0 saw)",
-        ))
+        let missing = (0..self.size).filter(|&r| !present[r]).collect();
+        Err(Unfinished::Absent(missing, "did not arrive at"))
     }
 }
 
@@ -477,6 +620,12 @@ impl MpiComm {
     /// Frees the handle once (a forked child or a finalised MPI leaves it alone).
     fn free_now(&mut self) -> FabricResult<()> {
         if std::mem::replace(&mut self.freed, true) || !self.pid.is_this_process() || !is_usable() {
+            return Ok(());
+        }
+        // A collective given up may still be in flight, and MPI would go on
+        // progressing it on a freed communicator (Open MPI's libnbc crashes in
+        // MPI_Finalize): such a communicator is left to MPI_Finalize.
+        if self.broken.load(Ordering::Acquire) {
             return Ok(());
         }
         let _g = serialize();
@@ -502,10 +651,7 @@ impl Comm for MpiComm {
         self.size
     }
     fn allgather(&self, mine: &[u8]) -> ddstore_core::Result<Vec<Vec<u8>>> {
-        // Everyone is known to be there once the bounded barrier passes, so
-        // the blocking MPI_Allgatherv that follows cannot wait for an absent rank.
-        self.barrier_within(self.timeout)?;
-        Ok(self.allgather_bytes(mine)?)
+        self.allgather_within(mine, self.timeout)
     }
     fn barrier(&self) -> ddstore_core::Result<()> {
         self.barrier_within(self.timeout)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import time
 
 from . import _launch, _native, _wire
 from ._env import settings as _env_settings
@@ -120,10 +121,15 @@ class FileComm:
         return f"FileComm(rank={self.rank}, size={self.size})"
 
 
+# How long, once a torch barrier timed out, rank 0 waits for the others' answers.
+_ABSENT_GRACE_S = 2.0
+
+
 class TorchComm:
     """A `torch.distributed` group as a communicator. Records travel as uint8 tensors
-    (`all_gather`), never as pickled objects; `barrier(timeout_s)` is bounded with
-    `monitored_barrier` on gloo. With NCCL/RCCL call `torch.cuda.set_device()` first.
+    (`all_gather`), never as pickled objects; `barrier(timeout_s)` is bounded on gloo (the
+    backend's barrier polled; `monitored_barrier` names the absent once it timed out). With
+    NCCL/RCCL call `torch.cuda.set_device()` first.
     Passing a group (or None once `init_process_group` ran) as `comm` makes one for you.
 
     Args:
@@ -186,21 +192,48 @@ class TorchComm:
     def barrier(self, timeout_s: float | None = None) -> None:
         """A barrier; with ``timeout_s`` on gloo, DDStoreTimeoutError naming the ranks
         that did not arrive (other backends wait for the process group's own timeout).
+        On gloo the barrier is the backend's own, polled against the deadline (Ctrl-C
+        interrupts the wait); only once it timed out does `monitored_barrier`, a second
+        collective, name the absent ranks.
 
         Args:
             timeout_s (float | None): gloo: how long to wait for every rank; None: the group's timeout.
         """
-        if timeout_s is not None and self._dist.get_backend(self.group) == "gloo":
-            import datetime
-
-            try:
-                self._dist.monitored_barrier(
-                    group=self.group, timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True
-                )
-            except RuntimeError as e:
-                raise DDStoreTimeoutError(f"torch.distributed barrier did not complete: {e}") from None
+        if timeout_s is None or self._dist.get_backend(self.group) != "gloo":
+            self._dist.barrier(group=self.group)
             return
-        self._dist.barrier(group=self.group)
+        work = self._dist.barrier(group=self.group, async_op=True)
+        deadline = time.monotonic() + timeout_s
+        pause = 0.0005
+        while not work.is_completed():
+            now = time.monotonic()
+            if now >= deadline:
+                self._name_the_absent(timeout_s)
+            time.sleep(min(pause, max(deadline - now, 0.0)))
+            pause = min(pause * 2, 0.05)
+        try:
+            work.wait()
+        except RuntimeError as e:
+            raise DDStoreTimeoutError(f"torch.distributed barrier did not complete: {e}") from None
+
+    def _name_the_absent(self, timeout_s: float) -> None:
+        """After a barrier timed out: `monitored_barrier` names the ranks that are not there
+        (rank 0 waits for each; the others wait longer, for rank 0's answer)."""
+        import datetime
+
+        grace = _ABSENT_GRACE_S if self.rank == 0 else 2 * _ABSENT_GRACE_S
+        try:
+            self._dist.monitored_barrier(
+                group=self.group, timeout=datetime.timedelta(seconds=grace), wait_all_ranks=True
+            )
+        except RuntimeError as e:
+            raise DDStoreTimeoutError(
+                f"torch.distributed barrier did not complete within {timeout_s} s: {e}"
+            ) from None
+        raise DDStoreTimeoutError(
+            f"torch.distributed barrier did not complete within {timeout_s} s, though every rank "
+            "answered a monitored_barrier afterwards (DDSTORE_TIMEOUT_S sets the wait)"
+        )
 
     def split(self, color: int, key: int) -> TorchComm:
         """Collective: a new group of the ranks with the same `color` (WORLD group only).

@@ -24,6 +24,7 @@ logger.addHandler(logging.NullHandler())
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 _handler: logging.Handler | None = None
+_fd_limit_logged = False  # the descriptor limit is raised (and logged) once per process
 
 
 def get_logger(name: str = "") -> logging.Logger:
@@ -118,6 +119,17 @@ def report_choice(store) -> None:
     """INFO: the method, transport and communicator a new store uses (rank 0 of its group);
     WARNING: a fallback to a socket provider on a node with an RDMA device."""
     transport = store.transport
+    global _fd_limit_logged
+    from . import _native
+
+    raised = _native.fd_limit_raised()
+    if raised is not None and not _fd_limit_logged:
+        _fd_limit_logged = True
+        logger.debug(
+            "open files limit (RLIMIT_NOFILE): soft %d raised to %d (hard %d)",
+            *raised,
+            extra={"rank": store.world_rank},
+        )
     if store.rank == 0:
         logger.info(
             "store of %d ranks: method %s, transport %s, communicator %s",

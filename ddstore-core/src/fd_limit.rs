@@ -1,0 +1,133 @@
+//! File descriptors: the soft `RLIMIT_NOFILE` raised to the hard limit once
+//! per process (as MPI libraries do), and the pre-flight check of what a
+//! connection-oriented provider (tcp;ofi_rxm, verbs;ofi_rxm) will need.
+
+use std::sync::OnceLock;
+
+/// The soft limit before and after [`raise_soft_limit`], and the hard limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Raised {
+    /// The soft limit this process started with.
+    pub before: u64,
+    /// The soft limit now.
+    pub after: u64,
+    /// The hard limit (the most the soft one may be raised to).
+    pub hard: u64,
+}
+
+static RAISED: OnceLock<Option<Raised>> = OnceLock::new();
+
+fn get() -> Option<(u64, u64)> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we pass and has no other effect.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    (rc == 0).then_some((lim.rlim_cur, lim.rlim_max))
+}
+
+/// Raises the soft descriptor limit to the hard one (capped by the kernel's
+/// `fs.nr_open`), once per process; later calls return what the first did.
+/// None when the limits could not be read or set (the check below then
+/// works from the limit as it is).
+pub fn raise_soft_limit() -> Option<Raised> {
+    *RAISED.get_or_init(|| {
+        let (soft, hard) = get()?;
+        let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(u64::MAX);
+        let target = hard.min(nr_open);
+        if soft < target {
+            let lim = libc::rlimit {
+                rlim_cur: target,
+                rlim_max: hard,
+            };
+            // SAFETY: setrlimit reads the struct we pass; raising the soft
+            // limit up to the hard one needs no privilege.
+            let rc = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+            if rc != 0 {
+                return None;
+            }
+        }
+        let (after, hard) = get()?;
+        Some(Raised {
+            before: soft,
+            after,
+            hard,
+        })
+    })
+}
+
+/// Descriptors this process has open now (entries of /proc/self/fd).
+pub fn open_now() -> u64 {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64)
+}
+
+/// Descriptors a rank of a job of `ranks` ranks needs on a connection-
+/// oriented provider, at the least: `open` + 10 + T x (10 + 2R), with one
+/// reader endpoint (T = 1) and R the ranks it reaches over the network
+/// (`ranks` - 1, less its `node_peers` when they are read through shared
+/// memory). Each reader endpoint keeps a connection to every owner it read
+/// from, and each owner one accepted connection per remote reader endpoint.
+pub fn need(open: u64, ranks: usize, node_peers: usize) -> u64 {
+    let remote = ranks.saturating_sub(1).saturating_sub(node_peers) as u64;
+    open + 10 + (10 + 2 * remote)
+}
+
+/// Why this rank cannot hold the connections of a job of `ranks` ranks on
+/// `transport` (e.g. "ofi:tcp;ofi_rxm"), or None: the pre-flight check of a
+/// variable's creation. Only rxm providers keep a connection per peer;
+/// `node_sharing`: same-node peers are read through shared memory (the
+/// launcher says how many there are).
+pub fn preflight(transport: &str, ranks: usize, node_sharing: bool) -> Option<String> {
+    if !transport.contains("ofi_rxm") {
+        return None;
+    }
+    let (soft, _) = get()?;
+    let node_peers = if node_sharing {
+        crate::launcher::detect_env()
+            .ok()
+            .flatten()
+            .and_then(|l| l.local_size)
+            .unwrap_or(1)
+            .saturating_sub(1)
+    } else {
+        0
+    };
+    let open = open_now();
+    let needed = need(open, ranks, node_peers);
+    (needed > soft).then(|| {
+        format!(
+            "this job of {ranks} ranks on {} needs at least {needed} file descriptors per rank \
+             ({open} open now + 10 + one reader endpoint x (10 + 2 x {} remote ranks); each more \
+             reading thread adds as many again), but the limit is {soft} (`ulimit -n`, already \
+             raised to the hard limit): raise it with `ulimit -n {needed}` or more before the job \
+             starts (the hard limit too: `ulimit -Hn`, the launcher's or limits.conf's \
+             setting), or run fewer ranks",
+            transport.trim_start_matches("ofi:"),
+            ranks.saturating_sub(1).saturating_sub(node_peers),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_need_grows_with_remote_ranks_and_the_check_skips_connectionless_providers() {
+        assert_eq!(need(20, 1, 0), 40);
+        assert_eq!(need(20, 16, 0), 20 + 10 + 10 + 30);
+        assert_eq!(need(20, 16, 7), 20 + 10 + 10 + 16);
+        assert_eq!(preflight("ofi:cxi", 1 << 20, false), None);
+        assert_eq!(preflight("mpi-rma", 1 << 20, false), None);
+        let big = preflight("ofi:tcp;ofi_rxm", 1 << 40, false).expect("fires");
+        assert!(
+            big.contains("ulimit -n") && big.contains("tcp;ofi_rxm"),
+            "{big}"
+        );
+        assert_eq!(preflight("ofi:tcp;ofi_rxm", 2, false), None);
+    }
+}
