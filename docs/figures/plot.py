@@ -55,6 +55,15 @@ def _bars(ax, labels, values, color="tab:blue", xerr=None):
     ax.grid(True, axis="x", alpha=0.3)
 
 
+def _paired_axes(ax, labels):
+    """Row labels top to bottom on a log x axis, for two bars per row."""
+    ax.set_yticks(list(range(len(labels))))
+    ax.set_yticklabels(labels)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.grid(True, axis="x", which="both", alpha=0.3)
+
+
 def plot_read(plt):
     d = load("read")
     rows = d["rows"]
@@ -99,11 +108,7 @@ def plot_graph(plt):
         err = [[m - a for m, a in zip(mid, lo)], [b - m for m, b in zip(mid, hi)]]
         at = [v + 0.2 * (2 * k - 1) for v in y]
         ax.barh(at, mid, height=0.4, color=color, xerr=err, capsize=3, label=name)
-    ax.set_yticks(y)
-    ax.set_yticklabels([r[0] for r in rows])
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.grid(True, axis="x", which="both", alpha=0.3)
+    _paired_axes(ax, [r[0] for r in rows])
     ax.set_xlabel("µs per graph, batches of 128 (lower is better; whiskers: ten runs)")
     ax.legend(fontsize=8, loc="upper right")
     return fig
@@ -133,11 +138,7 @@ def plot_spill(plt):
         ys = [v + 0.2 * (2 * k - 1) for v, r in zip(y, rows) if r[1 + k] is not None]
         xs = [r[1 + k] for r in rows if r[1 + k] is not None]
         ax.barh(ys, xs, height=0.4, color=color, label=f"{size} samples")
-    ax.set_yticks(y)
-    ax.set_yticklabels([r[0] for r in rows])
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.grid(True, axis="x", which="both", alpha=0.3)
+    _paired_axes(ax, [r[0] for r in rows])
     ax.set_xlabel("the job's samples/s over one epoch, log scale (higher is better)")
     ax.set_title("3 GB through 2 x 384 MiB of memory, cold page cache", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
