@@ -161,7 +161,7 @@ fn clean_dead_jobs(dir: &PrivateDir, own_job: &str) {
     }
 }
 
-/// The job of a round's file (`<job>.r<round>.<rank>.rec`, `<job>.r<round>.all`,
+/// The job of a round's file (`<job>.r<round>.<rank>.rec` or `.rel`, `<job>.r<round>.all`,
 /// or a temporary file of either), or None for any other name.
 fn round_file_job(name: &str) -> Option<&str> {
     let name = match name.strip_prefix('.') {
@@ -171,7 +171,10 @@ fn round_file_job(name: &str) -> Option<&str> {
     let stem = match name.strip_suffix(".all") {
         Some(stem) => stem,
         None => {
-            let (stem, rank) = name.strip_suffix(".rec")?.rsplit_once('.')?;
+            let rest = name
+                .strip_suffix(".rec")
+                .or_else(|| name.strip_suffix(".rel"))?;
+            let (stem, rank) = rest.rsplit_once('.')?;
             rank.parse::<u64>().ok()?;
             stem
         }
@@ -333,8 +336,8 @@ impl FileComm {
     /// reads (or, past the deadline, the list of the ranks that wrote none).
     /// O(N) file operations per round in all, one read and one write for a
     /// rank other than 0. Only the last round's merged file stays behind, for
-    /// the next round (or, once every rank of the job is gone, the next job
-    /// in the directory: `clean_dead_jobs`) to remove.
+    /// the next round or barrier (or, once every rank of the job is gone, the
+    /// next job in the directory: `clean_dead_jobs`) to remove.
     fn gather_round(&self, mine: &[u8], timeout: Duration) -> Result<(u64, Gathered)> {
         let mut round = self.round.lock().unwrap();
         *round += 1;
@@ -398,22 +401,82 @@ impl FileComm {
         Ok((r, got))
     }
 
-    /// A barrier that names the ranks that did not arrive on every rank: a
-    /// round of empty records (see `gather_round`).
+    /// This rank's release from barrier round `round`, written by rank 0.
+    fn release_file(&self, round: u64, rank: usize) -> String {
+        format!("{}.r{round}.{rank}.rel", self.job)
+    }
+
+    /// A barrier that leaves no file behind and names the ranks that did not
+    /// arrive on every rank: every rank reports to rank 0 (its empty record),
+    /// rank 0 releases each with a verdict of its own ("ok", or the ranks
+    /// missing), which that rank reads and removes. 4(N-1) file operations in
+    /// all, two for a rank other than 0. Once every rank arrived, each has
+    /// read the last round's merged file, so rank 0 removes it: a job whose
+    /// last collective is a barrier (`free()`) leaves nothing.
     fn barrier_within(&self, timeout: Duration) -> Result<()> {
-        match self.gather_round(b"", timeout)?.1 {
-            Gathered::All(_) => Ok(()),
-            Gathered::Missing(missing) if self.rank == 0 => {
-                Err(self.absent_error(missing, timeout, "did not arrive at the barrier"))
+        let mut round = self.round.lock().unwrap();
+        *round += 1;
+        let r = *round;
+        let start = Instant::now();
+        if self.rank != 0 {
+            let arrived = self.file(r, self.rank);
+            self.dir.write(&arrived, b"")?;
+            let release = self.release_file(r, self.rank);
+            let verdict = self.dir.wait_for(
+                &release,
+                start + timeout + RELEASE_GRACE,
+                16 * self.size + 16,
+            )?;
+            let Some(verdict) = verdict else {
+                let _ = self.dir.remove(&arrived);
+                return Err(self.absent_error(vec![0], timeout, "did not release the barrier"));
+            };
+            self.dir.remove(&release)?;
+            if verdict == b"ok" {
+                return Ok(());
             }
-            Gathered::Missing(missing) => Err(self.absent_error(
+            let missing = String::from_utf8_lossy(&verdict)
+                .split(',')
+                .filter_map(|s| s.trim().parse().ok())
+                .collect();
+            return Err(self.absent_error(
                 missing,
                 timeout,
                 "did not arrive at the barrier (as rank 0 saw)",
-            )),
-            Gathered::Unreleased => {
-                Err(self.absent_error(vec![0], timeout, "did not release the barrier"))
+            ));
+        }
+        let deadline = start + timeout;
+        let mut missing = Vec::new();
+        for peer in 1..self.size {
+            // Once one peer is missing, the others are only checked, not waited for.
+            let until = if missing.is_empty() {
+                deadline
+            } else {
+                Instant::now()
+            };
+            let name = self.file(r, peer);
+            match self.dir.wait_for(&name, until, 64)? {
+                Some(_) => self.dir.remove(&name)?,
+                None => missing.push(peer),
             }
+        }
+        if missing.is_empty() && r >= 2 {
+            self.dir.remove(&self.merged_file(r - 1))?;
+        }
+        let verdict = if missing.is_empty() {
+            "ok".to_string()
+        } else {
+            let names: Vec<String> = missing.iter().map(|m| m.to_string()).collect();
+            names.join(",")
+        };
+        for peer in (1..self.size).filter(|p| !missing.contains(p)) {
+            self.dir
+                .write(&self.release_file(r, peer), verdict.as_bytes())?;
+        }
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(self.absent_error(missing, timeout, "did not arrive at the barrier"))
         }
     }
 
@@ -766,17 +829,24 @@ mod tests {
     fn a_clean_run_leaves_nothing_and_a_barrier_names_the_absent() {
         let dir = tempfile::tempdir().unwrap();
         let hs = dir.path().join("hs");
+        let left = || -> Vec<String> {
+            fs::read_dir(&hs)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect()
+        };
         in_threads(&hs, 0..3, 3, "j", |c, rank| {
             c.allgather(&[rank as u8]).unwrap();
             c.allgather(&[rank as u8]).unwrap();
             c.barrier().unwrap();
         });
-        // Only the last round's merged file stays, until the next job in the directory.
-        let left: Vec<_> = fs::read_dir(&hs)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        assert_eq!(left, ["j.c0.r3.all"]);
+        // A barrier last (as free() ends) removes the last merged file.
+        assert_eq!(left(), Vec::<String>::new());
+        // An allgather last leaves its merged file, until the next job in the directory.
+        in_threads(&hs, 0..3, 3, "i", |c, rank| {
+            c.allgather(&[rank as u8]).unwrap();
+        });
+        assert_eq!(left(), ["i.c0.r1.all"]);
         drop(
             FileComm::new(
                 &hs,
