@@ -29,12 +29,11 @@ BATCH = 128
 def worker(row_bytes: int, batches: int) -> None:
     """One job's rank: rank 0 reads, rank 1 serves until rank 0 is done."""
     import numpy as np
+    from mpi4py import MPI  # this file runs as a script, under either build: no package imports
 
     import pyddstore
 
-    from ._common import mpi_world
-
-    comm = mpi_world()
+    comm = MPI.COMM_WORLD
     store = pyddstore.PyDDStore(comm, method=1)
     rows = max(256, (64 << 20) // row_bytes)
     n = row_bytes // 4
