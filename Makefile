@@ -96,7 +96,7 @@ test-torch-min:  ## the torch tests against the oldest supported torch (2.6, CPU
 	bash scripts/setup.sh && bash scripts/test-torch-min.sh
 
 docs:  ## build the documentation (mkdocs --strict) into site/
-	bash scripts/setup.sh && . .venv/bin/activate && python -m mkdocs build --strict
+	$(SETUP) && . .venv/bin/activate && python -m mkdocs build --strict
 
 docs-shots:  ## screenshots of the built pages into site/shots/ (headless chromium); fails if a code line or column is cut
 	command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
