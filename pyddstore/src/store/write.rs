@@ -1,7 +1,5 @@
 //! Creating variables (from rows, empty, or in a caller's device memory)
 //! and writing this rank's rows.
-//! Each `pub(super)` function is the body of the `Store` method of its
-//! name (the thin methods of `mod.rs`).
 
 use std::path::PathBuf;
 
@@ -14,99 +12,117 @@ use super::PyStore;
 use crate::errors::IntoPyResult;
 use crate::external::{share_of_tensor, PyDeviceShare};
 
-#[allow(clippy::too_many_arguments)] // the shape, the dtype and the spill arguments
-pub(super) fn init(
-    this: &PyStore,
-    py: Python<'_>,
-    name: String,
-    nrows: Bound<'_, PyAny>,
-    row_bytes: Bound<'_, PyAny>,
-    itemsize: usize,
-    dtype: Option<&str>,
-    memory_limit: Option<Bound<'_, PyAny>>,
-    spill_dir: Option<PathBuf>,
-) -> PyResult<()> {
-    let request = this.spill_request(py, &name, memory_limit, spill_dir)?;
-    let (nrows, row_bytes) = shape_args(py, "init", &name, &nrows, &row_bytes)?;
-    let element = Element::new(dtype_arg(py, dtype)?, itemsize);
-    this.detached(py, |s| {
-        s.init_spilling(&name, nrows, row_bytes, element, request.as_ref())
-    })
-}
-
-pub(super) fn add(
-    this: &PyStore,
-    py: Python<'_>,
-    name: String,
-    arr: Bound<'_, PyAny>,
-    memory_limit: Option<Bound<'_, PyAny>>,
-    spill_dir: Option<PathBuf>,
-) -> PyResult<()> {
-    let request = this.spill_request(py, &name, memory_limit, spill_dir)?;
-    let (arg, row_bytes) = ArrayArg::rows(&arr, &name, "arr", "rows")?;
-    let nrows = arg.array.rows() as u64;
-    let element = Element::new(arg.array.dtype(), arg.array.itemsize());
-    let src = arg.borrow()?;
-    let data = src.bytes();
-    this.detached(py, |s| {
-        s.init_spilling(&name, nrows, row_bytes, element, request.as_ref())?;
-        s.write_local(&name, 0, data)?;
-        // Collective like upstream: every rank's rows are readable once add returns.
-        // Bounded: a rank that never arrives is named, not waited for forever.
-        s.comm().barrier_timeout(s.config().timeout)
-    })
-}
-
-pub(super) fn update(
-    this: &PyStore,
-    py: Python<'_>,
-    name: String,
-    arr: Bound<'_, PyAny>,
-    offset: Option<Bound<'_, PyAny>>,
-) -> PyResult<()> {
-    let offset = int_or_zero(offset.as_ref(), &format!("update('{name}'): offset"))?;
-    let arg = ArrayArg::new(&arr, "update", &name, "arr", false)?;
-    check_dtype(py, "update", &name, &this.var_info(py, &name)?, &arg.array)?;
-    if offset < 0 {
-        return Err(index_error(
-            py,
-            format!("update('{name}'): offset={offset} must be >= 0"),
-        ));
+#[pymethods]
+impl PyStore {
+    /// Collective: `nrows` rows on this rank, each `row_bytes` bytes.
+    /// `memory_limit`, `spill_dir`: this variable's own budget and spill
+    /// directory (see `ddstore_core::spill`).
+    #[pyo3(signature = (name, nrows, row_bytes, itemsize=1, dtype=None, memory_limit=None, spill_dir=None))]
+    #[allow(clippy::too_many_arguments)] // the shape, the dtype and the spill arguments
+    fn init(
+        &self,
+        py: Python<'_>,
+        name: String,
+        nrows: Bound<'_, PyAny>,
+        row_bytes: Bound<'_, PyAny>,
+        itemsize: usize,
+        dtype: Option<&str>,
+        memory_limit: Option<Bound<'_, PyAny>>,
+        spill_dir: Option<PathBuf>,
+    ) -> PyResult<()> {
+        let request = self.spill_request(py, &name, memory_limit, spill_dir)?;
+        let (nrows, row_bytes) = shape_args(py, "init", &name, &nrows, &row_bytes)?;
+        let element = Element::new(dtype_arg(py, dtype)?, itemsize);
+        self.detached(py, |s| {
+            s.init_spilling(&name, nrows, row_bytes, element, request.as_ref())
+        })
     }
-    let src = arg.borrow()?;
-    let data = src.bytes();
-    this.detached(py, |s| s.write_local(&name, offset as u64, data))
-}
 
-#[allow(clippy::too_many_arguments)] // init's arguments plus the share's memory
-pub(super) fn init_device(
-    slf: &Bound<'_, PyStore>,
-    name: String,
-    nrows: Bound<'_, PyAny>,
-    row_bytes: Bound<'_, PyAny>,
-    tensor: Bound<'_, PyAny>,
-    iface: &str,
-    device: i32,
-    itemsize: usize,
-    dtype: Option<&str>,
-) -> PyResult<PyDeviceShare> {
-    let py = slf.py();
-    let this = slf.get();
-    let (nrows, row_bytes) = shape_args(py, "init_device", &name, &nrows, &row_bytes)?;
-    let element = Element::new(dtype_arg(py, dtype)?, itemsize);
-    let iface = HmemIface::parse(iface).py(py)?;
-    let share = share_of_tensor(&tensor, iface, device)?;
-    this.detached(py, |s| {
-        s.init_external(&name, nrows, row_bytes, element, share)
-    })?;
-    let layout = this.store.var(&name).py(py)?.info.layout.clone();
-    let rank = this.store.comm().rank();
-    Ok(PyDeviceShare::new(
-        slf.clone().unbind(),
-        name,
-        tensor.unbind(),
-        layout.start(rank),
-        layout.count(rank),
-        row_bytes,
-    ))
+    /// Collective: creates `name` from this rank's rows (`arr`, first axis = rows).
+    #[pyo3(signature = (name, arr, memory_limit=None, spill_dir=None))]
+    fn add(
+        &self,
+        py: Python<'_>,
+        name: String,
+        arr: Bound<'_, PyAny>,
+        memory_limit: Option<Bound<'_, PyAny>>,
+        spill_dir: Option<PathBuf>,
+    ) -> PyResult<()> {
+        let request = self.spill_request(py, &name, memory_limit, spill_dir)?;
+        let (arg, row_bytes) = ArrayArg::rows(&arr, &name, "arr", "rows")?;
+        let nrows = arg.array.rows() as u64;
+        let element = Element::new(arg.array.dtype(), arg.array.itemsize());
+        let src = arg.borrow()?;
+        let data = src.bytes();
+        self.detached(py, |s| {
+            s.init_spilling(&name, nrows, row_bytes, element, request.as_ref())?;
+            s.write_local(&name, 0, data)?;
+            // Collective like upstream: every rank's rows are readable once add returns.
+            // Bounded: a rank that never arrives is named, not waited for forever.
+            s.comm().barrier_timeout(s.config().timeout)
+        })
+    }
+
+    /// Writes this rank's rows `[offset, offset + len(arr))`.
+    #[pyo3(signature = (name, arr, offset=None))]
+    fn update(
+        &self,
+        py: Python<'_>,
+        name: String,
+        arr: Bound<'_, PyAny>,
+        offset: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let offset = int_or_zero(offset.as_ref(), &format!("update('{name}'): offset"))?;
+        let arg = ArrayArg::new(&arr, "update", &name, "arr", false)?;
+        check_dtype(py, "update", &name, &self.var_info(py, &name)?, &arg.array)?;
+        if offset < 0 {
+            return Err(index_error(
+                py,
+                format!("update('{name}'): offset={offset} must be >= 0"),
+            ));
+        }
+        let src = arg.borrow()?;
+        let data = src.bytes();
+        self.detached(py, |s| s.write_local(&name, offset as u64, data))
+    }
+
+    /// Collective: creates `name` with this rank's `nrows` rows of
+    /// `row_bytes` in `tensor`'s memory (a contiguous tensor of exactly
+    /// `nrows * row_bytes` bytes on device `device` of interface `iface`:
+    /// "cuda", "rocr", "ze", or "system" for host memory) and returns the
+    /// `DeviceShare` that owns it: the store and the share keep the tensor
+    /// alive; it must not be resized. Rows are written and read through the share.
+    #[allow(clippy::too_many_arguments)] // init's arguments plus the share's memory
+    #[pyo3(signature = (name, nrows, row_bytes, tensor, iface, device=0, itemsize=1, dtype=None))]
+    fn init_device(
+        slf: &Bound<'_, Self>,
+        name: String,
+        nrows: Bound<'_, PyAny>,
+        row_bytes: Bound<'_, PyAny>,
+        tensor: Bound<'_, PyAny>,
+        iface: &str,
+        device: i32,
+        itemsize: usize,
+        dtype: Option<&str>,
+    ) -> PyResult<PyDeviceShare> {
+        let py = slf.py();
+        let this = slf.get();
+        let (nrows, row_bytes) = shape_args(py, "init_device", &name, &nrows, &row_bytes)?;
+        let element = Element::new(dtype_arg(py, dtype)?, itemsize);
+        let iface = HmemIface::parse(iface).py(py)?;
+        let share = share_of_tensor(&tensor, iface, device)?;
+        this.detached(py, |s| {
+            s.init_external(&name, nrows, row_bytes, element, share)
+        })?;
+        let layout = this.store.var(&name).py(py)?.info.layout.clone();
+        let rank = this.store.comm().rank();
+        Ok(PyDeviceShare::new(
+            slf.clone().unbind(),
+            name,
+            tensor.unbind(),
+            layout.start(rank),
+            layout.count(rank),
+            row_bytes,
+        ))
+    }
 }
