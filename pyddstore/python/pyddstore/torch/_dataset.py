@@ -24,6 +24,7 @@ from pyddstore import (
     DDStoreTypeError,
     DDStoreUnsupportedError,
     DDStoreValueError,
+    Method,
     PyDDStore,
     Settings,
 )
@@ -236,7 +237,7 @@ class DistDataset(_StoredDataset):
         hs = self._handshake_dir = store.handshake_dir
         try:
             world = getattr(store, "world_size", store.size)
-            if store.method == 2 and store.size != world:
+            if store.method == Method.LIBFABRIC_EXTRA_JOBS and store.size != world:
                 raise DDStoreValueError("method=2 needs one group: ddstore_width cannot split the core group")
             n = _load.source_len(source)
             schema = agree_schema(store, source, name, encode, fields, n, ragged)

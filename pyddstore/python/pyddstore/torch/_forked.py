@@ -173,10 +173,10 @@ def _child_error(pid: int, answer: bytes, what: str) -> Exception | None:
         return DDStoreChildError(f"load worker process {pid} died while loading {what}")
     if answer == b"ok":
         return None
-    kind, msg = json.loads(answer)
+    kind, msg, *errno = json.loads(answer)
     if kind == "other":
         return DDStoreError(f"a load worker process failed: {msg.replace('rank -1: ', '', 1)}")
-    return rebuild_error((kind, msg))
+    return rebuild_error((kind, msg, *errno))
 
 
 def load_sliced_forked(
