@@ -309,13 +309,13 @@ class _StoredDataset(Dataset):
         return [
             f.var
             for f in self._schema.fields
-            if f.var not in self._device_shares and self._store._native.is_spilled(f.var)
+            if f.var not in self._device_shares and self._store._is_spilled(f.var)
         ]
 
     def _read_ahead(self, indices) -> int:
         """Stages the spilled rows of samples `indices` (soon read here); the rows staged."""
         rows = np.asarray(indices, dtype=np.int64)
-        return sum(self._store._native.prefetch(var, rows) for var in self._spilled_fields())
+        return sum(self._store._prefetch(var, rows) for var in self._spilled_fields())
 
     def _read_into(self, f: Field, buf: np.ndarray, rows: np.ndarray) -> None:
         """Fixed rows of f into buf (store layout): through the field's DeviceShare, one

@@ -30,7 +30,7 @@ from pyddstore._sources import ALIGN, AlignedReader, open_regular
 from . import _load
 from ._errors import SnapshotError, snapshot_error
 from ._field import BOOL, FLOAT, INT, NDARRAY, NPSCALAR, RECORD, SUPPORTED_DTYPES, TENSOR, Field
-from ._inflight import LoadStats, Progress
+from ._load_runner import LoadStats, Progress
 from ._schema import (
     DICT,
     LIST,
@@ -182,7 +182,7 @@ def write_rank_file(ds: Any, directory: str, start: int, count: int) -> dict:
 
 
 def _write_ragged(ds: Any, f: Field, w: _SpanWriter, start: int, count: int) -> dict:
-    native = ds.ddstore._native
+    store = ds.ddstore
     unit_bytes = f.unit_count * f.dtype.itemsize
     step = max(1, READ_BYTES // max(1, f.max_len * unit_bytes))
     lengths = np.zeros(count, np.int64)
@@ -190,13 +190,13 @@ def _write_ragged(ds: Any, f: Field, w: _SpanWriter, start: int, count: int) -> 
     # First pass: the lengths (small); the values span needs its item count up front.
     for a in range(start, start + count, step):
         rows = np.arange(a, min(start + count, a + step), dtype=np.int64)
-        _, offsets = native.get_ragged(f.var, rows, None)
+        _, offsets = store._get_ragged_flat(f.var, rows)
         lengths[a - start : a - start + len(rows)] = np.diff(offsets)
     units = int(lengths.sum())
     values = w.begin(units, unit_bytes)
     for a in range(start, start + count, step):
         rows = np.arange(a, min(start + count, a + step), dtype=np.int64)
-        flat, _ = native.get_ragged(f.var, rows, None)
+        flat, _ = store._get_ragged_flat(f.var, rows)
         w.write(flat)
     values = w.end()
     w.begin(count, 8)
