@@ -11,7 +11,8 @@ Not run here, and why:
 - lint: scripts/run-tests.sh runs the same `bash scripts/lint.sh` first.
 - fmt: rewrites the sources (lint's --check covers formatting); clean: deletes .venv and target/.
 - test-libfabric2: builds libfabric 2.3.1 from the vendored tarball (minutes).
-- test-torch-min, setup-alt: download torch 2.6 / litdata, mosaicml-streaming, webdataset.
+- test-torch-min, test-torch-latest, setup-alt: download torch 2.6 / the newest torch / litdata,
+  mosaicml-streaming, webdataset.
 - check-no-mpi: builds a second extension in a clean venv (minutes); the same test opts in.
 - check-memory: the Rust suites under valgrind (minutes); test_memcheck.py runs its script.
 """
@@ -78,6 +79,7 @@ SMOKE = {
     "docs": ({}, []),
 }
 NOT_RUN = {"test", "test-long", "lint", "fmt", "clean", "test-libfabric2", "test-torch-min"}
+NOT_RUN |= {"test-torch-latest"}
 NOT_RUN |= {"setup-alt", "check-no-mpi", "check-memory"}
 # docs-shots: tests/test_docs.py::test_pages_render_with_nothing_cut runs its shots.py check.
 NOT_RUN |= {"docs-shots"}

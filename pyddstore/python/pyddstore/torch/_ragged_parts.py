@@ -12,7 +12,6 @@ from typing import Any, Callable
 import numpy as np
 
 from pyddstore._kinds import ragged_parts
-from pyddstore._store import _dtype_name
 
 from ._agree import agree
 from ._field import Field
@@ -80,8 +79,7 @@ class RaggedParts:
 
     def write(self, store: Any, values_var: str) -> None:
         """Fills the ragged variable's values (`values_var`, just created) from the blocks."""
-        native = store._native
-        self.fill(lambda arr, off: native.update(values_var, arr, offset=off))
+        self.fill(lambda arr, off: store.update(values_var, arr, off))
 
     def close(self) -> None:
         while self._blocks:
@@ -99,23 +97,21 @@ def add_ragged_in_place(
     from this rank's row lengths, then `fill(values_var)` writes the values straight into this
     rank's share (no contiguous copy of them first); every rank learns whether all filled
     before the variable is linked."""
-    native = store._native
     values, ends = ragged_parts(name)
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     unit_bytes = max(1, f.unit_count * f.dtype.itemsize)
     store._reserve(values)
     store._reserve(ends)
-    native.init(values, int(lengths.sum()), unit_bytes, itemsize=f.dtype.itemsize, dtype=_dtype_name(f.dtype))
-    native.init(ends, len(lengths), 8, itemsize=8, dtype="int64")
+    store._create_part(values, int(lengths.sum()), unit_bytes, f.dtype)
+    store._create_part(ends, len(lengths), 8, np.dtype(np.int64))
     err = None
     try:
-        native.update(ends, np.cumsum(lengths, dtype=np.int64))
+        store.update(ends, np.cumsum(lengths, dtype=np.int64))
         fill(values)
     except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
         err = e
     agree(store, err)
-    native.link_ragged(name)
+    store._link_ragged(name, (f.unit_count,))
     store.barrier()
-    store._ragged_units[name] = (f.unit_count,)
     store._published(values)
     store._published(ends)
