@@ -203,6 +203,12 @@ def braced(text: str, open_at: int) -> str:
     return text[open_at + 1 :]
 
 
+# Method names the standard library's types have too: `.trim(` on a `str` is not a call into the
+# one crate file that happens to define a `trim`.
+STD_METHODS = {"trim", "clear", "get", "insert", "remove", "push", "pop", "len", "iter", "take", "next"}
+STD_METHODS |= {"drain", "extend", "contains", "retain", "split", "join", "map", "read", "write"}
+STD_METHODS |= {"send", "recv", "lock", "wait", "flush", "reset", "close", "release", "hold"}
+
 IMPL = re.compile(r"(#\[pymethods\]\s*)?\bimpl\b(?:\s*<[^{]*?>)?\s+([\w:]+)(?:<[^{]*?>)?\s*(?:where[^{]*)?\{")
 
 
@@ -232,8 +238,9 @@ def method_call_edges(src: Path) -> dict[str, set[str]]:
             depth = 0
             for tok in re.finditer(r"[{}]|\bfn\s+(\w+)", braced(text, m.end() - 1)):
                 depth += (tok.group(0) == "{") - (tok.group(0) == "}")
-                if tok.group(1) and depth == 0 and defined[tok.group(1)] == {f}:
-                    added[tok.group(1)] = (f, ty)
+                name = tok.group(1)
+                if name and depth == 0 and defined[name] == {f} and name not in STD_METHODS:
+                    added[name] = (f, ty)
     edges: dict[str, set[str]] = {}
     for name, (target, ty) in added.items():
         call = re.compile(rf"(?:\.|::)\s*{name}\s*(?:::<[^>]*>)?\(")
