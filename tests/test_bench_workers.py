@@ -1,6 +1,7 @@
 """Smoke test of the loader-workers benchmark (python -m pyddstore.benchmarks.workers): tiny sizes under
-mpirun -n 2, every part and every loader row in the JSON with sane figures (the bench checks the
-first batch of every epoch itself). A longer variant: DDSTORE_TEST_LONG=1 (make test-long)."""
+mpirun -n 2, every part (plain, decode, start: workers started every epoch) and every loader row
+in the JSON with sane figures (the bench checks the first batch of every epoch itself). A longer
+variant: DDSTORE_TEST_LONG=1 (make test-long)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def test_bench_workers_smoke(tmp_path):
     run_mpi(2, "bw_run.py", *args, "--json", str(out), timeout=900)
     res = json.loads(out.read_text())
     assert res["ranks"] == 2
-    for part in ("plain", "decode"):
+    # start: issue 40's setup (workers started every epoch, no persistent workers), one round.
+    for part in ("plain", "decode", "start"):
         rows = {r["loader"]: r for r in res["rows"] if r["part"] == part}
         want = {"thread2", "process2", "torch2 DistDataset", "torch2 memmap"}
         assert want <= set(rows), rows

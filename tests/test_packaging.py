@@ -82,7 +82,9 @@ def _check_wheel(wheel: Path) -> None:
         assert libs == ["pyddstore/_native.abi3.so"], f"the wheel must carry only the extension: {libs}"
         assert not [n for n in names if ".libs/" in n], f"bundled libraries in {names}"
         # Developers' harnesses stay in tools/ (they compare builds, run in other environments).
-        benches = sorted(Path(n).stem for n in names if n.startswith("pyddstore/benchmarks/"))
+        benches = sorted(
+            Path(n).stem for n in names if n.startswith("pyddstore/benchmarks/") and n.endswith(".py")
+        )
         shipped = sorted(p.stem for p in (ROOT / "pyddstore/python/pyddstore/benchmarks").glob("*.py"))
         assert benches == shipped and "auth_cost" not in benches, benches
         assert not [n for n in names if n.startswith("tools/") or "/tools/" in n], names

@@ -353,3 +353,35 @@ def test_dist_dataset_takes_its_settings(monkeypatch):
         ds.free()
     with pytest.raises(DDStoreTypeError, match="settings="):
         DistDataset(rows, "bad-settings", pyddstore._native.Comm.single(), method=1, settings={"quiet": 1})
+
+
+def test_dispatch_hands_out_in_order_and_drops_a_stopped_workers_tasks():
+    """The loader iterators' one dispatch (threads and processes): round-robin, in order by
+    default, out of order with in_order=False, a stopped worker's tasks dropped."""
+    from pyddstore.torch import _torch_compat as tc
+    from pyddstore.torch._dispatch import Dispatch, ResumeEpoch
+
+    d = Dispatch(2, 2, in_order=True)
+    workers = []
+    while not d.full():
+        w = d.worker()
+        assert d.sent(w, slot=len(workers)) == len(workers)
+        workers.append(w)
+    assert workers == [0, 1, 0, 1] and d.outstanding == 4
+    answers = iter([(ResumeEpoch(), None), (1, "b"), (0, "a"), (3, tc.IterableStop(1)), (2, "c")])
+    dropped = []
+    got = [d.next_answer(lambda: next(answers), dropped.append) for _ in range(3)]
+    assert [(t.answer, t.wid, t.slot) for t in got] == [("a", 0, 0), ("b", 1, 1), ("c", 0, 2)]
+    assert [t.slot for t in dropped] == [3] and d.active == [True, False] and d.outstanding == 0
+    with pytest.raises(StopIteration):
+        d.next_answer(lambda: next(answers), dropped.append)
+    assert d.worker() == 0  # worker 1 ran out: only worker 0 gets tasks
+
+    d = Dispatch(2, 1, in_order=False)
+    first, second = d.sent(d.worker()), d.sent(d.worker())
+    assert d.full() and d.worker() is None  # each worker holds its share
+    answers = iter([(second, "late"), (first, "early")])
+    got = [d.next_answer(lambda: next(answers), dropped.append).answer for _ in range(2)]
+    assert got == ["late", "early"]  # as they come
+    d.reset()
+    assert (d.send_idx, d.rcvd_idx, d.tasks, d.active) == (0, 0, {}, [True, True])

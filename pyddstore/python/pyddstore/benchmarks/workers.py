@@ -2,18 +2,21 @@
 (worker_type="process"), torch's DataLoader over the same DistDataset, and torch's DataLoader
 over an np.memmap of the same rows, as samples/s ratios against the thread loader in one run.
 
-    mpirun -n 2 python -m pyddstore.benchmarks.workers [--parts plain,decode] [--json FILE]
+    mpirun -n 2 python -m pyddstore.benchmarks.workers [--parts plain,decode,start] [--json FILE]
 
 plain: --samples samples of float32 (3, 64, 64) (48 KiB) and an int64 label (its index), batches of
 --batch-size, DistributedSampler with set_epoch, no per-sample work and no training step: how
 fast each loader hands over batches. decode: the same rows with a decode= doing --decode-ms of
 pure-Python work per sample (a fixed amount of work, calibrated once on rank 0, so a loader only
 goes faster by running it on more cores), --decode-workers workers per rank, batches of
---decode-batch-size. Every loader runs
---rounds times, the loaders alternating, and its best round is kept. Every loader but
-the main-process one uses persistent workers (fork); the first epoch (worker start) is left out
-of samples/s and shown apart. Every epoch's first batch is checked against the source. For the
-process loader the peak shared memory of its slot rings is stated (per rank).
+--decode-batch-size. start: plain's rows and loaders without persistent workers, so every epoch
+starts its workers (fork, the first reads, a process worker's slot memory) and pays for it within
+the epoch, as a loop `for x, y in loader` over a fresh iterator does. Every loader runs
+--rounds times, the loaders alternating, and its best round is kept. Every loader but the
+main-process one uses persistent workers (fork) except in start; the first epoch (worker start,
+a cold page cache) is left out of samples/s and shown apart. Every epoch's first batch is checked
+against the source. For the process loader the peak shared memory of its slot rings is stated
+(per rank).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from .. import _native
 from ._common import bench_settings, description, mpi_world, quiet_wait
 
 SHAPE = (3, 64, 64)
+PARTS = ("plain", "decode", "start")
 
 
 class Work:
@@ -133,6 +137,7 @@ def _cases(args, workers: int) -> list[tuple]:
 def measure(comm, args, part: str, src, ds, path: str, work: Work | None) -> list[dict]:
     workers = args.decode_workers if part == "decode" else args.workers
     bs = args.decode_batch_size if part == "decode" else args.batch_size
+    persistent = part != "start"
     rows = []
     mm = MemmapRows(path, len(src), src.tensors[1], work)
     cases = _cases(args, workers)
@@ -141,7 +146,7 @@ def measure(comm, args, part: str, src, ds, path: str, work: Work | None) -> lis
     best: dict = {}
     for rnd in range(args.rounds):  # rounds alternate the loaders: load on the machine hits all alike
         for label, kind, opts in cases:
-            opts = {"batch_size": bs, "persistent_workers": True, **opts}
+            opts = {"batch_size": bs, "persistent_workers": persistent, **opts}
 
             def make(d, sampler, kind=kind, opts=opts):
                 if kind in ("thread", "process"):
@@ -179,12 +184,14 @@ def _row(part: str, label: str, everyone: list[dict]) -> dict:
 
 
 def print_rows(rows: list[dict], args, size: int, loops: int) -> None:
-    for part in ("plain", "decode"):
+    for part in PARTS:
         mine = [r for r in rows if r["part"] == part]
         if not mine:
             continue
-        n = args.samples if part == "plain" else args.decode_samples
+        n = args.decode_samples if part == "decode" else args.samples
         extra = "no per-sample work"
+        if part == "start":
+            extra += ", workers started every epoch (no persistent workers)"
         if part == "decode":
             extra = f"decode= {args.decode_ms:g} ms of Python ({loops} loops)"
         bs = args.decode_batch_size if part == "decode" else args.batch_size
@@ -211,7 +218,7 @@ def print_rows(rows: list[dict], args, size: int, loops: int) -> None:
 def main(argv=None) -> None:
     doc = description(__doc__)
     ap = argparse.ArgumentParser(prog="python -m pyddstore.benchmarks.workers", description=doc)
-    ap.add_argument("--parts", type=lambda s: s.split(","), default=["plain", "decode"])
+    ap.add_argument("--parts", type=lambda s: s.split(","), default=list(PARTS))
     ap.add_argument("--samples", type=int, default=20000, help="plain: samples in the dataset")
     ap.add_argument("--decode-samples", type=int, default=1024, help="decode: samples in the dataset")
     ap.add_argument("--batch-size", type=int, default=128)
@@ -224,9 +231,9 @@ def main(argv=None) -> None:
     ap.add_argument("--tmpdir", default=None, help="where the memmap file goes")
     ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args(argv)
-    unknown = [p for p in args.parts if p not in ("plain", "decode")]
+    unknown = [p for p in args.parts if p not in PARTS]
     if unknown:
-        ap.error(f"unknown parts {unknown}: choose from plain, decode")
+        ap.error(f"unknown parts {unknown}: choose from {', '.join(PARTS)}")
     if min(args.samples, args.decode_samples, args.batch_size, args.epochs, args.workers, args.rounds) < 1:
         ap.error("--samples, --decode-samples, --batch-size, --epochs, --workers, --rounds must be positive")
 
@@ -237,7 +244,7 @@ def main(argv=None) -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="ddstore-workers-", dir=args.tmpdir) as tmp:
         for part in args.parts:
-            n = args.samples if part == "plain" else args.decode_samples
+            n = args.decode_samples if part == "decode" else args.samples
             src = _source(n)
             path = os.path.join(comm.bcast(tmp if comm.rank == 0 else None), f"{part}.f32")
             if comm.rank == 0:  # one file for every rank (a node-local file system)

@@ -60,8 +60,8 @@ def _create_exclusive(path: str) -> int:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
         return os.open(path, flags, 0o600)
-    except FileExistsError:
-        raise SnapshotError(f"{path} already exists") from None
+    except FileExistsError as e:
+        raise snapshot_error(f"{path} already exists", e.errno) from None
     except OSError as e:
         raise snapshot_error(f"{path} cannot be created ({e.strerror})", e.errno) from None
 
