@@ -153,10 +153,15 @@ pub fn preflight(
         n => n,
     }
     .min(remote);
-    let needed = open + PER_PROCESS + PER_ENDPOINT + PER_PEER * set + SPARE;
-    if full <= soft || needed <= soft {
+    let needed = (open + PER_PROCESS + PER_ENDPOINT + PER_PEER * set + SPARE).min(full);
+    if needed <= soft {
         return None;
     }
+    let at_least = if needed < full {
+        format!(" (at least `ulimit -n {needed}`)")
+    } else {
+        String::new()
+    };
     let setting = match max_connections {
         0 => String::new(),
         n => format!("={n}"),
@@ -167,7 +172,7 @@ pub fn preflight(
          {open} open now + 10 + a reader endpoint's 10 + 2 x {set} + {SPARE} spare), and \
          {full} for one connection to each of its {remote} remote ranks, but the limit is \
          {soft} (`ulimit -n`, already raised to the hard limit): raise it with `ulimit -n \
-         {full}` (at least `ulimit -n {needed}`) before the job starts (the hard limit too: \
+         {full}`{at_least} before the job starts (the hard limit too: \
          `ulimit -Hn`, the launcher's or limits.conf's setting), or run fewer ranks",
         transport.trim_start_matches("ofi:"),
     ))

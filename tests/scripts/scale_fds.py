@@ -4,10 +4,10 @@
 
 One `SCALEFD {json}` report per rank. Every peer is remote (run with DDSTORE_SHM=0).
 
-ROLE m1: a method-1 job (mpirun, or file-communicator processes with --hs): each rank adds
+ROLE m1: a method-1 job (mpirun, or plain processes with --hs: a file communicator): each rank adds
     ROWS_PER_RANK rows, then reads every row of the job in a shuffled order (E epochs, T threads
     splitting each epoch), every row checked against what its owner stored.
-ROLE core: a method-2 core job publishing the same rows in --hs; serves until {hs}/STOP.
+ROLE core: a method-2 core job (mpirun) publishing the same rows in --hs; serves until {hs}/STOP.
 ROLE extra: a method-2 extra job reading the core job's rows (--n-core ranks) the same way.
 
 --limit L: soft and hard RLIMIT_NOFILE are set to L before the store is created (so raising
@@ -95,11 +95,10 @@ def main() -> None:
             total = a.n_core * ROWS_PER_RANK
             store.join("x")
         else:
-            comm = pyddstore.FileComm(os.path.join(a.hs, "filecomm")) if a.hs and a.role == "m1" else None
-            if a.role == "core":
-                comm = pyddstore.FileComm(os.path.join(a.hs, "filecomm"))
-                store = pyddstore.PyDDStore(comm, method=2, handshake_dir=a.hs)
-            else:
+            if a.role == "core":  # under mpirun: the MPI communicator
+                store = pyddstore.PyDDStore(None, method=2, handshake_dir=a.hs)
+            else:  # with --hs: plain processes and a file communicator, else MPI
+                comm = pyddstore.FileComm(os.path.join(a.hs, "filecomm")) if a.hs else None
                 store = pyddstore.PyDDStore(comm, method=1)
             first = store.rank * ROWS_PER_RANK
             rows = rows_of(SEED, np.arange(first, first + ROWS_PER_RANK), (WIDTH,), np.float32)
