@@ -52,9 +52,8 @@ def test_16_ranks_below_one_connection_per_peer_read_a_global_shuffle_exactly():
 def _start_core(hs, n: int) -> subprocess.Popen:
     cmd = ["mpirun", "-n", str(n), "--bind-to", "none", sys.executable, str(SCRIPTS / "scale_fds.py")]
     cmd += ["core", "--hs", str(hs)]
-    return subprocess.Popen(
-        cmd, env=_env(TCP), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
+    out, err = subprocess.PIPE, subprocess.STDOUT
+    return subprocess.Popen(cmd, env=_env(TCP), stdout=out, stderr=err, text=True, start_new_session=True)
 
 
 def _stop_core(core: subprocess.Popen, hs) -> str:
