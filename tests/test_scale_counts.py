@@ -121,7 +121,7 @@ def _nr_open() -> int:
 def test_below_the_descriptors_tcp_needs_every_rank_fails_at_once_naming_ulimit():
     # DDSTORE_SHM=0: every peer is reached over tcp, none through shared memory.
     env = {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0"}
-    proc = run_mpi(8, "fd_limit_job.py", "low", "30", env=env)
+    proc = run_mpi(8, "fd_limit_job.py", "low", "20", env=env)  # below even the bounded set
     found = reports(proc.stdout, "FDLIMIT")
     assert len(found) >= 4, proc.stdout + proc.stderr  # Open MPI may drop a rank's last line
     for r in found:

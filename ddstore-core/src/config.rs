@@ -29,6 +29,10 @@ pub struct Config {
     pub node_sharing: bool,
     /// Every reading thread gets its own reader (`DDSTORE_THREAD_READERS`).
     pub thread_readers: bool,
+    /// Live connections a reader endpoint keeps on connection-oriented
+    /// providers; past it idle peers are disconnected (`DDSTORE_MAX_CONNECTIONS`;
+    /// 0: as many as the descriptor limit allows, see [`crate::fd_limit`]).
+    pub max_connections: usize,
     /// Remote batches through the owner-side gather path (`DDSTORE_REMOTE_GATHER`).
     pub remote_gather: RemoteGather,
     /// The libfabric provider asked for (`DDSTORE_FABRIC`; None: the default list).
@@ -266,6 +270,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting::new("DDSTORE_ABORT_ON_EXCEPTION", Kind::Flag, Some("0")),
     Setting::new("DDSTORE_SHM", Kind::Flag, Some("1")),
     Setting::new("DDSTORE_THREAD_READERS", Kind::Flag, Some("1")),
+    Setting::new("DDSTORE_MAX_CONNECTIONS", range(0, 1 << 24), Some("0")),
     // Any libfabric provider name (efa, opx, psm3, ucx, ...), not only the known ones.
     Setting::new("DDSTORE_FABRIC", Kind::Provider, None),
     Setting::new("DDSTORE_NIC_MAP", Kind::Text, None),
@@ -437,6 +442,7 @@ impl Settings {
             handshake_timeout: seconds("DDSTORE_HANDSHAKE_TIMEOUT_S"),
             node_sharing: self.flag("DDSTORE_SHM"),
             thread_readers: self.flag("DDSTORE_THREAD_READERS"),
+            max_connections: int("DDSTORE_MAX_CONNECTIONS") as usize,
             remote_gather: match self.raw("DDSTORE_REMOTE_GATHER") {
                 Some("1") => RemoteGather::On,
                 Some("0") => RemoteGather::Off,

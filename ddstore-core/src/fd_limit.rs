@@ -1,6 +1,8 @@
 //! File descriptors: the soft `RLIMIT_NOFILE` raised to the hard limit once
-//! per process (as MPI libraries do), and the pre-flight check of what a
-//! connection-oriented provider (tcp;ofi_rxm, verbs;ofi_rxm) will need.
+//! per process (as MPI libraries do), the pre-flight check of what a
+//! connection-oriented provider (tcp;ofi_rxm, verbs;ofi_rxm) will need, and
+//! the size of the bounded set of live connections a reader endpoint keeps
+//! where the limit is below one connection per peer.
 
 use std::sync::OnceLock;
 
@@ -65,23 +67,70 @@ pub fn open_now() -> u64 {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64)
 }
 
+/// Descriptors the fabric, domain and serving endpoint of tcp;ofi_rxm hold
+/// (measured: `python tests/scripts/scale_fds.py`).
+pub const PER_PROCESS: u64 = 10;
+/// Descriptors each reader endpoint holds besides its connections.
+pub const PER_ENDPOINT: u64 = 10;
+/// Descriptors one remote peer costs: this rank's connection to it, and its
+/// reader's connection to this rank.
+pub const PER_PEER: u64 = 2;
+/// Descriptors left free for the application beside the bounded set.
+pub const SPARE: u64 = 4;
+/// The fewest live connections a reader endpoint works with (the bounded
+/// set's floor: below it the pre-flight check fails).
+pub const MIN_CONNECTIONS: u64 = 2;
+
 /// Descriptors a rank of a job of `ranks` ranks needs on a connection-
-/// oriented provider, at the least: `open` + 10 + T x (10 + 2R), with one
-/// reader endpoint (T = 1) and R the ranks it reaches over the network
-/// (`ranks` - 1, less its `node_peers` when they are read through shared
-/// memory). Each reader endpoint keeps a connection to every owner it read
-/// from, and each owner one accepted connection per remote reader endpoint.
+/// oriented provider to keep one connection per peer: `open` + 10 + T x
+/// (10 + 2R), with one reader endpoint (T = 1) and R the ranks it reaches
+/// over the network (`ranks` - 1, less its `node_peers` when they are read
+/// through shared memory). Each reader endpoint keeps a connection to every
+/// owner it read from, and each owner one accepted connection per remote
+/// reader endpoint.
 pub fn need(open: u64, ranks: usize, node_peers: usize) -> u64 {
     let remote = ranks.saturating_sub(1).saturating_sub(node_peers) as u64;
-    open + 10 + (10 + 2 * remote)
+    open + PER_PROCESS + PER_ENDPOINT + PER_PEER * remote
+}
+
+/// Live connections a reader endpoint opened now may keep (its bounded
+/// set): `setting` (`DDSTORE_MAX_CONNECTIONS`) when given, else as many as
+/// the soft limit leaves room for beside the `open` descriptors, at least 1.
+pub fn connections_allowed(setting: usize) -> usize {
+    if setting > 0 {
+        return setting;
+    }
+    let Some((soft, _)) = get() else {
+        return usize::MAX;
+    };
+    let free = soft.saturating_sub(open_now() + PER_ENDPOINT + SPARE);
+    usize::try_from(free / PER_PEER)
+        .unwrap_or(usize::MAX)
+        .max(1)
+}
+
+/// Whether the limit leaves room for one more reader endpoint that may
+/// connect to `peers` peers (a pool opens more than one only then).
+pub fn room_for_endpoint(peers: usize) -> bool {
+    get()
+        .is_none_or(|(soft, _)| open_now() + PER_ENDPOINT + PER_PEER * peers as u64 + SPARE <= soft)
 }
 
 /// Why this rank cannot hold the connections of a job of `ranks` ranks on
 /// `transport` (e.g. "ofi:tcp;ofi_rxm"), or None: the pre-flight check of a
-/// variable's creation. Only rxm providers keep a connection per peer;
-/// `node_sharing`: same-node peers are read through shared memory (the
-/// launcher says how many there are).
-pub fn preflight(transport: &str, ranks: usize, node_sharing: bool) -> Option<String> {
+/// variable's creation (method 2 extra jobs: of a join). Only rxm providers
+/// keep a connection per peer; `node_sharing`: same-node peers are read
+/// through shared memory (the launcher says how many there are);
+/// `max_connections`: `DDSTORE_MAX_CONNECTIONS` (0: as many as fit). Below
+/// one connection per peer a bounded set of live connections keeps the job
+/// working (idle peers are disconnected, reconnected on their next read):
+/// this fails only when even the smallest set does not fit.
+pub fn preflight(
+    transport: &str,
+    ranks: usize,
+    node_sharing: bool,
+    max_connections: usize,
+) -> Option<String> {
     if !transport.contains("ofi_rxm") {
         return None;
     }
@@ -96,20 +145,37 @@ pub fn preflight(transport: &str, ranks: usize, node_sharing: bool) -> Option<St
     } else {
         0
     };
+    let remote = ranks.saturating_sub(1).saturating_sub(node_peers) as u64;
     let open = open_now();
-    let needed = need(open, ranks, node_peers);
-    (needed > soft).then(|| {
-        format!(
-            "this job of {ranks} ranks on {} needs at least {needed} file descriptors per rank \
-             ({open} open now + 10 + one reader endpoint x (10 + 2 x {} remote ranks); each more \
-             reading thread adds as many again), but the limit is {soft} (`ulimit -n`, already \
-             raised to the hard limit): raise it with `ulimit -n {needed}` or more before the job \
-             starts (the hard limit too: `ulimit -Hn`, the launcher's or limits.conf's \
-             setting), or run fewer ranks",
-            transport.trim_start_matches("ofi:"),
-            ranks.saturating_sub(1).saturating_sub(node_peers),
-        )
-    })
+    let full = need(open, ranks, node_peers);
+    let set = match max_connections as u64 {
+        0 => MIN_CONNECTIONS,
+        n => n,
+    }
+    .min(remote);
+    let needed = (open + PER_PROCESS + PER_ENDPOINT + PER_PEER * set + SPARE).min(full);
+    if needed <= soft {
+        return None;
+    }
+    let at_least = if needed < full {
+        format!(" (at least `ulimit -n {needed}`)")
+    } else {
+        String::new()
+    };
+    let setting = match max_connections {
+        0 => String::new(),
+        n => format!("={n}"),
+    };
+    Some(format!(
+        "this job of {ranks} ranks on {} needs at least {needed} file descriptors per rank \
+         even with a bounded set of {set} live connections (DDSTORE_MAX_CONNECTIONS{setting}; \
+         {open} open now + 10 + a reader endpoint's 10 + 2 x {set} + {SPARE} spare), and \
+         {full} for one connection to each of its {remote} remote ranks, but the limit is \
+         {soft} (`ulimit -n`, already raised to the hard limit): raise it with `ulimit -n \
+         {full}`{at_least} before the job starts (the hard limit too: \
+         `ulimit -Hn`, the launcher's or limits.conf's setting), or run fewer ranks",
+        transport.trim_start_matches("ofi:"),
+    ))
 }
 
 #[cfg(test)]
@@ -121,13 +187,18 @@ mod tests {
         assert_eq!(need(20, 1, 0), 40);
         assert_eq!(need(20, 16, 0), 20 + 10 + 10 + 30);
         assert_eq!(need(20, 16, 7), 20 + 10 + 10 + 16);
-        assert_eq!(preflight("ofi:cxi", 1 << 20, false), None);
-        assert_eq!(preflight("mpi-rma", 1 << 20, false), None);
-        let big = preflight("ofi:tcp;ofi_rxm", 1 << 40, false).expect("fires");
+        assert_eq!(preflight("ofi:cxi", 1 << 20, false, 0), None);
+        assert_eq!(preflight("mpi-rma", 1 << 20, false, 0), None);
+        // Past the limit the bounded set works: only a set too large for it fails.
+        assert_eq!(preflight("ofi:tcp;ofi_rxm", 1 << 40, false, 0), None);
+        let big = preflight("ofi:tcp;ofi_rxm", 1 << 40, false, 1 << 40).expect("fires");
         assert!(
-            big.contains("ulimit -n") && big.contains("tcp;ofi_rxm"),
+            big.contains("ulimit -n")
+                && big.contains("tcp;ofi_rxm")
+                && big.contains("DDSTORE_MAX_CONNECTIONS="),
             "{big}"
         );
-        assert_eq!(preflight("ofi:tcp;ofi_rxm", 2, false), None);
+        assert_eq!(preflight("ofi:tcp;ofi_rxm", 2, false, 0), None);
+        assert_eq!(connections_allowed(7), 7);
     }
 }

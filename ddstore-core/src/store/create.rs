@@ -119,6 +119,7 @@ impl Store {
                 &self.transport_name,
                 self.comm.size(),
                 self.config.node_sharing,
+                self.config.max_connections,
             )
         });
         let mine = InitRecord {
@@ -256,6 +257,15 @@ impl Store {
         self.check_live()?;
         if self.has_var(name) {
             return Err(Error::AlreadyExists(name.to_string()));
+        }
+        // The core ranks' shares are read over the network (same-node ones mapped).
+        if let Some(problem) = crate::fd_limit::preflight(
+            &self.transport_name,
+            records.len() + 1,
+            self.config.node_sharing,
+            self.config.max_connections,
+        ) {
+            return Err(Error::invalid(problem));
         }
         let remote = self.transport()?.attach(records)?;
         if let Some(lens) = remote.share_lens() {

@@ -337,7 +337,14 @@ impl Drop for Endpoint {
 /// What a post call's return code means: posted, `TryAgain` (the provider's
 /// queue is full: progress and post again), or the call's error.
 fn posted(call: &'static str, rc: isize) -> FabricResult<Result<(), TryAgain>> {
-    if rc == -(sys::FI_EAGAIN as isize) {
+    // EMFILE/ENFILE: rxm could not open the connection's socket now; peers
+    // disconnecting (a bounded set, see `pool.rs`) free descriptors soon.
+    let retry = [
+        sys::FI_EAGAIN as isize,
+        libc::EMFILE as isize,
+        libc::ENFILE as isize,
+    ];
+    if retry.contains(&-rc) {
         return Ok(Err(TryAgain));
     }
     check(call, rc as i64)?;

@@ -74,7 +74,9 @@ pub(crate) fn universe_size_for(config: &Config) -> usize {
 ///   providers size peer tables from it, cxi's address vectors) and
 ///   `FI_OFI_RXM_BUFFER_SIZE` (rxm posts thousands of 16 KiB receive buffers
 ///   for unexpected messages; reads and gather replies never use them: 1 KiB
-///   cut a 4-rank tcp process from 290 to 80 MiB resident at the same speed).
+///   cut a 4-rank tcp process from 290 to 80 MiB resident at the same speed)
+///   and `FI_AV_REMOVE_CLEANUP=1` (`fi_av_remove` closes the peer's
+///   connection: the bounded set of live connections, see `pool.rs`).
 /// - over tcp, `FI_OFI_RXM_EAGER_LIMIT` = `DDSTORE_MAX_READ_BYTES`: gather
 ///   replies go eager, straight into the reader's posted buffer (1 x 3 KB
 ///   rows 130 -> 60 µs, measured with `python -m pyddstore.bench`).
@@ -131,6 +133,7 @@ fn defaults_for_machine(
     if let Some(p) = provider.filter(|p| p.contains("ofi_rxm")) {
         out.push(("FI_UNIVERSE_SIZE", universe_size_for(&config).to_string()));
         out.push(("FI_OFI_RXM_BUFFER_SIZE", RXM_BUFFER_BYTES.to_string()));
+        out.push(("FI_AV_REMOVE_CLEANUP", "1".into()));
         if p.starts_with("tcp") {
             out.push(("FI_OFI_RXM_EAGER_LIMIT", config.max_read_bytes.to_string()));
         }
@@ -159,6 +162,10 @@ pub fn reason(name: &str) -> &'static str {
         "FI_OFI_RXM_BUFFER_SIZE" => {
             "rxm: its receive buffers carry control messages only (290 -> 80 MiB per 4-rank tcp \
              process, same read speed)"
+        }
+        "FI_AV_REMOVE_CLEANUP" => {
+            "rxm: fi_av_remove closes the peer's connection, so a reader endpoint keeps a \
+             bounded set of live connections where `ulimit -n` is below one per peer"
         }
         "FI_OFI_RXM_EAGER_LIMIT" => {
             "tcp: gather replies up to DDSTORE_MAX_READ_BYTES go eager, straight into the \
@@ -260,6 +267,7 @@ mod tests {
         ]);
         assert!(tcp.contains(&("FI_UNIVERSE_SIZE", "16".into())));
         assert!(tcp.contains(&("FI_OFI_RXM_BUFFER_SIZE", "1024".into())));
+        assert!(tcp.contains(&("FI_AV_REMOVE_CLEANUP", "1".into())));
         assert!(tcp.contains(&("FI_OFI_RXM_EAGER_LIMIT", "4096".into())));
         let verbs = names(&[("DDSTORE_FABRIC", "verbs")]);
         assert!(verbs.iter().any(|(k, _)| *k == "FI_UNIVERSE_SIZE"));

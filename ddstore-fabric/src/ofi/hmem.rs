@@ -64,7 +64,13 @@ impl OfiTransport {
                 self.provider
             ))
         })?;
-        let node = Arc::new(Node::open(&info, false, self.config.timeout, &self.access)?);
+        let node = Arc::new(Node::open(
+            &info,
+            false,
+            self.config.timeout,
+            &self.access,
+            self.config.max_connections,
+        )?);
         *slot = Some(node.clone());
         Ok(node)
     }

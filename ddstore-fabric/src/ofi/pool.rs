@@ -1,7 +1,22 @@
 //! Idle reader endpoints of one domain, shared by every reader there, and
 //! the quarantine of endpoints a failed read left operations on.
+//!
+//! Descriptors (connection-oriented providers: tcp;ofi_rxm, verbs;ofi_rxm):
+//! each reader endpoint costs 10 descriptors and one connection per owner
+//! it reads from (and each owner one accepted connection per remote reader
+//! endpoint). The pool opens a further endpoint for a concurrent reader only
+//! while the limit has room for it and all its connections; otherwise the
+//! reader waits for a lent one to come back. Each endpoint keeps a bounded
+//! set of live connections ([`Live::admit`]): as many as the limit allows
+//! (or `DDSTORE_MAX_CONNECTIONS`); past it, idle peers are disconnected
+//! (`fi_av_remove`) and reconnected on their next read, slower but correct,
+//! and the first time that happens one warning names the limit.
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use ddstore_core::fd_limit;
 
 use super::domain::Domain;
 use super::window::Live;
@@ -16,19 +31,32 @@ use crate::error::{close_all, FabricResult};
 pub struct EndpointPool {
     domain: Arc<Domain>,
     idle: Mutex<Vec<Live>>,
+    /// Endpoints lent now (counted under `idle`'s lock).
+    lent: Mutex<usize>,
+    /// Signalled when an endpoint comes back.
+    returned: Condvar,
     quarantined: Mutex<Vec<Live>>,
+    /// `DDSTORE_MAX_CONNECTIONS` (0: as many as the descriptor limit allows).
+    max_connections: usize,
 }
+
+/// How often a reader waiting for a lent endpoint checks the limit again.
+const WAIT_FOR_ENDPOINT: Duration = Duration::from_millis(50);
 
 /// Quarantined endpoints kept at most; past it the oldest is closed.
 const MAX_QUARANTINED: usize = 16;
 
 impl EndpointPool {
     /// A pool of reader endpoints in `domain`.
-    pub fn new(domain: Arc<Domain>) -> Arc<EndpointPool> {
+    /// `max_connections`: `DDSTORE_MAX_CONNECTIONS` (0: as many as fit).
+    pub fn new(domain: Arc<Domain>, max_connections: usize) -> Arc<EndpointPool> {
         Arc::new(EndpointPool {
             domain,
             idle: Mutex::new(Vec::new()),
+            lent: Mutex::new(0),
+            returned: Condvar::new(),
             quarantined: Mutex::new(Vec::new()),
+            max_connections,
         })
     }
 
@@ -42,19 +70,39 @@ impl EndpointPool {
         (lock(&self.idle).len(), lock(&self.quarantined).len())
     }
 
-    /// An idle endpoint of this window and CQ format, or a new one.
-    pub(crate) fn take(&self, window: usize, tagged: bool) -> FabricResult<Live> {
-        let reused = {
-            let mut idle = lock(&self.idle);
+    /// An idle endpoint of this window and CQ format, or a new one where
+    /// the descriptor limit has room for it and connections to `peers`
+    /// peers (or none is lent); otherwise waits for one to come back.
+    pub(crate) fn take(&self, window: usize, tagged: bool, peers: usize) -> FabricResult<Live> {
+        let mut idle = lock(&self.idle);
+        loop {
             let at = idle
                 .iter()
                 .rposition(|l| l.tagged == tagged && l.slots.len() == window);
-            at.map(|i| idle.swap_remove(i))
-        };
-        match reused {
-            Some(live) => Ok(live),
-            None => Live::open(&self.domain, window, tagged),
+            if let Some(i) = at {
+                *lock(&self.lent) += 1;
+                return Ok(idle.swap_remove(i));
+            }
+            if *lock(&self.lent) == 0 || fd_limit::room_for_endpoint(peers) {
+                break;
+            }
+            idle = self
+                .returned
+                .wait_timeout(idle, WAIT_FOR_ENDPOINT)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
+        *lock(&self.lent) += 1;
+        drop(idle);
+        let allowed = fd_limit::connections_allowed(self.max_connections);
+        Live::open(&self.domain, window, tagged, allowed).inspect_err(|_| self.came_back())
+    }
+
+    /// One lent endpoint is back (or gone): a waiting reader may go on.
+    fn came_back(&self) {
+        let mut lent = lock(&self.lent);
+        *lent = lent.saturating_sub(1);
+        self.returned.notify_one();
     }
 
     /// Closes the idle endpoints now, reporting the first failure;
@@ -73,10 +121,12 @@ impl EndpointPool {
     pub(crate) fn give_back(&self, mut live: Live) {
         live.arrived.clear();
         lock(&self.idle).push(live);
+        self.came_back();
     }
 
     /// Takes an endpoint that may still have operations in flight out of use.
     pub(crate) fn quarantine(&self, live: Live) {
+        self.came_back();
         if !self.domain.info().manual_data_progress() {
             // The provider may still write into the caller's memory on its
             // own: closing the endpoint is what stops it.
@@ -112,6 +162,23 @@ impl Drop for EndpointPool {
         drop(idle);
         quarantined.into_iter().for_each(close_abandoning);
     }
+}
+
+/// Logs, once per process, that a reader endpoint disconnected a peer to
+/// stay within its bounded set of `allowed` live connections.
+pub(crate) fn warn_bounded(allowed: usize, peers: usize) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if WARNED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let limit = fd_limit::raise_soft_limit().map_or_else(|| "?".into(), |r| r.after.to_string());
+    eprintln!(
+        "pyddstore: warning: a reader endpoint keeps at most {allowed} live connections, fewer \
+         than the {peers} ranks it reads (file descriptor limit {limit}, `ulimit -n`; \
+         DDSTORE_MAX_CONNECTIONS): peers are disconnected and reconnected as reads need them \
+         (correct, slower); for one connection per peer raise `ulimit -n` by about 2 per \
+         remote rank"
+    );
 }
 
 /// A poisoned lock holds a plain Vec: still consistent.

@@ -14,7 +14,7 @@ use libfabric_sys as sys;
 use super::gather::client::{self, Client};
 use super::gather::plan::{self, Limits, Plan, RaggedOwner};
 use super::gather::wire::MacKey;
-use super::pool::EndpointPool;
+use super::pool::{warn_bounded, EndpointPool};
 use super::record::ShareRecord;
 use super::window::{
     naming_peer, post_retrying, reap, InFlight, Landing, Live, Op, Posted, Stopped,
@@ -146,7 +146,10 @@ impl OfiReader {
 
     /// Borrows an endpoint from the pool for one call.
     fn check_out(&mut self) -> FabricResult<()> {
-        let mut live = self.pool.take(self.settings.window, self.settings.gather)?;
+        let peers = self.peers.len();
+        let mut live = self
+            .pool
+            .take(self.settings.window, self.settings.gather, peers)?;
         if let Err(e) = live.resolve(&self.peers) {
             self.pool.give_back(live);
             return Err(e);
@@ -161,9 +164,13 @@ impl OfiReader {
     /// Returns the lent endpoint (a failure that left operations in flight
     /// has already taken it out of use: see `break_reader`).
     fn check_in(&mut self) {
-        if let Some(live) = self.live.take() {
+        if let Some(mut live) = self.live.take() {
             self.times = self.times.plus(live.times);
+            let bounded = live.max_connections < self.peers.len().saturating_sub(1);
             if live.in_flight() {
+                self.pool.quarantine(live);
+            } else if bounded && live.disconnect_all().is_err() {
+                // Its AV refused a removal: out of use rather than a set past its bound.
                 self.pool.quarantine(live);
             } else {
                 self.pool.give_back(live);
@@ -469,12 +476,46 @@ impl ShareReader for OfiReader {
 }
 
 impl OfiReader {
-    /// [`ShareReader::read_many`] once an endpoint is lent.
+    /// [`ShareReader::read_many`] once an endpoint is lent: the owners of a
+    /// batch are read at most the endpoint's bounded set at a time.
     fn read_checked_out(
         &mut self,
         reads: &[RemoteRead],
         dst: &mut [u8],
     ) -> ddstore_core::Result<()> {
+        let max = self.live.as_ref().expect("checked out").max_connections;
+        let mut owners: Vec<usize> = reads.iter().map(|r| r.owner).collect();
+        owners.sort_unstable();
+        owners.dedup();
+        if owners.len() <= max {
+            self.admit(&owners)?;
+            return self.read_admitted(reads, dst);
+        }
+        for group in owners.chunks(max) {
+            let part: Vec<RemoteRead> = reads
+                .iter()
+                .filter(|r| group.binary_search(&r.owner).is_ok())
+                .copied()
+                .collect();
+            self.admit(group)?;
+            self.read_admitted(&part, dst)?;
+        }
+        Ok(())
+    }
+
+    /// Makes `owners` the lent endpoint's live connections ([`Live::admit`]).
+    fn admit(&mut self, owners: &[usize]) -> FabricResult<()> {
+        let live = self.live.as_mut().expect("checked out");
+        let before = live.evictions;
+        live.admit(owners)?;
+        if live.evictions > before {
+            warn_bounded(live.max_connections, self.peers.len().saturating_sub(1));
+        }
+        Ok(())
+    }
+
+    /// Reads of owners admitted to the lent endpoint's live connections.
+    fn read_admitted(&mut self, reads: &[RemoteRead], dst: &mut [u8]) -> ddstore_core::Result<()> {
         if !self.settings.gather {
             return Ok(self.do_reads(reads, dst)?);
         }
@@ -557,6 +598,13 @@ impl OfiReader {
             })
             .collect();
         let staging_buf = staging;
+        // More owners than live connections: the caller reads them in groups instead.
+        let live = self.live.as_ref().expect("checked out");
+        if owners.len() > live.max_connections {
+            return Ok(None);
+        }
+        let owner_ranks: Vec<usize> = owners.iter().map(|o| o.owner).collect();
+        self.admit(&owner_ranks)?;
         let Some((plan, slots, staging)) =
             plan::plan_ragged(&owners, unit_bytes, self.gather_limits())
         else {

@@ -57,11 +57,13 @@ impl Node {
     /// `gather`: the progress thread also answers gather requests (the
     /// domain must then offer tagged messages); replies wait for the
     /// provider at most `timeout` (the readers' `DDSTORE_TIMEOUT_S`).
+    /// `max_connections`: `DDSTORE_MAX_CONNECTIONS` (see `pool.rs`).
     fn open(
         info: &Info,
         gather: bool,
         timeout: std::time::Duration,
         access: &Arc<Access>,
+        max_connections: usize,
     ) -> FabricResult<Node> {
         let domain = open_domain(info)?;
         // sockets reports auto progress, but its own progress thread is slow
@@ -95,7 +97,7 @@ impl Node {
             _progress: progress,
             target,
             served,
-            readers: EndpointPool::new(domain.clone()),
+            readers: EndpointPool::new(domain.clone(), max_connections),
             domain,
         })
     }
@@ -301,6 +303,7 @@ impl OfiTransport {
                     self.gather,
                     self.config.timeout,
                     &self.access,
+                    self.config.max_connections,
                 )?);
                 *node = Some(n.clone());
                 Ok(n)
@@ -552,7 +555,7 @@ impl OfiShares {
             return Ok(p.clone());
         }
         let domain = open_domain(&Info::query(&self.request)?)?;
-        let pool = EndpointPool::new(domain);
+        let pool = EndpointPool::new(domain, self.config.max_connections);
         *child = Some(pool.clone());
         Ok(pool)
     }

@@ -88,6 +88,15 @@ pub(crate) struct Live {
     pub(crate) trash_posted: bool,
     /// Messages discarded: trash receives, and replies whose CQ data failed.
     pub(crate) discarded: Arc<AtomicU64>,
+    /// Its bounded set of live connections: peers (by AV address) posted to
+    /// since inserted, with when they were last admitted ([`Live::admit`]).
+    pub(crate) connected: HashMap<sys::fi_addr_t, u64>,
+    /// At most this many live connections (see `pool.rs`).
+    pub(crate) max_connections: usize,
+    /// Admissions so far (the clock of `connected`).
+    admissions: u64,
+    /// Peers disconnected to stay within `max_connections`.
+    pub(crate) evictions: u64,
 }
 
 /// Reader-owned memory one-sided reads land in, copied out to the caller's
@@ -179,7 +188,13 @@ pub(crate) const TRASH_BYTES: usize = 256;
 impl Live {
     /// Opens an endpoint (CQ, AV) of `window` operations in `domain`;
     /// `tagged`: for the gather path.
-    pub(crate) fn open(domain: &Arc<Domain>, window: usize, tagged: bool) -> FabricResult<Live> {
+    /// `max_connections`: its bounded set's size (see [`Live::admit`]).
+    pub(crate) fn open(
+        domain: &Arc<Domain>,
+        window: usize,
+        tagged: bool,
+        max_connections: usize,
+    ) -> FabricResult<Live> {
         let format = if tagged {
             sys::FI_CQ_FORMAT_TAGGED
         } else {
@@ -215,7 +230,69 @@ impl Live {
             trash_posted: false,
             // Set to the borrowing reader's counter at each check-out.
             discarded: Arc::default(),
+            connected: HashMap::new(),
+            max_connections: max_connections.max(1),
+            admissions: 0,
+            evictions: 0,
         })
+    }
+
+    /// Makes room for connections to `owners` (at most `max_connections`
+    /// of them, with nothing in flight): each counts as live from now on,
+    /// and live peers not among them are disconnected, least recently
+    /// admitted first, until the set fits (see [`Live::disconnect`]).
+    pub(crate) fn admit(&mut self, owners: &[usize]) -> FabricResult<()> {
+        debug_assert!(!self.in_flight(), "admit with operations in flight");
+        self.admissions += 1;
+        let now = self.admissions;
+        for &o in owners {
+            self.connected.insert(self.peers_fi[o], now);
+        }
+        while self.connected.len() > self.max_connections {
+            let idle = self
+                .connected
+                .iter()
+                .filter(|(_, &when)| when < now)
+                .min_by_key(|(_, &when)| when)
+                .map(|(&fi, _)| fi);
+            let Some(fi) = idle else { break };
+            self.disconnect(fi)?;
+        }
+        Ok(())
+    }
+
+    /// Closes every live connection (nothing may be in flight): an endpoint
+    /// whose bounded set is smaller than its peers holds none between calls,
+    /// so its owners' descriptors are free for their own readers.
+    pub(crate) fn disconnect_all(&mut self) -> FabricResult<()> {
+        let live: Vec<sys::fi_addr_t> = self.connected.keys().copied().collect();
+        live.into_iter().try_for_each(|fi| self.disconnect(fi))
+    }
+
+    /// Closes the connection to the peer at `fi`: its AV entry is removed
+    /// (with `FI_AV_REMOVE_CLEANUP` rxm closes the connection) and its name
+    /// inserted again, unconnected until the next operation posted to it.
+    fn disconnect(&mut self, fi: sys::fi_addr_t) -> FabricResult<()> {
+        self.connected.remove(&fi);
+        let Some(name) = self
+            .addrs
+            .iter()
+            .find(|(_, &a)| a == fi)
+            .map(|(n, _)| n.clone())
+        else {
+            return Ok(());
+        };
+        self.ep.av().remove(fi)?;
+        let fresh = self.ep.av().insert_one(0, &name, self.name.len())?;
+        self.addrs.insert(name, fresh);
+        let lists = self.resolved.iter_mut().map(|(_, fis)| fis);
+        for fis in lists.chain(std::iter::once(&mut self.peers_fi)) {
+            fis.iter_mut()
+                .filter(|a| **a == fi)
+                .for_each(|a| *a = fresh);
+        }
+        self.evictions += 1;
+        Ok(())
     }
 
     /// Points `peers_fi` at `peers`, inserting the names the AV lacks (once
