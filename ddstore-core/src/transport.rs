@@ -43,6 +43,22 @@ pub struct Exposed {
 /// (see [`Transport::expose_spilled`]).
 pub type WrapShare<'a> = &'a dyn Fn(Arc<dyn Memory>) -> Arc<dyn Memory>;
 
+/// A share allocated (and registered) on this rank whose peers are not
+/// known yet (see [`Transport::prepare`]): the store writes this rank's
+/// rows into `local` and sends `record` (and `locator`) in the one
+/// allgather that creates the variable, then hands every rank's record to
+/// [`Transport::connect`].
+pub struct Prepared {
+    /// This rank's own share (as [`Exposed::local`]).
+    pub local: Arc<dyn Memory>,
+    /// Where a same-node process maps the share (`None`: not shared on the node).
+    pub locator: Option<NodeLocator>,
+    /// What the other ranks need to read the share (as one of [`Exposed::records`]).
+    pub record: Vec<u8>,
+    /// The transport's own objects (registrations), for `connect`.
+    pub state: Box<dyn std::any::Any + Send>,
+}
+
 /// How a share is exposed.
 pub struct ExposeOptions {
     /// Variable name, for messages and shared-memory file names.
@@ -53,6 +69,9 @@ pub struct ExposeOptions {
     /// address range stays reserved so that a reader of another job that
     /// still holds its address cannot read the next share mapped there.
     pub keep_address: bool,
+    /// Every rank's share length, when the store agreed on them already
+    /// (the transport need not gather them again).
+    pub lens: Option<Vec<u64>>,
 }
 
 /// A way to make rank shares readable by other ranks (MPI RMA, libfabric, node-only).
@@ -93,6 +112,39 @@ pub trait Transport: Send + Sync {
         let mut exposed = self.expose(comm, mem_len, opts)?;
         exposed.local = wrap(exposed.local);
         Ok(exposed)
+    }
+    /// Collective, before a store creates variables (every rank calls it,
+    /// whatever its own arguments): agrees on what the job's transports
+    /// share (the job's key, once). The default has nothing to agree.
+    fn ready(&self, _comm: &Arc<dyn Comm>) -> Result<()> {
+        Ok(())
+    }
+    /// Not collective: allocates `len` bytes for this rank's share (or, for
+    /// a spilled share, `len` bytes in memory of `spilled.0` in all, the
+    /// region wrapped by `spilled.1`: see [`Transport::expose_spilled`]),
+    /// registers it and returns its record, so that the store exchanges it
+    /// with the variable's own agreement: one allgather per `add`. `None`:
+    /// this transport only exposes collectively ([`Transport::expose`]).
+    fn prepare(
+        &self,
+        _comm: &Arc<dyn Comm>,
+        _len: usize,
+        _opts: &ExposeOptions,
+        _spilled: Option<(usize, WrapShare<'_>)>,
+    ) -> Result<Option<Prepared>> {
+        Ok(None)
+    }
+    /// Not collective: every rank's share from every rank's
+    /// [`Prepared::record`] (in rank order), this rank's `prepared` among them.
+    fn connect(
+        &self,
+        _prepared: Prepared,
+        _records: &[Vec<u8>],
+    ) -> Result<Arc<dyn RemoteShares>> {
+        Err(Error::Unsupported(format!(
+            "the {} transport exposes shares collectively only",
+            self.name()
+        )))
     }
     /// Method 2: reach shares another job published (`Exposed::records`).
     fn attach(&self, records: &[Vec<u8>]) -> Result<Arc<dyn RemoteShares>>;

@@ -23,11 +23,12 @@ import numpy as np  # noqa: E402
 import pyddstore  # noqa: E402
 
 SHIM = ctypes.CDLL(None)
-FIELDS = ("sends", "send_bytes", "collectives", "collective_bytes", "recvs", "file_opens", "file_creates")
+FIELDS = ("sends", "send_bytes", "collectives", "collective_bytes", "recvs", "gathered_bytes")
+FIELDS += ("file_opens", "file_creates")
 
 
 def counts() -> list:
-    mpi = (ctypes.c_longlong * 5)()
+    mpi = (ctypes.c_longlong * 6)()
     files = (ctypes.c_longlong * 2)()
     if hasattr(SHIM, "pmpi_counts"):
         SHIM.pmpi_counts(mpi)

@@ -5,9 +5,9 @@ use std::sync::{Arc, Mutex};
 use ddstore_core::comm::Comm;
 use ddstore_core::config::{Config, RemoteGather};
 use ddstore_core::external::ExternalShare;
-use ddstore_core::region::{share_on_node, Memory, Region};
+use ddstore_core::region::{share_on_node_located, Memory, Region};
 use ddstore_core::transport::{
-    ExposeOptions, Exposed, RemoteShares, ShareReader, Transport, WrapShare,
+    ExposeOptions, Exposed, Prepared, RemoteShares, ShareReader, Transport, WrapShare,
 };
 use libfabric_sys as sys;
 
@@ -377,28 +377,28 @@ impl OfiTransport {
         Ok(())
     }
 
-    /// `spilled`: the share's full length and how to wrap the region into
+    /// Allocates and registers this rank's share (see `Transport::prepare`):
+    /// `spilled` is the share's full length and how to wrap the region into
     /// it (a spilled share, see `Transport::expose_spilled`); remote readers
-    /// then see the full length and the gather path serves all of it.
-    fn expose_inner(
+    /// then see the full length and the gather path serves all of it. The
+    /// share answers gather requests from now on (a peer may ask as soon as
+    /// the records are exchanged), until the shares returned are dropped.
+    fn prepare_inner(
         &self,
-        comm: &Arc<dyn Comm>,
         len: usize,
         opts: &ExposeOptions,
         spilled: Option<(usize, WrapShare<'_>)>,
-    ) -> ddstore_core::Result<Exposed> {
-        self.agree_on_key(comm)?;
+    ) -> ddstore_core::Result<Prepared> {
         let node = self.node()?;
         let region = Arc::new(if opts.node_sharing {
             Region::shared_with(&opts.name, len, opts.keep_address)?
         } else {
             Region::anonymous_with(len, opts.keep_address)?
         });
-        let (node_peers, node_locators) = if opts.node_sharing {
-            let shares = share_on_node(comm.as_ref(), &region)?;
-            (shares.views, shares.locators)
+        let locator = if opts.node_sharing {
+            region.locator()
         } else {
-            ((0..comm.size()).map(|_| None).collect(), Vec::new())
+            None
         };
         // SAFETY: the region (at least one page, even for len 0) stays mapped
         // while OfiShares holds it, and the MR is closed first.
@@ -422,17 +422,43 @@ impl OfiTransport {
         if spilled.is_some() {
             mine.mem_len = Some(len as u64);
         }
-        let records = comm.allgather(&mine.encode())?;
-        let peers = self.decode_all(&records)?;
         let local: Arc<dyn Memory> = match spilled {
             Some((_, wrap)) => wrap(region),
             None => region,
         };
-        let shares = self.shares(node, peers, Some((mr, local.clone())));
+        let shares = self.shares(node, Vec::new(), Some((mr, local.clone())));
+        Ok(Prepared {
+            local,
+            locator,
+            record: mine.encode(),
+            state: Box::new(shares),
+        })
+    }
+
+    /// Collective: as `prepare_inner`, then every rank's record and node
+    /// locator in two allgathers (what `Transport::expose` does alone).
+    fn expose_inner(
+        &self,
+        comm: &Arc<dyn Comm>,
+        len: usize,
+        opts: &ExposeOptions,
+        spilled: Option<(usize, WrapShare<'_>)>,
+    ) -> ddstore_core::Result<Exposed> {
+        self.agree_on_key(comm)?;
+        let prepared = self.prepare_inner(len, opts, spilled)?;
+        let (node_peers, node_locators) = if opts.node_sharing {
+            let shares = share_on_node_located(comm.as_ref(), prepared.locator.clone())?;
+            (shares.views, shares.locators)
+        } else {
+            ((0..comm.size()).map(|_| None).collect(), Vec::new())
+        };
+        let records = comm.allgather(&prepared.record)?;
+        let local = prepared.local.clone();
+        let remote = self.connect(prepared, &records)?;
         Ok(Exposed {
             local,
             node_peers,
-            remote: Arc::new(shares),
+            remote,
             records,
             node_locators,
         })
@@ -442,6 +468,33 @@ impl OfiTransport {
 impl Transport for OfiTransport {
     fn name(&self) -> String {
         format!("ofi:{}", self.provider)
+    }
+
+    fn ready(&self, comm: &Arc<dyn Comm>) -> ddstore_core::Result<()> {
+        Ok(self.agree_on_key(comm)?)
+    }
+
+    fn prepare(
+        &self,
+        _comm: &Arc<dyn Comm>,
+        len: usize,
+        opts: &ExposeOptions,
+        spilled: Option<(usize, WrapShare<'_>)>,
+    ) -> ddstore_core::Result<Option<Prepared>> {
+        self.prepare_inner(len, opts, spilled).map(Some)
+    }
+
+    fn connect(
+        &self,
+        prepared: Prepared,
+        records: &[Vec<u8>],
+    ) -> ddstore_core::Result<Arc<dyn RemoteShares>> {
+        let mut shares = prepared
+            .state
+            .downcast::<OfiShares>()
+            .map_err(|_| FabricError::Invalid("a share prepared by another transport".into()))?;
+        shares.peers = Arc::new(self.decode_all(records)?);
+        Ok(Arc::new(*shares))
     }
 
     fn expose(

@@ -221,6 +221,19 @@ impl PyStore {
         write::add(self, py, name, arr, memory_limit, spill_dir)
     }
 
+    /// Collective: creates every variable of `items` in one exchange:
+    /// `(name, arr)` as `add`, `(name, nrows, row_bytes, itemsize, dtype)` as `init`.
+    #[pyo3(signature = (items, memory_limit=None, spill_dir=None))]
+    fn create_many(
+        &self,
+        py: Python<'_>,
+        items: Vec<Bound<'_, pyo3::types::PyTuple>>,
+        memory_limit: Option<Bound<'_, PyAny>>,
+        spill_dir: Option<std::path::PathBuf>,
+    ) -> PyResult<()> {
+        write::create_many(self, py, items, memory_limit, spill_dir)
+    }
+
     /// Whether any rank's share of `name` spills past its memory budget.
     fn is_spilled(&self, py: Python<'_>, name: &str) -> PyResult<bool> {
         spill::is_spilled(self, py, name)

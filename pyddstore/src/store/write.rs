@@ -6,8 +6,9 @@
 use std::path::PathBuf;
 
 use ddstore_core::external::HmemIface;
-use ddstore_core::store::Element;
+use ddstore_core::store::{Element, NewVar};
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
 use super::args::{check_dtype, dtype_arg, index_error, int_or_zero, shape_args, ArrayArg};
 use super::PyStore;
@@ -48,13 +49,91 @@ pub(super) fn add(
     let element = Element::new(arg.array.dtype(), arg.array.itemsize());
     let src = arg.borrow()?;
     let data = src.bytes();
+    // Collective like upstream: every rank's rows are readable once add returns
+    // (one exchange: the rows are written before it).
     this.detached(py, |s| {
-        s.init_spilling(&name, nrows, row_bytes, element, request.as_ref())?;
-        s.write_local(&name, 0, data)?;
-        // Collective like upstream: every rank's rows are readable once add returns.
-        // Bounded: a rank that never arrives is named, not waited for forever.
-        s.comm().barrier_timeout(s.config().timeout)
+        s.add(&name, nrows, row_bytes, element, data, request.as_ref())
     })
+}
+
+/// A variable of [`create_many`]: to add from rows, or to init empty.
+enum NewItem<'py> {
+    Add(ArrayArg<'py>, usize),
+    Init(u64, usize, Element),
+}
+
+/// Collective: creates every variable of `items` in one exchange, in order:
+/// an item `(name, arr)` as `add(name, arr)`, `(name, nrows, row_bytes,
+/// itemsize, dtype)` as `init`; `memory_limit` and `spill_dir` apply to each.
+pub(super) fn create_many(
+    this: &PyStore,
+    py: Python<'_>,
+    items: Vec<Bound<'_, PyTuple>>,
+    memory_limit: Option<Bound<'_, PyAny>>,
+    spill_dir: Option<PathBuf>,
+) -> PyResult<()> {
+    let mut names = Vec::with_capacity(items.len());
+    let mut made = Vec::with_capacity(items.len());
+    let mut requests = Vec::with_capacity(items.len());
+    for item in &items {
+        let name: String = item.get_item(0)?.extract()?;
+        let new = match item.len() {
+            2 => {
+                let (arg, row_bytes) = ArrayArg::rows(&item.get_item(1)?, &name, "arr", "rows")?;
+                NewItem::Add(arg, row_bytes)
+            }
+            5 => {
+                let (nrows, row_bytes) =
+                    shape_args(py, "init", &name, &item.get_item(1)?, &item.get_item(2)?)?;
+                let itemsize: usize = item.get_item(3)?.extract()?;
+                let dtype: Option<String> = item.get_item(4)?.extract()?;
+                let element = Element::new(dtype_arg(py, dtype.as_deref())?, itemsize);
+                NewItem::Init(nrows, row_bytes, element)
+            }
+            n => {
+                return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                    "create_many: item of {n} values: expected (name, arr) or \
+                     (name, nrows, row_bytes, itemsize, dtype)"
+                )))
+            }
+        };
+        requests.push(this.spill_request(py, &name, memory_limit.clone(), spill_dir.clone())?);
+        names.push(name);
+        made.push(new);
+    }
+    let borrowed = made
+        .iter()
+        .map(|m| match m {
+            NewItem::Add(arg, _) => arg.borrow().map(Some),
+            NewItem::Init(..) => Ok(None),
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let vars: Vec<NewVar<'_>> = made
+        .iter()
+        .zip(&borrowed)
+        .zip(names.iter().zip(&requests))
+        .map(|((m, b), (name, request))| {
+            let (rows, row_bytes, element) = match m {
+                NewItem::Add(arg, rb) => (
+                    arg.array.rows() as u64,
+                    *rb,
+                    Element::new(arg.array.dtype(), arg.array.itemsize()),
+                ),
+                NewItem::Init(rows, rb, element) => (*rows, *rb, *element),
+            };
+            NewVar {
+                name,
+                rows,
+                row_bytes,
+                element,
+                data: b.as_ref().map(|b| b.bytes()),
+                request: request.as_ref(),
+                problem: None,
+                along: None,
+            }
+        })
+        .collect();
+    this.detached(py, |s| s.create_many(&vars).map(drop))
 }
 
 pub(super) fn update(
