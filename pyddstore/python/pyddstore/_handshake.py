@@ -173,12 +173,16 @@ class Publisher:
         entry[1] += 1
         self.token_key = key
 
-    def reserve(self, name: str) -> None:
-        """Collective, before `name` is created: every rank checks the name's length, rank 0
-        takes its lock; a live job holding it is refused on every rank."""
-        check_name_length(name, self.store.group_id)
+    def reserve(self, *names: str) -> None:
+        """Collective, before `names` are created: every rank checks the names' length, rank 0
+        takes their locks (one exchange for all); a live job holding one is refused on every
+        rank."""
+        for name in names:
+            check_name_length(name, self.store.group_id)
         problem = None
-        if self.store.rank == 0 and name not in self.locks:
+        for name in names:
+            if self.store.rank != 0 or name in self.locks or problem is not None:
+                continue
             stem = record_stem(name, self.store.group_id)
             try:
                 got = self.hdir.try_lock(stem + ".lock", holder_text())

@@ -246,6 +246,13 @@ class PyDDStore(StoreCollectives, ProfileCounters):
             store.barrier()
             ```
         """
+        item = self._init_item(name, nrows, disp, itemsize, dtype)
+        self._reserve(name)
+        self._native.init(*item, memory_limit, _path(spill_dir))
+        self._published(name)
+
+    def _init_item(self, name: str, nrows: int, disp: int, itemsize: int, dtype) -> tuple:
+        """init()'s arguments checked: (name, nrows, row_bytes, itemsize, dtype name)."""
         self._check_name(name)
         if dtype is not None:
             if np.dtype(dtype).hasobject:
@@ -259,11 +266,44 @@ class PyDDStore(StoreCollectives, ProfileCounters):
             raise DDStoreValueError(
                 f"init('{name}'): disp={disp} elements of itemsize={itemsize} bytes is out of range"
             )
-        self._reserve(name)
-        self._native.init(
-            name, nrows, disp * itemsize, itemsize, _dtype_name(dtype), memory_limit, _path(spill_dir)
-        )
-        self._published(name)
+        return (name, nrows, disp * itemsize, itemsize, _dtype_name(dtype))
+
+    def add_many(self, arrays: dict, *, memory_limit=None, spill_dir=None) -> None:
+        """Collective: adds every variable of `arrays` (name -> this rank's rows, as `add(name,
+        arr)`), in its order, with one exchange between the ranks for all of them: what a dataset
+        of several fields costs one `add`. Ragged variables go through `add(name, arr, lengths)`.
+
+        Args:
+            arrays (dict[str, numpy.ndarray]): per new variable, this rank's rows (first axis).
+            memory_limit (int | None): as `add`, for each variable.
+            spill_dir (str | None): as `add`, for each variable.
+
+        Example:
+            ```python
+            store.add_many({"x": np.zeros((100, 8), np.float32), "y": np.arange(100)})
+            ```
+        """
+        if not isinstance(arrays, dict):
+            raise DDStoreTypeError(
+                f"add_many(arrays): expected a dict of name -> rows, got {type(arrays).__name__}"
+            )
+        items = []
+        for name, arr in arrays.items():
+            self._check_name(name)
+            items.append((name, _as_array(arr, f"add('{name}', arr)")))
+        self._create_many(items, memory_limit, spill_dir)
+
+    def _init_many(self, specs: list, *, memory_limit=None, spill_dir=None) -> None:
+        """Collective: `init(*spec)` of every spec (name, nrows, disp, itemsize, dtype) with one
+        exchange between the ranks for all of them."""
+        self._create_many([self._init_item(*spec) for spec in specs], memory_limit, spill_dir)
+
+    def _create_many(self, items: list, memory_limit, spill_dir) -> None:
+        names = [item[0] for item in items]
+        self._reserve(*names)
+        self._native.create_many(items, memory_limit, _path(spill_dir))
+        for name in names:
+            self._published(name)
 
     def init_device(
         self,
@@ -354,8 +394,7 @@ class PyDDStore(StoreCollectives, ProfileCounters):
                 f"add('{name}'): lengths must be a 1-D sequence of non-negative ints, got "
                 f"shape {lengths.shape} of {lengths.dtype}"
             )
-        for part in ragged_parts(name):
-            self._reserve(part)
+        self._reserve(*ragged_parts(name))
         self._native.add_ragged(name, arr, lengths.astype(np.int64), memory_limit, _path(spill_dir))
         self._ragged_units[name] = tuple(arr.shape[1:])
         for part in ragged_parts(name):
@@ -691,10 +730,10 @@ class PyDDStore(StoreCollectives, ProfileCounters):
         if not isinstance(name, str) or not name:
             raise DDStoreTypeError(f"name must be a non-empty str, got {name!r}")
 
-    def _reserve(self, name: str) -> None:
-        """Method 2 core: the name fits the file system and no other live job publishes it."""
+    def _reserve(self, *names: str) -> None:
+        """Method 2 core: the names fit the file system and no other live job publishes them."""
         if self._publisher is not None:
-            self._publisher.reserve(name)
+            self._publisher.reserve(*names)
 
     def _published(self, name: str) -> None:
         if self._publisher is not None:

@@ -99,23 +99,36 @@ def add_ragged_in_place(
     from this rank's row lengths, then `fill(values_var)` writes the values straight into this
     rank's share (no contiguous copy of them first); every rank learns whether all filled
     before the variable is linked."""
+    add_ragged_many_in_place(store, [(name, f, lengths, fill)])
+
+
+def add_ragged_many_in_place(store: Any, fields: list) -> None:
+    """Collective: `add_ragged_in_place` of every (name, field, lengths, fill) of `fields`, with
+    one exchange creating all their parts, one telling every rank whether all filled and one
+    barrier, whatever the number of fields."""
     native = store._native
-    values, ends = ragged_parts(name)
-    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-    unit_bytes = max(1, f.unit_count * f.dtype.itemsize)
-    store._reserve(values)
-    store._reserve(ends)
-    native.init(values, int(lengths.sum()), unit_bytes, itemsize=f.dtype.itemsize, dtype=_dtype_name(f.dtype))
-    native.init(ends, len(lengths), 8, itemsize=8, dtype="int64")
+    specs, filled = [], []
+    for name, f, lengths, fill in fields:
+        values, ends = ragged_parts(name)
+        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+        unit_bytes = max(1, f.unit_count * f.dtype.itemsize)
+        specs.append((values, int(lengths.sum()), unit_bytes, f.dtype.itemsize, _dtype_name(f.dtype)))
+        specs.append((ends, len(lengths), 8, 8, "int64"))
+        filled.append((ends, lengths, values, fill))
+    store._reserve(*(spec[0] for spec in specs))
+    native.create_many(specs)
     err = None
     try:
-        native.update(ends, np.cumsum(lengths, dtype=np.int64))
-        fill(values)
+        for ends, lengths, values, fill in filled:
+            native.update(ends, np.cumsum(lengths, dtype=np.int64))
+            fill(values)
     except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
         err = e
     agree(store, err)
-    native.link_ragged(name)
+    for name, *_ in fields:
+        native.link_ragged(name)
     store.barrier()
-    store._ragged_units[name] = (f.unit_count,)
-    store._published(values)
-    store._published(ends)
+    for name, f, *_ in fields:
+        store._ragged_units[name] = (f.unit_count,)
+    for spec in specs:
+        store._published(spec[0])
