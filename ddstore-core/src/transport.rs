@@ -32,7 +32,8 @@ pub struct Exposed {
     pub node_peers: Vec<Option<Arc<dyn Memory>>>,
     /// One-sided access to every rank's share.
     pub remote: Arc<dyn RemoteShares>,
-    /// One record per rank that another job passes to `Transport::attach` (method 2).
+    /// One record per rank that another job passes to `Transport::attach`
+    /// (method 2): what [`RemoteShares::records`] gives back.
     pub records: Vec<Vec<u8>>,
     /// Per rank, where a same-node process of another job maps its share
     /// (empty when the transport has no such route).
@@ -179,6 +180,12 @@ pub trait Transport: Send + Sync {
 pub trait RemoteShares: Send + Sync {
     /// A reader for one thread (or one forked process); readers are pooled by the store.
     fn open_reader(&self) -> Result<Box<dyn ShareReader>>;
+    /// Per rank, the record another job passes to `Transport::attach` to
+    /// read these shares (method 2, spawned workers); empty where the
+    /// transport cannot be reached from another process.
+    fn records(&self) -> Vec<Vec<u8>> {
+        Vec::new()
+    }
     /// Bytes each rank exposes, where the transport knows (checks attached layouts).
     fn share_lens(&self) -> Option<Vec<u64>> {
         None

@@ -25,7 +25,7 @@ use super::mr::MemoryRegion;
 use super::pool::EndpointPool;
 use super::progress::Progress;
 use super::reader::{OfiReader, ReaderSettings};
-use super::record::ShareRecord;
+use super::record::{Peers, ShareRecord};
 use super::select;
 use super::select::InfoRequest;
 use crate::error::{close_last, FabricError, FabricResult};
@@ -155,6 +155,9 @@ pub struct OfiTransport {
     access: Arc<Access>,
     /// The secret `access`'s key derives from (for spawned workers' handles).
     secret: Mutex<Option<Vec<u8>>>,
+    /// The ranks' addresses as the last variable found them: every variable
+    /// of a store shares this one table (see [`Peers::from_records`]).
+    addrs: Mutex<Option<Arc<Vec<Vec<u8>>>>>,
 }
 
 impl OfiTransport {
@@ -273,6 +276,7 @@ impl OfiTransport {
             child_readers: Arc::new(Mutex::new(None)),
             access: Arc::new(Access::default()),
             secret: Mutex::new(None),
+            addrs: Mutex::new(None),
         })
     }
 
@@ -311,7 +315,7 @@ impl OfiTransport {
     fn shares(
         &self,
         node: Arc<Node>,
-        peers: Vec<ShareRecord>,
+        peers: Peers,
         exposed: Option<(MemoryRegion, Arc<dyn Memory>)>,
     ) -> OfiShares {
         // Our own share answers gather requests while these shares live.
@@ -329,6 +333,7 @@ impl OfiTransport {
             _exposed: exposed,
             node,
             peers: Arc::new(peers),
+            provider: self.provider.clone(),
             request: self.request.clone(),
             child_readers: self.child_readers.clone(),
             registry: Arc::new(DstRegistry::default()),
@@ -337,8 +342,10 @@ impl OfiTransport {
         }
     }
 
-    fn decode_all(&self, records: &[Vec<u8>]) -> FabricResult<Vec<ShareRecord>> {
-        records
+    /// Every rank's share from its record, the ranks' addresses in the
+    /// table the store's variables share.
+    fn decode_all(&self, records: &[Vec<u8>]) -> FabricResult<Peers> {
+        let decoded = records
             .iter()
             .enumerate()
             .map(|(rank, raw)| {
@@ -352,7 +359,11 @@ impl OfiTransport {
                 }
                 Ok(rec)
             })
-            .collect()
+            .collect::<FabricResult<Vec<_>>>()?;
+        let mut addrs = self.addrs.lock().unwrap_or_else(|p| p.into_inner());
+        let peers = Peers::from_records(decoded, addrs.as_ref());
+        *addrs = Some(peers.addrs.clone());
+        Ok(peers)
     }
 
     /// Without a secret given (`set_secret`), the first exposure draws one
@@ -426,7 +437,7 @@ impl OfiTransport {
             Some((_, wrap)) => wrap(region),
             None => region,
         };
-        let shares = self.shares(node, Vec::new(), Some((mr, local.clone())));
+        let shares = self.shares(node, Peers::default(), Some((mr, local.clone())));
         Ok(Prepared {
             local,
             locator,
@@ -582,7 +593,9 @@ pub struct OfiShares {
     // Close order: our share's MR (then its memory), then the node.
     _exposed: Option<(MemoryRegion, Arc<dyn Memory>)>,
     node: Arc<Node>,
-    peers: Arc<Vec<ShareRecord>>,
+    peers: Arc<Peers>,
+    /// The provider's name, for the records given back (`RemoteShares::records`).
+    provider: String,
     request: InfoRequest,
     /// Reader endpoints opened in a forked child (the parent's are
     /// abandoned), shared with the transport's other variables.
@@ -612,7 +625,7 @@ impl OfiShares {
 
     /// Per-rank share lengths, as exposed.
     pub fn share_lens(&self) -> Vec<u64> {
-        self.peers.iter().map(|p| p.len).collect()
+        self.peers.shares.iter().map(|p| p.len).collect()
     }
 }
 
@@ -645,7 +658,7 @@ impl RemoteShares for OfiShares {
                 timeout: self.config.timeout,
                 max_read_bytes: self.config.max_read_bytes,
                 force_local_mr: self.config.ofi_local_mr,
-                gather: self.gather && self.peers.iter().any(|p| p.gather),
+                gather: self.gather && self.peers.shares.iter().any(|p| p.gather),
                 // Only for the job's own shares: records an extra job or a
                 // spawned worker read from files and handles keep the gather
                 // path, whose owner refuses a key it never issued clearly.
@@ -656,6 +669,12 @@ impl RemoteShares for OfiShares {
             },
         )?;
         Ok(Box::new(reader))
+    }
+
+    fn records(&self) -> Vec<Vec<u8>> {
+        (0..self.peers.len())
+            .map(|r| self.peers.record(&self.provider, r).encode())
+            .collect()
     }
 
     fn gather_key(&self, owner: usize) -> Option<u64> {
