@@ -71,6 +71,10 @@ class PyDDStore(StoreCollectives, ProfileCounters):
         settings: a `pyddstore.Settings` to use instead of the environment's
             (`Settings.from_env(timeout_s=5)`); the arguments above go on top.
         comm_or_none: upstream's name of `comm` (keyword only); pass one of the two.
+        extra_comm: method 2 extra member only (keyword): the extra job's own communicator (an
+            mpi4py communicator, a torch.distributed group or a `FileComm`), collective. Its rank
+            0 reads each record file and gives it to the others (with a `FileComm`: one member
+            per node reads), instead of every member reading every record.
 
     The store reads every `DDSTORE_*` setting once, here: `store.settings` holds them,
     typed (`store.settings.timeout_s`), with `method`, `handshake_dir`, `n_core` and
@@ -106,6 +110,7 @@ class PyDDStore(StoreCollectives, ProfileCounters):
         *,
         comm_or_none: object | None = None,
         settings: _native.Settings | None = None,
+        extra_comm: object | None = None,
     ):
         if comm is not None and comm_or_none is not None:
             raise DDStoreTypeError("pass the communicator once: comm= (or its older name comm_or_none=)")
@@ -132,6 +137,13 @@ class PyDDStore(StoreCollectives, ProfileCounters):
         self.handshake_dir = settings.handshake_dir or ""
         self.n_core = n_core
         self.is_extra = method == Method.LIBFABRIC_EXTRA_JOBS and n_core > 0 and comm_or_none is None
+        if extra_comm is not None and not self.is_extra:
+            raise DDStoreValueError(
+                "extra_comm= is for method=2 extra members (comm=None, n_core > 0): a core or "
+                "single-job store takes its communicator as comm="
+            )
+        # What the extra job's members read of the core job's files, read once (see _handshake).
+        self._record_comm = _handshake.RecordComm.of(extra_comm, settings)
         if self.is_extra:
             if not self.handshake_dir:
                 raise DDStoreValueError(
