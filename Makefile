@@ -1,5 +1,5 @@
 # pyddstore: `make help` lists the targets.
-.PHONY: help setup demo test test-long test-libfabric2 bench bench-vcluster bench-paths bench-graph bench-load bench-workers bench-spill bench-loaders setup-alt lint fmt soak check-memory check-no-mpi test-torch-min docs docs-shots clean
+.PHONY: help setup demo test test-long test-libfabric2 bench bench-vcluster bench-paths bench-graph bench-load bench-workers bench-spill bench-loaders setup-alt lint fmt soak check-memory check-no-mpi test-torch-min test-torch-latest docs docs-shots clean
 
 # What the bench targets run first (the setup is skipped with SETUP=true when it is already done),
 # where their JSON goes, and options added to each bench's command line: a later option wins, so
@@ -95,8 +95,11 @@ check-no-mpi:  ## build without the cargo feature `mpi` in a clean venv: methods
 test-torch-min:  ## the torch tests against the oldest supported torch (2.6, CPU wheel) in .venv-torch-min
 	bash scripts/setup.sh && bash scripts/test-torch-min.sh
 
+test-torch-latest:  ## the torch tests against the newest torch on the index (CPU wheel) in .venv-torch-latest
+	bash scripts/setup.sh && bash scripts/test-torch-min.sh --latest
+
 docs:  ## build the documentation (mkdocs --strict) into site/
-	bash scripts/setup.sh && . .venv/bin/activate && python -m mkdocs build --strict
+	$(SETUP) && . .venv/bin/activate && python -m mkdocs build --strict
 
 docs-shots:  ## screenshots of the built pages into site/shots/ (headless chromium); fails if a code line or column is cut
 	command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
@@ -112,4 +115,4 @@ fmt:  ## format Rust and Python sources
 
 clean:  ## remove build outputs
 	cargo clean
-	rm -rf .venv .venv-torch-min bench-results site
+	rm -rf .venv .venv-torch-min .venv-torch-latest bench-results site

@@ -2,7 +2,10 @@
 
 Every public name of the module and of each of its classes must be in the stub,
 and every name in the stub must exist in the module, with the same kind
-(class, function, property, constant). The classes the API reference renders
+(class, function, property, constant). Every function, method and class
+constructor the stub declares has the module's signature (from pyo3's
+`__text_signature__`): the same parameters, in order, of the same kind, with
+the same defaults (annotations are the stub's alone). The classes the API reference renders
 from `_native` (`::: pyddstore._native.X` in docs/reference/) carry the module's
 docstrings in the stub, word for word, so that the reference renders from the
 stub after any install (`pip install .` leaves no extension in the checkout).
@@ -44,6 +47,77 @@ def compare_docstrings(node: ast.ClassDef, cls: type) -> list[str]:
         want = inspect.getdoc(value)
         if ast.get_docstring(member) != want:
             problems.append(f"{where}.{member.name}: the stub's docstring differs from the module's:\n{want}")
+    return problems
+
+
+def stub_signature(node: ast.FunctionDef) -> list[tuple[str, str, str | None]]:
+    """A stub function's parameters as (name, kind, default source), `self` left out."""
+    a = node.args
+    params: list[tuple[str, str, str | None]] = []
+    positional = a.posonlyargs + a.args
+    defaults = [None] * (len(positional) - len(a.defaults)) + [ast.unparse(d) for d in a.defaults]
+    for i, (arg, default) in enumerate(zip(positional, defaults)):
+        kind = "POSITIONAL_ONLY" if i < len(a.posonlyargs) else "POSITIONAL_OR_KEYWORD"
+        params.append((arg.arg, kind, default))
+    if a.vararg:
+        params.append((a.vararg.arg, "VAR_POSITIONAL", None))
+    for arg, default in zip(a.kwonlyargs, a.kw_defaults):
+        params.append((arg.arg, "KEYWORD_ONLY", None if default is None else ast.unparse(default)))
+    if a.kwarg:
+        params.append((a.kwarg.arg, "VAR_KEYWORD", None))
+    return [p for p in params if p[0] != "self"]
+
+
+def runtime_signature(value: object) -> list[tuple[str, str, str | None]] | None:
+    """The module's parameters of a function, method or class (None: pyo3 gave no signature)."""
+    try:
+        sig = inspect.signature(value)
+    except (TypeError, ValueError):
+        return None
+    return [
+        (p.name, p.kind.name, None if p.default is inspect.Parameter.empty else repr(p.default))
+        for p in sig.parameters.values()
+        if p.name != "self"
+    ]
+
+
+def shown(params: list[tuple[str, str, str | None]] | None) -> str:
+    if params is None:
+        return "(no signature)"
+    parts = []
+    for name, kind, default in params:
+        star = {"VAR_POSITIONAL": "*", "VAR_KEYWORD": "**"}.get(kind, "")
+        parts.append(f"{star}{name}" + ("" if default is None else f"={default}"))
+    return "(" + ", ".join(parts) + ")"
+
+
+def compare_signatures(
+    where: str, body: list[ast.stmt], actual: dict[str, object], owner: object = None
+) -> list[str]:
+    """Each function the stub body declares against the module's signature of it."""
+    problems = []
+    for node in body:
+        if not isinstance(node, ast.FunctionDef) or (node.name not in actual and node.name != "__init__"):
+            continue
+        decorators = {d.id for d in node.decorator_list if isinstance(d, ast.Name)}
+        if "property" in decorators:
+            continue
+        if node.name == "__init__":
+            if owner is None:
+                continue
+            runtime = runtime_signature(owner)  # the class's own signature: its `#[new]`
+        else:
+            runtime = runtime_signature(getattr(owner, node.name) if owner is not None else actual[node.name])
+        stub = stub_signature(node)
+        if runtime is None or stub != runtime:
+            problems.append(
+                f"{where}{node.name}: the stub's signature {shown(stub)}"
+                f" differs from the module's {shown(runtime)}"
+            )
+    if owner is not None and "__init__" not in {n.name for n in body if isinstance(n, ast.FunctionDef)}:
+        runtime = runtime_signature(owner)
+        if runtime is not None:
+            problems.append(f"{where}__init__: in the module {shown(runtime)}, missing from the stub")
     return problems
 
 
@@ -101,6 +175,7 @@ def main() -> int:
     declared = stub_names(tree.body)
     actual = {n: getattr(native, n) for n in dir(native)}
     problems = compare("_native.", declared, actual)
+    problems += compare_signatures("_native.", tree.body, actual)
     documented = documented_classes()
     for name in sorted(documented - set(declared)):
         problems.append(f"_native.{name}: in the API reference, missing from the stub")
@@ -109,6 +184,7 @@ def main() -> int:
             cls = actual[node.name]
             members = {n: v for n, v in vars(cls).items()}
             problems += compare(f"_native.{node.name}.", stub_names(node.body), members)
+            problems += compare_signatures(f"_native.{node.name}.", node.body, members, cls)
             if node.name in documented:
                 problems += compare_docstrings(node, cls)
     for p in problems:
@@ -116,7 +192,7 @@ def main() -> int:
     if problems:
         print(f"{STUB}: {len(problems)} difference(s) from the built module", file=sys.stderr)
         return 1
-    print(f"{STUB.name} matches pyddstore._native ({len(declared)} names)")
+    print(f"{STUB.name} matches pyddstore._native ({len(declared)} names, names and signatures)")
     return 0
 
 

@@ -154,3 +154,66 @@ def test_a_file_another_user_cannot_read_is_a_permission_error(other_user):
         ], out.stdout
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+# -- snapshots --------------------------------------------------------------------------------
+
+# Becomes the second user, then meets root's snapshot: a manifest it may not read, a directory
+# it may not create. Each line: the error's classes and errno.
+SNAPSHOT_AS_SECOND_USER = textwrap.dedent(
+    """
+    import os, sys
+    from pyddstore.torch._snapshot import prepare_directory, read_manifest
+    snap, uid, gid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    for call, arg in ((read_manifest, snap), (prepare_directory, os.path.join(snap, "new"))):
+        try:
+            call(arg)
+            print("NO-ERROR")
+        except PermissionError as e:
+            print(type(e).__name__, type(e).__mro__[1].__name__, e.errno)
+    """
+)
+
+
+def test_snapshot_errors_keep_errno_and_the_os_error_subclass(tmp_path, other_user):
+    from pyddstore.torch import SnapshotError
+    from pyddstore.torch._agree import error_payload, rebuild_error
+    from pyddstore.torch._snapshot import MANIFEST, read_manifest
+
+    # A missing manifest: a SnapshotError that is a FileNotFoundError, errno ENOENT; and
+    # another rank (or a load worker) rebuilds it as the same.
+    with pytest.raises(FileNotFoundError) as missing:
+        read_manifest(str(tmp_path))
+    assert isinstance(missing.value, SnapshotError) and isinstance(missing.value, DDStoreFileNotFoundError)
+    assert missing.value.errno == errno.ENOENT and MANIFEST in str(missing.value)
+    again = rebuild_error(error_payload(missing.value, 3))
+    assert isinstance(again, SnapshotError) and isinstance(again, FileNotFoundError)
+    assert again.errno == errno.ENOENT and str(again).startswith("rank 3: ")
+    # A plain file error keeps its errno across ranks too.
+    denied = rebuild_error(error_payload(_native.file_error("f", errno.EACCES), 1))
+    assert type(denied) is DDStoreFilePermissionError and denied.errno == errno.EACCES
+
+    # Another user: root's manifest (0600) and root's snapshot directory (0755) refuse it.
+    d = tempfile.mkdtemp(prefix="ddssnap-")
+    try:
+        os.chmod(d, 0o755)
+        open(os.path.join(d, MANIFEST), "w").close()
+        os.chmod(os.path.join(d, MANIFEST), 0o600)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DDSTORE_")}
+        argv = [
+            sys.executable,
+            "-c",
+            SNAPSHOT_AS_SECOND_USER,
+            d,
+            str(other_user.pw_uid),
+            str(other_user.pw_gid),
+        ]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=d)
+        assert out.returncode == 0, out.stderr[-3000:]
+        want = f"SnapshotPermissionError SnapshotError {errno.EACCES}"
+        assert out.stdout.splitlines() == [want, want], out.stdout
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

@@ -101,13 +101,12 @@ def test_method2_extra_job_and_freed_variable(handshake_dir):
 
 @pytest.mark.slow
 def test_auth_cost_bench_smoke(tmp_path):
-    """python -m pyddstore.benchmarks.auth_cost against this same build: one round of tiny jobs,
+    """tools/auth_cost.py against this same build: one round of tiny jobs,
     every row checked by the bench, a figure and a ratio per row size."""
     out = tmp_path / "auth.json"
     cmd = [
         sys.executable,
-        "-m",
-        "pyddstore.benchmarks.auth_cost",
+        str(SCRIPTS.parent.parent / "tools" / "auth_cost.py"),
         "--against",
         sys.executable,
         "--rounds",

@@ -39,24 +39,24 @@ def test_snapshot_other_rank_counts_and_damage(data_dir):
 
 
 def test_load_env_validation(monkeypatch):
-    from pyddstore.torch import _inflight
+    from pyddstore.torch import _load_runner
 
     from pyddstore import DDStoreValueError, Settings
 
     monkeypatch.delenv("DDSTORE_LOAD_THREADS", raising=False)
     monkeypatch.delenv("DDSTORE_LOAD_DEPTH", raising=False)
-    assert _inflight.load_depth(Settings.from_env()) == 32
+    assert _load_runner.load_depth(Settings.from_env()) == 32
     monkeypatch.setenv("DDSTORE_LOAD_DEPTH", "8")
-    assert _inflight.load_depth(Settings.from_env()) == 8
+    assert _load_runner.load_depth(Settings.from_env()) == 8
     monkeypatch.setenv("DDSTORE_LOAD_THREADS", "5")  # the older name counts when the new one is unset
-    assert _inflight.load_depth(Settings.from_env(load_depth=None)) == 8
+    assert _load_runner.load_depth(Settings.from_env(load_depth=None)) == 8
     monkeypatch.delenv("DDSTORE_LOAD_DEPTH")
-    assert _inflight.load_depth(Settings.from_env()) == 5
+    assert _load_runner.load_depth(Settings.from_env()) == 5
     for bad in ("0", "x", "-3"):
         monkeypatch.setenv("DDSTORE_LOAD_DEPTH", bad)
         with pytest.raises(DDStoreValueError, match="DDSTORE_LOAD_DEPTH"):
-            _inflight.load_depth(Settings.from_env())
+            _load_runner.load_depth(Settings.from_env())
     monkeypatch.delenv("DDSTORE_LOAD_DEPTH")
     monkeypatch.setenv("DDSTORE_LOAD_DIRECT", "sometimes")
     with pytest.raises(DDStoreValueError, match="DDSTORE_LOAD_DIRECT"):
-        _inflight.load_direct(Settings.from_env())
+        _load_runner.load_direct(Settings.from_env())

@@ -1,5 +1,6 @@
-"""Every `make` target that runs a command, run as written (slow tier, serial: `make setup`
-rebuilds the extension other tests load), as root where the tests run as root, with make
+"""Every `make` target that runs a command, run as written (slow tier; `make setup`, which
+rebuilds the extension other tests load, and the virtual-cluster bench, which makes network
+namespaces, run in the serial phase), as root where the tests run as root, with make
 variables that shrink the long benches to seconds: BENCH_ARGS options come after the target's
 own (a later option wins), RESULTS puts the JSON in a temporary directory, SETUP=true skips the
 setup step that `make setup` runs once as written. The environment has no
@@ -10,7 +11,8 @@ Not run here, and why:
 - lint: scripts/run-tests.sh runs the same `bash scripts/lint.sh` first.
 - fmt: rewrites the sources (lint's --check covers formatting); clean: deletes .venv and target/.
 - test-libfabric2: builds libfabric 2.3.1 from the vendored tarball (minutes).
-- test-torch-min, setup-alt: download torch 2.6 / litdata, mosaicml-streaming, webdataset.
+- test-torch-min, test-torch-latest, setup-alt: download torch 2.6 / the newest torch / litdata,
+  mosaicml-streaming, webdataset.
 - check-no-mpi: builds a second extension in a clean venv (minutes); the same test opts in.
 - check-memory: the Rust suites under valgrind (minutes); test_memcheck.py runs its script.
 """
@@ -27,7 +29,7 @@ import pytest
 from conftest import _env
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+pytestmark = pytest.mark.slow
 
 # target -> (make variables, files the run leaves in RESULTS). {tmp}: this test's directory.
 SMOKE = {
@@ -77,6 +79,7 @@ SMOKE = {
     "docs": ({}, []),
 }
 NOT_RUN = {"test", "test-long", "lint", "fmt", "clean", "test-libfabric2", "test-torch-min"}
+NOT_RUN |= {"test-torch-latest"}
 NOT_RUN |= {"setup-alt", "check-no-mpi", "check-memory"}
 # docs-shots: tests/test_docs.py::test_pages_render_with_nothing_cut runs its shots.py check.
 NOT_RUN |= {"docs-shots"}
@@ -104,6 +107,7 @@ def test_every_target_is_smoke_tested_or_says_why_not():
     assert targets <= covered, f"targets without a smoke run or a reason: {sorted(targets - covered)}"
 
 
+@pytest.mark.serial
 def test_help_and_setup_as_written():
     out = _make("help", timeout=60)
     assert out.returncode == 0 and "make bench-loaders" in out.stdout, out.stdout + out.stderr
@@ -111,7 +115,13 @@ def test_help_and_setup_as_written():
     assert out.returncode == 0 and "ready" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
 
 
-@pytest.mark.parametrize("target", sorted(SMOKE))
+# Host-wide state (network namespaces) keeps this one in the serial phase.
+SERIAL_TARGETS = {"bench-vcluster"}
+
+
+@pytest.mark.parametrize(
+    "target", [pytest.param(t, marks=pytest.mark.serial) if t in SERIAL_TARGETS else t for t in sorted(SMOKE)]
+)
 def test_target_runs_as_written(target, tmp_path):
     if target == "bench-vcluster":
         from vc_fixture import harness

@@ -43,11 +43,35 @@ def read_map() -> dict[str, list[tuple[int, list[str]]]]:
     return sections
 
 
+def specificity(pattern: str) -> tuple[int, int]:
+    """How narrowly a row's pattern names files: a plain name above any wildcard, then the
+    longer fixed part (`torch/_dataset.py` over `torch/_*.py` over `*.py`)."""
+    wild = any(c in pattern for c in "*?[")
+    return (0 if wild else 1, len(re.sub(r"[*?]|\[[^]]*\]", "", pattern)))
+
+
 def layer_of(rows: list[tuple[int, list[str]]], rel: str) -> int | None:
-    for layer, patterns in rows:
-        if any(fnmatch.fnmatchcase(rel, p) for p in patterns):
-            return layer
-    return None
+    """The layer of the most specific row that names `rel` (None: no row does)."""
+    found = [
+        (specificity(p), layer) for layer, patterns in rows for p in patterns if fnmatch.fnmatchcase(rel, p)
+    ]
+    return max(found)[1] if found else None
+
+
+def ambiguous(rows: list[tuple[int, list[str]]], files) -> list[str]:
+    """Files two equally specific rows of different layers name."""
+    out = []
+    for rel in files:
+        found = [
+            (specificity(p), layer)
+            for layer, patterns in rows
+            for p in patterns
+            if fnmatch.fnmatchcase(rel, p)
+        ]
+        best = max(found, default=None)
+        if best and any(s == best[0] and layer != best[1] for s, layer in found):
+            out.append(rel)
+    return sorted(out)
 
 
 # -- Rust -------------------------------------------------------------------------------------
@@ -164,7 +188,66 @@ def rust_graph(src: Path) -> dict[str, set[str]]:
         child_paths = [p for c in children for p in re.findall(rf"(?<![\w:]){c}(?:::\w+)+", text)]
         targets = {resolve(m, p, reexports) for p in uses[m] + PATH.findall(text) + child_paths}
         graph[name(m)] = {name(t) for t in targets if t is not None and t != m}
+    for f, targets in method_call_edges(src).items():
+        graph[f] |= targets
     return graph
+
+
+def braced(text: str, open_at: int) -> str:
+    """The text inside the braces that open at `open_at`."""
+    depth = 0
+    for j in range(open_at, len(text)):
+        depth += (text[j] == "{") - (text[j] == "}")
+        if depth == 0:
+            return text[open_at + 1 : j]
+    return text[open_at + 1 :]
+
+
+# Method names the standard library's types have too: `.trim(` on a `str` is not a call into the
+# one crate file that happens to define a `trim`.
+STD_METHODS = {"trim", "clear", "get", "insert", "remove", "push", "pop", "len", "iter", "take", "next"}
+STD_METHODS |= {"drain", "extend", "contains", "retain", "split", "join", "map", "read", "write"}
+STD_METHODS |= {"send", "recv", "lock", "wait", "flush", "reset", "close", "release", "hold"}
+
+IMPL = re.compile(r"(#\[pymethods\]\s*)?\bimpl\b(?:\s*<[^{]*?>)?\s+([\w:]+)(?:<[^{]*?>)?\s*(?:where[^{]*)?\{")
+
+
+def method_call_edges(src: Path) -> dict[str, set[str]]:
+    """Edges a `use` does not show: a file calling a method that another file adds to a type
+    defined elsewhere (`impl PyStore { fn read_indexed .. }` in store/read.rs, called as
+    `store.read_indexed(..)` from external.rs). Only names defined once in the crate count, and
+    not between the files that make up one type (its home and the files extending it), nor
+    `#[pymethods]` (called from Python)."""
+    mods = rust_modules(src)
+    code = {str(f.relative_to(src)): rust_code(f) for f in mods.values()}
+    homes: dict[str, set[str]] = {}
+    defined: dict[str, set[str]] = {}
+    for f, text in code.items():
+        for ty in re.findall(r"\b(?:struct|enum|union|type)\s+(\w+)", text):
+            homes.setdefault(ty, set()).add(f)
+        for name in re.findall(r"\bfn\s+(\w+)", text):
+            defined.setdefault(name, set()).add(f)
+    added: dict[str, tuple[str, str]] = {}  # method -> (file adding it, its type)
+    unit: dict[str, set[str]] = {}  # type -> its home and the files extending it
+    for f, text in code.items():
+        for m in IMPL.finditer(text):
+            ty = m.group(2).split("::")[-1]
+            if m.group(1) or f in homes.get(ty, {f}):
+                continue
+            unit.setdefault(ty, set(homes[ty])).add(f)
+            depth = 0
+            for tok in re.finditer(r"[{}]|\bfn\s+(\w+)", braced(text, m.end() - 1)):
+                depth += (tok.group(0) == "{") - (tok.group(0) == "}")
+                name = tok.group(1)
+                if name and depth == 0 and defined[name] == {f} and name not in STD_METHODS:
+                    added[name] = (f, ty)
+    edges: dict[str, set[str]] = {}
+    for name, (target, ty) in added.items():
+        call = re.compile(rf"(?:\.|::)\s*{name}\s*(?:::<[^>]*>)?\(")
+        for f, text in code.items():
+            if f not in unit[ty] and call.search(text):
+                edges.setdefault(f, set()).add(target)
+    return edges
 
 
 # -- Python -----------------------------------------------------------------------------------
@@ -270,10 +353,25 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def subpackage_graph(graph: dict[str, set[str]], sub: str) -> dict[str, set[str]]:
+    """The edges between the files of subpackage `sub` (a folder of the package), its paths."""
+    cut = len(sub) + 1
+    inside = lambda f: f.startswith(sub + "/")  # noqa: E731
+    return {f[cut:]: {t[cut:] for t in ts if inside(t)} for f, ts in graph.items() if inside(f)}
+
+
 def units() -> list[tuple[str, dict[str, set[str]]]]:
-    """(directory relative to the repository, import graph) of every crate and package."""
+    """(directory relative to the repository, import graph) of every crate and package, and of
+    every subpackage the map gives a section of its own (its layers among its own files)."""
     out = [(str(src.relative_to(ROOT)), rust_graph(src)) for src in rust_crates()]
-    out += [(str(pkg.relative_to(ROOT)), py_graph(pkg)) for pkg in py_packages()]
+    sections = read_map()
+    for pkg in py_packages():
+        graph = py_graph(pkg)
+        out.append((str(pkg.relative_to(ROOT)), graph))
+        for sub in sorted(p.parent for p in pkg.glob("*/__init__.py")):
+            where = str(sub.relative_to(ROOT))
+            if where in sections:
+                out.append((where, subpackage_graph(graph, str(sub.relative_to(pkg)))))
     return out
 
 
@@ -295,13 +393,102 @@ def test_imports_follow_the_module_map(where, graph):
     assert not unmapped, f"{where}: files the module map does not place in a layer: {unmapped}"
     stale = [p for _, patterns in rows for p in patterns if not any(fnmatch.fnmatchcase(f, p) for f in graph)]
     assert not stale, f"{where}: module map rows name no file: {stale}"
-    upward = sorted(
+    both = ambiguous(rows, graph)
+    assert not both, f"{where}: files two equally specific rows place in different layers: {both}"
+    upward = upward_imports(rows, graph)
+    assert not upward, f"{where}: imports against the map's layering:\n" + "\n".join(upward)
+
+
+def upward_imports(rows: list[tuple[int, list[str]]], graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
         f"{a} (layer {layer_of(rows, a)}) imports {b} (layer {layer_of(rows, b)})"
         for a, targets in graph.items()
         for b in targets
         if layer_of(rows, b) > layer_of(rows, a)
     )
-    assert not upward, f"{where}: imports against the map's layering:\n" + "\n".join(upward)
+
+
+# -- what torch/ may use of the package ---------------------------------------------------------
+
+PKG = PY_ROOT / "pyddstore"
+# The store's class and the classes it is made of (their private names are the store's).
+STORE_FILES = ("_store.py", "_store_internals.py", "_collectives.py", "_profile.py", "_attach.py")
+STORE_CLASSES = {"PyDDStore", "StoreInternals", "StoreCollectives", "ProfileCounters"}
+
+
+def internal_api() -> list[str]:
+    """The store's internal API that docs/developer.md says torch/ may use."""
+    text = MAP.read_text()
+    line = next(x for x in text.splitlines() if "internal API (`_store_internals.py`):" in x)
+    return re.findall(r"`(_\w+)`", line.split("internal API (`_store_internals.py`):", 1)[1])
+
+
+def store_private_names() -> set[str]:
+    """Private methods of the store's classes and the private attributes the store files set on a
+    store (`self._x = ...`, `store._x = ...`)."""
+    names = set()
+    for f in STORE_FILES:
+        tree = ast.parse((PKG / f).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name in STORE_CLASSES:
+                names |= {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+                names |= {
+                    n.target.id
+                    for n in node.body
+                    if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+                }
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def torch_private_uses() -> list[str]:
+    """torch/'s uses of the package it may not make: a private store attribute outside the
+    internal API (on anything but `self`), or a private name (not a module) of a package module."""
+    private, allowed = store_private_names(), set(internal_api())
+    found = []
+    for f in sorted((PKG / "torch").glob("*.py")):
+        tree = ast.parse(f.read_text())
+        where = f"torch/{f.name}"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in private - allowed:
+                if not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+                    found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.level == 0
+                and (node.module or "").startswith("pyddstore")
+            ):
+                if node.module.startswith("pyddstore.torch"):
+                    continue
+                folder = PY_ROOT.joinpath(*node.module.split("."))
+                for a in node.names:
+                    is_module = (folder / f"{a.name}.py").exists() or (folder / f"{a.name}.pyi").exists()
+                    if a.name.startswith("_") and not is_module:
+                        found.append(f"{where}:{node.lineno}: from {node.module} import {a.name}")
+    return found
+
+
+def test_torch_uses_the_store_api_only():
+    """torch/ reaches a store through its public methods and the internal API the map lists,
+    and imports no private name of the package (docs/developer.md, pyddstore.torch section)."""
+    api = internal_api()
+    assert api, "docs/developer.md names no internal API of the store"
+    tree = ast.parse((PKG / "_store_internals.py").read_text())
+    defined = {
+        n.name
+        for c in tree.body
+        if isinstance(c, ast.ClassDef)
+        for n in c.body
+        if isinstance(n, ast.FunctionDef)
+    }
+    assert set(api) <= defined, (
+        f"the map names methods _store_internals.py lacks: {sorted(set(api) - defined)}"
+    )
+    private = store_private_names()
+    assert {"_native", "_ragged_units", "_publisher"} <= private, "the store's private names were not found"
+    found = torch_private_uses()
+    assert not found, "torch/ uses private parts of the store or the package:\n" + "\n".join(found)
 
 
 def test_the_graph_is_derived_from_the_sources():
@@ -311,3 +498,12 @@ def test_the_graph_is_derived_from_the_sources():
     package = dict(UNITS)["pyddstore/python/pyddstore"]
     assert "_errors.py" in package["_store.py"] and "_native.pyi" in package["_kinds.py"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    # A method another file adds to a type is an edge (no `use` names the file).
+    assert "store/read.rs" in dict(UNITS)["pyddstore/src"]["external.rs"]
+    # The most specific row wins: a torch file imported from below its layer is caught.
+    torch_rows = read_map()["pyddstore/python/pyddstore/torch"]
+    torch = dict(UNITS)["pyddstore/python/pyddstore/torch"]
+    assert "_schema.py" in torch["_agree.py"]
+    assert upward_imports(torch_rows, {**torch, "_windowed.py": {"_dataset_reader.py"}})
+    assert layer_of([(3, ["torch/*.py"]), (1, ["torch/_field.py"])], "torch/_field.py") == 1
+    assert ambiguous([(3, ["torch/_a.py"]), (1, ["torch/_a.py"])], ["torch/_a.py"]) == ["torch/_a.py"]

@@ -81,6 +81,11 @@ def _check_wheel(wheel: Path) -> None:
         libs = [n for n in names if ".so" in Path(n).name]
         assert libs == ["pyddstore/_native.abi3.so"], f"the wheel must carry only the extension: {libs}"
         assert not [n for n in names if ".libs/" in n], f"bundled libraries in {names}"
+        # Developers' harnesses stay in tools/ (they compare builds, run in other environments).
+        benches = sorted(Path(n).stem for n in names if n.startswith("pyddstore/benchmarks/"))
+        shipped = sorted(p.stem for p in (ROOT / "pyddstore/python/pyddstore/benchmarks").glob("*.py"))
+        assert benches == shipped and "auth_cost" not in benches, benches
+        assert not [n for n in names if n.startswith("tools/") or "/tools/" in n], names
         ext = z.read("pyddstore/_native.abi3.so")
         meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
         assert any(n.endswith("licenses/LICENSE") or n.endswith("/LICENSE") for n in names), names

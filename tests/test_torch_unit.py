@@ -316,21 +316,21 @@ def test_load_progress_counts_samples_and_rates_round_sensibly(capsys):
     """The load progress counts samples (callers report bytes of whole samples); the fallback
     line gives 0.16 MB/s as 0.16, not 0; a share that fits the in-flight window is never
     'limited by memory'."""
-    from pyddstore.torch import _inflight
+    from pyddstore.torch import _load_runner
 
-    assert _inflight.rate_text(0.16e6) == "0.16 MB/s" and _inflight.rate_text(42.34e6) == "42.3 MB/s"
-    assert _inflight.rate_text(1234.4e6) == "1234 MB/s"
-    progress = _inflight.Progress(1000 * 40, True, "loading t", samples=1000)
+    assert _load_runner.rate_text(0.16e6) == "0.16 MB/s" and _load_runner.rate_text(42.34e6) == "42.3 MB/s"
+    assert _load_runner.rate_text(1234.4e6) == "1234 MB/s"
+    progress = _load_runner.Progress(1000 * 40, True, "loading t", samples=1000)
     progress._every = 0.0  # a line at every update (stderr is not a terminal here)
     progress.update(40 * 250)
     line = capsys.readouterr().err
     assert "loading t: 250/1000 samples (0.0/0.0 MiB)" in line, line
     progress.close()
-    stats = _inflight.LoadStats("samples", 32)
-    _inflight.window(32, 40_000, 40, stats)
+    stats = _load_runner.LoadStats("samples", 32)
+    _load_runner.window(32, 40_000, 40, stats)
     assert not stats.window_capped
-    stats = _inflight.LoadStats("samples", 32)
-    _inflight.window(32, 1 << 30, 40, stats)  # 1 GiB: a 102 MiB window, 3.2 MiB reads (under 8 MiB)
+    stats = _load_runner.LoadStats("samples", 32)
+    _load_runner.window(32, 1 << 30, 40, stats)  # 1 GiB: a 102 MiB window, 3.2 MiB reads (under 8 MiB)
     assert stats.window_capped
 
 

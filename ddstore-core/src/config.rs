@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::kinds::CommKind;
 use crate::{Error, Result};
 
 /// Store settings from the environment, validated once per store (see [`SETTINGS`]).
@@ -254,11 +255,7 @@ const fn range(min: i64, max: i64) -> Kind {
 /// setting, add its row here (and to docs/guides/tuning.md).
 pub const SETTINGS: &[Setting] = &[
     Setting::new("DDSTORE_METHOD", range(0, 2), None),
-    Setting::new(
-        "DDSTORE_COMM",
-        Kind::Choice(&["mpi", "torch", "file"]),
-        None,
-    ),
+    Setting::new("DDSTORE_COMM", Kind::Choice(&CommKind::FORCEABLE), None),
     Setting::new("DDSTORE_MPI", Kind::Flag, Some("1")),
     Setting::new("DDSTORE_HANDSHAKE_DIR", Kind::Text, None),
     Setting::new("DDSTORE_HANDSHAKE_TIMEOUT_S", Kind::Seconds, Some("300")),

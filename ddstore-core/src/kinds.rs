@@ -97,8 +97,16 @@ impl CommKind {
         CommKind::Single,
     ];
 
+    /// The names of the kinds `DDSTORE_COMM` may force (a group of one is never forced), in
+    /// [`CommKind::ALL`]'s order: the setting's choices.
+    pub const FORCEABLE: [&'static str; 3] = [
+        CommKind::Mpi.name(),
+        CommKind::File.name(),
+        CommKind::Torch.name(),
+    ];
+
     /// Its name in messages and for Python (`store.comm_kind`).
-    pub fn name(self) -> &'static str {
+    pub const fn name(self) -> &'static str {
         match self {
             CommKind::Mpi => "mpi",
             CommKind::File => "file",

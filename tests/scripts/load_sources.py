@@ -141,7 +141,7 @@ def stats_of(ds, world) -> dict:
 
 def part_sources(world, d: str) -> None:
     import h5py
-    from pyddstore.torch import DistDataset, _inflight
+    from pyddstore.torch import DistDataset, _load_runner
 
     from pyddstore import DDStoreError, DDStoreTimeoutError
 
@@ -152,12 +152,12 @@ def part_sources(world, d: str) -> None:
     ds.free()
 
     # Not thread-safe: forked processes fill a staging area (small here: several rounds).
-    saved = _inflight.MIN_WINDOW_BYTES
-    _inflight.MIN_WINDOW_BYTES = 10 * row(0).nbytes
+    saved = _load_runner.MIN_WINDOW_BYTES
+    _load_runner.MIN_WINDOW_BYTES = 10 * row(0).nbytes
     try:
         ds = DistDataset(UnsafeNpzSource(d), "npz1", world.comm)
     finally:
-        _inflight.MIN_WINDOW_BYTES = saved
+        _load_runner.MIN_WINDOW_BYTES = saved
     st = stats_of(ds, world)
     assert st["path"] == "samples (processes)" and st["workers"] == 2, st
     check_all(ds, npz_want, "npz thread_safe=False")
@@ -206,14 +206,14 @@ def part_sources(world, d: str) -> None:
     ds.free()
 
     # Reads of two rows each: pieces cross file boundaries, many more pieces than threads.
-    saved = _inflight.MAX_READ_BYTES
-    _inflight.MAX_READ_BYTES = 2 * row(0).nbytes
+    saved = _load_runner.MAX_READ_BYTES
+    _load_runner.MAX_READ_BYTES = 2 * row(0).nbytes
     try:
         ds = DistDataset(parts, "npy-small", world.comm)
         check_all(ds, row, "npy list, small reads")
         ds.free()
     finally:
-        _inflight.MAX_READ_BYTES = saved
+        _load_runner.MAX_READ_BYTES = saved
 
     os.environ["DDSTORE_LOAD_DIRECT"] = "1"
     try:
@@ -238,12 +238,12 @@ def part_sources(world, d: str) -> None:
         ds.free()
         # Compressed: forked workers with their own handles decompress in parallel (several
         # rounds through a small staging area), or threads where one CPU is all there is.
-        saved = _inflight.MIN_WINDOW_BYTES
-        _inflight.MIN_WINDOW_BYTES = 40 * row(0).nbytes
+        saved = _load_runner.MIN_WINDOW_BYTES
+        _load_runner.MIN_WINDOW_BYTES = 40 * row(0).nbytes
         try:
             ds = DistDataset(h["chunked"], "h5z", world.comm, chunk_size=16)
         finally:
-            _inflight.MIN_WINDOW_BYTES = saved
+            _load_runner.MIN_WINDOW_BYTES = saved
         want = "arrays (processes)" if len(os.sched_getaffinity(0)) > 1 else "arrays"
         assert stats_of(ds, world)["path"] == want, stats_of(ds, world)
         check_all(ds, row, "h5py chunked gzip")
@@ -309,12 +309,14 @@ def part_sources(world, d: str) -> None:
     )
     raises(
         DDStoreValueError,
-        lambda: _with_env("DDSTORE_LOAD_DEPTH", "0", lambda: _inflight.load_depth(Settings.from_env())),
+        lambda: _with_env("DDSTORE_LOAD_DEPTH", "0", lambda: _load_runner.load_depth(Settings.from_env())),
         "DDSTORE_LOAD_DEPTH",
     )
     raises(
         DDStoreValueError,
-        lambda: _with_env("DDSTORE_LOAD_DIRECT", "maybe", lambda: _inflight.load_direct(Settings.from_env())),
+        lambda: _with_env(
+            "DDSTORE_LOAD_DIRECT", "maybe", lambda: _load_runner.load_direct(Settings.from_env())
+        ),
         "DDSTORE_LOAD_DIRECT",
     )
     if world.rank == 0:

@@ -35,7 +35,7 @@ pub struct Progress {
 
 impl Progress {
     /// Starts polling `endpoint`'s CQ; the thread keeps the endpoint open.
-    /// With `server`, the thread also answers gather requests (`gather/server.rs`).
+    /// With `server`, the thread also answers gather requests (`gather/server/`).
     pub fn start(endpoint: Arc<Endpoint>, server: Option<Server>) -> FabricResult<Progress> {
         let stop = Arc::new(AtomicBool::new(false));
         let cq = endpoint.cq().clone();

@@ -14,6 +14,7 @@ import sys
 import weakref
 
 from . import _native
+from ._kinds import Method
 
 _always = False  # DDSTORE_ABORT_ON_EXCEPTION=1 for some store of this process
 _rma_stores: weakref.WeakSet = weakref.WeakSet()  # method-0 stores of several ranks
@@ -45,7 +46,7 @@ def install(always: bool) -> None:
 def watch(store) -> None:
     """Counts `store` (a PyDDStore, made after ``install``) while it is open, if it is a
     method-0 store of several ranks."""
-    if store.method == 0 and store.size > 1:
+    if store.method == Method.MPI_RMA and store.size > 1:
         _rma_stores.add(store)
 
 

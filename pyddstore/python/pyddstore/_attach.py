@@ -16,7 +16,7 @@ from typing import Any
 
 from ._child_env import arm_for_process_start
 from ._errors import DDStoreFreedError, DDStoreUnsupportedError
-from ._kinds import ragged_parts
+from ._kinds import Method, ragged_parts
 from ._profile import new_py_times
 from ._store import PyDDStore, _live_stores
 
@@ -34,7 +34,7 @@ def store_handle(store: Any, names: list) -> dict:
     native = store._native
     if native.freed:
         raise DDStoreFreedError("a freed store cannot be pickled")
-    if store.method == 0:
+    if store.method == Method.MPI_RMA:
         raise DDStoreUnsupportedError(
             "a method=0 (MPI RMA) store cannot be pickled for a spawn or forkserver process: MPI "
             f"windows are not reachable from another process; {METHOD0_ALTERNATIVES}"

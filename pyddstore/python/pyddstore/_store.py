@@ -28,8 +28,9 @@ from ._errors import (
     DDStoreUnsupportedError,
     DDStoreValueError,
 )
-from ._kinds import RAGGED_VALUES, CommKind, Method, ragged_parts
+from ._kinds import CommKind, Method, ragged_parts
 from ._profile import ProfileCounters, new_py_times
+from ._store_internals import StoreInternals
 
 _live_stores: weakref.WeakSet = weakref.WeakSet()
 _made = itertools.count()  # stores are made collectively: the same order on every rank
@@ -46,7 +47,7 @@ def _path(p) -> str | None:
     return None if p is None else os.fspath(p)
 
 
-class PyDDStore(StoreCollectives, ProfileCounters):
+class PyDDStore(StoreCollectives, ProfileCounters, StoreInternals):
     """A distributed store of named variables; each rank holds a share of
     every variable's rows and reads any row with one-sided reads.
 
@@ -304,11 +305,6 @@ class PyDDStore(StoreCollectives, ProfileCounters):
             self._check_name(name)
             items.append((name, _as_array(arr, f"add('{name}', arr)")))
         self._create_many(items, memory_limit, spill_dir)
-
-    def _init_many(self, specs: list, *, memory_limit=None, spill_dir=None) -> None:
-        """Collective: `init(*spec)` of every spec (name, nrows, disp, itemsize, dtype) with one
-        exchange between the ranks for all of them."""
-        self._create_many([self._init_item(*spec) for spec in specs], memory_limit, spill_dir)
 
     def _create_many(self, items: list, memory_limit, spill_dir) -> None:
         names = [item[0] for item in items]
@@ -734,22 +730,9 @@ class PyDDStore(StoreCollectives, ProfileCounters):
         if self.settings.profile:
             _profile.report(self._native, self.world_rank)
 
-    def _values_var(self, name: str) -> str:
-        """The variable reads of ``name`` land from: a ragged variable's values part."""
-        return name + RAGGED_VALUES if self._native.is_ragged(name) else name
-
     def _check_name(self, name) -> None:
         if not isinstance(name, str) or not name:
             raise DDStoreTypeError(f"name must be a non-empty str, got {name!r}")
-
-    def _reserve(self, *names: str) -> None:
-        """Method 2 core: the names fit the file system and no other live job publishes them."""
-        if self._publisher is not None:
-            self._publisher.reserve(*names)
-
-    def _published(self, name: str) -> None:
-        if self._publisher is not None:
-            self._publisher.publish(name)
 
     def __repr__(self) -> str:
         return (

@@ -1,6 +1,4 @@
 //! Filling this rank's share of a variable straight from files.
-//! Each `pub(super)` function is the body of the `Store` method of its
-//! name (the thin methods of `mod.rs`).
 
 use std::time::Duration;
 
@@ -77,36 +75,52 @@ fn parse_ranges(
     Ok(parsed)
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(super) fn load_file_ranges(
-    this: &PyStore,
-    py: Python<'_>,
-    name: String,
-    paths: Vec<String>,
-    ranges: PyReadonlyArray2<'_, i64>,
-    threads: usize,
-    direct: bool,
-    nofollow: bool,
-    sizes: Option<Vec<i64>>,
-    timeout_s: Option<f64>,
-) -> PyResult<(u64, bool)> {
-    let what = format!("load_file_ranges('{name}')");
-    let timeout = this.load_timeout(py, &what, timeout_s)?;
-    let parsed = parse_ranges(py, &what, &ranges)?;
-    if sizes.as_ref().is_some_and(|s| s.len() != paths.len()) {
-        return Err(value_error(
-            py,
-            format!("{what}: sizes must give one size per path"),
-        ));
-    }
-    this.detached(py, |s| {
-        let mut files = Vec::with_capacity(paths.len());
-        for (i, p) in paths.iter().enumerate() {
-            let size = sizes.as_ref().and_then(|s| u64::try_from(s[i]).ok());
-            files.push(SourceFile::open(p, nofollow, direct, size)?);
+#[pymethods]
+impl PyStore {
+    /// Reads byte ranges of files straight into this rank's share of `name`
+    /// with up to `threads` reads in flight (threads spawned for the call,
+    /// the GIL released). `ranges` is an int64 array of rows (file index,
+    /// file offset, bytes read, CRC32 of them or -1, bytes skipped, bytes
+    /// written, byte offset in the share). Files open read-only, O_NONBLOCK,
+    /// O_CLOEXEC, O_NOFOLLOW with `nofollow`, O_DIRECT with `direct` where
+    /// the file system allows it; only regular files, of exactly `sizes[i]`
+    /// bytes where given (-1: any). When no read returns for `timeout_s`
+    /// seconds (None: DDSTORE_LOAD_TIMEOUT_S, read now) it raises
+    /// DDStoreTimeoutError naming the file and byte range, leaving a reader
+    /// stuck in the kernel behind. Returns (bytes written, whether every
+    /// file was read with O_DIRECT).
+    #[pyo3(signature = (name, paths, ranges, threads=32, direct=false, nofollow=false, sizes=None, timeout_s=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn load_file_ranges(
+        &self,
+        py: Python<'_>,
+        name: String,
+        paths: Vec<String>,
+        ranges: PyReadonlyArray2<'_, i64>,
+        threads: usize,
+        direct: bool,
+        nofollow: bool,
+        sizes: Option<Vec<i64>>,
+        timeout_s: Option<f64>,
+    ) -> PyResult<(u64, bool)> {
+        let what = format!("load_file_ranges('{name}')");
+        let timeout = self.load_timeout(py, &what, timeout_s)?;
+        let parsed = parse_ranges(py, &what, &ranges)?;
+        if sizes.as_ref().is_some_and(|s| s.len() != paths.len()) {
+            return Err(value_error(
+                py,
+                format!("{what}: sizes must give one size per path"),
+            ));
         }
-        let all_direct = !files.is_empty() && files.iter().all(|f| f.is_direct());
-        let n = s.load_file_ranges(&name, files, &parsed, threads, timeout)?;
-        Ok((n, all_direct))
-    })
+        self.detached(py, |s| {
+            let mut files = Vec::with_capacity(paths.len());
+            for (i, p) in paths.iter().enumerate() {
+                let size = sizes.as_ref().and_then(|s| u64::try_from(s[i]).ok());
+                files.push(SourceFile::open(p, nofollow, direct, size)?);
+            }
+            let all_direct = !files.is_empty() && files.iter().all(|f| f.is_direct());
+            let n = s.load_file_ranges(&name, files, &parsed, threads, timeout)?;
+            Ok((n, all_direct))
+        })
+    }
 }

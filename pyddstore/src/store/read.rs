@@ -1,7 +1,5 @@
 //! Reading rows: a batch of global rows (any order, repeats), consecutive
 //! rows, the transport's raw ceiling, and destination buffers registered once.
-//! Each `pub(super)` function is the body of the `Store` method of its
-//! name (the thin methods of `mod.rs`).
 
 use ddstore_core::store::{OwnRows, Variable};
 use ddstore_core::Store;
@@ -36,20 +34,24 @@ impl PyStore {
     }
 }
 
-pub(super) fn get(
-    this: &PyStore,
-    py: Python<'_>,
-    name: String,
-    arr: Bound<'_, PyAny>,
-    start: Option<Bound<'_, PyAny>>,
-) -> PyResult<()> {
-    let start = int_or_zero(start.as_ref(), &format!("get('{name}'): start"))?;
-    let arg = ArrayArg::new(&arr, "get", &name, "arr", true)?;
-    let a = &arg.array;
-    let var = this.store.var(&name).py(py)?;
-    let info = &var.info;
-    if !a.nbytes().is_multiple_of(info.row_bytes) {
-        return Err(value_error(
+#[pymethods]
+impl PyStore {
+    /// Reads rows `start .. start + len(arr)` (one owner's share) into `arr`.
+    #[pyo3(signature = (name, arr, start=None))]
+    fn get(
+        &self,
+        py: Python<'_>,
+        name: String,
+        arr: Bound<'_, PyAny>,
+        start: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let start = int_or_zero(start.as_ref(), &format!("get('{name}'): start"))?;
+        let arg = ArrayArg::new(&arr, "get", &name, "arr", true)?;
+        let a = &arg.array;
+        let var = self.store.var(&name).py(py)?;
+        let info = &var.info;
+        if !a.nbytes().is_multiple_of(info.row_bytes) {
+            return Err(value_error(
             py,
             format!(
                 "get('{name}'): arr has shape {:?} ({} bytes), expected a multiple of the {}-byte row",
@@ -58,55 +60,49 @@ pub(super) fn get(
                 info.row_bytes
             ),
         ));
+        }
+        check_out(py, "get", &name, info, a, a.nbytes() / info.row_bytes)?;
+        let mut out = arg.borrow_mut()?;
+        let out = out.bytes_mut();
+        self.detached(py, |s| s.get(&name, start, out))
     }
-    check_out(py, "get", &name, info, a, a.nbytes() / info.row_bytes)?;
-    let mut out = arg.borrow_mut()?;
-    let out = out.bytes_mut();
-    this.detached(py, |s| s.get(&name, start, out))
-}
 
-pub(super) fn get_batch(
-    this: &PyStore,
-    py: Python<'_>,
-    name: String,
-    arr: Bound<'_, PyAny>,
-    indices: Bound<'_, PyAny>,
-) -> PyResult<()> {
-    this.read_indexed(py, "get_batch", name, arr, indices, |s, v, r, o| {
-        s.read_var(v, r, o, OwnRows::Copy)
-    })
-}
+    /// Row i of `arr` receives global row `indices[i]`.
+    fn get_batch(
+        &self,
+        py: Python<'_>,
+        name: String,
+        arr: Bound<'_, PyAny>,
+        indices: Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        self.read_indexed(py, "get_batch", name, arr, indices, |s, v, r, o| {
+            s.read_var(v, r, o, OwnRows::Copy)
+        })
+    }
 
-pub(super) fn get_batch_raw(
-    this: &PyStore,
-    py: Python<'_>,
-    name: String,
-    arr: Bound<'_, PyAny>,
-    indices: Bound<'_, PyAny>,
-) -> PyResult<()> {
-    this.read_indexed(py, "get_batch_raw", name, arr, indices, |s, v, r, o| {
-        s.read_rows_raw(&v.name, r, o)
-    })
-}
+    /// Benchmark ceiling: `get_batch` without planning, each row one
+    /// transport read (no shared-memory shortcut, no coalescing).
+    fn get_batch_raw(
+        &self,
+        py: Python<'_>,
+        name: String,
+        arr: Bound<'_, PyAny>,
+        indices: Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        self.read_indexed(py, "get_batch_raw", name, arr, indices, |s, v, r, o| {
+            s.read_rows_raw(&v.name, r, o)
+        })
+    }
 
-pub(super) fn register_recv(
-    this: &PyStore,
-    py: Python<'_>,
-    name: String,
-    arr: Bound<'_, PyAny>,
-) -> PyResult<()> {
-    let arg = ArrayArg::new(&arr, "register_recv", &name, "arr", true)?;
-    let (addr, len) = (arg.array.addr(), arg.array.nbytes());
-    this.store.register_dst(&name, addr, len).py(py)
-}
+    fn register_recv(&self, py: Python<'_>, name: String, arr: Bound<'_, PyAny>) -> PyResult<()> {
+        let arg = ArrayArg::new(&arr, "register_recv", &name, "arr", true)?;
+        let (addr, len) = (arg.array.addr(), arg.array.nbytes());
+        self.store.register_dst(&name, addr, len).py(py)
+    }
 
-pub(super) fn unregister_recv(
-    this: &PyStore,
-    py: Python<'_>,
-    name: String,
-    arr: Bound<'_, PyAny>,
-) -> PyResult<()> {
-    let arg = ArrayArg::new(&arr, "unregister_recv", &name, "arr", true)?;
-    let (addr, len) = (arg.array.addr(), arg.array.nbytes());
-    this.store.unregister_dst(&name, addr, len).py(py)
+    fn unregister_recv(&self, py: Python<'_>, name: String, arr: Bound<'_, PyAny>) -> PyResult<()> {
+        let arg = ArrayArg::new(&arr, "unregister_recv", &name, "arr", true)?;
+        let (addr, len) = (arg.array.addr(), arg.array.nbytes());
+        self.store.unregister_dst(&name, addr, len).py(py)
+    }
 }

@@ -56,16 +56,17 @@ impl PyStore {
     }
 }
 
-pub(super) fn is_spilled(this: &PyStore, py: Python<'_>, name: &str) -> PyResult<bool> {
-    this.store.is_spilled(name).py(py)
-}
+#[pymethods]
+impl PyStore {
+    /// Whether any rank's share of `name` spills past its memory budget.
+    fn is_spilled(&self, py: Python<'_>, name: &str) -> PyResult<bool> {
+        self.store.is_spilled(name).py(py)
+    }
 
-pub(super) fn prefetch(
-    this: &PyStore,
-    py: Python<'_>,
-    name: &str,
-    rows: Bound<'_, PyAny>,
-) -> PyResult<usize> {
-    let rows = indices_of(&rows)?;
-    this.detached(py, |s| s.prefetch(name, &rows))
+    /// Reads ahead: stages the spilled rows among global `rows` (soon read
+    /// by this process) in `name`'s read-ahead stage; returns how many.
+    fn prefetch(&self, py: Python<'_>, name: &str, rows: Bound<'_, PyAny>) -> PyResult<usize> {
+        let rows = indices_of(&rows)?;
+        self.detached(py, |s| s.prefetch(name, &rows))
+    }
 }

@@ -11,6 +11,13 @@ library; plots need the ``bench`` extra (``pip install ".[bench]"``: matplotlib)
   round by round (``--busy N`` beside busy processes).
 - ``python -m pyddstore.benchmarks.graph``: ragged graph reads against padded rows and records.
 - ``python -m pyddstore.benchmarks.loaders``: against other streaming loaders.
+- ``python -m pyddstore.benchmarks.spill``: a spilled DistDataset epoch against raw reads of its
+  spill files, memmap, files and memory (``--alt-python``: litdata and mosaicml-streaming, from a
+  checkout).
+
+Developers' harnesses live in the repository's ``tools/``, not in the wheel: ``auth_cost.py``
+(one build's gather path against another build's) and ``spill_alt.py`` (what ``--alt-python``
+runs in another environment).
 
 The settings of each configuration are passed to its stores (``pyddstore.Settings``); no
 benchmark writes ``os.environ``.

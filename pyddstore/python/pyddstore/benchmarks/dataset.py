@@ -38,7 +38,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from pyddstore.torch import DistDataset, ThreadDataLoader
 
-from .. import _native
+from .. import Method, _native
 from ._common import FORKED_WORKERS, bench_settings, description, mpi_world, quiet_wait
 from .load import measure_load, plot_load, print_load
 
@@ -278,7 +278,7 @@ def _epochs(comm, loader, sampler, args) -> tuple[list[dict], list]:
 def _loader_cases(args, method: int) -> list[tuple]:
     """(label, loader kind, workers, persistent) for one method."""
     cases = [("main", "torch", 0, False)]
-    if method != 0:
+    if method != Method.MPI_RMA:
         w = args.fork_workers
         cases += [(f"fork{w}", "torch", w, False), (f"fork{w}-persist", "torch", w, True)]
     cases += [(f"thread{w}", "thread", w, False) for w in args.thread_workers]
@@ -331,7 +331,7 @@ def measure_loaders(args, comm) -> list[dict]:
         _check_firsts(want, got, f"rank {rank}: TensorDataset {label}")
         record("-", label, stats)
     for method in args.methods:
-        settings = bench_settings(FORKED_WORKERS, **({"fabric": "tcp"} if method == 1 else {}))
+        settings = bench_settings(FORKED_WORKERS, **({"fabric": "tcp"} if method == Method.LIBFABRIC else {}))
         ds = DistDataset(src, f"bench_m{method}", comm, method=method, settings=settings)
         for label, kind, workers, persistent in _loader_cases(args, method):
             quiet_wait(comm)

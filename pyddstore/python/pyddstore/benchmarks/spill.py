@@ -21,8 +21,8 @@ Per sample size it reports, per rank and as ratios against the spilled store's e
 
 - ``litdata``, ``streaming``: with ``--alt-python PATH`` (a Python with litdata and
   mosaicml-streaming, e.g. ``.venv-alt/bin/python`` made by ``scripts/setup-alt.sh``; they do not
-  install beside pyddstore's numpy), each rank runs ``_spill_alt.py`` in that Python over the
-  same source: one conversion by rank 0 (timed apart), then one shuffled epoch split over the
+  install beside pyddstore's numpy), each rank runs ``tools/spill_alt.py`` (of a checkout) in that
+  Python over the same source: one conversion by rank 0 (timed apart), then one shuffled epoch split over the
   ranks (a gloo process group), 4 workers, batches of ``--batch``.
 Root: the page cache is dropped before each epoch (cold cache); else it is warm and says so.
 """
@@ -354,14 +354,29 @@ def _run_size(comm, a, size: int, work: str) -> dict:
     return out
 
 
+def alt_script() -> str:
+    """tools/spill_alt.py of the checkout this package runs from (a developer's harness, not in
+    the wheel); DDStoreValueError from an installed package."""
+    from pyddstore import DDStoreValueError
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = os.path.normpath(os.path.join(here, "..", "..", "..", "..", "tools", "spill_alt.py"))
+    if not os.path.isfile(script):
+        raise DDStoreValueError(
+            f"--alt-python runs tools/spill_alt.py of a source checkout; none at {script} (an "
+            "installed pyddstore): run the bench from the repository (make bench-spill)"
+        )
+    return script
+
+
 def _alternatives(comm, a, src: str, work: str, size: int) -> dict:
-    """litdata's and mosaicml-streaming's samples/s on this rank (see _spill_alt.py), each
+    """litdata's and mosaicml-streaming's samples/s on this rank (see tools/spill_alt.py), each
     library in its own process per rank (one after the other in one process, the second hung)."""
     import signal
     import subprocess
     import sys
 
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_spill_alt.py")
+    script = alt_script()
     out: dict = {}
     for k, name in enumerate(("litdata", "streaming")):
         port = 29500 + (size + k) % 400

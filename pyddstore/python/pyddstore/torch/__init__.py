@@ -25,12 +25,12 @@ from pyddstore import FileComm
 from pyddstore._shares import share_of
 
 from ._dataset import DistDataset
+from ._dataset_reader import DistDatasetReader
 from ._errors import ForkedWorkerError, SnapshotError
 from ._field import RaggedRows, SchemaError, SchemaTypeError
 from ._loader import ThreadDataLoader, get_worker_info
 from ._procloader import WorkerProcessError
 from ._read import Buffers
-from ._reader import DistDatasetReader
 from ._sampler import DistributedSampler
 from ._windowed import WindowedDataset, row_of
 

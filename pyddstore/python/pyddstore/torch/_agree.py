@@ -16,21 +16,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from pyddstore import DDStoreError, DDStoreFileError, DDStoreTimeoutError
+from pyddstore import DDStoreError, DDStoreFileError, DDStoreTimeoutError, _native
 from pyddstore._shares import share_of
 
-from ._errors import SnapshotError
+from ._errors import SnapshotError, snapshot_error
 from ._field import NDARRAY, TENSOR, SchemaError, SchemaTypeError
 from ._schema import PYG_STRUCTURES, Schema, pyg_structure_of, sample_of
 
 
-def error_payload(e: BaseException, rank: int) -> tuple[str, str]:
-    """(kind, message) of a failure, as data another rank turns back into an error of the
-    same kind (rebuild_error); rank -1: a forked load worker of this rank."""
+def error_payload(e: BaseException, rank: int) -> tuple:
+    """(kind, message) of a failure, and a file error's errno, as data another rank turns back
+    into an error of the same kind (rebuild_error); rank -1: a forked load worker of this rank."""
     if isinstance(e, SnapshotError):
-        return "snapshot", f"rank {rank}: {e}"
+        return "snapshot", f"rank {rank}: {e}", e.errno
     if isinstance(e, DDStoreFileError):
-        return "file", f"rank {rank}: {e}"
+        return "file", f"rank {rank}: {e}", e.errno
     if isinstance(e, DDStoreTimeoutError):
         return "timeout", f"rank {rank}: {e}"
     if isinstance(e, SchemaTypeError):
@@ -40,17 +40,17 @@ def error_payload(e: BaseException, rank: int) -> tuple[str, str]:
     return "other", f"rank {rank}: {type(e).__name__}: {e}"
 
 
-def rebuild_error(payload: tuple[str, str]) -> Exception:
+def rebuild_error(payload: tuple) -> Exception:
     """The error another rank (or a load worker) reported with error_payload."""
-    kind, msg = payload
+    kind, msg, *errno = payload
     if kind == "type":
         return SchemaTypeError(msg)
     if kind == "value":
         return SchemaError(msg)
     if kind == "snapshot":
-        return SnapshotError(msg)
+        return snapshot_error(msg, *errno)
     if kind == "file":
-        return DDStoreFileError(msg)
+        return _native.file_error(msg, *errno)
     if kind == "timeout":
         return DDStoreTimeoutError(f"loading timed out on another rank: {msg}")
     return DDStoreError(f"loading failed on another rank: {msg}")

@@ -2,7 +2,7 @@
 
 Building one is four steps, each in its own module: the arguments are checked (here); the
 ranks agree on the schema (_agree.py); every rank loads its share (_load.py, the reads in
-flight of _inflight.py); then it reads like any stored dataset (_read.py). Snapshots
+flight of _load_runner.py); then it reads like any stored dataset (_read.py). Snapshots
 (save/restore) write and read the shares as they lie in the store (_snapshot.py).
 """
 
@@ -24,6 +24,7 @@ from pyddstore import (
     DDStoreTypeError,
     DDStoreUnsupportedError,
     DDStoreValueError,
+    Method,
     PyDDStore,
     Settings,
 )
@@ -32,7 +33,7 @@ from pyddstore._log import get_logger
 from pyddstore._shares import share_of
 from pyddstore._sources import is_npy_list, npy_files
 
-from . import _device, _inflight, _load, _ragged_parts, _snapshot
+from . import _device, _load, _load_runner, _ragged_parts, _snapshot
 from ._agree import agree, agree_ragged_axes, agree_schema, error_payload, rebuild_error
 from ._field import Field
 from ._read import _StoredDataset
@@ -236,7 +237,7 @@ class DistDataset(_StoredDataset):
         hs = self._handshake_dir = store.handshake_dir
         try:
             world = getattr(store, "world_size", store.size)
-            if store.method == 2 and store.size != world:
+            if store.method == Method.LIBFABRIC_EXTRA_JOBS and store.size != world:
                 raise DDStoreValueError("method=2 needs one group: ddstore_width cannot split the core group")
             n = _load.source_len(source)
             schema = agree_schema(store, source, name, encode, fields, n, ragged)
@@ -375,10 +376,10 @@ class DistDataset(_StoredDataset):
             for f in schema.fields:
                 f.var = f"{name}/{f.key}"
             n = manifest["num_samples"]
-            direct = _inflight.load_direct(store.settings)
+            direct = _load_runner.load_direct(store.settings)
 
             def fill(start, count, depth, progress):
-                stats = _inflight.LoadStats("snapshot", depth)
+                stats = _load_runner.LoadStats("snapshot", depth)
                 stats.ragged = _snapshot.restore_share(
                     manifest,
                     path,
@@ -422,12 +423,12 @@ class DistDataset(_StoredDataset):
         quiet = store.settings.quiet
         err, payload = None, None
         ragged: dict = {}
-        stats = _inflight.LoadStats("samples", 1)
+        stats = _load_runner.LoadStats("samples", 1)
         progress = None
         try:
-            depth = _inflight.load_depth(store.settings)
+            depth = _load_runner.load_depth(store.settings)
             fixed_bytes = count * sum(f.row_bytes for f in schema.fixed_fields)
-            progress = _inflight.Progress(
+            progress = _load_runner.Progress(
                 fixed_bytes if not schema.ragged_fields else 0,
                 rank == 0 and not quiet,
                 f"loading {self.name}",
@@ -483,7 +484,9 @@ class DistDataset(_StoredDataset):
             f.max_len = max(r["max_lens"][j] for r in results)
         self.load_stats = [r["stats"] for r in results]
         if rank == 0 and not quiet:
-            summary = _inflight.load_summary(self.name, n, size, self.load_stats).removeprefix("pyddstore: ")
+            summary = _load_runner.load_summary(self.name, n, size, self.load_stats).removeprefix(
+                "pyddstore: "
+            )
             _LOG.info("loaded %s", summary, extra={"rank": rank})
 
     def _put(self, store: Any, f: Field, rows: np.ndarray, offset: int) -> None:

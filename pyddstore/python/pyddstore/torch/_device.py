@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from pyddstore import DDStoreValueError
-from pyddstore._store import _dtype_name
+from pyddstore._args import dtype_name
 
 from ._field import Field
 
@@ -78,7 +78,7 @@ def init_device_share(store: Any, f: Field, start: int, count: int, share_device
     if dtype is not None:
         itemsize = np.dtype(dtype).itemsize
     share = store.init_device(
-        f.var, count, f.row_bytes, tensor, iface, index, itemsize=itemsize, dtype=_dtype_name(dtype)
+        f.var, count, f.row_bytes, tensor, iface, index, itemsize=itemsize, dtype=dtype_name(dtype)
     )
     assert share.start == start and share.count == count, (share, start, count)
     return share

@@ -4,7 +4,12 @@ _field.py): defined here, below every module that raises them, so that rank agre
 
 from __future__ import annotations
 
-from pyddstore import DDStoreFileError, DDStoreUnsupportedError
+from pyddstore import (
+    DDStoreFileError,
+    DDStoreFileNotFoundError,
+    DDStoreFilePermissionError,
+    DDStoreUnsupportedError,
+)
 
 
 class ForkedWorkerError(DDStoreUnsupportedError):
@@ -29,3 +34,26 @@ class SnapshotError(DDStoreFileError):
         ds = DistDataset.restore("/lustre/me/snap")  # SnapshotError if a file was altered
         ```
     """
+
+
+class SnapshotNotFoundError(SnapshotError, DDStoreFileNotFoundError):
+    """A snapshot file that does not exist (ENOENT): a `SnapshotError` and a `FileNotFoundError`."""
+
+
+class SnapshotPermissionError(SnapshotError, DDStoreFilePermissionError):
+    """A snapshot file this process may not open or create (EACCES, EPERM): a `SnapshotError`
+    and a `PermissionError`."""
+
+
+def snapshot_error(message: str, errno: int | None = None) -> SnapshotError:
+    """A `SnapshotError` that keeps the operating system's `errno` and, where Python maps it to
+    `FileNotFoundError` or `PermissionError`, is one (`except PermissionError` catches EACCES)."""
+    kind = type(OSError(errno, "")) if errno is not None else OSError
+    if issubclass(kind, FileNotFoundError):
+        e: SnapshotError = SnapshotNotFoundError(message)
+    elif issubclass(kind, PermissionError):
+        e = SnapshotPermissionError(message)
+    else:
+        e = SnapshotError(message)
+    e.errno = errno
+    return e

@@ -24,10 +24,10 @@ import numpy as np
 
 from pyddstore import DDStoreError, DDStoreTimeoutError
 
-from . import _inflight
+from . import _load_runner
 from ._agree import error_payload, rebuild_error
 from ._field import Field
-from ._inflight import LoadStats, Progress
+from ._load_runner import LoadStats, Progress
 from ._schema import ChunkFiller, Schema, sample_of
 
 
@@ -173,10 +173,10 @@ def _child_error(pid: int, answer: bytes, what: str) -> Exception | None:
         return DDStoreChildError(f"load worker process {pid} died while loading {what}")
     if answer == b"ok":
         return None
-    kind, msg = json.loads(answer)
+    kind, msg, *errno = json.loads(answer)
     if kind == "other":
         return DDStoreError(f"a load worker process failed: {msg.replace('rank -1: ', '', 1)}")
-    return rebuild_error((kind, msg))
+    return rebuild_error((kind, msg, *errno))
 
 
 def load_sliced_forked(
@@ -199,7 +199,9 @@ def load_sliced_forked(
     `timeout` seconds (the store's DDSTORE_LOAD_TIMEOUT_S) is killed and named."""
     rb = max(1, f.row_bytes)
     total = sum(b - a for a, b in bounds)
-    limit = max(_inflight.MIN_WINDOW_BYTES, total * rb // 10, max((b - a) * rb for a, b in bounds) * workers)
+    limit = max(
+        _load_runner.MIN_WINDOW_BYTES, total * rb // 10, max((b - a) * rb for a, b in bounds) * workers
+    )
     rounds: list[list[tuple[int, int]]] = [[]]
     used = 0
     for a, b in bounds:
@@ -282,7 +284,7 @@ def load_samples_forked(
     that dies is seen as the pipe's end; one that finishes no sample within `timeout` seconds
     (the store's DDSTORE_LOAD_TIMEOUT_S) is killed and named."""
     row_bytes = max(1, sum(f.row_bytes for f in schema.fixed_fields))
-    rows = max(workers, min(count, max(_inflight.MIN_WINDOW_BYTES, count * row_bytes // 10) // row_bytes))
+    rows = max(workers, min(count, max(_load_runner.MIN_WINDOW_BYTES, count * row_bytes // 10) // row_bytes))
     stats.window_bytes = rows * row_bytes
     staging = mmap.mmap(-1, max(1, rows * row_bytes))  # MAP_SHARED|MAP_ANONYMOUS: seen by the children
     filler = _staging_filler(schema, staging, rows)

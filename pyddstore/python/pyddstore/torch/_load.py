@@ -1,5 +1,5 @@
 """Loading a rank's share: the path a source allows (load_share), each keeping many reads in
-flight (_inflight.py).
+flight (_load_runner.py).
 
 Rows go from each reader straight into the store's share (update() copies with the GIL
 released); nothing collects the samples. The paths, fastest first: sources whose rows lie in
@@ -28,7 +28,7 @@ from pyddstore._sources import FileRows, file_rows_of, h5py_reopener
 
 from ._field import TENSOR, Field
 from ._forked import load_samples_forked, load_sliced_forked, load_timeout
-from ._inflight import LoadStats, Progress, cpus, load_direct, run_tasks, run_workers, window
+from ._load_runner import LoadStats, Progress, cpus, load_direct, run_tasks, run_workers, window
 from ._ragged_parts import RaggedParts
 from ._schema import ChunkFiller, Schema, sample_of
 

@@ -26,7 +26,7 @@ from pyddstore._env import settings as _env_settings
 
 from . import _procloader, _readahead, _resume
 from . import _torch_compat as _tc
-from ._epochs import ResumeEpoch, finish_last_epoch, reset_dispatch
+from ._dispatch import Dispatch, ResumeEpoch, Task, finish_last_epoch
 from ._spans import profiled, span, trace_path
 
 _STATUS_INTERVAL = 1.0  # seconds between checks that worker threads are alive
@@ -226,8 +226,7 @@ class _ThreadIter(_ThreadIterBase):
 
     def __init__(self, loader: ThreadDataLoader):
         super().__init__(loader)
-        self._prefetch_factor = loader.prefetch_factor
-        self._in_order = loader.in_order
+        self._dispatch = Dispatch(self._num_workers, loader.prefetch_factor, loader.in_order)
         self._result_queue: queue.Queue = queue.Queue()
         self._index_queues: list[queue.Queue] = []
         self._workers: list[threading.Thread] = []
@@ -253,33 +252,28 @@ class _ThreadIter(_ThreadIterBase):
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
-        reset_dispatch(self)
-        if not first_iter:
-            finish_last_epoch(self)  # persistent workers: what the last epoch left is dropped
-        for _ in range(self._prefetch_factor * self._num_workers):
-            self._try_put_index()
+        self._dispatch.reset()
+        if not first_iter:  # persistent workers: what the last epoch left is dropped
+            finish_last_epoch(self._index_queues, self._get_data)
+        self._fill()
 
-    def _try_put_index(self) -> None:
-        max_tasks = self._prefetch_factor * self._num_workers
+    def _fill(self) -> None:
+        """Sends tasks while fewer than num_workers * prefetch_factor are in flight."""
+        while not self._dispatch.full() and self._try_put_index():
+            pass
+
+    def _try_put_index(self) -> bool:
+        wid = self._dispatch.worker()
+        if wid is None:
+            return False
         try:
             index = self._next_index()
         except StopIteration:
-            return
-        for _ in range(self._num_workers):
-            wid = next(self._worker_queue_idx_cycle)
-            if self._workers_status[wid] and (
-                self._in_order or self._workers_num_tasks[wid] < max_tasks // sum(self._workers_status)
-            ):
-                break
-        else:
-            return
-        self._index_queues[wid].put((self._send_idx, index))
+            return False
+        self._index_queues[wid].put((self._dispatch.sent(wid), index))
         if self._read_ahead is not None:
             self._read_ahead.announce()
-        self._task_info[self._send_idx] = (wid,)
-        self._workers_num_tasks[wid] += 1
-        self._tasks_outstanding += 1
-        self._send_idx += 1
+        return True
 
     def _get_data(self) -> tuple:
         waited = 0.0
@@ -300,42 +294,21 @@ class _ThreadIter(_ThreadIterBase):
                     raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
 
     def _next_data(self) -> Any:
-        while True:
-            while self._rcvd_idx < self._send_idx:
-                info = self._task_info.get(self._rcvd_idx)
-                if info and (len(info) == 2 or self._workers_status[info[0]]):
-                    break
-                self._task_info.pop(self._rcvd_idx, None)
-                self._rcvd_idx += 1
-            else:
-                if not self._persistent_workers:
-                    self._shutdown_workers()
-                raise StopIteration
-            if len(self._task_info[self._rcvd_idx]) == 2:
-                wid, data = self._task_info.pop(self._rcvd_idx)
-                self._rcvd_idx += 1
-                return self._process_data(data, wid)
-            idx, data = self._get_data()
-            if isinstance(idx, ResumeEpoch):
-                continue
-            self._tasks_outstanding -= 1
-            if isinstance(data, _tc.IterableStop):
-                self._workers_status[data.worker_id] = False
-                self._try_put_index()
-                continue
-            if idx != self._rcvd_idx:
-                if not self._in_order:
-                    wid = self._task_info.pop(idx)[0]
-                    return self._process_data(data, wid)
-                self._task_info[idx] += (data,)
-            else:
-                wid = self._task_info.pop(idx)[0]
-                self._rcvd_idx += 1
-                return self._process_data(data, wid)
+        try:
+            task = self._dispatch.next_answer(self._get_data, self._dropped)
+        except StopIteration:
+            if not self._persistent_workers:
+                self._shutdown_workers()
+            raise
+        return self._process_data(task)
 
-    def _process_data(self, data: Any, wid: int) -> Any:
-        self._workers_num_tasks[wid] -= 1
-        self._try_put_index()
+    def _dropped(self, task: Task) -> None:
+        """A task of a worker that ran out (iterable dataset): another takes its place."""
+        self._fill()
+
+    def _process_data(self, task: Task) -> Any:
+        self._fill()
+        data = task.answer
         if isinstance(data, _tc.ExceptionWrapper):
             data.reraise()
         return data

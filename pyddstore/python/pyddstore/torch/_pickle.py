@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from pyddstore import Method
 from pyddstore._attach import METHOD0_ALTERNATIVES, attach_store, store_handle
 from pyddstore._errors import DDStoreFreedError
 
@@ -24,7 +25,7 @@ def dataset_state(ds: Any) -> dict:
     """ds.__dict__ for pickling, with the store replaced by a handle of the dataset's variables."""
     if ds._freed:
         raise DDStoreFreedError("a freed dataset cannot be pickled")
-    if ds._store.method == 0:
+    if ds._store.method == Method.MPI_RMA:
         raise ForkedWorkerError(
             "a method=0 (MPI RMA) dataset cannot be sent to spawn or forkserver workers (the "
             f"DataLoader pickles it): {METHOD0_ALTERNATIVES}"

@@ -42,10 +42,10 @@ import numpy as np
 import torch
 import torch.multiprocessing as torch_mp
 
-from pyddstore import DDStoreError, DDStoreValueError
+from pyddstore import DDStoreError, DDStoreValueError, Method
 
 from . import _torch_compat as _tc
-from ._epochs import ResumeEpoch, finish_last_epoch, reset_dispatch
+from ._dispatch import Dispatch, ResumeEpoch, Task, finish_last_epoch
 from ._errors import ForkedWorkerError
 from ._resume import PositionTracking
 from ._spans import span
@@ -77,7 +77,7 @@ def _aligned(n: int) -> int:
 def check_process_args(loader: Any) -> None:
     """worker_type="process": refuses what worker processes cannot serve, before any starts."""
     store = getattr(loader.dataset, "ddstore", None)
-    if getattr(store, "method", None) == 0:
+    if getattr(store, "method", None) == Method.MPI_RMA:
         raise ForkedWorkerError(
             "ThreadDataLoader(worker_type='process') cannot serve a method=0 (MPI RMA) dataset: "
             "MPI does not reach worker processes; use worker_type='thread' (the default), or "
@@ -399,11 +399,10 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
         super().__init__(loader)  # same sampler iterator and base seed draw as DataLoader's
         check_process_args(loader)
         loader._resume.seed_iterator(self)  # before workers start: a resumed epoch's base seed
-        self._prefetch_factor = loader.prefetch_factor
-        self._in_order = loader.in_order
+        self._dispatch = Dispatch(self._num_workers, loader.prefetch_factor, loader.in_order)
         self._grow = not loader.reuse_buffers
         # The batches in flight, the one the caller holds and the one being handed over.
-        self._slots = self._prefetch_factor + 2
+        self._slots = loader.prefetch_factor + 2
         ctx = loader.multiprocessing_context or torch_mp
         self._context_name = ctx.get_start_method() if hasattr(ctx, "get_start_method") else "fork"
         ds = self._dataset
@@ -470,26 +469,26 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
         loader._resume.attach(self)  # skips what a loaded state yielded, then counts (state_dict)
-        left = getattr(self, "_task_info", {})  # what the last epoch left in flight or unread
-        reset_dispatch(self)  # _task_info: idx -> (wid, slot[, message])
+        left = self._dispatch.tasks  # what the last epoch left in flight or unread
+        self._dispatch.reset()
         self._pending: tuple | None = None  # (index, wid) waiting for a free slot
         if not first_iter:
 
             def keep(idx: int, data: Any) -> None:  # its slot and memory are freed below
-                left[idx] = left[idx][:2] + (data,)
+                left[idx].answer = data
 
-            finish_last_epoch(self, keep)  # persistent workers: what the last epoch left is dropped
-            for info in left.values():
-                self._take_memory(info)
+            # persistent workers: what the last epoch left is dropped
+            finish_last_epoch(self._index_queues, self._get_data, keep)
+            for task in left.values():
+                self._take_memory(task)
         self._fill()
 
-    def _take_memory(self, info: tuple) -> None:
+    def _take_memory(self, task: Task) -> None:
         """A result that will not be handed out: note its new memory, free its slot."""
-        wid, slot = info[0], info[1]
-        if len(info) == 3 and type(info[2]) is tuple:  # a batch: (payload, new memory)
-            self._note_memory(wid, slot, info[2][1])
-        if len(info) == 3:  # (a task never answered keeps its slot: its worker may write it)
-            self._rings[wid].free.append(slot)
+        if task.answered and type(task.answer) is tuple:  # a batch: (payload, new memory)
+            self._note_memory(task.wid, task.slot, task.answer[1])
+        if task.answered:  # (a task never answered keeps its slot: its worker may write it)
+            self._rings[task.wid].free.append(task.slot)
 
     def _note_memory(self, wid: int, slot: int, memory: Any) -> None:
         if memory is not None:
@@ -501,21 +500,17 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
         for wid, ring in enumerate(self._rings):
             for slot in ring.extra_free():
                 self._index_queues[wid].put(_DropSlot(slot))
-        while self._tasks_outstanding < self._prefetch_factor * self._num_workers:
-            if not self._try_put_index():
-                return
+        while not self._dispatch.full() and self._try_put_index():
+            pass
 
     def _try_put_index(self) -> bool:
         if self._pending is None:
+            wid = self._dispatch.worker()
+            if wid is None:
+                return False
             try:
                 index = self._next_index()
             except StopIteration:
-                return False
-            for _ in range(self._num_workers):
-                wid = next(self._worker_queue_idx_cycle)
-                if self._workers_status[wid]:
-                    break
-            else:
                 return False
             self._pending = (index, wid)
         index, wid = self._pending
@@ -527,11 +522,7 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
         else:
             return False
         self._pending = None
-        self._index_queues[wid].put((self._send_idx, slot, index))
-        self._task_info[self._send_idx] = (wid, slot)
-        self._workers_num_tasks[wid] += 1
-        self._tasks_outstanding += 1
-        self._send_idx += 1
+        self._index_queues[wid].put((self._dispatch.sent(wid, slot), slot, index))
         return True
 
     def _dead_workers(self) -> list[str]:
@@ -564,7 +555,7 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
                     self._shutdown_workers()
                     raise WorkerProcessError(
                         f"ThreadDataLoader(worker_type='process'): {'; '.join(dead)} while the loader "
-                        f"waited for batch {self._rcvd_idx} ({self._context_name} workers; a killed "
+                        f"waited for batch {self._dispatch.rcvd_idx} ({self._context_name} workers; a killed "
                         "worker is often the kernel's out-of-memory killer: see dmesg)"
                     ) from None
                 if self._timeout > 0 and waited >= self._timeout:
@@ -574,42 +565,19 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
     def _next_data(self) -> Any:
         while True:
             self._fill()
-            while self._rcvd_idx < self._send_idx:
-                info = self._task_info.get(self._rcvd_idx)
-                if info and (len(info) == 3 or self._workers_status[info[0]]):
-                    break
-                if info:  # a worker that stopped (iterable dataset): its slot is free
-                    self._rings[info[0]].free.append(info[1])
-                self._task_info.pop(self._rcvd_idx, None)
-                self._rcvd_idx += 1
-            else:
+            try:
+                return self._process_data(self._dispatch.next_answer(self._get_data, self._dropped))
+            except StopIteration:
                 if self._pending is not None:
                     self._no_free_slot()
                     continue
                 if not self._persistent_workers:
                     self._shutdown_workers()
-                raise StopIteration
-            if len(self._task_info[self._rcvd_idx]) == 3:
-                info = self._task_info.pop(self._rcvd_idx)
-                self._rcvd_idx += 1
-                return self._process_data(info)
-            idx, data = self._get_data()
-            if isinstance(idx, ResumeEpoch):
-                continue
-            self._tasks_outstanding -= 1
-            info = self._task_info[idx] + (data,)
-            if isinstance(data, _tc.IterableStop):
-                self._workers_status[data.worker_id] = False
-                self._task_info.pop(idx)
-                self._rings[info[0]].free.append(info[1])
-                continue
-            if idx != self._rcvd_idx and self._in_order:
-                self._task_info[idx] = info
-                continue
-            self._task_info.pop(idx)
-            if idx == self._rcvd_idx:
-                self._rcvd_idx += 1
-            return self._process_data(info)
+                raise
+
+    def _dropped(self, task: Task) -> None:
+        """A task of a worker that stopped (iterable dataset): its slot is free."""
+        self._rings[task.wid].free.append(task.slot)
 
     def _no_free_slot(self) -> None:
         """Every task is done but the next one has no free slot: batches the caller still holds
@@ -624,13 +592,12 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
             "read: keep copies (batch.clone()) of batches you keep, or use reuse_buffers=False"
         )
 
-    def _process_data(self, info: tuple) -> Any:
+    def _process_data(self, task: Task) -> Any:
         with span("pyddstore.loader.unpack_batch"):
-            return self._unpack(info)
+            return self._unpack(task)
 
-    def _unpack(self, info: tuple) -> Any:
-        wid, slot, data = info
-        self._workers_num_tasks[wid] -= 1
+    def _unpack(self, task: Task) -> Any:
+        wid, slot, data = task.wid, task.slot, task.answer
         if isinstance(data, _tc.ExceptionWrapper):
             self._rings[wid].free.append(slot)
             self._fill()

@@ -12,7 +12,6 @@ from typing import Any, Callable
 import numpy as np
 
 from pyddstore._kinds import ragged_parts
-from pyddstore._store import _dtype_name
 
 from ._agree import agree
 from ._field import Field
@@ -80,8 +79,7 @@ class RaggedParts:
 
     def write(self, store: Any, values_var: str) -> None:
         """Fills the ragged variable's values (`values_var`, just created) from the blocks."""
-        native = store._native
-        self.fill(lambda arr, off: native.update(values_var, arr, offset=off))
+        self.fill(lambda arr, off: store.update(values_var, arr, off))
 
     def close(self) -> None:
         while self._blocks:
@@ -106,29 +104,26 @@ def add_ragged_many_in_place(store: Any, fields: list) -> None:
     """Collective: `add_ragged_in_place` of every (name, field, lengths, fill) of `fields`, with
     one exchange creating all their parts, one telling every rank whether all filled and one
     barrier, whatever the number of fields."""
-    native = store._native
     specs, filled = [], []
     for name, f, lengths, fill in fields:
         values, ends = ragged_parts(name)
         lengths = np.ascontiguousarray(lengths, dtype=np.int64)
         unit_bytes = max(1, f.unit_count * f.dtype.itemsize)
-        specs.append((values, int(lengths.sum()), unit_bytes, f.dtype.itemsize, _dtype_name(f.dtype)))
-        specs.append((ends, len(lengths), 8, 8, "int64"))
+        specs.append((values, int(lengths.sum()), unit_bytes, f.dtype))
+        specs.append((ends, len(lengths), 8, np.dtype(np.int64)))
         filled.append((ends, lengths, values, fill))
     store._reserve(*(spec[0] for spec in specs))
-    native.create_many(specs)
+    store._create_parts(specs)
     err = None
     try:
         for ends, lengths, values, fill in filled:
-            native.update(ends, np.cumsum(lengths, dtype=np.int64))
+            store.update(ends, np.cumsum(lengths, dtype=np.int64))
             fill(values)
     except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
         err = e
     agree(store, err)
-    for name, *_ in fields:
-        native.link_ragged(name)
-    store.barrier()
     for name, f, *_ in fields:
-        store._ragged_units[name] = (f.unit_count,)
+        store._link_ragged(name, (f.unit_count,))
+    store.barrier()
     for spec in specs:
         store._published(spec[0])

@@ -19,6 +19,7 @@ from pyddstore import (
     DDStoreTypeError,
     DDStoreUnsupportedError,
     DDStoreValueError,
+    Method,
 )
 
 from ._device import same_device
@@ -84,7 +85,7 @@ class _StoredDataset(Dataset):
         extra job opens the store through."""
         self._init_reading(store, schema, n, device, decode)
         self._meta_path = None
-        if store.method == 2 and store.rank == 0:
+        if store.method == Method.LIBFABRIC_EXTRA_JOBS and store.rank == 0:
             write_meta(hs, name, store.size, n, schema)
             self._meta_path = os.path.join(hs, f"{name}.meta.json")
 
@@ -196,7 +197,7 @@ class _StoredDataset(Dataset):
         pid = os.getpid()
         if pid == self._reader_pid:
             return
-        if self._store.method == 0:
+        if self._store.method == Method.MPI_RMA:
             raise ForkedWorkerError(
                 "method=0 (MPI) stores cannot be read from forked DataLoader workers (MPI does not "
                 "survive fork); use pyddstore.torch.ThreadDataLoader, or method=1/2 with "
@@ -308,13 +309,13 @@ class _StoredDataset(Dataset):
         return [
             f.var
             for f in self._schema.fields
-            if f.var not in self._device_shares and self._store._native.is_spilled(f.var)
+            if f.var not in self._device_shares and self._store._is_spilled(f.var)
         ]
 
     def _read_ahead(self, indices) -> int:
         """Stages the spilled rows of samples `indices` (soon read here); the rows staged."""
         rows = np.asarray(indices, dtype=np.int64)
-        return sum(self._store._native.prefetch(var, rows) for var in self._spilled_fields())
+        return sum(self._store._prefetch(var, rows) for var in self._spilled_fields())
 
     def _read_into(self, f: Field, buf: np.ndarray, rows: np.ndarray) -> None:
         """Fixed rows of f into buf (store layout): through the field's DeviceShare, one

@@ -58,7 +58,7 @@ def _len(obj: Any) -> int | None:
         return None
 
 
-class Progress:
+class Position:
     """One loader iteration's position: batches and samples handed to the caller (batches
     fetched ahead by workers are not counted) and what the iteration started from."""
 
@@ -86,7 +86,7 @@ class LoaderResume:
         self.next_epoch: int | None = None  # auto_epoch's next epoch (None: the sampler's own)
         self.pending: dict | None = None
         self.exact = False
-        self.progress: Progress | None = None
+        self.position: Position | None = None
         self.begun: dict | None = None  # what begin() set up, for the iterator it makes
         if self.auto_epoch and not callable(getattr(self.sampler(), "set_epoch", None)):
             raise DDStoreValueError(
@@ -192,7 +192,7 @@ class LoaderResume:
                 next(it._sampler_iter)
             except StopIteration:
                 break
-        it._progress = self.progress = Progress(start)
+        it._position = self.position = Position(start)
 
     # -- the protocol ------------------------------------------------------------------------
 
@@ -201,7 +201,7 @@ class LoaderResume:
         self._check_reproducible(what)
         if self.pending is not None:
             return copy.deepcopy(self.pending)
-        loader, sampler, p = self.loader, self.sampler(), self.progress
+        loader, sampler, p = self.loader, self.sampler(), self.position
         state = {
             "format": LOADER_FORMAT,
             "version": VERSION,
@@ -357,21 +357,21 @@ class PositionTracking:
     loader._resume.seed_iterator(self) before its workers start and loader._resume.attach(self)
     once its epoch's sampler iterator exists."""
 
-    _progress: Any = None
+    _position: Any = None
 
     def _next_index(self) -> Any:
         index = super()._next_index()  # type: ignore[misc]
-        if self._progress is not None:
-            self._progress.dispatched(index, self._auto_collation)  # type: ignore[attr-defined]
+        if self._position is not None:
+            self._position.dispatched(index, self._auto_collation)  # type: ignore[attr-defined]
         return index
 
     def __next__(self) -> Any:
         try:
             data = super().__next__()  # type: ignore[misc]
         except StopIteration:
-            if self._progress is not None:
-                self._progress.finished = True
+            if self._position is not None:
+                self._position.finished = True
             raise
-        if self._progress is not None:
-            self._progress.yielded()
+        if self._position is not None:
+            self._position.yielded()
         return data

@@ -28,9 +28,9 @@ from pyddstore._shares import share_of
 from pyddstore._sources import ALIGN, AlignedReader, open_regular
 
 from . import _load
-from ._errors import SnapshotError
+from ._errors import SnapshotError, snapshot_error
 from ._field import BOOL, FLOAT, INT, NDARRAY, NPSCALAR, RECORD, SUPPORTED_DTYPES, TENSOR, Field
-from ._inflight import LoadStats, Progress
+from ._load_runner import LoadStats, Progress
 from ._schema import (
     DICT,
     LIST,
@@ -63,7 +63,7 @@ def _create_exclusive(path: str) -> int:
     except FileExistsError:
         raise SnapshotError(f"{path} already exists") from None
     except OSError as e:
-        raise SnapshotError(f"{path} cannot be created ({e.strerror})") from None
+        raise snapshot_error(f"{path} cannot be created ({e.strerror})", e.errno) from None
 
 
 def _write_all(fd: int, data: memoryview) -> None:
@@ -182,7 +182,7 @@ def write_rank_file(ds: Any, directory: str, start: int, count: int) -> dict:
 
 
 def _write_ragged(ds: Any, f: Field, w: _SpanWriter, start: int, count: int) -> dict:
-    native = ds.ddstore._native
+    store = ds.ddstore
     unit_bytes = f.unit_count * f.dtype.itemsize
     step = max(1, READ_BYTES // max(1, f.max_len * unit_bytes))
     lengths = np.zeros(count, np.int64)
@@ -190,13 +190,13 @@ def _write_ragged(ds: Any, f: Field, w: _SpanWriter, start: int, count: int) -> 
     # First pass: the lengths (small); the values span needs its item count up front.
     for a in range(start, start + count, step):
         rows = np.arange(a, min(start + count, a + step), dtype=np.int64)
-        _, offsets = native.get_ragged(f.var, rows, None)
+        _, offsets = store._get_ragged_flat(f.var, rows)
         lengths[a - start : a - start + len(rows)] = np.diff(offsets)
     units = int(lengths.sum())
     values = w.begin(units, unit_bytes)
     for a in range(start, start + count, step):
         rows = np.arange(a, min(start + count, a + step), dtype=np.int64)
-        flat, _ = native.get_ragged(f.var, rows, None)
+        flat, _ = store._get_ragged_flat(f.var, rows)
         w.write(flat)
     values = w.end()
     w.begin(count, 8)
@@ -236,7 +236,8 @@ def prepare_directory(path: str) -> None:
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError as e:
-        raise SnapshotError(f"{path}: cannot create the snapshot directory ({e.strerror})") from None
+        what = f"{path}: cannot create the snapshot directory ({e.strerror})"
+        raise snapshot_error(what, e.errno) from None
     if os.path.islink(path) or not os.path.isdir(path):
         raise SnapshotError(f"{path} is not a directory")
 
@@ -268,7 +269,7 @@ def _open_snapshot_file(path: str, direct: bool) -> tuple[int, bool]:
     try:
         return open_regular(path, direct, nofollow=True)
     except DDStoreFileError as e:
-        raise SnapshotError(str(e)) from None
+        raise snapshot_error(str(e), e.errno) from None
 
 
 def _is_int(v: Any, lo: int = 0) -> bool:

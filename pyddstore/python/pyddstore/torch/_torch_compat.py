@@ -11,18 +11,22 @@ iterator protocol: they read the state its __init__ sets (``_dataset``, ``_datas
 
 torch.utils.data.get_worker_info() in ThreadDataLoader worker threads:
 
-torch's ``get_worker_info`` returns a global of ``torch.utils.data._utils.worker`` that a worker
-*process* sets once. ThreadDataLoader's workers are threads of one process, so while a loader's
-threads live (from its iterator's start to its shutdown) torch's function runs code that answers
-per thread: a worker thread's WorkerInfo, else torch's own variable (None outside worker
-processes). The function object itself is kept (its code is swapped), so every reference to it
-answers so, also one bound by name before the loader started
-(``from torch.utils.data import get_worker_info``). The last loader to stop puts torch's code back
-and removes the one name it added to torch's module; importing pyddstore.torch changes nothing.
+torch's ``get_worker_info`` returns ``torch.utils.data._utils.worker._worker_info``, a module
+global that a worker *process* sets once; torch offers no per-thread hook. ThreadDataLoader's
+workers are threads of one process, so while a loader's threads live (from its iterator's start to
+its shutdown) that global holds a per-thread proxy (`ThreadWorkerInfo`) and torch's function,
+whose code is left alone, answers through it, however the code reaches it (also a reference
+bound by name before the loader started, ``from torch.utils.data import get_worker_info``):
 
-A per-thread proxy stored in torch's variable instead would make ``get_worker_info() is None``
-false in every other thread while a loader runs (the main thread, a ``num_workers=0`` loader
-beside persistent ThreadDataLoader workers), breaking the usual ``if info is None`` test.
+- in a worker thread: that worker's WorkerInfo (id, num_workers, seed, dataset, rng);
+- in any other thread *while worker threads live*: not None but one worker of one (id 0,
+  num_workers 1, seed ``torch.initial_seed()``, dataset None; or the WorkerInfo of the torch
+  worker process this loader runs in), so a dataset that shards by worker reads all of its
+  samples there, and ``get_worker_info() is None`` is False;
+- before the first and after the last loader's threads: torch's own value (None in the main
+  process), put back by the last loader to stop. Importing pyddstore.torch changes nothing.
+
+`pyddstore.torch.get_worker_info()` answers None outside worker threads at any time.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ __all__ = [
     "ExceptionWrapper",
     "IterableStop",
     "ManagerWatchdog",
+    "ThreadWorkerInfo",
     "default_collate",
     "get_worker_info",
     "hook",
@@ -142,26 +147,40 @@ def _stack_tensors(batch: Any, *, collate_fn_map: Any = None) -> torch.Tensor:
 #: This thread's WorkerInfo (`.info`) while it is a ThreadDataLoader worker.
 thread_info = threading.local()
 
-# The name under which torch's module sees `thread_info` while hooked.
-_TORCH_GLOBAL = "_pyddstore_thread_worker_info"
-_torch_function = _worker.get_worker_info
-_torch_code = _torch_function.__code__
 _lock = threading.Lock()
 _users = 0
+_saved: Any = None  # torch's own value while the proxy stands in for it
 
 
-def _per_thread() -> Any:
-    # Runs as torch's get_worker_info: these names resolve in torch's module.
-    info = getattr(_pyddstore_thread_worker_info, "info", None)  # noqa: F821
-    return info if info is not None else _worker_info  # noqa: F821
+class ThreadWorkerInfo:
+    """What torch's `_worker_info` holds while ThreadDataLoader worker threads live: in a worker
+    thread that worker's WorkerInfo, in any other thread one worker of one (see the module)."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def _info() -> Any:
+        info = getattr(thread_info, "info", None)
+        if info is not None:
+            return info
+        if _saved is not None:
+            return _saved
+        return _worker.WorkerInfo(id=0, num_workers=1, seed=torch.initial_seed(), dataset=None)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._info(), name)
+
+    def __repr__(self) -> str:
+        return repr(self._info())
 
 
-_per_thread_code = _per_thread.__code__.replace(co_name=_torch_code.co_name)
+_PROXY = ThreadWorkerInfo()
 
 
 def get_worker_info() -> Any:
     """torch.utils.data.get_worker_info(), aware of ThreadDataLoader worker threads: in a worker
-    thread its WorkerInfo (id, num_workers, seed, dataset), elsewhere torch's own answer.
+    thread its WorkerInfo (id, num_workers, seed, dataset), elsewhere torch's own answer (None
+    in the main process, also while a loader's worker threads run).
 
     Example:
         ```python
@@ -171,25 +190,25 @@ def get_worker_info() -> Any:
         ```
     """
     info = getattr(thread_info, "info", None)
-    return info if info is not None else _worker._worker_info
+    if info is not None:
+        return info
+    torchs = _worker._worker_info
+    return _saved if torchs is _PROXY else torchs
 
 
 def hook() -> None:
-    """A loader's worker threads start: torch's get_worker_info answers per thread (unless
-    something else replaced its code)."""
-    global _users
+    """A loader's worker threads start: torch's `_worker_info` answers per thread (the proxy)."""
+    global _users, _saved
     with _lock:
-        if _users == 0 and _torch_function.__code__ is _torch_code:
-            setattr(_worker, _TORCH_GLOBAL, thread_info)
-            _torch_function.__code__ = _per_thread_code
+        if _users == 0:
+            _saved, _worker._worker_info = _worker._worker_info, _PROXY
         _users += 1
 
 
 def unhook() -> None:
-    """A loader's worker threads stopped: the last one puts torch's code back."""
-    global _users
+    """A loader's worker threads stopped: the last one puts torch's value back."""
+    global _users, _saved
     with _lock:
         _users -= 1
-        if _users == 0 and _torch_function.__code__ is _per_thread_code:
-            _torch_function.__code__ = _torch_code
-            delattr(_worker, _TORCH_GLOBAL)
+        if _users == 0 and _worker._worker_info is _PROXY:
+            _worker._worker_info, _saved = _saved, None

@@ -1,6 +1,8 @@
 """What a build's gather path costs against another build's, alternated in one run.
 
-    python -m pyddstore.benchmarks.auth_cost --against OTHER/.venv/bin/python [--rounds 4]
+    python tools/auth_cost.py --against OTHER/.venv/bin/python [--rounds 4]
+
+A developer's harness (it compares two builds), not part of the wheel: run it from a checkout.
 
 Each round runs, for this interpreter's pyddstore and then the other's, one
 ``mpirun -n 2`` job per row size: rank 0 reads ``--batches`` batches of 128

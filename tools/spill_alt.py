@@ -1,10 +1,11 @@
 """litdata and mosaicml-streaming over the spill bench's data (see pyddstore.benchmarks.spill).
 
-Run by the spill bench with ``--alt-python PATH`` as a file (not a module: it imports neither
+A developer's harness, not part of the wheel: run by the spill bench with ``--alt-python PATH``
+(from a checkout) as a file (not a module: it imports neither
 pyddstore nor mpi4py, so it runs in another environment, e.g. ``.venv-alt`` of
 ``scripts/setup-alt.sh``), one process per rank at once:
 
-    PATH _spill_alt.py --src SRC.npy --work DIR --rank R --world W --port P [--which litdata,streaming]
+    PATH tools/spill_alt.py --src SRC.npy --work DIR --rank R --world W --port P [--which litdata,streaming]
 
 Rank 0 converts the source once per library (their conversion step, timed); then the ranks
 join a gloo process group (each library splits an epoch over it), drop the page cache (root),

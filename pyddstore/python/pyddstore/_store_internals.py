@@ -1,0 +1,75 @@
+"""The store's internal API: what `pyddstore.torch` and pickling (`_attach.py`) may use of a
+`PyDDStore` beyond its public methods, and nothing else private (tests/test_module_map.py checks
+that `torch/` touches no other private store attribute; docs/developer.md lists these names).
+
+The methods create, publish and read a variable's parts as the torch loaders need: a ragged
+variable made from rows loaded in place, spilled rows staged ahead of a read, a ragged
+variable's values read without their unit shape. They are not public: their names and
+arguments may change with the loaders that call them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._args import dtype_name
+from ._kinds import RAGGED_VALUES
+
+
+class StoreInternals:
+    """Mixed into `PyDDStore`: the internal API (see the module's docstring). The store sets
+    `_native` (its `_native.Store`), `_publisher` (method-2 records, or None) and
+    `_ragged_units` (ragged variable -> the shape of one unit)."""
+
+    _native: object
+    _publisher: object
+    _ragged_units: dict
+    _init_item: object  # PyDDStore's: init()'s arguments checked
+    _create_many: object  # PyDDStore's: items created in one exchange, reserved and published
+
+    def _reserve(self, *names: str) -> None:
+        """Method 2 core: the names fit the file system and no other live job publishes them
+        (one exchange for all). Called before variables are created."""
+        if self._publisher is not None:
+            self._publisher.reserve(*names)
+
+    def _published(self, name: str) -> None:
+        """Method 2 core: publishes the record of `name` (created and readable) for extra jobs."""
+        if self._publisher is not None:
+            self._publisher.publish(name)
+
+    def _create_parts(self, specs: list) -> None:
+        """Collective: creates every (name, nrows, row_bytes, dtype) of `specs`: `name` with this
+        rank's `nrows` rows of `row_bytes` bytes of `dtype` (numpy), reserved but not yet
+        published (a ragged variable's parts before they are linked, `_link_ragged`), with one
+        exchange between the ranks for all of them."""
+        items = [(n, rows, rb, np.dtype(dt).itemsize, dtype_name(dt)) for n, rows, rb, dt in specs]
+        self._native.create_many(items)
+
+    def _init_many(self, specs: list) -> None:
+        """Collective: `init(*spec)` of every (name, nrows, disp, itemsize, dtype) of `specs`
+        (reserved, created, published), with one exchange between the ranks for all of them."""
+        self._create_many([self._init_item(*spec) for spec in specs], None, None)
+
+    def _link_ragged(self, name: str, unit: tuple) -> None:
+        """Makes the two filled parts of `name` (`ragged_parts(name)`) one ragged variable whose
+        values are read in units of shape `unit`."""
+        self._native.link_ragged(name)
+        self._ragged_units[name] = tuple(unit)
+
+    def _is_spilled(self, name: str) -> bool:
+        """Whether some of this rank's rows of `name` live in a spill file."""
+        return self._native.is_spilled(name)
+
+    def _prefetch(self, name: str, rows) -> int:
+        """Stages the spilled rows `rows` (global, int64) of `name` that this rank will soon
+        read; returns how many it staged."""
+        return self._native.prefetch(name, rows)
+
+    def _get_ragged_flat(self, name: str, rows):
+        """`(values, offsets)` of ragged rows `rows`, values flat (not in units) and not counted
+        as a user's read: what a snapshot writes."""
+        return self._native.get_ragged(name, rows, None)
+
+    def _values_var(self, name: str) -> str:
+        """The variable reads of ``name`` land from: a ragged variable's values part."""
+        return name + RAGGED_VALUES if self._native.is_ragged(name) else name
