@@ -137,11 +137,7 @@ pub trait Transport: Send + Sync {
     }
     /// Not collective: every rank's share from every rank's
     /// [`Prepared::record`] (in rank order), this rank's `prepared` among them.
-    fn connect(
-        &self,
-        _prepared: Prepared,
-        _records: &[Vec<u8>],
-    ) -> Result<Arc<dyn RemoteShares>> {
+    fn connect(&self, _prepared: Prepared, _records: &[Vec<u8>]) -> Result<Arc<dyn RemoteShares>> {
         Err(Error::Unsupported(format!(
             "the {} transport exposes shares collectively only",
             self.name()

@@ -330,19 +330,23 @@ impl Store {
         let len = usize::try_from(v.rows)
             .ok()
             .and_then(|r| r.checked_mul(v.row_bytes));
-        local.problem = v.problem.clone().or(preflight).or_else(|| match (len, v.data) {
-            (None, _) => Some(format!(
-                "{} rows of {} bytes is too large",
-                v.rows, v.row_bytes
-            )),
-            (Some(len), Some(d)) if d.len() != len => Some(format!(
-                "{} bytes of rows given for {} rows of {} bytes",
-                d.len(),
-                v.rows,
-                v.row_bytes
-            )),
-            _ => None,
-        });
+        local.problem = v
+            .problem
+            .clone()
+            .or(preflight)
+            .or_else(|| match (len, v.data) {
+                (None, _) => Some(format!(
+                    "{} rows of {} bytes is too large",
+                    v.rows, v.row_bytes
+                )),
+                (Some(len), Some(d)) if d.len() != len => Some(format!(
+                    "{} bytes of rows given for {} rows of {} bytes",
+                    d.len(),
+                    v.rows,
+                    v.row_bytes
+                )),
+                _ => None,
+            });
         if local.problem.is_some() {
             return local;
         }
@@ -429,11 +433,8 @@ impl Store {
                         .collect()
                 });
                 let opts = self.expose_options(v.name, lens);
-                let (wrap, own) = crate::spill::store::wrapper(
-                    &local.pending,
-                    len,
-                    self.config.max_inflight,
-                );
+                let (wrap, own) =
+                    crate::spill::store::wrapper(&local.pending, len, self.config.max_inflight);
                 let exposed = match local.pending.as_ref() {
                     Some(p) => {
                         let mem_len = p.mem_rows as usize * v.row_bytes;

@@ -122,7 +122,12 @@ impl PyStore {
         for item in &items {
             let name: String = item.get_item(0)?.extract()?;
             made.push(NewItem::of(py, item, &name)?);
-            requests.push(self.spill_request(py, &name, memory_limit.clone(), spill_dir.clone())?);
+            requests.push(self.spill_request(
+                py,
+                &name,
+                memory_limit.clone(),
+                spill_dir.clone(),
+            )?);
             names.push(name);
         }
         let borrowed = made
