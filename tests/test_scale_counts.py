@@ -9,6 +9,10 @@
 - A rank that does not come to an MPI collective is named on every rank that waited.
 - torch.distributed (gloo): the barrier is the backend's own, polled; a rank that does not come
   is named (monitored_barrier) only after the timeout.
+- One `add` is one allgather (its rows written before it: no barrier follows), `add_many` of
+  several variables too, and a DistDataset of several fields creates them in one exchange.
+- Method 2: an extra job given its communicator (`extra_comm=`) reads each published file once
+  per job (MPI) or once per node (a FileComm), counted with the file-ops shim.
 - Descriptors: a store raises the soft RLIMIT_NOFILE to the hard limit; with the limit below
   what tcp;ofi_rxm will need for the job, the first add fails on every rank, at once, naming
   `ulimit -n`.
@@ -59,9 +63,27 @@ def test_rank_0_hands_mpi_the_same_per_add_whatever_the_job_size(n, pmpi_shim):
         assert r["barrier"]["collectives"] == 1 and r["barrier"]["collective_bytes"] == 0, r
         # One allgather: the record's length (8 bytes) and the record (the rank: a few bytes).
         assert r["allgather"]["collectives"] == 2 and 9 <= r["allgather"]["collective_bytes"] <= 16, r
-        # An add: 3 allgathers and 2 barriers, each rank giving its own records only.
-        assert r["add"]["collectives"] == 8, r
+        assert r["allgather"]["gathered_bytes"] <= 16 * n, r
+        # An add: one allgather (lengths, then records), no barrier (before: 3 allgathers and 2
+        # barriers), each rank giving its own record only: O(N) bytes in all.
+        assert r["add"]["collectives"] == 2, r
         assert r["add"]["collective_bytes"] < 1024, r
+        assert r["add"]["gathered_bytes"] <= 1024 * n, r
+        # add_many of three variables: still one allgather.
+        assert r["add_many"]["collectives"] == 2, r
+        assert r["add_many"]["collective_bytes"] < 3 * 1024, r
+
+
+def test_method_0_add_is_one_allgather_and_the_windows(pmpi_shim):
+    # MPI RMA windows are made by MPI's collectives (not counted here); pyddstore adds one
+    # allgather and the barriers that open the windows' access.
+    found = reports(
+        run_mpi(4, "coll_counts.py", "0", env={"PMPI_SHIM": pmpi_shim}, timeout=400).stdout, "COUNTS"
+    )
+    assert found
+    for r in found:
+        assert r["add"]["sends"] == 0 and r["add"]["recvs"] == 0, r
+        assert r["add"]["collectives"] <= 7 and r["add"]["collective_bytes"] < 1024, r
 
 
 def test_an_mpi_rank_absent_from_a_barrier_is_named_on_every_rank_that_waited():
@@ -146,3 +168,49 @@ def test_a_torch_rank_absent_from_a_gloo_barrier_is_named_after_the_timeout():
     assert "Ranks 2 failed to pass" in found[0]["error"], found[0]
     assert "did not complete within 2.0 s" in found[1]["error"], found[1]
     assert all(found[r]["waited_s"] < 60 for r in (0, 1)), found
+
+
+def test_dist_dataset_fields_are_created_in_one_exchange(pmpi_shim):
+    pytest.importorskip("torch")
+    out = run_mpi(4, "coll_counts.py", "dataset", env={"PMPI_SHIM": pmpi_shim}, timeout=400).stdout
+    found = reports(out, "COUNTS")
+    assert found
+    for r in found:
+        # Four fields cost what one does (before: an allgather and a barrier more per field).
+        assert r["fields4"]["collectives"] == r["fields1"]["collectives"], r
+        assert r["fields4"]["sends"] == 0, r
+
+
+@pytest.mark.parametrize(
+    "comm",
+    ["mpi", pytest.param("file", marks=pytest.mark.slow), pytest.param("none", marks=pytest.mark.slow)],
+)
+def test_a_method_2_extra_job_reads_each_record_once(comm, fileops_shim, handshake_dir, tmp_path):
+    from test_method2 import Core
+
+    n = 8
+    env = {"DDSTORE_FABRIC": "tcp", "DDSTORE_HANDSHAKE_TIMEOUT_S": "120"}
+    core = Core(handshake_dir, env)
+    try:
+        core.wait_ready(["a.ddstore.json", "b.ddstore.json", "c.ddstore.json"], timeout=240)
+        args = (comm, "--hs", str(handshake_dir), "--n-core", "2", "--comm-dir", str(tmp_path / "cd"))
+        extra = {**env, "LD_PRELOAD": fileops_shim}
+        if comm == "mpi":
+            found = reports(run_mpi(n, "m2_extra_counts.py", *args, env=extra, timeout=400).stdout, "RECORDS")
+        else:
+            done = run_procs(n, "m2_extra_counts.py", *args, env=extra, timeout=400)
+            found = [r for p in done for r in reports(p.stdout, "RECORDS")]
+        assert core.stop() == 0, core.output()
+    finally:
+        core.kill()
+    by_rank = {r["rank"]: r["opens"] for r in found}
+    files = found[0]["vars"] + 2  # a record per variable, the ragged one's two, its token file
+    if comm == "none":  # every member reads every file (what every extra job did before)
+        assert sorted(by_rank) == list(range(n)) and all(o >= files for o in by_rank.values()), by_rank
+        return
+    # One member reads (one node here): rank 0, and only it; the rows every member read checked.
+    if comm == "file":
+        assert sorted(by_rank) == list(range(n)), by_rank
+    assert len(by_rank) >= n // 2, by_rank  # Open MPI may drop a rank's last line
+    assert by_rank.get(0, files) >= files, by_rank
+    assert all(o == 0 for r, o in by_rank.items() if r != 0), by_rank

@@ -684,7 +684,12 @@ pub struct NodeShares {
 /// Collective: tells every rank where this rank's shared region is and maps
 /// the regions of same-node peers.
 pub fn share_on_node(comm: &dyn Comm, region: &Region) -> Result<NodeShares> {
-    let mine = serde_json::to_vec(&region.locator()).expect("locator serialises");
+    share_on_node_located(comm, region.locator())
+}
+
+/// As [`share_on_node`], for a region whose locator is `locator`.
+pub fn share_on_node_located(comm: &dyn Comm, locator: Option<NodeLocator>) -> Result<NodeShares> {
+    let mine = serde_json::to_vec(&locator).expect("locator serialises");
     let locators = comm
         .allgather(&mine)?
         .iter()

@@ -32,7 +32,8 @@ pub struct Exposed {
     pub node_peers: Vec<Option<Arc<dyn Memory>>>,
     /// One-sided access to every rank's share.
     pub remote: Arc<dyn RemoteShares>,
-    /// One record per rank that another job passes to `Transport::attach` (method 2).
+    /// One record per rank that another job passes to `Transport::attach`
+    /// (method 2): what [`RemoteShares::records`] gives back.
     pub records: Vec<Vec<u8>>,
     /// Per rank, where a same-node process of another job maps its share
     /// (empty when the transport has no such route).
@@ -42,6 +43,22 @@ pub struct Exposed {
 /// Turns a share's memory region into the share a spilled variable reads
 /// (see [`Transport::expose_spilled`]).
 pub type WrapShare<'a> = &'a dyn Fn(Arc<dyn Memory>) -> Arc<dyn Memory>;
+
+/// A share allocated (and registered) on this rank whose peers are not
+/// known yet (see [`Transport::prepare`]): the store writes this rank's
+/// rows into `local` and sends `record` (and `locator`) in the one
+/// allgather that creates the variable, then hands every rank's record to
+/// [`Transport::connect`].
+pub struct Prepared {
+    /// This rank's own share (as [`Exposed::local`]).
+    pub local: Arc<dyn Memory>,
+    /// Where a same-node process maps the share (`None`: not shared on the node).
+    pub locator: Option<NodeLocator>,
+    /// What the other ranks need to read the share (as one of [`Exposed::records`]).
+    pub record: Vec<u8>,
+    /// The transport's own objects (registrations), for `connect`.
+    pub state: Box<dyn std::any::Any + Send>,
+}
 
 /// How a share is exposed.
 pub struct ExposeOptions {
@@ -53,6 +70,9 @@ pub struct ExposeOptions {
     /// address range stays reserved so that a reader of another job that
     /// still holds its address cannot read the next share mapped there.
     pub keep_address: bool,
+    /// Every rank's share length, when the store agreed on them already
+    /// (the transport need not gather them again).
+    pub lens: Option<Vec<u64>>,
 }
 
 /// A way to make rank shares readable by other ranks (MPI RMA, libfabric, node-only).
@@ -94,6 +114,35 @@ pub trait Transport: Send + Sync {
         exposed.local = wrap(exposed.local);
         Ok(exposed)
     }
+    /// Collective, before a store creates variables (every rank calls it,
+    /// whatever its own arguments): agrees on what the job's transports
+    /// share (the job's key, once). The default has nothing to agree.
+    fn ready(&self, _comm: &Arc<dyn Comm>) -> Result<()> {
+        Ok(())
+    }
+    /// Not collective: allocates `len` bytes for this rank's share (or, for
+    /// a spilled share, `len` bytes in memory of `spilled.0` in all, the
+    /// region wrapped by `spilled.1`: see [`Transport::expose_spilled`]),
+    /// registers it and returns its record, so that the store exchanges it
+    /// with the variable's own agreement: one allgather per `add`. `None`:
+    /// this transport only exposes collectively ([`Transport::expose`]).
+    fn prepare(
+        &self,
+        _comm: &Arc<dyn Comm>,
+        _len: usize,
+        _opts: &ExposeOptions,
+        _spilled: Option<(usize, WrapShare<'_>)>,
+    ) -> Result<Option<Prepared>> {
+        Ok(None)
+    }
+    /// Not collective: every rank's share from every rank's
+    /// [`Prepared::record`] (in rank order), this rank's `prepared` among them.
+    fn connect(&self, _prepared: Prepared, _records: &[Vec<u8>]) -> Result<Arc<dyn RemoteShares>> {
+        Err(Error::Unsupported(format!(
+            "the {} transport exposes shares collectively only",
+            self.name()
+        )))
+    }
     /// Method 2: reach shares another job published (`Exposed::records`).
     fn attach(&self, records: &[Vec<u8>]) -> Result<Arc<dyn RemoteShares>>;
     /// How remote rows are read: "one-sided" reads, or "gather" (one request
@@ -127,6 +176,12 @@ pub trait Transport: Send + Sync {
 pub trait RemoteShares: Send + Sync {
     /// A reader for one thread (or one forked process); readers are pooled by the store.
     fn open_reader(&self) -> Result<Box<dyn ShareReader>>;
+    /// Per rank, the record another job passes to `Transport::attach` to
+    /// read these shares (method 2, spawned workers); empty where the
+    /// transport cannot be reached from another process.
+    fn records(&self) -> Vec<Vec<u8>> {
+        Vec::new()
+    }
     /// Bytes each rank exposes, where the transport knows (checks attached layouts).
     fn share_lens(&self) -> Option<Vec<u64>> {
         None

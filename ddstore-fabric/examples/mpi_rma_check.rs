@@ -39,6 +39,7 @@ fn expose(
         name: "check".into(),
         node_sharing,
         keep_address: false,
+        lens: None,
     };
     let exposed = MpiRma::new()
         .expose(comm, len, &opts)

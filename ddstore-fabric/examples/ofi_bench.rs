@@ -77,6 +77,7 @@ fn rank(comm: Arc<FileComm>) {
         name: "bench".into(),
         node_sharing: false,
         keep_address: false,
+        lens: None,
     };
     let share = transport.expose(&dyn_comm, SHARE, &opts).expect("expose");
     share.local.write_at(0, &fill(1, me, SHARE)).expect("fill");

@@ -54,6 +54,7 @@ fn main() {
         name: "ofi-check".into(),
         node_sharing: false,
         keep_address: false,
+        lens: None,
     };
     let share = transport.expose(&comm, SHARE, &opts).expect("expose");
     share

@@ -204,6 +204,7 @@ fn full(comm: Arc<FileComm>) {
         name: "v1".into(),
         node_sharing: false,
         keep_address: false,
+        lens: None,
     };
     let v1 = transport.expose(&dyn_comm, lens[rank], &opts).unwrap();
     v1.local.write_at(0, &fill(1, rank, lens[rank])).unwrap();
@@ -216,6 +217,7 @@ fn full(comm: Arc<FileComm>) {
         name: "v2/shared".into(),
         node_sharing: true,
         keep_address: false,
+        lens: None,
     };
     let v2 = transport.expose(&dyn_comm, len2, &opts2).unwrap();
     v2.local.write_at(0, &fill(2, rank, len2)).unwrap();
@@ -437,6 +439,7 @@ fn stopped_peer(comm: Arc<FileComm>) {
         name: "v".into(),
         node_sharing: false,
         keep_address: false,
+        lens: None,
     };
     let v = transport.expose(&dyn_comm, 8192, &opts).unwrap();
     v.local.write_at(0, &fill(1, rank, 8192)).unwrap();
@@ -601,6 +604,7 @@ fn ragged_gather(comm: Arc<FileComm>) {
             name: name.into(),
             node_sharing: false,
             keep_address: false,
+            lens: None,
         };
         transport.expose(&dyn_comm, len, &opts).unwrap()
     };

@@ -1,19 +1,27 @@
 /* Counts the file communicator's file operations: LD_PRELOAD'ed into a job, it counts
  * successful openat() calls on names relative to a directory descriptor that end in
  * ".rec" or ".all" (the communicator's round records, and their temporary files) or
- * contain ".tmp-": file_counts(out[2]) gives the opens for reading and the creates
- * (O_CREAT). Built by tests/test_scale_counts.py with the system C compiler. */
+ * contain ".tmp-": file_counts(out[3]) gives the opens for reading and the creates
+ * (O_CREAT), then the opens for reading of method 2's published files (names ending in
+ * ".json": records and meta files, or ".token"). Built by tests/test_scale_counts.py
+ * with the system C compiler. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <string.h>
 
-static long long n_opens, n_creates;
+static long long n_opens, n_creates, n_published;
 
-void file_counts(long long out[2]) {
+void file_counts(long long out[3]) {
     out[0] = n_opens;
     out[1] = n_creates;
+    out[2] = n_published;
+}
+
+static int ends_with(const char *name, const char *tail) {
+    size_t n = strlen(name), t = strlen(tail);
+    return n > t && strcmp(name + n - t, tail) == 0;
 }
 
 static int is_round_file(const char *name) {
@@ -25,6 +33,9 @@ static int is_round_file(const char *name) {
 }
 
 static int counted(int fd, const char *name, int flags) {
+    if (fd >= 0 && name[0] != '/' && !(flags & O_CREAT) && !strstr(name, ".tmp-") &&
+        (ends_with(name, ".json") || ends_with(name, ".token")))
+        n_published++;
     if (fd >= 0 && is_round_file(name)) {
         if (flags & O_CREAT) n_creates++;
         else n_opens++;

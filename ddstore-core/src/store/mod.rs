@@ -23,6 +23,7 @@ mod spilling;
 mod updates;
 mod variable;
 
+pub use create::NewVar;
 pub use info::{Element, VarInfo};
 pub use variable::{OwnRows, Variable, PARALLEL_COPY_BYTES};
 

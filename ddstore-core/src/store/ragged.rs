@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use crate::comm::gather_u64;
 use crate::dtype::DType;
 use crate::kinds::RaggedPart;
 use crate::plan::{validate_rows, Plan, RepeatCopy};
@@ -19,7 +18,7 @@ use crate::spill::store::Split;
 use crate::transport::{RaggedRequest, RemoteRead};
 use crate::{Error, Result};
 
-use super::{Element, OwnRows, Store, Variable};
+use super::{Element, NewVar, OwnRows, Store, Variable};
 
 impl Store {
     /// Collective: creates the ragged variable `name` from this rank's rows:
@@ -62,34 +61,37 @@ impl Store {
         } else if self.has_var(name) {
             problem = Some(format!("variable '{name}' already exists"));
         }
-        // Agreed first so that a bad rank fails every rank, not only itself.
-        self.init_spilling_with(
-            &values_name(name),
-            units,
-            unit_bytes.max(1),
-            element.into(),
-            request,
-            problem,
-        )?;
-        self.init_spilling(
-            &ends_name(name),
-            lengths.len() as u64,
-            END_BYTES,
-            DType::Int64,
-            request,
-        )?;
         let mut ends = Vec::with_capacity(lengths.len() * END_BYTES);
         let mut end = 0u64;
         for &l in lengths {
             end += l;
             ends.extend_from_slice(&end.to_le_bytes());
         }
-        self.write_local(&ends_name(name), 0, &ends)?;
-        self.write_local(&values_name(name), 0, data)?;
         let longest = lengths.iter().max().copied().unwrap_or(0);
-        let max_row_bytes = gather_u64(self.comm().as_ref(), longest * unit_bytes as u64)?;
-        self.link_ragged_with(name, Some(max_row_bytes))?;
-        self.comm().barrier()
+        // Both parts in one exchange: a bad rank fails every rank, not only itself.
+        let mut alongs = self.create_many(&[
+            NewVar {
+                name: &values_name(name),
+                rows: units,
+                row_bytes: unit_bytes.max(1),
+                element: element.into(),
+                data: problem.is_none().then_some(data),
+                request,
+                problem,
+                along: Some(longest.saturating_mul(unit_bytes as u64)),
+            },
+            NewVar {
+                name: &ends_name(name),
+                rows: lengths.len() as u64,
+                row_bytes: END_BYTES,
+                element: DType::Int64.into(),
+                data: Some(&ends),
+                request,
+                problem: None,
+                along: None,
+            },
+        ])?;
+        self.link_ragged_with(name, Some(alongs.swap_remove(0)))
     }
 
     /// Registers `name` as ragged once its two variables exist here (after

@@ -22,7 +22,7 @@ use crate::spill::store::Split;
 use crate::transport::RemoteRead;
 use crate::{Error, Result};
 
-use super::{Element, OwnRows, Store, Variable};
+use super::{Element, NewVar, OwnRows, Store, Variable};
 
 /// Bytes a read ahead reads at once (its buffer beside the stage, outside
 /// the budget): enough rows to keep its reads in flight, far less than a
@@ -123,48 +123,42 @@ impl Store {
         request: Option<&crate::spill::SpillRequest>,
         problem: Option<String>,
     ) -> Result<()> {
-        if problem.is_some() {
-            return self.init_with(name, rows, row_bytes, element, problem, |t, len, opts| {
-                t.expose(&self.comm, len, opts)
-            });
-        }
-        let pending = self.spill.prepare(
-            &self.config,
-            self.comm.rank(),
-            name,
-            rows,
-            row_bytes,
-            request,
-        );
-        let (problem, pending, stage, own_error) = match pending {
-            Ok((p, stage)) => (None, p, stage, None),
-            Err(e) => (Some(e.to_string()), None, 0, Some(e)),
-        };
-        let len = (rows as usize).saturating_mul(row_bytes);
-        let mem_len = pending.as_ref().map(|p| p.mem_rows as usize * row_bytes);
-        let (wrap, own) = crate::spill::store::wrapper(&pending, len, self.config.max_inflight);
-        let mem_rows = pending.as_ref().map(|p| p.mem_rows);
-        let made = self.init_with_spill(
+        self.create_many(&[NewVar {
             name,
             rows,
             row_bytes,
             element,
+            data: None,
+            request,
             problem,
-            (mem_rows, stage),
-            own,
-            |t, len, opts| match mem_len {
-                Some(m) => t.expose_spilled(&self.comm, m, len, opts, &wrap),
-                None => t.expose(&self.comm, len, opts),
-            },
-        );
-        if made.is_err() {
-            self.spill.release(&pending);
-        }
-        // Every rank fails; this rank with its own error (its class: access, I/O).
-        match own_error {
-            Some(e) => Err(e),
-            None => made,
-        }
+            along: None,
+        }])
+        .map(drop)
+    }
+
+    /// Collective: creates `name` from this rank's rows (`data`, `rows`
+    /// rows of `row_bytes` bytes) with one allgather (see
+    /// [`Store::create_many`]); every rank's rows are readable on return.
+    pub fn add(
+        &self,
+        name: &str,
+        rows: u64,
+        row_bytes: usize,
+        element: impl Into<Element>,
+        data: &[u8],
+        request: Option<&crate::spill::SpillRequest>,
+    ) -> Result<()> {
+        self.create_many(&[NewVar {
+            name,
+            rows,
+            row_bytes,
+            element: element.into(),
+            data: Some(data),
+            request,
+            problem: None,
+            along: None,
+        }])
+        .map(drop)
     }
 
     /// Whether any rank's share of `name` spills (see [`crate::spill`]).

@@ -45,7 +45,6 @@ pub struct Variable {
     pub(super) local: Option<Arc<dyn Memory>>,
     pub(super) node_peers: Vec<Option<Arc<dyn Memory>>>,
     pub(crate) remote: Arc<dyn RemoteShares>,
-    pub(super) records: Vec<Vec<u8>>,
     pub(super) node_locators: Vec<Option<NodeLocator>>,
     /// Extra jobs (one entry per core rank): the pid and state word of each
     /// share mapped here, checked around every copy so a stopped core, or a
@@ -64,9 +63,11 @@ pub struct Variable {
 }
 
 impl Variable {
-    /// Per-rank records another job passes to `Store::attach` (method 2).
-    pub fn records(&self) -> &[Vec<u8>] {
-        &self.records
+    /// Per-rank records another job passes to `Store::attach` (method 2),
+    /// made from the routes kept (not kept themselves: per rank they repeat
+    /// its address, which the transport keeps once per store).
+    pub fn records(&self) -> Vec<Vec<u8>> {
+        self.remote.records()
     }
 
     /// Per rank, where a same-node extra job maps its share (method 2).

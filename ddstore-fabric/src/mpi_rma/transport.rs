@@ -198,11 +198,13 @@ impl Transport for MpiRma {
             .ok_or_else(|| FabricError::Unavailable(NEEDS_MPI_COMM.into()))?;
         let size = mpi_comm.size();
         let me = mpi_comm.rank();
-        // Every rank validates every size the same way, so all fail together.
-        let sizes: Vec<usize> = gather_u64(mpi_comm, len as u64)?
-            .into_iter()
-            .map(|s| s as usize)
-            .collect();
+        // Every rank validates every size the same way, so all fail together
+        // (the store agreed on the sizes already where it gives them).
+        let sizes = match &opts.lens {
+            Some(lens) if lens.len() == size => lens.clone(),
+            _ => gather_u64(mpi_comm, len as u64)?,
+        };
+        let sizes: Vec<usize> = sizes.into_iter().map(|s| s as usize).collect();
         if let Some((rank, s)) = sizes
             .iter()
             .enumerate()
@@ -703,6 +705,7 @@ mod tests {
             name: "x".into(),
             node_sharing: true,
             keep_address: false,
+            lens: None,
         };
         let err = MpiRma::new()
             .expose(&comm, 16, &opts)

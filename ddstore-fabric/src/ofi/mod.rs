@@ -52,7 +52,7 @@ pub mod wire {
         MAC_BYTES, REQUEST_TAG, STATUS_MASK,
     };
 }
-pub use record::ShareRecord;
+pub use record::{PeerShare, Peers, ShareRecord};
 pub use select::{
     is_provider_name, nic_for_rank, provider_candidates, InfoRequest, DEFAULT_CANDIDATES,
     FABRIC_VALUES,

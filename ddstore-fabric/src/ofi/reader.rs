@@ -15,7 +15,7 @@ use super::gather::client::{self, Client};
 use super::gather::plan::{self, Limits, Plan, RaggedOwner};
 use super::gather::wire::MacKey;
 use super::pool::{warn_bounded, EndpointPool};
-use super::record::ShareRecord;
+use super::record::{PeerShare, Peers};
 use super::window::{
     naming_peer, post_retrying, reap, InFlight, Landing, Live, Op, Posted, Stopped,
 };
@@ -84,7 +84,7 @@ pub struct OfiReader {
     live: Option<Live>,
     pool: Arc<EndpointPool>,
     broken: Option<String>,
-    peers: Arc<Vec<ShareRecord>>,
+    peers: Arc<Peers>,
     settings: ReaderSettings,
     /// Longest gather reply message.
     chunk: usize,
@@ -106,7 +106,7 @@ impl OfiReader {
     /// A reader of the shares `peers` describe, through endpoints of `pool`.
     pub fn open(
         pool: &Arc<EndpointPool>,
-        peers: Arc<Vec<ShareRecord>>,
+        peers: Arc<Peers>,
         settings: ReaderSettings,
     ) -> FabricResult<OfiReader> {
         let domain = pool.domain();
@@ -150,7 +150,7 @@ impl OfiReader {
         let mut live = self
             .pool
             .take(self.settings.window, self.settings.gather, peers)?;
-        if let Err(e) = live.resolve(&self.peers) {
+        if let Err(e) = live.resolve(&self.peers.addrs) {
             self.pool.give_back(live);
             return Err(e);
         }
@@ -309,7 +309,7 @@ fn post_read(
     slot: usize,
     r: &RemoteRead,
     at: usize,
-    peer: &ShareRecord,
+    peer: &PeerShare,
     target: &ReadTarget,
     timeout: Duration,
     first_error: &mut Option<FabricError>,
@@ -415,7 +415,7 @@ impl OfiReader {
         let client = Client {
             mac_key,
             name: &self.name,
-            peers: &self.peers,
+            peers: &self.peers.shares,
             directed: self.directed,
             timeout: self.settings.timeout,
         };

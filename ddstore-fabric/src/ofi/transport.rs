@@ -5,9 +5,9 @@ use std::sync::{Arc, Mutex};
 use ddstore_core::comm::Comm;
 use ddstore_core::config::{Config, RemoteGather};
 use ddstore_core::external::ExternalShare;
-use ddstore_core::region::{share_on_node, Memory, Region};
+use ddstore_core::region::{share_on_node_located, Memory, Region};
 use ddstore_core::transport::{
-    ExposeOptions, Exposed, RemoteShares, ShareReader, Transport, WrapShare,
+    ExposeOptions, Exposed, Prepared, RemoteShares, ShareReader, Transport, WrapShare,
 };
 use libfabric_sys as sys;
 
@@ -25,7 +25,7 @@ use super::mr::MemoryRegion;
 use super::pool::EndpointPool;
 use super::progress::Progress;
 use super::reader::{OfiReader, ReaderSettings};
-use super::record::ShareRecord;
+use super::record::{Peers, ShareRecord};
 use super::select;
 use super::select::InfoRequest;
 use crate::error::{close_last, FabricError, FabricResult};
@@ -157,6 +157,9 @@ pub struct OfiTransport {
     access: Arc<Access>,
     /// The secret `access`'s key derives from (for spawned workers' handles).
     secret: Mutex<Option<Vec<u8>>>,
+    /// The ranks' addresses as the last variable found them: every variable
+    /// of a store shares this one table (see [`Peers::from_records`]).
+    addrs: Mutex<Option<Arc<Vec<Vec<u8>>>>>,
 }
 
 impl OfiTransport {
@@ -275,6 +278,7 @@ impl OfiTransport {
             child_readers: Arc::new(Mutex::new(None)),
             access: Arc::new(Access::default()),
             secret: Mutex::new(None),
+            addrs: Mutex::new(None),
         })
     }
 
@@ -314,7 +318,7 @@ impl OfiTransport {
     fn shares(
         &self,
         node: Arc<Node>,
-        peers: Vec<ShareRecord>,
+        peers: Peers,
         exposed: Option<(MemoryRegion, Arc<dyn Memory>)>,
     ) -> OfiShares {
         // Our own share answers gather requests while these shares live.
@@ -332,6 +336,7 @@ impl OfiTransport {
             _exposed: exposed,
             node,
             peers: Arc::new(peers),
+            provider: self.provider.clone(),
             request: self.request.clone(),
             child_readers: self.child_readers.clone(),
             registry: Arc::new(DstRegistry::default()),
@@ -340,8 +345,10 @@ impl OfiTransport {
         }
     }
 
-    fn decode_all(&self, records: &[Vec<u8>]) -> FabricResult<Vec<ShareRecord>> {
-        records
+    /// Every rank's share from its record, the ranks' addresses in the
+    /// table the store's variables share.
+    fn decode_all(&self, records: &[Vec<u8>]) -> FabricResult<Peers> {
+        let decoded = records
             .iter()
             .enumerate()
             .map(|(rank, raw)| {
@@ -355,7 +362,11 @@ impl OfiTransport {
                 }
                 Ok(rec)
             })
-            .collect()
+            .collect::<FabricResult<Vec<_>>>()?;
+        let mut addrs = self.addrs.lock().unwrap_or_else(|p| p.into_inner());
+        let peers = Peers::from_records(decoded, addrs.as_ref());
+        *addrs = Some(peers.addrs.clone());
+        Ok(peers)
     }
 
     /// Without a secret given (`set_secret`), the first exposure draws one
@@ -380,28 +391,28 @@ impl OfiTransport {
         Ok(())
     }
 
-    /// `spilled`: the share's full length and how to wrap the region into
+    /// Allocates and registers this rank's share (see `Transport::prepare`):
+    /// `spilled` is the share's full length and how to wrap the region into
     /// it (a spilled share, see `Transport::expose_spilled`); remote readers
-    /// then see the full length and the gather path serves all of it.
-    fn expose_inner(
+    /// then see the full length and the gather path serves all of it. The
+    /// share answers gather requests from now on (a peer may ask as soon as
+    /// the records are exchanged), until the shares returned are dropped.
+    fn prepare_inner(
         &self,
-        comm: &Arc<dyn Comm>,
         len: usize,
         opts: &ExposeOptions,
         spilled: Option<(usize, WrapShare<'_>)>,
-    ) -> ddstore_core::Result<Exposed> {
-        self.agree_on_key(comm)?;
+    ) -> ddstore_core::Result<Prepared> {
         let node = self.node()?;
         let region = Arc::new(if opts.node_sharing {
             Region::shared_with(&opts.name, len, opts.keep_address)?
         } else {
             Region::anonymous_with(len, opts.keep_address)?
         });
-        let (node_peers, node_locators) = if opts.node_sharing {
-            let shares = share_on_node(comm.as_ref(), &region)?;
-            (shares.views, shares.locators)
+        let locator = if opts.node_sharing {
+            region.locator()
         } else {
-            ((0..comm.size()).map(|_| None).collect(), Vec::new())
+            None
         };
         // SAFETY: the region (at least one page, even for len 0) stays mapped
         // while OfiShares holds it, and the MR is closed first.
@@ -425,17 +436,43 @@ impl OfiTransport {
         if spilled.is_some() {
             mine.mem_len = Some(len as u64);
         }
-        let records = comm.allgather(&mine.encode())?;
-        let peers = self.decode_all(&records)?;
         let local: Arc<dyn Memory> = match spilled {
             Some((_, wrap)) => wrap(region),
             None => region,
         };
-        let shares = self.shares(node, peers, Some((mr, local.clone())));
+        let shares = self.shares(node, Peers::default(), Some((mr, local.clone())));
+        Ok(Prepared {
+            local,
+            locator,
+            record: mine.encode(),
+            state: Box::new(shares),
+        })
+    }
+
+    /// Collective: as `prepare_inner`, then every rank's record and node
+    /// locator in two allgathers (what `Transport::expose` does alone).
+    fn expose_inner(
+        &self,
+        comm: &Arc<dyn Comm>,
+        len: usize,
+        opts: &ExposeOptions,
+        spilled: Option<(usize, WrapShare<'_>)>,
+    ) -> ddstore_core::Result<Exposed> {
+        self.agree_on_key(comm)?;
+        let prepared = self.prepare_inner(len, opts, spilled)?;
+        let (node_peers, node_locators) = if opts.node_sharing {
+            let shares = share_on_node_located(comm.as_ref(), prepared.locator.clone())?;
+            (shares.views, shares.locators)
+        } else {
+            ((0..comm.size()).map(|_| None).collect(), Vec::new())
+        };
+        let records = comm.allgather(&prepared.record)?;
+        let local = prepared.local.clone();
+        let remote = self.connect(prepared, &records)?;
         Ok(Exposed {
             local,
             node_peers,
-            remote: Arc::new(shares),
+            remote,
             records,
             node_locators,
         })
@@ -445,6 +482,33 @@ impl OfiTransport {
 impl Transport for OfiTransport {
     fn name(&self) -> String {
         format!("ofi:{}", self.provider)
+    }
+
+    fn ready(&self, comm: &Arc<dyn Comm>) -> ddstore_core::Result<()> {
+        Ok(self.agree_on_key(comm)?)
+    }
+
+    fn prepare(
+        &self,
+        _comm: &Arc<dyn Comm>,
+        len: usize,
+        opts: &ExposeOptions,
+        spilled: Option<(usize, WrapShare<'_>)>,
+    ) -> ddstore_core::Result<Option<Prepared>> {
+        self.prepare_inner(len, opts, spilled).map(Some)
+    }
+
+    fn connect(
+        &self,
+        prepared: Prepared,
+        records: &[Vec<u8>],
+    ) -> ddstore_core::Result<Arc<dyn RemoteShares>> {
+        let mut shares = prepared
+            .state
+            .downcast::<OfiShares>()
+            .map_err(|_| FabricError::Invalid("a share prepared by another transport".into()))?;
+        shares.peers = Arc::new(self.decode_all(records)?);
+        Ok(Arc::new(*shares))
     }
 
     fn expose(
@@ -532,7 +596,9 @@ pub struct OfiShares {
     // Close order: our share's MR (then its memory), then the node.
     _exposed: Option<(MemoryRegion, Arc<dyn Memory>)>,
     node: Arc<Node>,
-    peers: Arc<Vec<ShareRecord>>,
+    peers: Arc<Peers>,
+    /// The provider's name, for the records given back (`RemoteShares::records`).
+    provider: String,
     request: InfoRequest,
     /// Reader endpoints opened in a forked child (the parent's are
     /// abandoned), shared with the transport's other variables.
@@ -562,7 +628,7 @@ impl OfiShares {
 
     /// Per-rank share lengths, as exposed.
     pub fn share_lens(&self) -> Vec<u64> {
-        self.peers.iter().map(|p| p.len).collect()
+        self.peers.shares.iter().map(|p| p.len).collect()
     }
 }
 
@@ -595,7 +661,7 @@ impl RemoteShares for OfiShares {
                 timeout: self.config.timeout,
                 max_read_bytes: self.config.max_read_bytes,
                 force_local_mr: self.config.ofi_local_mr,
-                gather: self.gather && self.peers.iter().any(|p| p.gather),
+                gather: self.gather && self.peers.shares.iter().any(|p| p.gather),
                 // Only for the job's own shares: records an extra job or a
                 // spawned worker read from files and handles keep the gather
                 // path, whose owner refuses a key it never issued clearly.
@@ -606,6 +672,12 @@ impl RemoteShares for OfiShares {
             },
         )?;
         Ok(Box::new(reader))
+    }
+
+    fn records(&self) -> Vec<Vec<u8>> {
+        (0..self.peers.len())
+            .map(|r| self.peers.record(&self.provider, r).encode())
+            .collect()
     }
 
     fn gather_key(&self, owner: usize) -> Option<u64> {

@@ -19,7 +19,6 @@ use super::cq::{Cq, CqEntry, CqError, Poll};
 use super::domain::Domain;
 use super::endpoint::{Endpoint, TryAgain};
 use super::mr::MemoryRegion;
-use super::record::ShareRecord;
 use crate::error::{close_last, FabricError, FabricResult, RefusedFor};
 
 /// What a window slot holds.
@@ -63,8 +62,9 @@ pub(crate) struct Live {
     pub(crate) name: Vec<u8>,
     /// Addresses inserted into the endpoint's AV, by endpoint name.
     pub(crate) addrs: HashMap<Vec<u8>, sys::fi_addr_t>,
-    /// Per peer list resolved before (one per variable), its AV addresses.
-    pub(crate) resolved: Vec<(Weak<Vec<ShareRecord>>, Vec<sys::fi_addr_t>)>,
+    /// Per address table resolved before (one per store: its variables
+    /// share it), its AV addresses.
+    pub(crate) resolved: Vec<(Weak<Vec<Vec<u8>>>, Vec<sys::fi_addr_t>)>,
     /// Its CQ has tagged entries (opened for the gather path).
     pub(crate) tagged: bool,
     /// The current reader's peers, as inserted in the AV.
@@ -295,9 +295,9 @@ impl Live {
         Ok(())
     }
 
-    /// Points `peers_fi` at `peers`, inserting the names the AV lacks (once
-    /// per peer list: later calls find the list's addresses by its pointer).
-    pub(crate) fn resolve(&mut self, peers: &Arc<Vec<ShareRecord>>) -> FabricResult<()> {
+    /// Points `peers_fi` at the ranks' addresses `peers`, inserting the names
+    /// the AV lacks (once per table: later calls find it by its pointer).
+    pub(crate) fn resolve(&mut self, peers: &Arc<Vec<Vec<u8>>>) -> FabricResult<()> {
         let known = self
             .resolved
             .iter()
@@ -309,11 +309,11 @@ impl Live {
         let own_len = self.name.len();
         let mut fis = Vec::with_capacity(peers.len());
         for (rank, p) in peers.iter().enumerate() {
-            let fi = match self.addrs.get(&p.addr) {
+            let fi = match self.addrs.get(p) {
                 Some(&fi) => fi,
                 None => {
-                    let fi = self.ep.av().insert_one(rank, &p.addr, own_len)?;
-                    self.addrs.insert(p.addr.clone(), fi);
+                    let fi = self.ep.av().insert_one(rank, p, own_len)?;
+                    self.addrs.insert(p.clone(), fi);
                     fi
                 }
             };

@@ -96,6 +96,7 @@ def attach_store(handle: dict) -> Any:
     store.group_id = handle["group_id"]
     store.method = handle["method"]
     store._publisher = None
+    store._record_comm = None
     store._in_epoch = False
     store._py_times = new_py_times()
     store._recv = set()

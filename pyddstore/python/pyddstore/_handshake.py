@@ -31,7 +31,7 @@ import socket
 import time
 import urllib.parse
 
-from . import _json, _native
+from . import _errors, _json, _native, _wire
 from ._errors import (
     DDStoreAccessError,
     DDStoreError,
@@ -173,12 +173,16 @@ class Publisher:
         entry[1] += 1
         self.token_key = key
 
-    def reserve(self, name: str) -> None:
-        """Collective, before `name` is created: every rank checks the name's length, rank 0
-        takes its lock; a live job holding it is refused on every rank."""
-        check_name_length(name, self.store.group_id)
+    def reserve(self, *names: str) -> None:
+        """Collective, before `names` are created: every rank checks the names' length, rank 0
+        takes their locks (one exchange for all); a live job holding one is refused on every
+        rank."""
+        for name in names:
+            check_name_length(name, self.store.group_id)
         problem = None
-        if self.store.rank == 0 and name not in self.locks:
+        for name in names:
+            if self.store.rank != 0 or name in self.locks or problem is not None:
+                continue
             stem = record_stem(name, self.store.group_id)
             try:
                 got = self.hdir.try_lock(stem + ".lock", holder_text())
@@ -248,6 +252,51 @@ class Publisher:
         locks, self.locks = self.locks, {}
         for lock in locks.values():
             lock.release()
+
+
+class RecordComm:
+    """An extra job's communicator as its members share what they read of the core job's files:
+    one member reads (rank 0; with a file communicator, rank 0 of each node, as the merged
+    files of a node-spanning group would be read by every rank again) and gives every member
+    its bytes (see `read_once`)."""
+
+    def __init__(self, extra_comm, settings):
+        from ._comm import resolve_comm
+
+        comm = resolve_comm(extra_comm, settings)
+        if comm.kind == "file" and comm.size > 1:
+            host = int.from_bytes(hashlib.sha256(socket.gethostname().encode()).digest()[:7], "little")
+            comm = comm.split(host, comm.rank)
+        self.native = comm
+
+    @classmethod
+    def of(cls, extra_comm, settings) -> RecordComm | None:
+        """`extra_comm` (a communicator the extra job's members share, or None: each reads) as a
+        RecordComm; collective over it."""
+        if extra_comm is None or isinstance(extra_comm, RecordComm):
+            return extra_comm
+        return cls(extra_comm, settings)
+
+
+def read_once(comm: RecordComm | None, read):
+    """`read()` on one member of the extra job (see RecordComm; every member when `comm` is
+    None) and what it returned on every member, or the DDStoreError it raised raised on every
+    member. Collective over `comm`."""
+    if comm is None or comm.native.size == 1:
+        return read()
+    result = None
+    if comm.native.rank == 0:
+        try:
+            result = {"data": read()}
+        except DDStoreError as e:
+            result = {"error": [type(e).__name__, str(e)]}
+    got = _wire.gather(comm.native, result)[0]
+    if "error" in got:
+        kind = getattr(_errors, got["error"][0], DDStoreError)
+        raise (kind if isinstance(kind, type) and issubclass(kind, DDStoreError) else DDStoreError)(
+            got["error"][1]
+        )
+    return got["data"]
 
 
 def wait_and_read(path: str, timeout_s: float, missing: str, cap: int = RECORD_CAP) -> bytes:
@@ -404,15 +453,30 @@ def join(store, name: str, timeout_s: float | None = None, token: str | None = N
     group = store.settings.core_group
     check_name_length(name, group)
     path = record_path(store.handshake_dir, name, group)
-    raw = wait_and_read(
-        path,
-        timeout_s,
-        f"join('{name}'): no record {path} after {timeout_s:g} s: is the core job running with "
-        f"handshake_dir={store.handshake_dir!r}? (DDSTORE_HANDSHAKE_TIMEOUT_S sets the wait)",
-    )
-    body = parse_record(raw, path, store.n_core)
+
+    def read() -> dict:
+        raw = wait_and_read(
+            path,
+            timeout_s,
+            f"join('{name}'): no record {path} after {timeout_s:g} s: is the core job running with "
+            f"handshake_dir={store.handshake_dir!r}? (DDSTORE_HANDSHAKE_TIMEOUT_S sets the wait)",
+        )
+        parse_record(raw, path, store.n_core)  # the reader's problems are every member's
+        if token is not None or store.settings.job_token:
+            return {"raw": raw, "token": None}
+        return {
+            "raw": raw,
+            "token": list(presented_token(store.handshake_dir, name, group, None, store.settings)),
+        }
+
+    # One member of the extra job reads the record (and the token file); every member checks.
+    got = read_once(store._record_comm, read)
+    body = parse_record(got["raw"], path, store.n_core)
     signed = dict(body, records=[r.hex() for r in body["records"]])
-    presented, source = presented_token(store.handshake_dir, name, group, token, store.settings)
+    if got["token"] is not None and token is None and not store.settings.job_token:
+        presented, source = got["token"]
+    else:
+        presented, source = presented_token(store.handshake_dir, name, group, token, store.settings)
     check_access(signed, path, name, presented, source)
     if body["name"] != name:
         raise DDStoreValueError(f"handshake record {path} is for {body['name']!r}, not {name!r}")
@@ -442,15 +506,19 @@ def join_variable(store, name: str, timeout_s: float | None, token: str | None) 
     if timeout_s is None:
         timeout_s = store.settings.handshake_timeout_s
     deadline = time.monotonic() + timeout_s
-    while not (os.path.exists(plain) or os.path.exists(ends)):
-        if time.monotonic() >= deadline:
-            raise DDStoreTimeoutError(
-                f"join('{name}'): no record {plain} (nor {ends} of a ragged variable) after "
-                f"{timeout_s:g} s: is the core job running with handshake_dir={store.handshake_dir!r}? "
-                "(DDSTORE_HANDSHAKE_TIMEOUT_S sets the wait)"
-            )
-        time.sleep(0.05)
-    if not os.path.exists(ends):
+
+    def ragged() -> bool:
+        while not (os.path.exists(plain) or os.path.exists(ends)):
+            if time.monotonic() >= deadline:
+                raise DDStoreTimeoutError(
+                    f"join('{name}'): no record {plain} (nor {ends} of a ragged variable) after "
+                    f"{timeout_s:g} s: is the core job running with handshake_dir="
+                    f"{store.handshake_dir!r}? (DDSTORE_HANDSHAKE_TIMEOUT_S sets the wait)"
+                )
+            time.sleep(0.05)
+        return os.path.exists(ends)
+
+    if not read_once(store._record_comm, ragged):
         body = join(store, name, timeout_s, token)
         store._joined[name] = [joined_from(name, body)]
         return

@@ -230,6 +230,9 @@ class Store:
     def add(
         self, name: str, arr: np.ndarray, memory_limit: Optional[int] = None, spill_dir: Optional[str] = None
     ) -> None: ...
+    def create_many(
+        self, items: list[tuple], memory_limit: Optional[int] = None, spill_dir: Optional[str] = None
+    ) -> None: ...
     def add_ragged(
         self,
         name: str,

@@ -72,6 +72,10 @@ class PyDDStore(StoreCollectives, ProfileCounters, StoreInternals):
         settings: a `pyddstore.Settings` to use instead of the environment's
             (`Settings.from_env(timeout_s=5)`); the arguments above go on top.
         comm_or_none: upstream's name of `comm` (keyword only); pass one of the two.
+        extra_comm: method 2 extra member only (keyword): the extra job's own communicator (an
+            mpi4py communicator, a torch.distributed group or a `FileComm`), collective. Its rank
+            0 reads each record file and gives it to the others (with a `FileComm`: one member
+            per node reads), instead of every member reading every record.
 
     The store reads every `DDSTORE_*` setting once, here: `store.settings` holds them,
     typed (`store.settings.timeout_s`), with `method`, `handshake_dir`, `n_core` and
@@ -107,6 +111,7 @@ class PyDDStore(StoreCollectives, ProfileCounters, StoreInternals):
         *,
         comm_or_none: object | None = None,
         settings: _native.Settings | None = None,
+        extra_comm: object | None = None,
     ):
         if comm is not None and comm_or_none is not None:
             raise DDStoreTypeError("pass the communicator once: comm= (or its older name comm_or_none=)")
@@ -133,6 +138,13 @@ class PyDDStore(StoreCollectives, ProfileCounters, StoreInternals):
         self.handshake_dir = settings.handshake_dir or ""
         self.n_core = n_core
         self.is_extra = method == Method.LIBFABRIC_EXTRA_JOBS and n_core > 0 and comm_or_none is None
+        if extra_comm is not None and not self.is_extra:
+            raise DDStoreValueError(
+                "extra_comm= is for method=2 extra members (comm=None, n_core > 0): a core or "
+                "single-job store takes its communicator as comm="
+            )
+        # What the extra job's members read of the core job's files, read once (see _handshake).
+        self._record_comm = _handshake.RecordComm.of(extra_comm, settings)
         if self.is_extra:
             if not self.handshake_dir:
                 raise DDStoreValueError(
@@ -247,6 +259,13 @@ class PyDDStore(StoreCollectives, ProfileCounters, StoreInternals):
             store.barrier()
             ```
         """
+        item = self._init_item(name, nrows, disp, itemsize, dtype)
+        self._reserve(name)
+        self._native.init(*item, memory_limit, _path(spill_dir))
+        self._published(name)
+
+    def _init_item(self, name: str, nrows: int, disp: int, itemsize: int, dtype) -> tuple:
+        """init()'s arguments checked: (name, nrows, row_bytes, itemsize, dtype name)."""
         self._check_name(name)
         if dtype is not None:
             if np.dtype(dtype).hasobject:
@@ -260,11 +279,39 @@ class PyDDStore(StoreCollectives, ProfileCounters, StoreInternals):
             raise DDStoreValueError(
                 f"init('{name}'): disp={disp} elements of itemsize={itemsize} bytes is out of range"
             )
-        self._reserve(name)
-        self._native.init(
-            name, nrows, disp * itemsize, itemsize, _dtype_name(dtype), memory_limit, _path(spill_dir)
-        )
-        self._published(name)
+        return (name, nrows, disp * itemsize, itemsize, _dtype_name(dtype))
+
+    def add_many(self, arrays: dict, *, memory_limit=None, spill_dir=None) -> None:
+        """Collective: adds every variable of `arrays` (name -> this rank's rows, as `add(name,
+        arr)`), in its order, with one exchange between the ranks for all of them: what a dataset
+        of several fields costs one `add`. Ragged variables go through `add(name, arr, lengths)`.
+
+        Args:
+            arrays (dict[str, numpy.ndarray]): per new variable, this rank's rows (first axis).
+            memory_limit (int | None): as `add`, for each variable.
+            spill_dir (str | None): as `add`, for each variable.
+
+        Example:
+            ```python
+            store.add_many({"x": np.zeros((100, 8), np.float32), "y": np.arange(100)})
+            ```
+        """
+        if not isinstance(arrays, dict):
+            raise DDStoreTypeError(
+                f"add_many(arrays): expected a dict of name -> rows, got {type(arrays).__name__}"
+            )
+        items = []
+        for name, arr in arrays.items():
+            self._check_name(name)
+            items.append((name, _as_array(arr, f"add('{name}', arr)")))
+        self._create_many(items, memory_limit, spill_dir)
+
+    def _create_many(self, items: list, memory_limit, spill_dir) -> None:
+        names = [item[0] for item in items]
+        self._reserve(*names)
+        self._native.create_many(items, memory_limit, _path(spill_dir))
+        for name in names:
+            self._published(name)
 
     def init_device(
         self,
@@ -355,8 +402,7 @@ class PyDDStore(StoreCollectives, ProfileCounters, StoreInternals):
                 f"add('{name}'): lengths must be a 1-D sequence of non-negative ints, got "
                 f"shape {lengths.shape} of {lengths.dtype}"
             )
-        for part in ragged_parts(name):
-            self._reserve(part)
+        self._reserve(*ragged_parts(name))
         self._native.add_ragged(name, arr, lengths.astype(np.int64), memory_limit, _path(spill_dir))
         self._ragged_units[name] = tuple(arr.shape[1:])
         for part in ragged_parts(name):

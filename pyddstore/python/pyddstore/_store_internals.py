@@ -23,24 +23,32 @@ class StoreInternals:
     _native: object
     _publisher: object
     _ragged_units: dict
+    _init_item: object  # PyDDStore's: init()'s arguments checked
+    _create_many: object  # PyDDStore's: items created in one exchange, reserved and published
 
-    def _reserve(self, name: str) -> None:
-        """Method 2 core: the name fits the file system and no other live job publishes it.
-        Called before a variable is created."""
+    def _reserve(self, *names: str) -> None:
+        """Method 2 core: the names fit the file system and no other live job publishes them
+        (one exchange for all). Called before variables are created."""
         if self._publisher is not None:
-            self._publisher.reserve(name)
+            self._publisher.reserve(*names)
 
     def _published(self, name: str) -> None:
         """Method 2 core: publishes the record of `name` (created and readable) for extra jobs."""
         if self._publisher is not None:
             self._publisher.publish(name)
 
-    def _create_part(self, name: str, nrows: int, row_bytes: int, dtype) -> None:
-        """Collective: creates `name` with this rank's `nrows` rows of `row_bytes` bytes of
-        `dtype` (numpy), reserved but not yet published: a ragged variable's part before it
-        is linked (`_link_ragged`)."""
-        itemsize = np.dtype(dtype).itemsize
-        self._native.init(name, nrows, row_bytes, itemsize=itemsize, dtype=dtype_name(dtype))
+    def _create_parts(self, specs: list) -> None:
+        """Collective: creates every (name, nrows, row_bytes, dtype) of `specs`: `name` with this
+        rank's `nrows` rows of `row_bytes` bytes of `dtype` (numpy), reserved but not yet
+        published (a ragged variable's parts before they are linked, `_link_ragged`), with one
+        exchange between the ranks for all of them."""
+        items = [(n, rows, rb, np.dtype(dt).itemsize, dtype_name(dt)) for n, rows, rb, dt in specs]
+        self._native.create_many(items)
+
+    def _init_many(self, specs: list) -> None:
+        """Collective: `init(*spec)` of every (name, nrows, disp, itemsize, dtype) of `specs`
+        (reserved, created, published), with one exchange between the ranks for all of them."""
+        self._create_many([self._init_item(*spec) for spec in specs], None, None)
 
     def _link_ragged(self, name: str, unit: tuple) -> None:
         """Makes the two filled parts of `name` (`ragged_parts(name)`) one ragged variable whose

@@ -19,7 +19,7 @@ use super::plan::{Landing, Message, Plan, RaggedOwner, RaggedSlot};
 use super::wire::{self, MacKey, Nonce, Refusal, END_BYTES};
 use crate::error::{FabricError, FabricResult, RefusedFor};
 use crate::ofi::endpoint::TryAgain;
-use crate::ofi::record::ShareRecord;
+use crate::ofi::record::PeerShare;
 use crate::ofi::window::{
     naming_peer, post_retrying, progress_once, reap, Arrived, InFlight, Live, Op, Posted, Stopped,
 };
@@ -37,7 +37,7 @@ pub(crate) struct Client<'a> {
     /// The lent endpoint's name: owners address their replies to it.
     pub name: &'a [u8],
     /// Every owner's share record (the memory key a request names).
-    pub peers: &'a [ShareRecord],
+    pub peers: &'a [PeerShare],
     /// Replies are received from their owner's address only.
     pub directed: bool,
     /// How long an operation may wait (`DDSTORE_TIMEOUT_S`).

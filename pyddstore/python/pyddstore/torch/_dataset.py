@@ -413,14 +413,13 @@ class DistDataset(_StoredDataset):
         exists."""
         rank, size = store.rank, store.size
         start, count = share_of(n, size, rank)
-        for f in schema.fixed_fields:
-            disp, itemsize, dtype = f.init_args()
-            if self._share_device is None:
-                store.init(f.var, count, disp, itemsize=itemsize, dtype=dtype)
-            else:
-                self._device_shares[f.var] = _device.init_device_share(
-                    store, f, start, count, self._share_device
-                )
+        if self._share_device is None:
+            # Every field in one exchange between the ranks, whatever their number.
+            store._init_many([(f.var, count, *f.init_args()) for f in schema.fixed_fields])
+        else:
+            for f in schema.fixed_fields:
+                share = _device.init_device_share(store, f, start, count, self._share_device)
+                self._device_shares[f.var] = share
         quiet = store.settings.quiet
         err, payload = None, None
         ragged: dict = {}
@@ -463,14 +462,25 @@ class DistDataset(_StoredDataset):
         failed = [r["error"] for r in results if r["error"] is not None]
         if failed:
             raise err if err is not None else rebuild_error(tuple(failed[0]))
+
         # Collective, in schema order on every rank: each ragged field from this rank's share.
         # Each is created from its lengths and filled in place (no second copy of the values).
+        # Every ragged field in one exchange too; a field's blocks go once its values are in
+        # the store (peak memory: the blocks and one field's share).
+        def fill(var, part):
+            part.write(store, var)
+            part.close()
+
+        parts = [ragged.pop(f.key) for f in schema.ragged_fields]
+        _ragged_parts.add_ragged_many_in_place(
+            store,
+            [
+                (f.var, f, part.lengths, functools.partial(fill, part=part))
+                for f, part in zip(schema.ragged_fields, parts)
+            ],
+        )
+        del parts
         for j, f in enumerate(schema.ragged_fields):
-            part = ragged.pop(f.key)
-            _ragged_parts.add_ragged_in_place(
-                store, f.var, f, part.lengths, lambda var, part=part: part.write(store, var)
-            )
-            del part
             f.max_len = max(r["max_lens"][j] for r in results)
         self.load_stats = [r["stats"] for r in results]
         if rank == 0 and not quiet:

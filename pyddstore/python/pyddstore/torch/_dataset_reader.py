@@ -9,6 +9,7 @@ import torch
 
 from pyddstore import DDStoreError, DDStoreValueError, PyDDStore
 from pyddstore._env import settings as _env_settings
+from pyddstore._handshake import RecordComm
 
 from ._meta import read_meta
 from ._read import _StoredDataset
@@ -29,6 +30,10 @@ class DistDatasetReader(_StoredDataset):
         decode (Callable | None): applied to each sample read back.
         data_cls (type | None): the torch_geometric Data or HeteroData subclass graph samples come back as;
             None: Data or HeteroData.
+        comm (object | None): the extra job's own communicator (mpi4py, a torch.distributed group,
+            a `pyddstore.FileComm`), collective: its rank 0 reads the meta file and each record
+            and gives them to the others (a `FileComm` job: one member per node reads). None:
+            every member reads them.
 
     Example:
         ```python
@@ -46,6 +51,7 @@ class DistDatasetReader(_StoredDataset):
         device: str | torch.device | None = None,
         decode: Callable[[Any, int], Any] | None = None,
         data_cls: type | None = None,
+        comm: object | None = None,
     ) -> None:
         super().__init__()
         check_data_cls(data_cls, "DistDatasetReader")
@@ -53,14 +59,18 @@ class DistDatasetReader(_StoredDataset):
         hs = handshake_dir or settings.handshake_dir
         if not hs:
             raise DDStoreValueError("DistDatasetReader needs handshake_dir= (or DDSTORE_HANDSHAKE_DIR)")
-        meta = read_meta(os.path.join(hs, f"{name}.meta.json"), settings.handshake_timeout_s)
+        # Collective over the extra job's `comm`: its files are read once per job (per node).
+        record_comm = RecordComm.of(comm, settings)
+        meta = read_meta(os.path.join(hs, f"{name}.meta.json"), settings.handshake_timeout_s, record_comm)
         if n_core is None:
             n_core = settings.n_core if settings.is_set("n_core") else int(meta["n_core"])
         self.name = name
         self.meta = meta
         schema = Schema.from_json(meta)
         use_data_cls(schema, data_cls, f"DistDatasetReader('{name}')")
-        store = PyDDStore(None, method=2, handshake_dir=hs, n_core=int(n_core), settings=settings)
+        store = PyDDStore(
+            None, method=2, handshake_dir=hs, n_core=int(n_core), settings=settings, extra_comm=record_comm
+        )
         for f in schema.fields:
             store.join(f.var)
         n = int(meta["num_samples"])

@@ -7,7 +7,7 @@ import json
 import os
 
 from pyddstore import DDStoreError, DDStoreValueError
-from pyddstore._handshake import load_json_object, wait_and_read, write_private
+from pyddstore._handshake import load_json_object, read_once, wait_and_read, write_private
 
 from ._schema import META_VERSION, Schema
 
@@ -21,13 +21,17 @@ def write_meta(hs: str, name: str, n_core: int, n: int, schema: Schema) -> None:
     write_private(path, json.dumps(meta, indent=1).encode())  # owner-only, atomic
 
 
-def read_meta(path: str, timeout: float) -> dict:
-    """Waits up to timeout seconds for a meta file written by a core group and reads it."""
-    raw = wait_and_read(
-        path,
-        timeout,
-        f"{path} did not appear within {timeout:.0f} s: is the core group (DistDataset with "
-        "method=2 and the same handshake_dir) running?",
+def read_meta(path: str, timeout: float, comm=None) -> dict:
+    """Waits up to timeout seconds for a meta file written by a core group and reads it (once
+    per extra job with `comm`, a `RecordComm`: see pyddstore._handshake.read_once)."""
+    raw = read_once(
+        comm,
+        lambda: wait_and_read(
+            path,
+            timeout,
+            f"{path} did not appear within {timeout:.0f} s: is the core group (DistDataset with "
+            "method=2 and the same handshake_dir) running?",
+        ),
     )
     meta = load_json_object(raw, path)
     if meta.get("version") != META_VERSION or isinstance(meta.get("version"), bool):

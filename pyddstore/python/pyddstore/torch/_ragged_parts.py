@@ -97,21 +97,33 @@ def add_ragged_in_place(
     from this rank's row lengths, then `fill(values_var)` writes the values straight into this
     rank's share (no contiguous copy of them first); every rank learns whether all filled
     before the variable is linked."""
-    values, ends = ragged_parts(name)
-    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-    unit_bytes = max(1, f.unit_count * f.dtype.itemsize)
-    store._reserve(values)
-    store._reserve(ends)
-    store._create_part(values, int(lengths.sum()), unit_bytes, f.dtype)
-    store._create_part(ends, len(lengths), 8, np.dtype(np.int64))
+    add_ragged_many_in_place(store, [(name, f, lengths, fill)])
+
+
+def add_ragged_many_in_place(store: Any, fields: list) -> None:
+    """Collective: `add_ragged_in_place` of every (name, field, lengths, fill) of `fields`, with
+    one exchange creating all their parts, one telling every rank whether all filled and one
+    barrier, whatever the number of fields."""
+    specs, filled = [], []
+    for name, f, lengths, fill in fields:
+        values, ends = ragged_parts(name)
+        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+        unit_bytes = max(1, f.unit_count * f.dtype.itemsize)
+        specs.append((values, int(lengths.sum()), unit_bytes, f.dtype))
+        specs.append((ends, len(lengths), 8, np.dtype(np.int64)))
+        filled.append((ends, lengths, values, fill))
+    store._reserve(*(spec[0] for spec in specs))
+    store._create_parts(specs)
     err = None
     try:
-        store.update(ends, np.cumsum(lengths, dtype=np.int64))
-        fill(values)
+        for ends, lengths, values, fill in filled:
+            store.update(ends, np.cumsum(lengths, dtype=np.int64))
+            fill(values)
     except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
         err = e
     agree(store, err)
-    store._link_ragged(name, (f.unit_count,))
+    for name, f, *_ in fields:
+        store._link_ragged(name, (f.unit_count,))
     store.barrier()
-    store._published(values)
-    store._published(ends)
+    for spec in specs:
+        store._published(spec[0])
