@@ -10,7 +10,6 @@ import sys
 
 import pytest
 from conftest import _env
-
 from pyddstore.benchmarks.scale import fit
 
 
