@@ -147,6 +147,7 @@ def rank_main(argv: list[str]) -> None:
     ap.add_argument("--config", required=True)
     ap.add_argument("--role", choices=["rank", "core", "extra"], default="rank")
     ap.add_argument("--n-core", type=int, default=0)
+    ap.add_argument("--n-extra", type=int, default=0)
     ap.add_argument("--hs", default="")
     ap.add_argument("--rows", type=int, default=256)
     ap.add_argument("--row-bytes", type=int, default=3072)
@@ -189,16 +190,27 @@ def rank_main(argv: list[str]) -> None:
             )
         report["batch_rows"] = len(rows)
     store.barrier()  # every rank has read: each holds what serving the others' reads costs too
-    if a.role == "core":
-        while not os.path.exists(os.path.join(a.hs, "STOP")):  # the extra job has read and left
-            time.sleep(0.05)
+    if a.role == "core":  # the extra ranks have read and stay connected until the core reported
+        _wait_for_reports(a.out, "extra", a.n_extra)
     report.update(snapshot())
     # Extra members are each a store of their own (rank 0 of 1): named by their launcher's rank.
     who = os.environ.get("OMPI_COMM_WORLD_RANK", store.rank) if a.role == "extra" else store.rank
-    with open(os.path.join(a.out, f"{a.role}-{who}.json"), "w") as f:
+    path = os.path.join(a.out, f"{a.role}-{who}.json")
+    with open(path + ".tmp", "w") as f:
         json.dump(report, f)
+    os.rename(path + ".tmp", path)
+    if a.role == "extra":
+        _wait_for_reports(a.out, "core", a.n_core)
     store.barrier()
     store.free()
+
+
+def _wait_for_reports(out: str, role: str, count: int, timeout_s: float = 900) -> None:
+    deadline = time.monotonic() + timeout_s
+    while sum(n.startswith(role) and n.endswith(".json") for n in os.listdir(out)) < count:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the {count} {role} ranks did not report within {timeout_s:.0f} s")
+        time.sleep(0.05)
 
 
 # ---------------------------------------------------------------- the driver
@@ -303,7 +315,13 @@ def run_job(config: str, n: int, args, shims: dict, cluster=None, nodes: int = 1
             core_n = max(1, n // 2)
             env = _env(settings)
             core = subprocess.Popen(
-                _mpirun(core_n, _rank_argv(shim, *common, "--role", "core"), cluster, nodes, settings),
+                _mpirun(
+                    core_n,
+                    _rank_argv(shim, *common, "--role", "core", "--n-extra", str(n - core_n)),
+                    cluster,
+                    nodes,
+                    settings,
+                ),
                 env=env,
                 **pipes,
             )
@@ -318,11 +336,7 @@ def run_job(config: str, n: int, args, shims: dict, cluster=None, nodes: int = 1
                 env=env,
                 **pipes,
             )
-            failed = _finish([extra], timeout)
-            Path(hs, "STOP").touch()
-            failed = failed or _finish([core], timeout)
-            if failed:
-                core.kill()
+            failed = _finish([extra, core], timeout)
         else:
             argv = _mpirun(n, _rank_argv(shim, *common), cluster, nodes, settings)
             failed = _finish([subprocess.Popen(argv, env=_env(settings), **pipes)], timeout)
@@ -402,8 +416,10 @@ def _num(v, unit: str = "") -> str:
     return f"{v:,.0f}" if abs(v) >= 100 or float(v).is_integer() else f"{v:.1f}"
 
 
-def verdicts(fits: dict, mem_mib: float) -> list[str]:
-    """The extrapolations beside the limits: ulimit -n and this node's memory at 8 ranks."""
+def verdicts(fits: dict, mem_mib: float, shared_mib: float) -> list[str]:
+    """The extrapolations beside the limits: ulimit -n, and this node's memory at 8 ranks, each
+    with its private memory (fitted) and what it shares (RSS - USS at the largest N measured:
+    MPI's same-node segments, libraries; an upper bound, counted once per rank)."""
     out = []
     fds = fits.get("fds")
     if fds:
@@ -414,12 +430,12 @@ def verdicts(fits: dict, mem_mib: float) -> list[str]:
                 f"N={t}: {v:,.0f} descriptors per rank"
                 + (f", over ulimit -n {'/'.join(over)}" if over else "")
             )
-    rss = fits.get("rss_mib")
-    if rss:
+    uss = fits.get("uss_mib")
+    if uss:
         for t in TARGETS:
-            node = PER_NODE * rss[str(t)]
+            node = PER_NODE * (uss[str(t)] + shared_mib)
             out.append(
-                f"N={t}: {node / 1024:,.1f} GiB RSS per node of {PER_NODE} ranks"
+                f"N={t}: {node / 1024:,.1f} GiB per node of {PER_NODE} ranks (private + shared)"
                 f" ({node / mem_mib:.0%} of this node's {mem_mib / 1024:.0f} GiB)"
             )
     return out
@@ -443,7 +459,9 @@ def print_config(config: str, points: list, fits: dict, mem_mib: float, where: s
                 f"  {QUANTITIES[q][0]:<26} {f['model']:<8} N=1,024: {_num(f['1024'], unit):>10} {unit:<3}"
                 f" N=16,384: {_num(f['16384'], unit):>10} {unit}"
             )
-    for line in verdicts(fits, mem_mib):
+    last = [p["summary"] for p in points if p.get("summary")][-1:]
+    shared = last[0]["rss_mib"] - last[0]["uss_mib"] if last else 0.0
+    for line in verdicts(fits, mem_mib, shared):
         print(f"  {line}")
 
 
