@@ -154,17 +154,17 @@ def import_scale(path: str) -> None:
         for p in r["points"]:
             p.pop("ranks", None)
     d.pop("vcluster", None)
-    d["source"] = f"python -m pyddstore.benchmarks.scale --json (per-rank reports left out): {path}"
+    d["source"] = "a python -m pyddstore.benchmarks.scale --json run, its per-rank reports left out"
     (DATA / "scale.json").write_text(json.dumps(d, indent=1) + "\n")
 
 
 def plot_scale(plt):
     d = load("scale")
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.2))
-    quantities = (("fds", "descriptors per rank"), ("add_bytes", "bytes handed MPI per add, per rank"))
+    quantities = (("fds", "descriptors per rank"), ("add_msgs", "per add: MPI calls or file operations"))
     for ax, (q, label) in zip(axes, quantities):
         for k, (config, r) in enumerate(d["configs"].items()):
-            ok = [p for p in r["points"] if not p.get("failed") and p["summary"][q] is not None]
+            ok = [p for p in r["points"] if not p.get("failed") and (p["summary"][q] or 0) > 0]
             if not ok:
                 continue
             color = f"C{k}"

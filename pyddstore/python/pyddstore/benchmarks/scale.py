@@ -61,6 +61,9 @@ QUANTITIES = {
     "init_cpu_s": ("init CPU time", "s"),
     "first_batch_cpu_s": ("first batch CPU time", "s"),
 }
+# The error a fit need not explain, as a fraction of the largest value: counts and memory are
+# exact or nearly so; times on a shared node move by tens of percent.
+NOISE = {"s": 0.1}
 MODELS = {
     "const": lambda n: 0.0,
     "log N": lambda n: math.log2(n),
@@ -371,17 +374,17 @@ def summarize(reports: list) -> dict:
     return out
 
 
-def fit(ns: list[int], ys: list[float]) -> dict | None:
+def fit(ns: list[int], ys: list[float], noise: float = 0.003) -> dict | None:
     """y = a + b f(N), f of const, log N, N, N log N, N^2 (b >= 0): starting from const, a faster
     growth is taken where it halves the error of the one taken so far, until that error is within
-    0.3% of the largest value (a constant with a slow per-peer term, like memory, still shows the
-    term). With its values at TARGETS."""
+    `noise` x the largest value (0.3%: a constant with a slow per-peer term, like memory, still
+    shows the term). With its values at TARGETS."""
     pts = [(n, y) for n, y in zip(ns, ys) if y is not None]
     if len(pts) < 2:
         return None
     n = np.array([p[0] for p in pts], float)
     y = np.array([p[1] for p in pts], float)
-    floor = 0.003 * float(np.abs(y).max())
+    floor = noise * float(np.abs(y).max())
     chosen = None
     for name, f in MODELS.items():
         x = np.array([f(v) for v in n])
@@ -481,7 +484,7 @@ def table(results: dict, largest: int) -> tuple[list, list]:
         rows.append(
             [config, ok[-1]["n"]]
             + [
-                None if s[q] is None else round(s[q], 1) if isinstance(s[q], float) else s[q]
+                "-" if s[q] is None else round(s[q], 1) if isinstance(s[q], float) else s[q]
                 for q in TABLE_QUANTITIES
             ]
             + [f"{round(f['16384']):,} ({f['model']})" if f else None]
@@ -521,7 +524,10 @@ def measure(configs: list[str], ranks: list[int], args, shims: dict, cluster=Non
                 break  # a larger job of this config would fail the same way
         for key, pts in points.items():
             ok = [p for p in pts if not p.get("failed")]
-            fits = {q: fit([p["n"] for p in ok], [p["summary"][q] for p in ok]) for q in QUANTITIES}
+            fits = {
+                q: fit([p["n"] for p in ok], [p["summary"][q] for p in ok], NOISE.get(unit, 0.003))
+                for q, (_, unit) in QUANTITIES.items()
+            }
             results[key] = {"points": pts, "fits": fits}
             print_config(key, pts, fits, mem, where)
     return results
