@@ -53,3 +53,26 @@ def test_scale_bench_runs_jobs_and_reports_every_rank(tmp_path):
     assert doc["columns"][0] == "config" and doc["rows"][0][:2] == ["tcp", 4], doc["rows"]
     assert "fit against N" in proc.stdout and "N=16384:" in proc.stdout, proc.stdout
     assert "descriptors per rank" in proc.stdout and "GiB per node of 8 ranks" in proc.stdout, proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_scale_bench_on_the_virtual_cluster(tmp_path):
+    """--vcluster 2: the tcp job across two namespace nodes, its ranks reported like on one node."""
+    from vc_fixture import harness
+
+    reason = harness.why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    out = tmp_path / "scale.json"
+    cmd = [sys.executable, "-m", "pyddstore.benchmarks.scale", "--ranks", "2,4", "--configs", "tcp"]
+    cmd += ["--rows", "16", "--batch", "8", "--vcluster", "2", "--json", str(out)]
+    proc = subprocess.run(cmd, env=_env({}), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    vc = json.loads(out.read_text())["vcluster"]
+    assert vc["nodes"] == 2, vc
+    points = vc["configs"]["tcp"]["points"]
+    assert [p["n"] for p in points] == [2, 4] and not any(p.get("failed") for p in points), points
+    for p in points:
+        assert len(p["ranks"]) == p["n"] and all(r["fds"] > r["before"]["fds"] for r in p["ranks"]), p
+    assert "(2 virtual nodes)" in proc.stdout, proc.stdout
