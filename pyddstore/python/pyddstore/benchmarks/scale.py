@@ -7,14 +7,16 @@ Run as a plain process: it starts its own jobs (mpirun, or plain processes for t
 communicator). Each rank is a store and nothing else (no torch): it makes a store, adds one
 variable (``--rows`` rows of ``--row-bytes`` per rank), reads a first batch holding a row of every
 other rank (checked against the owners' data), waits for every rank to have read, and reports its
-descriptors (/proc/self/fd), sockets, RSS and PSS (/proc/self/smaps_rollup), threads, init and
-first-batch time, and what it handed its communicator while making the store and in ``add``:
+descriptors (/proc/self/fd), sockets, RSS, PSS and private memory (/proc/self/smaps_rollup),
+threads, init and first-batch time (wall and CPU), and what it handed its communicator while
+making the store and in ``add`` (method 2's extra ranks: ``join``):
 MPI messages and bytes through a PMPI counting shim (tests/scripts/pmpi_count.c, built here with
 mpicc), file-communicator file operations through an LD_PRELOAD'ed counter
 (tests/scripts/fileops_count.c); without a source checkout or a compiler those are left out.
 On one node every peer is reached through the provider (``DDSTORE_SHM=0``), as a remote one would
 be, so the extrapolation at 8 ranks per node is an upper bound; ``--vcluster K`` also runs the tcp
-job across K virtual nodes (root, scripts/vcluster.py) with same-node peers through memory.
+job across K virtual nodes (root, scripts/vcluster.py) with same-node peers through memory. Wall
+times on an oversubscribed node measure the node; CPU times and counts measure a rank.
 """
 
 from __future__ import annotations
