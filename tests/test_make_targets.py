@@ -74,6 +74,7 @@ SMOKE = {
         {"BENCH_ARGS": "--row-sizes 3072 --batch-sizes 128 --seconds 0.05 --rounds 1 --share-bytes 1e6"},
         ["bench-vcluster.json"],
     ),
+    "bench-scale": ({"BENCH_ARGS": "--ranks 2,4 --configs tcp --rows 16 --batch 8"}, ["bench-scale.json"]),
     "soak": ({"SOAK_ROWS": "600000", "SOAK_RANKS": "2"}, []),  # a one-time step of 2 MiB stays under 8 B/row
     "demo": ({"DEMO_ARGS": "--rows 4000 --batches 20", "EPOCHS": "1"}, []),
     "docs": ({}, []),

@@ -3,6 +3,7 @@ each section's table as the page shows it.
 
     python docs/figures/plot.py            # docs/img/fig-*.png and the tables
     python docs/figures/plot.py --tables   # the tables only (tests/test_docs.py compares them)
+    python docs/figures/plot.py --scale bench-results/bench-scale.json   # take a scale bench's run
 
 Each data file names its question, where its numbers come from (a benchmark's --json run, or a
 documented run's table), the command that measures them again and the conditions.
@@ -17,7 +18,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
 IMG = HERE.parent / "img"
-SECTIONS = ("read", "load", "graph", "loaders", "spill")
+SECTIONS = ("read", "load", "graph", "loaders", "spill", "scale")
 WIDTH = 7.2  # inches at 110 dpi: about 790 px, the page's column
 
 
@@ -145,10 +146,58 @@ def plot_spill(plt):
     return fig
 
 
+def import_scale(path: str) -> None:
+    """data/scale.json from a `python -m pyddstore.benchmarks.scale --json` run: its fits, its
+    table and each job's figures (largest over the ranks), without the per-rank reports."""
+    d = json.loads(Path(path).read_text())
+    for r in d["configs"].values():
+        for p in r["points"]:
+            p.pop("ranks", None)
+    d.pop("vcluster", None)
+    d["source"] = "a python -m pyddstore.benchmarks.scale --json run, its per-rank reports left out"
+    (DATA / "scale.json").write_text(json.dumps(d, indent=1) + "\n")
+
+
+def plot_scale(plt):
+    d = load("scale")
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.2))
+    quantities = (("fds", "descriptors per rank"), ("add_msgs", "per add: MPI calls or file operations"))
+    for ax, (q, label) in zip(axes, quantities):
+        for k, (config, r) in enumerate(d["configs"].items()):
+            ok = [p for p in r["points"] if not p.get("failed") and (p["summary"][q] or 0) > 0]
+            if not ok:
+                continue
+            color = f"C{k}"
+            ax.plot(
+                [p["n"] for p in ok], [p["summary"][q] for p in ok], "o-", color=color, ms=3, label=config
+            )
+            f = r["fits"].get(q)
+            if f:
+                ax.plot(
+                    [ok[-1]["n"], 1024, 16384],
+                    [ok[-1]["summary"][q], f["1024"], f["16384"]],
+                    ":",
+                    color=color,
+                )
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("ranks N (dotted: the fit, to 16,384)")
+        ax.set_title(label, fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+    for limit in d["fd_limits"]:
+        axes[0].axhline(limit, color="k", ls="--", lw=0.8)
+        axes[0].text(2, limit * 1.1, f"ulimit -n {limit:,}", fontsize=7)
+    axes[0].legend(fontsize=7, loc="center right")
+    return fig
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tables", action="store_true", help="print the tables only")
+    ap.add_argument("--scale", metavar="JSON", help="first make data/scale.json from this scale bench run")
     args = ap.parse_args(argv)
+    if args.scale:
+        import_scale(args.scale)
     for name in SECTIONS:
         print(f"<!-- {name} -->\n{table(name)}\n")
     if args.tables:

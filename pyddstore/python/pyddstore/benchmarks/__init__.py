@@ -14,6 +14,8 @@ library; plots need the ``bench`` extra (``pip install ".[bench]"``: matplotlib)
 - ``python -m pyddstore.benchmarks.spill``: a spilled DistDataset epoch against raw reads of its
   spill files, memmap, files and memory (``--alt-python``: litdata and mosaicml-streaming, from a
   checkout).
+- ``python -m pyddstore.benchmarks.scale``: what each rank spends (descriptors, memory, messages)
+  in jobs of 2 to 64 ranks, every method, fitted against N and extrapolated to 16,384.
 
 Developers' harnesses live in the repository's ``tools/``, not in the wheel: ``auth_cost.py``
 (one build's gather path against another build's) and ``spill_alt.py`` (what ``--alt-python``

@@ -10,6 +10,11 @@ as a training job's loaders do) or rank 0 alone. The figure per line is the medi
 rounds of auto's time / one-sided's time, so that this machine's drift between rounds cancels;
 ``--busy N`` runs N busy-looping processes beside the bench (a loaded node). Every line's rows
 are checked against the owners' data first.
+
+Each round also times the line a user could write in an afternoon: a plain Python program that
+gathers the same batches over TCP sockets (one request per owner and batch listing its rows, the
+owner, a process of its own per rank, packs the rows into one reply). The gather path's ratio to
+it (auto / socket) is printed and written with every line.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
+import struct
 import subprocess
 import sys
 
@@ -33,6 +40,81 @@ PATHS = {
 }
 
 
+def _recv_into(sock: socket.socket, buf: memoryview) -> None:
+    while buf:
+        got = sock.recv_into(buf)
+        if not got:
+            raise ConnectionError("the socket baseline's peer closed the connection")
+        buf = buf[got:]
+
+
+def serve_rows(first: int, count: int, row_bytes: int) -> None:
+    """The socket baseline's owner (run as a process of its own): holds rows first..first+count
+    and answers each request (u32 n, then n int64 rows) with the rows packed into one reply."""
+    import threading
+
+    rows = pattern(np.arange(first, first + count), row_bytes)
+    server = socket.create_server(("127.0.0.1", 0))
+    print(server.getsockname()[1], flush=True)
+
+    def serve(conn: socket.socket) -> None:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        head = bytearray(4)
+        with conn:
+            while True:
+                try:
+                    _recv_into(conn, memoryview(head))
+                except ConnectionError:
+                    return
+                idx = np.empty(struct.unpack("<I", head)[0], np.int64)
+                _recv_into(conn, memoryview(idx).cast("B"))
+                conn.sendall(rows[idx - first])
+
+    while True:
+        conn, _ = server.accept()
+        threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+
+class SocketGather:
+    """The socket baseline's reader: one connection per other rank's owner process."""
+
+    def __init__(self, comm, per_rank: int, row_bytes: int):
+        first = comm.rank * per_rank
+        code = "from pyddstore.benchmarks.paths import serve_rows; serve_rows(%d, %d, %d)"
+        code %= (first, per_rank, row_bytes)
+        self.server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        port = int(self.server.stdout.readline())
+        ports = comm.allgather(port)
+        if len(set(comm.allgather(socket.gethostname()))) != 1:
+            raise SystemExit("the socket baseline serves on 127.0.0.1: run the paths bench on one node")
+        self.per_rank = per_rank
+        self.conns = {}
+        for r, p in enumerate(ports):
+            if r != comm.rank:
+                self.conns[r] = socket.create_connection(("127.0.0.1", p))
+                self.conns[r].setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def gather(self, out: np.ndarray, rows: np.ndarray) -> None:
+        owners = rows // self.per_rank
+        wanted = [(o, owners == o) for o in np.unique(owners)]
+        for o, mask in wanted:  # every request first, then every reply
+            mine = np.ascontiguousarray(rows[mask], np.int64)
+            self.conns[int(o)].sendall(struct.pack("<I", len(mine)) + mine.tobytes())
+        for o, mask in wanted:
+            if len(wanted) == 1:
+                _recv_into(self.conns[int(o)], memoryview(out).cast("B"))
+            else:
+                part = np.empty((int(mask.sum()),) + out.shape[1:], out.dtype)
+                _recv_into(self.conns[int(o)], memoryview(part).cast("B"))
+                out[mask] = part
+
+    def close(self) -> None:
+        for c in self.conns.values():
+            c.close()
+        self.server.kill()
+        self.server.wait()
+
+
 def measure(args, comm) -> list[dict]:
     rank, size = comm.rank, comm.size
     rng = np.random.default_rng(11)
@@ -45,6 +127,7 @@ def measure(args, comm) -> list[dict]:
         mine = pattern(np.arange(rank * per_rank, (rank + 1) * per_rank), row_bytes)
         for store in stores.values():
             store.add(name, mine)
+        sockets = SocketGather(comm, per_rank, row_bytes)
         others = np.arange(per_rank * size)
         remote = others[others // per_rank != rank]
         for batch in args.batch_sizes:
@@ -60,6 +143,11 @@ def measure(args, comm) -> list[dict]:
                     fns[path] = lambda r, t, s=store: s.get(name, out, int(r[0]))
                 else:
                     fns[path] = lambda r, t, s=store: s.get_batch(name, out, r)
+            if reads:
+                sockets.gather(out, batches[0])
+                if not np.array_equal(out, pattern(batches[0], row_bytes)):
+                    raise SystemExit(f"socket: wrong data for rows {batches[0][:8]}")
+            fns["socket"] = lambda r, t: sockets.gather(out, r)
             per_round = {p: [] for p in fns}
             for _ in range(args.rounds):
                 for path, fn in fns.items():
@@ -69,6 +157,7 @@ def measure(args, comm) -> list[dict]:
                         per_round[path].append(secs / rows * 1e6)
             if reads:
                 ratios = [a / b for a, b in zip(per_round["auto"], per_round["one-sided"])]
+                vs_socket = [a / b for a, b in zip(per_round["auto"], per_round["socket"])]
                 results.append(
                     {
                         "rank": rank,
@@ -76,10 +165,13 @@ def measure(args, comm) -> list[dict]:
                         "batch": batch,
                         "auto_us_per_row": statistics.median(per_round["auto"]),
                         "one_sided_us_per_row": statistics.median(per_round["one-sided"]),
+                        "socket_us_per_row": statistics.median(per_round["socket"]),
                         "ratios": ratios,
+                        "vs_socket": vs_socket,
                     }
                 )
         quiet_wait(comm)
+        sockets.close()
     for store in stores.values():
         store.free()
     return results
@@ -94,6 +186,7 @@ def summarize(per_rank: list) -> list[dict]:
     out = []
     for (row_bytes, batch), rs in sorted(lines.items()):
         ratios = sorted(x for r in rs for x in r["ratios"])
+        vs_socket = sorted(x for r in rs for x in r["vs_socket"])
         out.append(
             {
                 "row_bytes": row_bytes,
@@ -103,6 +196,10 @@ def summarize(per_rank: list) -> list[dict]:
                 "ratio_median": statistics.median(ratios),
                 "ratio_q1": ratios[len(ratios) // 4],
                 "ratio_q3": ratios[(3 * len(ratios)) // 4],
+                "socket_us_per_row": statistics.median(r["socket_us_per_row"] for r in rs),
+                "auto_vs_socket": statistics.median(vs_socket),
+                "auto_vs_socket_q1": vs_socket[len(vs_socket) // 4],
+                "auto_vs_socket_q3": vs_socket[(3 * len(vs_socket)) // 4],
             }
         )
     return out
@@ -138,15 +235,27 @@ def main(argv=None) -> None:
     who = "every rank reads" if args.readers == "all" else "rank 0 reads"
     print(
         f"# {comm.size} ranks, {who}, {args.busy} busy processes, {args.rounds} alternating rounds;"
-        " ratio = auto / one-sided time per row (median, quartiles over ranks x rounds)"
+        " ratio = auto / one-sided time per row (median, quartiles over ranks x rounds);"
+        " x socket = auto / a plain-socket gather of the same batches"
     )
-    print(f"{'row B':>8} {'batch':>5} {'auto us/row':>12} {'1s us/row':>10} {'ratio':>6} {'q1-q3':>11}")
+    print(
+        f"{'row B':>8} {'batch':>5} {'auto us/row':>12} {'1s us/row':>10} {'ratio':>6} {'q1-q3':>11}"
+        f" {'socket us/row':>13} {'x socket':>8}"
+    )
     for r in lines:
         print(
             f"{r['row_bytes']:>8} {r['batch']:>5} {r['auto_us_per_row']:>12.2f}"
             f" {r['one_sided_us_per_row']:>10.2f} {r['ratio_median']:>6.2f}"
             f" {r['ratio_q1']:>5.2f}-{r['ratio_q3']:<5.2f}"
+            f" {r['socket_us_per_row']:>13.2f} {r['auto_vs_socket']:>8.2f}"
         )
+    for r in lines:
+        if (r["row_bytes"], r["batch"]) == (3072, 128):
+            print(
+                f"# the tcp gather path (DDSTORE_SHM=0) is {r['auto_vs_socket']:.2f}x a plain-socket gather"
+                f" of 128 x 3 KB rows ({r['auto_us_per_row']:.2f} vs {r['socket_us_per_row']:.2f} us per row;"
+                f" goal: at most 1.3x)"
+            )
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
