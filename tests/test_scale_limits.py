@@ -156,3 +156,17 @@ def test_a_bounded_set_holds_no_connection_between_reads(n):
         assert r["result"] == "ok" and r["read"] == 2 * n * 32, r
         assert r["fds_after"] - r["fds_store"] <= 2 * PER_ENDPOINT + 4, r
     assert "DDSTORE_MAX_CONNECTIONS" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_second_reading_thread_shares_the_endpoint_where_the_limit_has_no_room_for_another():
+    # N = 8, 60 descriptors: one reader endpoint with all its connections fits (28 + 10 + 2 x 7 =
+    # 52), a second thread's own would not (76): both threads read through the one endpoint, in
+    # turn, with every connection kept (no peer disconnected, no warning).
+    n = 8
+    proc = run_mpi(n, "scale_fds.py", "m1", "--threads", "2", "--limit", "60", env=TCP, timeout=600)
+    found = reports(proc.stdout, "SCALEFD")
+    assert len(found) >= n // 2, proc.stdout + proc.stderr
+    for r in found:
+        assert r["result"] == "ok" and r["read"] == 2 * n * 32, r
+        assert r["fds_after"] - r["fds_store"] <= PER_ENDPOINT + 2 * (n - 1), r
+    assert "live connections" not in proc.stderr, proc.stderr[-3000:]

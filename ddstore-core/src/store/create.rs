@@ -621,13 +621,13 @@ fn frames(rank: usize, mut bytes: &[u8]) -> Result<Vec<&[u8]>> {
     Ok(parts)
 }
 
+/// Of one variable: every rank's announcement and its share's transport record.
+type Agreed = (Vec<InitRecord>, Vec<Vec<u8>>);
+
 /// Per variable of `vars`, every rank's announcement and transport record
 /// from the exchanged records `all`, each checked ([`check_agreed`]).
-fn agree_many(
-    all: &[Vec<u8>],
-    vars: &[NewVar<'_>],
-) -> Result<Vec<(Vec<InitRecord>, Vec<Vec<u8>>)>> {
-    let mut agreed: Vec<(Vec<InitRecord>, Vec<Vec<u8>>)> = vars
+fn agree_many(all: &[Vec<u8>], vars: &[NewVar<'_>]) -> Result<Vec<Agreed>> {
+    let mut agreed: Vec<Agreed> = vars
         .iter()
         .map(|_| (Vec::with_capacity(all.len()), Vec::with_capacity(all.len())))
         .collect();

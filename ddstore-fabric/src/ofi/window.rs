@@ -21,6 +21,9 @@ use super::endpoint::{Endpoint, TryAgain};
 use super::mr::MemoryRegion;
 use crate::error::{close_last, FabricError, FabricResult, RefusedFor};
 
+/// Per rank, its endpoint's address (one table per store, see `Peers::addrs`).
+type AddrTable = Vec<Vec<u8>>;
+
 /// What a window slot holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Op {
@@ -64,7 +67,7 @@ pub(crate) struct Live {
     pub(crate) addrs: HashMap<Vec<u8>, sys::fi_addr_t>,
     /// Per address table resolved before (one per store: its variables
     /// share it), its AV addresses.
-    pub(crate) resolved: Vec<(Weak<Vec<Vec<u8>>>, Vec<sys::fi_addr_t>)>,
+    pub(crate) resolved: Vec<(Weak<AddrTable>, Vec<sys::fi_addr_t>)>,
     /// Its CQ has tagged entries (opened for the gather path).
     pub(crate) tagged: bool,
     /// The current reader's peers, as inserted in the AV.
@@ -297,7 +300,7 @@ impl Live {
 
     /// Points `peers_fi` at the ranks' addresses `peers`, inserting the names
     /// the AV lacks (once per table: later calls find it by its pointer).
-    pub(crate) fn resolve(&mut self, peers: &Arc<Vec<Vec<u8>>>) -> FabricResult<()> {
+    pub(crate) fn resolve(&mut self, peers: &Arc<AddrTable>) -> FabricResult<()> {
         let known = self
             .resolved
             .iter()
