@@ -226,6 +226,11 @@ impl PyStore {
         spill::is_spilled(self, py, name)
     }
 
+    /// Bytes of `name`'s read-ahead stage (0: it stages nothing).
+    fn stage_capacity(&self, py: Python<'_>, name: &str) -> PyResult<usize> {
+        spill::stage_capacity(self, py, name)
+    }
+
     /// Reads ahead: stages the spilled rows among global `rows` (soon read
     /// by this process) in `name`'s read-ahead stage; returns how many.
     fn prefetch(&self, py: Python<'_>, name: &str, rows: Bound<'_, PyAny>) -> PyResult<usize> {

@@ -60,6 +60,10 @@ pub(super) fn is_spilled(this: &PyStore, py: Python<'_>, name: &str) -> PyResult
     this.store.is_spilled(name).py(py)
 }
 
+pub(super) fn stage_capacity(this: &PyStore, py: Python<'_>, name: &str) -> PyResult<usize> {
+    this.store.stage_capacity(name).py(py)
+}
+
 pub(super) fn prefetch(
     this: &PyStore,
     py: Python<'_>,

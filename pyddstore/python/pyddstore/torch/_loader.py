@@ -518,6 +518,10 @@ class ThreadDataLoader(DataLoader):
                     "copies what it keeps"
                 )
             self._buffer_pool = _BufferPool(dataset, self.batch_size)
+        # Batches the read-ahead stages (DDSTORE_READ_AHEAD_BATCHES, or what the stages hold).
+        self._read_ahead_batches = _readahead.batches_ahead(
+            dataset, self.batch_size, self._settings.read_ahead_batches
+        )
         self._resume = _resume.LoaderResume(self, auto_epoch)
         if int_arg(profile_batches, "profile_batches") < 0:
             raise DDStoreValueError(f"profile_batches={profile_batches}: expected 0 (no trace) or more")
