@@ -83,6 +83,14 @@ class ReadAhead:
             return None
         return ReadAhead(dataset, sampler, loader.batch_size, loader._read_ahead_batches)
 
+    def stage_now(self, indices: Any) -> None:
+        """Stages the spilled rows of `indices` in the calling thread (an epoch's first batches,
+        handed to the workers before the read-ahead could stage them)."""
+        try:
+            self.staged += self._dataset._read_ahead(indices)
+        except Exception:  # noqa: BLE001 - a read that needs the rows reports the failure itself
+            pass
+
     def announce(self) -> None:
         """A batch was dispatched: stage what comes after it."""
         self._wake.set()
