@@ -1,5 +1,5 @@
 # pyddstore: `make help` lists the targets.
-.PHONY: help setup demo test test-long test-libfabric2 bench bench-vcluster bench-paths bench-graph bench-load bench-workers bench-spill bench-loaders setup-alt lint fmt soak check-memory check-no-mpi test-torch-min docs docs-shots clean
+.PHONY: help setup demo test test-long test-libfabric2 bench bench-vcluster bench-paths bench-graph bench-load bench-workers bench-spill bench-loaders bench-steps setup-alt lint fmt soak check-memory check-no-mpi test-torch-min docs docs-shots clean
 
 # What the bench targets run first (the setup is skipped with SETUP=true when it is already done),
 # where their JSON goes, and options added to each bench's command line: a later option wins, so
@@ -66,6 +66,11 @@ bench-spill:  ## a data set 4x the ranks' memory budgets: spilled DistDataset ep
 	$(MPI_ENV) DDSTORE_QUIET=1 mpirun -n 2 --bind-to none python -m pyddstore.benchmarks.spill \
 	--json $(RESULTS)/bench-spill.json $(if $(wildcard .venv-alt/bin/python),--alt-python .venv-alt/bin/python) \
 	$(BENCH_ARGS)
+
+bench-steps:  ## training steps (batch, then compute sleep): AU of the store vs torch DataLoader, 4 workloads, 2 ranks
+	$(SETUP) && . .venv/bin/activate && \
+	$(MPI_ENV) DDSTORE_QUIET=1 mpirun -n 2 --bind-to none python -m pyddstore.benchmarks.steps \
+	--json $(RESULTS)/bench-steps.json $(BENCH_ARGS)
 
 setup-alt:  ## litdata, mosaicml-streaming and webdataset in .venv-alt (bench-spill, bench-loaders measure them)
 	bash scripts/setup-alt.sh

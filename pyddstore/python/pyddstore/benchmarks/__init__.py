@@ -11,6 +11,8 @@ library; plots need the ``bench`` extra (``pip install ".[bench]"``: matplotlib)
   round by round (``--busy N`` beside busy processes).
 - ``python -m pyddstore.benchmarks.graph``: ragged graph reads against padded rows and records.
 - ``python -m pyddstore.benchmarks.loaders``: against other streaming loaders.
+- ``python -m pyddstore.benchmarks.steps``: training steps (a batch, then the compute time):
+  the accelerator's utilization with the store against torch's DataLoader.
 
 The settings of each configuration are passed to its stores (``pyddstore.Settings``); no
 benchmark writes ``os.environ``.

@@ -287,7 +287,11 @@ class _StoredDataset(Dataset):
                 continue
             # Resident, reused memory (see _batchmem); pinned: torch's pinned-memory cache.
             shape = (n, *f.shape)
-            t = torch.empty(shape, dtype=f.torch_dtype, pin_memory=True) if pin else POOL.empty(shape, f.torch_dtype)
+            t = (
+                torch.empty(shape, dtype=f.torch_dtype, pin_memory=True)
+                if pin
+                else POOL.empty(shape, f.torch_dtype)
+            )
             if dst is None and share is not None and dev is not None and same_device(share.device, dev):
                 # Own rows go device to device: no trip through host memory.
                 share.read(t.numpy(), rows, own=False)
