@@ -8,8 +8,8 @@ DDSTORE_STAGE_ROWS rows within half the budget), so the worker that reads the ba
 from memory. Where a stage holds fewer than k of the loader's batches, the loader says so once,
 at construction, and stages what fits; an epoch's first batches, handed to the workers at once,
 are staged before they are handed out. Any other sampler reads spilled rows when they are
-needed. An `update()` followed by `barrier()` drops the staged copies of the rows it wrote on every rank, so a batch read after the
-barrier never gets an old row from the stage.
+needed. An `update()` followed by `barrier()` drops the staged copies of the rows it wrote on
+every rank, so a batch read after the barrier never gets an old row from the stage.
 """
 
 from __future__ import annotations
