@@ -184,7 +184,11 @@ impl Store {
             let var = self.ragged_var(name)?;
             return Ok(var.values.spill.as_ref().map_or(0, |s| s.stage.capacity()));
         }
-        Ok(self.var(name)?.spill.as_ref().map_or(0, |s| s.stage.capacity()))
+        Ok(self
+            .var(name)?
+            .spill
+            .as_ref()
+            .map_or(0, |s| s.stage.capacity()))
     }
 
     /// Reads ahead: stages the spilled rows among global `rows` (rows soon
