@@ -1,5 +1,5 @@
 # pyddstore: `make help` lists the targets.
-.PHONY: help setup demo test test-long test-libfabric2 bench bench-vcluster bench-paths bench-graph bench-load bench-workers bench-spill bench-loaders bench-scale setup-alt lint fmt soak check-memory check-no-mpi test-torch-min test-torch-latest docs docs-shots clean
+.PHONY: help setup demo test test-long test-libfabric2 bench bench-vcluster bench-paths bench-graph bench-load bench-workers bench-spill bench-loaders bench-scale bench-steps setup-alt lint fmt soak check-memory check-no-mpi test-torch-min test-torch-latest docs docs-shots clean
 
 # What the bench targets run first (the setup is skipped with SETUP=true when it is already done),
 # where their JSON goes, and options added to each bench's command line: a later option wins, so
@@ -72,6 +72,11 @@ bench-scale:  ## per-rank descriptors, memory, messages of jobs of 2..SCALE_RANK
 	$(SETUP) && . .venv/bin/activate && \
 	$(MPI_ENV) python -m pyddstore.benchmarks.scale --max-ranks $(SCALE_RANKS) \
 	--json $(RESULTS)/bench-scale.json $(BENCH_ARGS)
+
+bench-steps:  ## training steps (batch, then compute sleep): AU of the store vs torch DataLoader, 4 workloads, 2 ranks
+	$(SETUP) && . .venv/bin/activate && \
+	$(MPI_ENV) DDSTORE_QUIET=1 mpirun -n 2 --bind-to none python -m pyddstore.benchmarks.steps \
+	--json $(RESULTS)/bench-steps.json $(BENCH_ARGS)
 
 setup-alt:  ## litdata, mosaicml-streaming and webdataset in .venv-alt (bench-spill, bench-loaders measure them)
 	bash scripts/setup-alt.sh

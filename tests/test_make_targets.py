@@ -59,6 +59,13 @@ SMOKE = {
         },
         ["bench-spill.json"],
     ),
+    "bench-steps": (
+        {
+            "BENCH_ARGS": "--samples-small 64 --samples-large 8 --large-bytes 1000000 --epochs 2 "
+            "--torch-workers 1 --compute-scale 0.1 --copy-rounds 3 --dir {tmp}/steps"
+        },
+        ["bench-steps.json"],
+    ),
     "bench-workers": (
         {
             "BENCH_ARGS": "--samples 256 --decode-samples 64 --batch-size 32 --epochs 1 --rounds 1 "

@@ -52,6 +52,9 @@ pub struct Config {
     pub memory_limit: Option<u64>,
     /// Where spill files go (`DDSTORE_SPILL_DIR`; None: `$TMPDIR/ddstore-spill-<uid>`).
     pub spill_dir: Option<std::path::PathBuf>,
+    /// Rows a spilling variable's read-ahead stage holds at least, within
+    /// half its budget (`DDSTORE_STAGE_ROWS`; see [`crate::spill::stage::stage_bytes`]).
+    pub stage_rows: u64,
 }
 
 /// `DDSTORE_REMOTE_GATHER`: how remote rows are read over libfabric.
@@ -313,6 +316,10 @@ pub const SETTINGS: &[Setting] = &[
     // Bytes of a rank's shares kept in memory (0: every row spills); unset: all in memory.
     Setting::new("DDSTORE_MEMORY_LIMIT", range(0, 1 << 53), None),
     Setting::new("DDSTORE_SPILL_DIR", Kind::Text, None),
+    // Rows a spilling variable's read-ahead stage holds at least (k batches of large rows).
+    Setting::new("DDSTORE_STAGE_ROWS", range(0, 1 << 32), Some("32")),
+    // Batches ThreadDataLoader's read-ahead stages past those handed to its workers.
+    Setting::new("DDSTORE_READ_AHEAD_BATCHES", range(1, 1 << 16), Some("4")),
 ];
 
 /// One setting read from the process environment and checked against
@@ -458,6 +465,7 @@ impl Settings {
                 _ => None,
             },
             spill_dir: text("DDSTORE_SPILL_DIR").map(std::path::PathBuf::from),
+            stage_rows: int("DDSTORE_STAGE_ROWS") as u64,
         }
     }
 

@@ -177,8 +177,21 @@ def check_loaders():
         lambda: ThreadDataLoader(ds, batch_size=4, collate_fn=copying_collate, reuse_buffers=True),
     )
     tc.raises(ValueError, lambda: ThreadDataLoader(ds, batch_size=None, reuse_buffers=True), "batch_size")
-    for workers in (0, 2):  # one registered set per worker, reused across epochs
+    for workers in (0, 2):  # batches read straight into tensors: the batch pool, no alloc() set
         loader = ThreadDataLoader(ds, batch_size=4, num_workers=workers, reuse_buffers=True)
+        for _ in range(3):
+            assert len(list(loader)) == 6
+        assert not loader._buffer_pool._all, loader._buffer_pool._all
+        loader.close()
+    for workers in (0, 2):  # the per-sample path: one registered set per worker, reused across epochs
+        loader = ThreadDataLoader(
+            ds,
+            batch_size=4,
+            num_workers=workers,
+            collate_fn=copying_collate,
+            reuse_buffers=True,
+            collate_copies=True,
+        )
         for _ in range(3):
             assert len(list(loader)) == 6
         assert len(loader._buffer_pool._all) == max(1, workers), loader._buffer_pool._all

@@ -30,17 +30,22 @@ use std::time::Duration;
 
 use crate::fork::CreatedBy;
 
-/// Most bytes one variable's stage takes from its budget.
+/// Most bytes the byte rule of [`stage_bytes`] gives a stage (its row rule
+/// may give more).
 pub const STAGE_MAX: u64 = 64 << 20;
 
 /// Longest a read waits for a pending row before reading it itself (a read
 /// ahead normally fills its rows within milliseconds).
 const PENDING_WAIT: Duration = Duration::from_secs(30);
 
-/// The part of a spilling variable's budget its stage holds: an eighth, at
-/// most [`STAGE_MAX`].
-pub fn stage_bytes(budget: u64) -> u64 {
-    (budget / 8).min(STAGE_MAX)
+/// The part of a spilling variable's budget its stage holds: room for
+/// `min_rows` rows of `row_bytes` (`DDSTORE_STAGE_ROWS`: a loader's next
+/// batches however large the rows), and at least an eighth of the budget up
+/// to [`STAGE_MAX`] (many small rows); never more than half the budget, so
+/// that the memory part keeps the rest.
+pub fn stage_bytes(budget: u64, row_bytes: u64, min_rows: u64) -> u64 {
+    let by_rows = min_rows.saturating_mul(row_bytes);
+    (budget / 8).min(STAGE_MAX).max(by_rows).min(budget / 2)
 }
 
 /// Spilled rows read after a row was staged beyond which the row counts as
@@ -376,8 +381,12 @@ mod tests {
         s.cancel(&[3]);
         assert!(!s.contains(3) && s.take(3).is_none());
         assert!(s.reserve(&[9], 200).is_empty(), "larger than the stage");
-        assert_eq!(stage_bytes(800 << 20), 64 << 20);
-        assert_eq!(stage_bytes(80), 10);
+        assert_eq!(stage_bytes(800 << 20, 1 << 10, 32), 64 << 20);
+        assert_eq!(stage_bytes(80, 1, 0), 10);
+        // Large rows: 32 rows of 14 MiB (448 MiB) within a 1 GiB budget.
+        assert_eq!(stage_bytes(1 << 30, 14 << 20, 32), 448 << 20);
+        // Never more than half the budget.
+        assert_eq!(stage_bytes(512 << 20, 14 << 20, 32), 256 << 20);
     }
 
     #[test]

@@ -85,9 +85,9 @@ impl StoreSpill {
         };
         let share = rows.saturating_mul(rb as u64);
         let stage = if share <= budget {
-            super::stage::stage_bytes(budget - share)
+            super::stage::stage_bytes(budget - share, rb as u64, config.stage_rows)
         } else {
-            super::stage::stage_bytes(budget)
+            super::stage::stage_bytes(budget, rb as u64, config.stage_rows)
         };
         let mem_rows = if share <= budget {
             rows

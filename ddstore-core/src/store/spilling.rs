@@ -170,6 +170,21 @@ impl Store {
         Ok(self.var(name)?.spill.is_some())
     }
 
+    /// Bytes of `name`'s read-ahead stage (0 when it stages nothing: no
+    /// rank's share spills, or this is a forked child); a ragged variable's
+    /// is its values' stage.
+    pub fn stage_capacity(&self, name: &str) -> Result<usize> {
+        if self.is_ragged(name) {
+            let var = self.ragged_var(name)?;
+            return Ok(var.values.spill.as_ref().map_or(0, |s| s.stage.capacity()));
+        }
+        Ok(self
+            .var(name)?
+            .spill
+            .as_ref()
+            .map_or(0, |s| s.stage.capacity()))
+    }
+
     /// Reads ahead: stages the spilled rows among global `rows` (rows soon
     /// read by this process; others and out-of-range ones are skipped) in
     /// the variable's read-ahead stage, up to its capacity, so a read that

@@ -69,4 +69,9 @@ impl PyStore {
         let rows = indices_of(&rows)?;
         self.detached(py, |s| s.prefetch(name, &rows))
     }
+
+    /// Bytes of `name`'s read-ahead stage (0: it stages nothing).
+    fn stage_capacity(&self, py: Python<'_>, name: &str) -> PyResult<usize> {
+        self.store.stage_capacity(name).py(py)
+    }
 }

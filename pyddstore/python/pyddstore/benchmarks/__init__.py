@@ -16,6 +16,8 @@ library; plots need the ``bench`` extra (``pip install ".[bench]"``: matplotlib)
   checkout).
 - ``python -m pyddstore.benchmarks.scale``: what each rank spends (descriptors, memory, messages)
   in jobs of 2 to 64 ranks, every method, fitted against N and extrapolated to 16,384.
+- ``python -m pyddstore.benchmarks.steps``: training steps (a batch, then the compute time):
+  the accelerator's utilization with the store against torch's DataLoader.
 
 Developers' harnesses live in the repository's ``tools/``, not in the wheel: ``auth_cost.py``
 (one build's gather path against another build's) and ``spill_alt.py`` (what ``--alt-python``

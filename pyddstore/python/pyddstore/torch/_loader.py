@@ -122,7 +122,9 @@ class _Fetcher:
         self.it = it
         self.worker_id = worker_id
         self.dataset = it._dataset
-        self.pool = it._pool  # outlives the iterator: buffers go back on close()
+        # Batches read straight into batch tensors take resident, reused memory from the batch
+        # pool (_batchmem) with or without reuse_buffers: no alloc() buffer set to copy from.
+        self.pool = None if it._direct else it._pool  # outlives the iterator: back on close()
         self.bufs = self.pool.acquire() if self.pool is not None else None
         self.iter_fetcher = None
         if it._dataset_kind == _tc.DatasetKind.Iterable:
@@ -150,12 +152,11 @@ class _Fetcher:
         elif not it._auto_collation:
             data = it._thread_collate_fn(self.dataset[index])
         else:
+            if it._direct:
+                return self.dataset.read_batch(index, pin=it._pin_memory)
             out = None
             if self.pool is not None:
                 out = self.bufs = self.pool.fit(self.bufs, len(index))
-            if it._direct:
-                data = self.dataset.read_batch(index, out=out, pin=it._pin_memory)
-                return data
             if out is not None:
                 samples = self.dataset.__getitems__(index, out=out)
             elif getattr(self.dataset, "__getitems__", None):
@@ -255,14 +256,14 @@ class _ThreadIter(_ThreadIterBase):
         self._dispatch.reset()
         if not first_iter:  # persistent workers: what the last epoch left is dropped
             finish_last_epoch(self._index_queues, self._get_data)
-        self._fill()
+        self._fill(first=True)
 
-    def _fill(self) -> None:
+    def _fill(self, first: bool = False) -> None:
         """Sends tasks while fewer than num_workers * prefetch_factor are in flight."""
-        while not self._dispatch.full() and self._try_put_index():
+        while not self._dispatch.full() and self._try_put_index(first):
             pass
 
-    def _try_put_index(self) -> bool:
+    def _try_put_index(self, first: bool = False) -> bool:
         wid = self._dispatch.worker()
         if wid is None:
             return False
@@ -270,6 +271,11 @@ class _ThreadIter(_ThreadIterBase):
             index = self._next_index()
         except StopIteration:
             return False
+        if first and self._read_ahead is not None:
+            # The epoch's first batches go to the workers at once, before any read-ahead:
+            # their spilled rows are staged here first (many reads in flight), not read
+            # one batch per worker.
+            self._read_ahead.stage_now(index)
         self._index_queues[wid].put((self._dispatch.sent(wid), index))
         if self._read_ahead is not None:
             self._read_ahead.announce()
@@ -411,9 +417,12 @@ class ThreadDataLoader(DataLoader):
     rng holds per-thread generators; the global random generators are not reseeded, as they are
     shared); importing pyddstore.torch leaves torch untouched (see pyddstore.torch.get_worker_info).
 
-    reuse_buffers=True: each worker reads into one dataset.alloc(batch_size) buffer set,
-    registered once; the collate must copy, so it needs batch_size with the default collate_fn,
-    or collate_copies=True. close() waits for in-flight fetches and releases the buffers.
+    Batches read straight into batch tensors (a DistDataset without decode=, record or ragged
+    fields, the default collate) land in resident, reused memory (pyddstore.torch._batchmem):
+    a buffer returns to a pool once its batch is dropped. reuse_buffers=True: the same for
+    those; on the per-sample path each worker reads into one dataset.alloc(batch_size) buffer
+    set that it reuses, so the collate must copy: it needs batch_size with the default
+    collate_fn, or collate_copies=True. close() waits for in-flight fetches and releases them.
     multiprocessing_context is accepted and ignored.
 
     worker_type="process": worker processes (fork, spawn or forkserver, from
@@ -432,8 +441,9 @@ class ThreadDataLoader(DataLoader):
 
     Args:
         dataset (Dataset): usually a DistDataset or DistDatasetReader; any map-style dataset works.
-        reuse_buffers (bool): each worker reads into one `dataset.alloc(batch_size)` buffer set it reuses
-            (batches must be copied by the collate_fn).
+        reuse_buffers (bool): per-sample path: each worker reads into one `dataset.alloc(batch_size)`
+            buffer set it reuses (batches must be copied by the collate_fn); direct batches are
+            reused memory either way.
         collate_copies (bool): with reuse_buffers and a custom collate_fn: it copies what it keeps.
         worker_type (str): "thread" (the default) or "process" (worker processes, see above).
         auto_epoch (bool): call sampler.set_epoch() at the start of every iteration (see above).
@@ -491,6 +501,10 @@ class ThreadDataLoader(DataLoader):
                     "copies what it keeps"
                 )
             self._buffer_pool = _BufferPool(dataset, self.batch_size)
+        # Batches the read-ahead stages (DDSTORE_READ_AHEAD_BATCHES, or what the stages hold).
+        self._read_ahead_batches = _readahead.batches_ahead(
+            dataset, self.batch_size, self._settings.read_ahead_batches
+        )
         self._resume = _resume.LoaderResume(self, auto_epoch)
         if int_arg(profile_batches, "profile_batches") < 0:
             raise DDStoreValueError(f"profile_batches={profile_batches}: expected 0 (no trace) or more")

@@ -22,6 +22,7 @@ from pyddstore import (
     Method,
 )
 
+from ._batchmem import POOL
 from ._device import same_device
 from ._errors import ForkedWorkerError
 from ._field import TENSOR, Field
@@ -285,7 +286,13 @@ class _StoredDataset(Dataset):
                 v = f.values(buf)
                 got[f.key] = v.to(dev) if dev is not None and f.kind == TENSOR else v
                 continue
-            t = torch.empty((n, *f.shape), dtype=f.torch_dtype, pin_memory=pin)
+            # Resident, reused memory (see _batchmem); pinned: torch's pinned-memory cache.
+            shape = (n, *f.shape)
+            t = (
+                torch.empty(shape, dtype=f.torch_dtype, pin_memory=True)
+                if pin
+                else POOL.empty(shape, f.torch_dtype)
+            )
             if dst is None and share is not None and dev is not None and same_device(share.device, dev):
                 # Own rows go device to device: no trip through host memory.
                 share.read(t.numpy(), rows, own=False)
