@@ -2,7 +2,8 @@
 item 3; issue 37's bounded load): each rank's VmHWM (from /proc/self/status, reset through
 /proc/self/clear_refs just before the load) less its VmRSS before the load, checked against
 budget x 1.1 + the fixed overhead the budget guide states (--bound-mib), and every sample of
-the epoch compared with the source.
+the epoch compared with the source. The dataset is made without a method: under mpirun the
+budget picks method 1 (rank 0 logs it); an explicit method=0 with the budget is refused.
 
 mpirun -n 2 python spill_rss.py SPILL_DIR --budget-mib 32 [--n 4096 --row-kib 64 --source samples]
 
@@ -12,6 +13,7 @@ Prints one line per rank: "rank R: budget B MiB, load peak L MiB, epoch peak E M
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -19,6 +21,8 @@ import numpy as np
 import torch
 from pyddstore.torch import DistDataset, DistributedSampler, ThreadDataLoader
 from torch.utils.data import Dataset
+
+from pyddstore import DDStoreUnsupportedError
 
 MIB = 1 << 20
 
@@ -71,6 +75,25 @@ def npy_source(d: str, n: int, n_values: int, comm) -> list[str]:
 
 
 PARTS = ("RssAnon", "RssFile", "RssShmem")
+
+
+class Captured(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def method0_refuses(source, comm, budget: int, spill: str) -> None:
+    """An explicit method=0 with a budget still refuses, clearly, on every rank."""
+    try:
+        DistDataset(source, "m0", comm, method=0, memory_limit=budget, spill_dir=spill)
+    except DDStoreUnsupportedError as e:
+        assert "method 1 or 2" in str(e), e
+    else:
+        raise AssertionError("method=0 with memory_limit= was accepted")
 
 
 def parts_mib() -> str:
@@ -127,14 +150,22 @@ def main() -> None:
         source = npy_source(args.spill_dir, args.n, n_values, comm)
     spill = os.path.join(args.spill_dir, f"spill{rank}")
     os.makedirs(spill, exist_ok=True)
-    comm.Barrier()
-    before = status_kib("VmRSS")
     if os.environ.get("RSS_PARTS"):
         print(f"rank {rank}: before the load (MiB): {parts_mib()}", flush=True)
-    reset_peak()
     budget = int(args.budget_mib * MIB)
-    ds = DistDataset(source, "rss", comm, method=1, memory_limit=budget, spill_dir=spill)
+    method0_refuses(source, comm, budget, spill)
+    log = Captured()
+    logging.getLogger("pyddstore").addHandler(log)
+    logging.getLogger("pyddstore").setLevel(logging.INFO)
+    comm.Barrier()
+    before = status_kib("VmRSS")
+    reset_peak()
+    # No method: under mpirun the default would be 0, which cannot spill; the budget picks 1.
+    ds = DistDataset(source, "rss", comm, memory_limit=budget, spill_dir=spill)
     load_peak = (status_kib("VmHWM") - before) / 1024
+    assert ds._store.method == 1, ds._store.method
+    said = [line for line in log.lines if "method 1 (libfabric) chosen" in line]
+    assert len(said) == (rank == 0), (rank, log.lines)
     if args.load_only:
         for i in range(rank, args.n, 7):
             assert np.array_equal(np.asarray(ds[i]), row_of(i, n_values)), f"sample {i} differs"
