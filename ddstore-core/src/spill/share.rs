@@ -49,7 +49,9 @@ pub fn bound_heap_growth() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
-        if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_some() || tunables.contains("mmap_threshold") {
+        if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_some()
+            || tunables.contains("mmap_threshold")
+        {
             return;
         }
         #[cfg(target_env = "gnu")]
