@@ -21,7 +21,8 @@ PAGE = mmap.PAGESIZE
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mmap.restype = ctypes.c_void_p
-libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+c = ctypes
+libc.mmap.argtypes = (c.c_void_p, c.c_size_t, c.c_int, c.c_int, c.c_int, c.c_long)
 libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
 libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
 

@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from pyddstore import DDStoreError, DDStoreFileError, DDStoreTimeoutError
-from pyddstore._sources import FileRows, file_rows_of, h5py_reopener
+from pyddstore._sources import FileRows, drop_cached_file, file_of, file_rows_of, h5py_reopener
 
 from ._field import TENSOR, Field
 from ._forked import load_samples_forked, load_sliced_forked, load_timeout
@@ -376,6 +376,9 @@ def load_share(
                 store.settings,
                 held,
             )
+            path = file_of(arr)
+            if path is not None:  # read once: not kept in the page cache beside the share
+                drop_cached_file(path)
         return stats
     timeout = load_timeout(store.settings)
     return _load_samples_of(
