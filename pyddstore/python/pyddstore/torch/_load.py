@@ -44,6 +44,10 @@ from ._ragged_parts import RaggedParts
 from ._schema import ChunkFiller, Schema, sample_of
 
 NATIVE_CALL_BYTES = 256 << 20  # bytes per native file-load call (progress is shown between calls)
+# Samples at least this large load in forked processes by default where there are cores for
+# them: decoding them in Python (np.load's chunked copies) holds the GIL, so threads take turns.
+PROCESS_SAMPLE_BYTES = 4 << 20
+PROCESS_MIN_CPUS = 4
 
 
 def load_samples(
@@ -386,6 +390,16 @@ def load_share(
     )
 
 
+def default_workers(source: Any, schema: Schema, row_bytes: int) -> str:
+    """load_workers=None: "processes" for a source with thread_safe = False, and for samples of
+    PROCESS_SAMPLE_BYTES or more where PROCESS_MIN_CPUS cores are free to decode them in
+    parallel (no ragged fields: their rows need threads); else "threads"."""
+    if getattr(source, "thread_safe", True) is False:
+        return "processes"
+    large = row_bytes >= PROCESS_SAMPLE_BYTES and not schema.ragged_fields
+    return "processes" if large and cpus() >= PROCESS_MIN_CPUS else "threads"
+
+
 def _load_samples_of(
     source: Any,
     schema: Schema,
@@ -405,9 +419,7 @@ def _load_samples_of(
     Samples in flight stay within `held` bytes (load_held_bytes): a thread holds a sample and
     its copy, a forked worker's rows wait in a staging area of at most `held` bytes."""
     row_bytes = max(1, sum(f.row_bytes for f in schema.fixed_fields))
-    mode = load_workers
-    if mode is None:
-        mode = "threads" if getattr(source, "thread_safe", True) is not False else "processes"
+    mode = load_workers if load_workers is not None else default_workers(source, schema, row_bytes)
     if mode == "processes" and not schema.ragged_fields:
         stats = LoadStats("samples (processes)", 1)
         workers = bounded_depth(max(1, min(depth, count, cpus())), held, row_bytes, stats)
