@@ -58,13 +58,12 @@ def main() -> None:
             job = max(comm.allgather(mine))
             assert int(np.asarray(ds[args.files - 1])[0]) == (args.files - 1) % 251
             ds.free()
-            times[mode].append(job)
-            # Each load drops the files' pages only where pyddstore reads them itself: np.load's
-            # reads stay cached, so every round reads from memory.
+            times[mode].append(job)  # np.load's reads stay cached: every round reads from memory
     if comm.rank == 0:
         load = os.getloadavg()[0]
         for mode, t in times.items():
-            print(f"{mode}: {', '.join(f'{x:.2f}' for x in t)} s (best {min(t):.2f} s), load average {load:.1f}")
+            rounds = ", ".join(f"{x:.2f}" for x in t)
+            print(f"{mode}: {rounds} s (best {min(t):.2f} s), load average {load:.1f}")
 
 
 if __name__ == "__main__":
