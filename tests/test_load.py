@@ -60,3 +60,37 @@ def test_load_env_validation(monkeypatch):
     monkeypatch.setenv("DDSTORE_LOAD_DIRECT", "sometimes")
     with pytest.raises(DDStoreValueError, match="DDSTORE_LOAD_DIRECT"):
         _load_runner.load_direct(Settings.from_env())
+
+
+def test_a_load_leaves_its_files_out_of_the_page_cache(tmp_path):
+    """A list of .npy files and an np.memmap, all cached before the load, are not cached after
+    it (mincore over a fresh mapping); every sample is checked (tests/scripts/page_cache.py)."""
+    p = subprocess.run(
+        [sys.executable, str(SCRIPTS / "page_cache.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0 and p.stdout.rstrip().endswith("ok"), p.stdout + p.stderr
+    assert "npy list: resident" in p.stdout and "memmap: resident" in p.stdout, p.stdout
+
+
+def test_the_samples_in_flight_stay_within_the_loads_bound():
+    """16 MiB + a tenth of the budget (256 MiB at most, and without a budget); a sample and its
+    copy per thread; at least one reader, never more than the depth asked for."""
+    from pyddstore.torch import _load_runner
+
+    from pyddstore import Settings
+
+    mib = 1 << 20
+    assert _load_runner.load_held_bytes(Settings.from_env(memory_limit=None)) == 256 * mib
+    assert _load_runner.load_held_bytes(Settings.from_env(memory_limit=40 * mib)) == 20 * mib
+    assert _load_runner.load_held_bytes(Settings.from_env(memory_limit=1 << 40)) == 256 * mib
+    stats = _load_runner.LoadStats("samples", 32)
+    assert _load_runner.bounded_depth(32, 20 * mib, 2 * (64 << 10), stats) == 32
+    assert not stats.notes and not stats.window_capped
+    big = 2 * 14_650_000  # a 14.65 MB sample and its copy: 1 GiB budget, 7 threads
+    held = _load_runner.load_held_bytes(Settings.from_env(memory_limit=1 << 30))
+    assert _load_runner.bounded_depth(32, held, big, stats) == held // big == 4
+    assert stats.window_capped and "4 of 32 readers in flight" in stats.notes[0], stats.notes
+    assert _load_runner.bounded_depth(32, 1 * mib, big, stats) == 1  # one at least

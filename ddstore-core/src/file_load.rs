@@ -2,6 +2,8 @@
 //! `pread`s in flight, each landing in the registered region without an
 //! intermediate buffer; `O_DIRECT` through an aligned bounce buffer per
 //! thread; a CRC32 per range checked before the load succeeds (snapshots).
+//! A buffered read drops the pages it read from the page cache once they
+//! are in the share: a source read once leaves no second copy cached.
 //!
 //! The threads are spawned for the call and joined before it returns: no
 //! pool outlives it, so a process forked afterwards (a DataLoader worker)
@@ -109,6 +111,9 @@ impl SourceFile {
                 out.file = dfile;
                 out.direct = true;
             }
+        }
+        if !out.direct {
+            crate::spill::file::no_read_ahead(&out.file); // each read drops its pages
         }
         Ok(out)
     }
@@ -455,7 +460,19 @@ fn read_error(f: &SourceFile, at: u64, e: Error) -> Error {
     }
 }
 
+/// Reads range `r` of `f` into the share; a buffered read then drops the
+/// range's pages from the page cache: the share holds the bytes now, and a
+/// load of a data set larger than memory must not leave a second copy of
+/// it cached (O_DIRECT reads leave none).
 fn read_one(sh: &Shared, f: &SourceFile, r: &FileRange, bounce: &mut Bounce) -> Result<()> {
+    read_range(sh, f, r, bounce)?;
+    if !f.direct {
+        crate::spill::file::drop_cached(&f.file, r.file_offset, r.len as u64);
+    }
+    Ok(())
+}
+
+fn read_range(sh: &Shared, f: &SourceFile, r: &FileRange, bounce: &mut Bounce) -> Result<()> {
     let end = r.file_offset + r.len as u64;
     let straight = sh.straight.as_deref().filter(|_| !f.direct);
     if let Some(mem) = straight.filter(|_| r.skip == 0 && r.write_len == r.len) {

@@ -79,6 +79,35 @@ impl std::fmt::Debug for SpillFile {
     }
 }
 
+/// Drops the page cache's clean pages of `len` bytes of `file` from `offset`
+/// (whole pages around the range): bytes read once, now held elsewhere (a
+/// share, a batch), need not stay cached. Dirty pages stay; a failure is
+/// ignored (the cache is only advice).
+pub fn drop_cached(file: &File, offset: u64, len: u64) {
+    let a = offset & !(ALIGN as u64 - 1);
+    let b = round_up(offset.saturating_add(len));
+    // SAFETY: `file` is borrowed, so its descriptor is open for the call;
+    // fadvise touches no memory of ours.
+    unsafe {
+        libc::posix_fadvise(
+            file.as_raw_fd(),
+            a as libc::off_t,
+            (b - a) as libc::off_t,
+            libc::POSIX_FADV_DONTNEED,
+        );
+    }
+}
+
+/// Tells the kernel not to read `file` ahead of its reads
+/// (`POSIX_FADV_RANDOM`): reads of whole ranges need none, and pages read
+/// ahead past a range could land after [`drop_cached`] dropped it.
+pub fn no_read_ahead(file: &File) {
+    // SAFETY: as in `drop_cached`.
+    unsafe {
+        libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM);
+    }
+}
+
 fn round_up(n: u64) -> u64 {
     n.div_ceil(ALIGN as u64) * ALIGN as u64
 }
@@ -360,15 +389,7 @@ impl SpillFile {
         self.buffered
             .read_exact_at(dst, HEADER + offset)
             .map_err(err)?;
-        // SAFETY: the descriptor is open; fadvise touches no memory of ours.
-        unsafe {
-            libc::posix_fadvise(
-                self.buffered.as_raw_fd(),
-                (HEADER + offset) as libc::off_t,
-                dst.len() as libc::off_t,
-                libc::POSIX_FADV_DONTNEED,
-            );
-        }
+        drop_cached(&self.buffered, HEADER + offset, dst.len() as u64);
         Ok(())
     }
 }

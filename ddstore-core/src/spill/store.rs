@@ -78,6 +78,7 @@ impl StoreSpill {
         let Some(limit) = own_limit.or(config.memory_limit) else {
             return Ok((None, UNBUDGETED_STAGE));
         };
+        super::share::bound_heap_growth(limit); // a budget: freed buffers must not stay resident
         let budget = if own_limit.is_some() {
             limit
         } else {

@@ -236,6 +236,34 @@ def h5py_reopener(ds: Any) -> Any:
     return reopen
 
 
+def file_of(arr: Any) -> str | None:
+    """The file an array source read by slicing lies in (an np.memmap, an h5py dataset opened
+    read-only), else None."""
+    if isinstance(arr, np.memmap):
+        return getattr(arr, "filename", None)
+    if type(arr).__module__.startswith("h5py"):
+        try:
+            return arr.file.filename if arr.file.mode == "r" else None
+        except (AttributeError, ValueError):
+            return None
+    return None
+
+
+def drop_cached_file(path: str) -> None:
+    """Drops `path`'s clean pages from the page cache (posix_fadvise DONTNEED): a source read
+    once into the store need not stay cached beside it. Advice only: failures are ignored."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except (OSError, AttributeError):
+        pass
+    finally:
+        os.close(fd)
+
+
 # -- reading ---------------------------------------------------------------------------------
 
 

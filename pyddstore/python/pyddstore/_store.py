@@ -157,6 +157,16 @@ class PyDDStore(StoreCollectives, ProfileCounters, StoreInternals):
             _abort.install(settings.abort_on_exception)
         if method is None:
             method = Method.MPI_RMA if comm.kind == CommKind.MPI else Method.LIBFABRIC
+            if method == Method.MPI_RMA and settings.memory_limit is not None:
+                # MPI windows cover memory only: rows past a budget need an owner that serves them.
+                method = Method.LIBFABRIC
+                if comm.rank == 0:
+                    _log.logger.info(
+                        "memory_limit=%d given without a method: method 1 (libfabric) chosen, as "
+                        "method 0 (MPI RMA) cannot serve spilled rows",
+                        settings.memory_limit,
+                        extra={"rank": comm.rank},
+                    )
         method = int(method)  # store.method is the plain number, as upstream's
         if method == Method.MPI_RMA and comm.kind not in (CommKind.MPI, CommKind.SINGLE):
             raise DDStoreUnsupportedError(

@@ -66,7 +66,7 @@ def _check_arguments(
     if load_workers not in (None, "threads", "processes"):
         raise DDStoreValueError(
             f"load_workers={load_workers!r}: expected 'threads', 'processes' or None (threads, or "
-            "processes for sources with thread_safe = False)"
+            "processes for sources with thread_safe = False and for samples of 4 MiB or more)"
         )
     if not isinstance(name, str) or not name:
         raise DDStoreValueError("name must be a non-empty string")
@@ -126,14 +126,19 @@ class DistDataset(_StoredDataset):
     Loading keeps DDSTORE_LOAD_DEPTH (default 32) reads in flight and writes rows straight into
     the share: threads calling source[i] (load_workers="threads", the default), or forked
     processes filling a shared staging area (load_workers="processes", the default for a source
-    with ``thread_safe = False``; a worker that finishes no sample for DDSTORE_LOAD_TIMEOUT_S is
+    with ``thread_safe = False`` and, on 4 or more cores, for samples of 4 MiB or more, whose
+    decoding in Python holds the GIL; a worker that finishes no sample for DDSTORE_LOAD_TIMEOUT_S is
     killed and named; compressed h5py datasets are read by forked processes with their own
     handles unless load_workers="threads"). Sources whose rows lie in files are read in Rust
     straight into the share (many preads in flight, the GIL released) instead of per-sample
     calls: a list of .npy file
     paths, an np.memmap, an h5py dataset stored contiguously or in unfiltered chunks of whole
     rows; compressed h5py datasets and zarr arrays are read in chunk-aligned slices.
-    DDSTORE_LOAD_DIRECT=1 reads files with O_DIRECT.
+    DDSTORE_LOAD_DIRECT=1 reads files with O_DIRECT; buffered reads of those files drop their
+    pages from the page cache once loaded. The samples a load holds in flight besides the share
+    stay within 16 MiB + a tenth of the memory budget (256 MiB at most): fewer readers for large
+    samples. With memory_limit= and no method under mpirun, method 1 is used (method 0 cannot
+    spill).
     chunk_size= sets the rows per read of array and file sources. ``ds.load_stats`` holds each
     rank's load figures; ``ds.save(path)`` / ``DistDataset.restore(path)`` snapshot the shares.
 
@@ -168,7 +173,8 @@ class DistDataset(_StoredDataset):
         ragged (dict[str | int, int] | str | None): fields whose size varies along one axis: {key: axis}, or
             "auto" (the axes that differ, found by scanning once); torch_geometric Data needs none.
         load_workers (str | None): "threads" calling `source[i]`, or "processes" (forked, for sources that
-            are not thread-safe); None: threads, or processes when the source has `thread_safe = False`.
+            are not thread-safe); None: threads, or processes when the source has `thread_safe = False`
+            or (on 4+ cores) its samples are 4 MiB or larger.
         settings (pyddstore.Settings | None): the settings of this dataset and its store (e.g.
             `Settings.from_env(quiet=True, load_depth=8)`); None: the environment's, read once.
         memory_limit (int | None): bytes of this rank's share kept in memory (all fields together);

@@ -190,18 +190,19 @@ def load_sliced_forked(
     stats: LoadStats,
     progress: Progress,
     timeout: float,
+    held: int = _load_runner.HELD_MAX_BYTES,
 ) -> None:
     """Slices `bounds` of an array whose reads hold a lock (a compressed h5py dataset:
     decompression runs one slice at a time in one process) read by `workers` forked processes,
     each with its own handle (`reopen()` in the child), into a shared staging area of whole rows
-    (~10% of the share, at least 16 MiB), round after round; this process copies each round into
-    the share. Children never touch the store; a child that finishes no slice within
-    `timeout` seconds (the store's DDSTORE_LOAD_TIMEOUT_S) is killed and named."""
+    (~10% of the share, at least 16 MiB, at most `held` bytes but a slice per worker), round
+    after round; this process copies each round into the share. Children never touch the
+    store; a child that finishes no slice within `timeout` seconds (the store's
+    DDSTORE_LOAD_TIMEOUT_S) is killed and named."""
     rb = max(1, f.row_bytes)
     total = sum(b - a for a, b in bounds)
-    limit = max(
-        _load_runner.MIN_WINDOW_BYTES, total * rb // 10, max((b - a) * rb for a, b in bounds) * workers
-    )
+    window = min(max(_load_runner.MIN_WINDOW_BYTES, total * rb // 10), held)
+    limit = max(window, max((b - a) * rb for a, b in bounds) * workers)
     rounds: list[list[tuple[int, int]]] = [[]]
     used = 0
     for a, b in bounds:
@@ -276,15 +277,18 @@ def load_samples_forked(
     stats: LoadStats,
     progress: Progress,
     timeout: float,
+    held: int = _load_runner.HELD_MAX_BYTES,
 ) -> None:
     """Map-style sources that are not thread-safe (or whose decoding holds the GIL): `workers`
-    forked processes fill a shared staging area of whole rows (at most ~10% of the share, at
-    least 16 MiB), chunk after chunk, and this process copies each chunk into the share.
+    forked processes fill a shared staging area of whole rows (~10% of the share, at least
+    16 MiB, at most `held` bytes: load_held_bytes; one row per worker at least), chunk after
+    chunk, and this process copies each chunk into the share.
     Children never touch the store; each sends "ok" or its error through a pipe, and a child
     that dies is seen as the pipe's end; one that finishes no sample within `timeout` seconds
     (the store's DDSTORE_LOAD_TIMEOUT_S) is killed and named."""
     row_bytes = max(1, sum(f.row_bytes for f in schema.fixed_fields))
-    rows = max(workers, min(count, max(_load_runner.MIN_WINDOW_BYTES, count * row_bytes // 10) // row_bytes))
+    window = min(max(_load_runner.MIN_WINDOW_BYTES, count * row_bytes // 10), held)
+    rows = max(workers, min(count, window // row_bytes))
     stats.window_bytes = rows * row_bytes
     staging = mmap.mmap(-1, max(1, rows * row_bytes))  # MAP_SHARED|MAP_ANONYMOUS: seen by the children
     filler = _staging_filler(schema, staging, rows)

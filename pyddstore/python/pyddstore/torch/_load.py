@@ -24,15 +24,30 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from pyddstore import DDStoreError, DDStoreFileError, DDStoreTimeoutError
-from pyddstore._sources import FileRows, file_rows_of, h5py_reopener
+from pyddstore._sources import FileRows, drop_cached_file, file_of, file_rows_of, h5py_reopener
 
 from ._field import TENSOR, Field
 from ._forked import load_samples_forked, load_sliced_forked, load_timeout
-from ._load_runner import LoadStats, Progress, cpus, load_direct, run_tasks, run_workers, window
+from ._load_runner import (
+    HELD_MAX_BYTES,
+    LoadStats,
+    Progress,
+    bounded_depth,
+    cpus,
+    load_direct,
+    load_held_bytes,
+    run_tasks,
+    run_workers,
+    window,
+)
 from ._ragged_parts import RaggedParts
 from ._schema import ChunkFiller, Schema, sample_of
 
 NATIVE_CALL_BYTES = 256 << 20  # bytes per native file-load call (progress is shown between calls)
+# Samples at least this large load in forked processes by default where there are cores for
+# them: decoding them in Python (np.load's chunked copies) holds the GIL, so threads take turns.
+PROCESS_SAMPLE_BYTES = 4 << 20
+PROCESS_MIN_CPUS = 4
 
 
 def load_samples(
@@ -68,6 +83,7 @@ def load_samples(
                 sample = sample_of(source, i, encode)
                 t1 = time.perf_counter()
                 filler.put(0, sample, i)
+                sample = None  # copied: not held while the next one decodes
                 row_bytes = 0
                 for f, view in zip(fixed, filler.store_views(1)):
                     put(f, view, j)
@@ -157,11 +173,12 @@ def load_file_rows(
     stats: LoadStats,
     progress: Progress,
     rows_per_read: int | None = None,
+    held: int = HELD_MAX_BYTES,
 ) -> None:
     """Rows [start, start + count) of a file source into a field's share, in Rust straight into
     the share (`native` is the variable's load_file_ranges): reads of whole rows (a few MiB
     each, `rows_per_read` rows with chunk_size=), `depth` in flight, the GIL released."""
-    step = window(depth, count * rows_src.row_bytes, rows_src.row_bytes, stats, rows_per_read)
+    step = window(depth, count * rows_src.row_bytes, rows_src.row_bytes, stats, rows_per_read, held)
     pieces = []
     for a in range(start, start + count, step):
         pieces.extend(rows_src.ranges(a, min(start + count, a + step)))
@@ -189,14 +206,16 @@ def load_sliced(
     reopen: Callable[[], Any] | None = None,
     processes: int = 0,
     settings: Any = None,
+    held: int = HELD_MAX_BYTES,
 ) -> None:
     """An array-like read by slicing (chunked/compressed h5py, zarr, tensors, in-memory
     arrays): slices aligned to the array's chunks along rows (`.chunks[0]`), `depth` in flight
     for thread-safe readers. With `reopen` and processes > 1 (h5py, which runs reads one at a
     time under its own lock), forked processes each with their own handle read the slices,
-    each bounded by the store's `settings` (DDSTORE_LOAD_TIMEOUT_S)."""
+    each bounded by the store's `settings` (DDSTORE_LOAD_TIMEOUT_S). At most `held` bytes of
+    slices are in flight (load_held_bytes), at least one slice per reader."""
     row_bytes = max(1, f.row_bytes)
-    step = window(depth, count * row_bytes, row_bytes, stats, rows_per_read)
+    step = window(depth, count * row_bytes, row_bytes, stats, rows_per_read, held)
     chunk_rows = _chunk_rows(arr)
     if chunk_rows:
         step = max(chunk_rows, step - step % chunk_rows)
@@ -213,7 +232,8 @@ def load_sliced(
         stats.path = "arrays (processes)"
         stats.workers = min(processes, len(bounds))
         timeout = load_timeout(settings)
-        load_sliced_forked(reopen, f, bounds, start, put, convert, stats.workers, stats, progress, timeout)
+        workers = stats.workers
+        load_sliced_forked(reopen, f, bounds, start, put, convert, workers, stats, progress, timeout, held)
         return
 
     def handle(ab) -> tuple[float, float, int]:
@@ -320,6 +340,7 @@ def load_share(
     writes rows of a field at an offset of the share; `on_device`: the share is in device
     memory (add_device=), which file reads cannot fill."""
     plain = encode is None and not schema.ragged_fields
+    held = load_held_bytes(store.settings)
     rows_src = file_rows_of(source) if plain and len(schema.fields) == 1 else None
     f0 = schema.fields[0]
     if rows_src is not None and _bulk_fits(rows_src, f0) and not on_device:
@@ -334,6 +355,7 @@ def load_share(
             stats,
             progress,
             chunk_size,
+            held,
         )
         return stats
     arrays = _bulk_arrays(source) if plain else None
@@ -356,10 +378,26 @@ def load_share(
                 h5py_reopener(arr),
                 processes,
                 store.settings,
+                held,
             )
+            path = file_of(arr)
+            if path is not None:  # read once: not kept in the page cache beside the share
+                drop_cached_file(path)
         return stats
     timeout = load_timeout(store.settings)
-    return _load_samples_of(source, schema, encode, load_workers, put, start, count, depth, progress, timeout)
+    return _load_samples_of(
+        source, schema, encode, load_workers, put, start, count, depth, progress, timeout, held
+    )
+
+
+def default_workers(source: Any, schema: Schema, row_bytes: int) -> str:
+    """load_workers=None: "processes" for a source with thread_safe = False, and for samples of
+    PROCESS_SAMPLE_BYTES or more where PROCESS_MIN_CPUS cores are free to decode them in
+    parallel (no ragged fields: their rows need threads); else "threads"."""
+    if getattr(source, "thread_safe", True) is False:
+        return "processes"
+    large = row_bytes >= PROCESS_SAMPLE_BYTES and not schema.ragged_fields
+    return "processes" if large and cpus() >= PROCESS_MIN_CPUS else "threads"
 
 
 def _load_samples_of(
@@ -373,21 +411,27 @@ def _load_samples_of(
     depth: int,
     progress: Progress,
     timeout: float,
+    held: int = HELD_MAX_BYTES,
 ) -> LoadStats:
     """A map-style source, sample by sample: `depth` threads, or (load_workers="processes",
     or a source with thread_safe = False) forked processes; ragged fields need threads (their
-    rows cannot come back through the staging area), one where the source is not thread-safe."""
-    mode = load_workers
-    if mode is None:
-        mode = "threads" if getattr(source, "thread_safe", True) is not False else "processes"
+    rows cannot come back through the staging area), one where the source is not thread-safe.
+    Samples in flight stay within `held` bytes (load_held_bytes): a thread holds a sample and
+    its copy, a forked worker's rows wait in a staging area of at most `held` bytes."""
+    row_bytes = max(1, sum(f.row_bytes for f in schema.fixed_fields))
+    mode = load_workers if load_workers is not None else default_workers(source, schema, row_bytes)
     if mode == "processes" and not schema.ragged_fields:
-        workers = max(1, min(depth, count, cpus()))
-        stats = LoadStats("samples (processes)", workers)
-        load_samples_forked(source, schema, encode, start, count, put, workers, stats, progress, timeout)
+        stats = LoadStats("samples (processes)", 1)
+        workers = bounded_depth(max(1, min(depth, count, cpus())), held, row_bytes, stats)
+        stats.workers = stats.declared = workers
+        args = (start, count, put, workers, stats, progress, timeout, held)
+        load_samples_forked(source, schema, encode, *args)
         return stats
     if mode == "processes":
         depth = 1
-    stats = LoadStats("samples", min(depth, max(1, count)))
+    stats = LoadStats("samples", 1)
+    depth = bounded_depth(min(depth, max(1, count)), held, 2 * row_bytes, stats)
+    stats.workers = stats.declared = depth
     if depth == 1 and mode == "processes":
         stats.notes.append("ragged fields load in one thread without thread-safe sources")
     stats.ragged = load_samples(source, schema, encode, start, count, put, depth, stats, progress)

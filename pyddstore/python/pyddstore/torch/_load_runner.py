@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 MAX_READ_BYTES = 8 << 20  # one read of a file source
 MIN_WINDOW_BYTES = 16 << 20  # the reads in flight may always hold this much
+HELD_MAX_BYTES = 256 << 20  # samples a load holds in flight besides the share, at most
 
 
 def load_depth(settings) -> int:
@@ -28,6 +29,31 @@ def load_depth(settings) -> int:
 def load_direct(settings) -> bool:
     """DDSTORE_LOAD_DIRECT=1 (of `settings`): read file sources and snapshots with O_DIRECT."""
     return settings.load_direct
+
+
+def load_held_bytes(settings) -> int:
+    """Bytes of samples a load may hold in flight besides the share (the load's bound, stated
+    in the budget guide): 16 MiB plus a tenth of the memory budget (DDSTORE_MEMORY_LIMIT, a
+    DistDataset's memory_limit=), at most 256 MiB, also without a budget; never less than one
+    sample per reader in flight."""
+    budget = settings.memory_limit
+    if budget is None:
+        return HELD_MAX_BYTES
+    return min(HELD_MAX_BYTES, MIN_WINDOW_BYTES + budget // 10)
+
+
+def bounded_depth(depth: int, held: int, per_reader: int, stats: LoadStats) -> int:
+    """Readers in flight so that each holding `per_reader` bytes stays within `held` bytes
+    (at least one, at most `depth`); a lowered depth is noted in the load's summary."""
+    n = max(1, min(depth, held // max(1, per_reader)))
+    if n < depth:
+        stats.window_capped = True
+        stats.window_bytes = n * per_reader
+        stats.notes.append(
+            f"{n} of {depth} readers in flight ({per_reader / 2**20:.1f} MiB each, within "
+            f"{held / 2**20:.0f} MiB)"
+        )
+    return n
 
 
 class LoadStats:
@@ -223,13 +249,21 @@ def run_tasks(
     run_workers(threads, work, stats)
 
 
-def window(depth: int, share_bytes: int, row_bytes: int, stats: LoadStats, rows: int | None = None) -> int:
+def window(
+    depth: int,
+    share_bytes: int,
+    row_bytes: int,
+    stats: LoadStats,
+    rows: int | None = None,
+    held: int = HELD_MAX_BYTES,
+) -> int:
     """Rows per read so that depth reads in flight stay within ~10% of the share (at least
-    16 MiB in all), at most 8 MiB each, whole rows; `rows` (chunk_size=) overrides."""
+    16 MiB in all, at most `held`: load_held_bytes), at most 8 MiB each, whole rows; `rows`
+    (chunk_size=) overrides."""
     if rows is not None:
         stats.window_bytes = rows * row_bytes * depth
         return rows
-    limit = max(MIN_WINDOW_BYTES, share_bytes // 10)
+    limit = min(max(MIN_WINDOW_BYTES, share_bytes // 10), held)
     per_read = min(MAX_READ_BYTES, max(1, limit // max(1, depth)))
     # Capped only when the share did not fit in the window (a 40 KB share never is).
     stats.window_capped = per_read < MAX_READ_BYTES and limit < share_bytes
