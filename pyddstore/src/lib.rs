@@ -11,7 +11,6 @@ use pyo3::prelude::*;
 mod buffer;
 mod comm;
 mod errors;
-mod external;
 mod handshake;
 mod kinds;
 mod launcher;
@@ -149,7 +148,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     signals::install(m.py())?;
     m.add_class::<settings::PySettings>()?;
     launcher::register(m)?;
-    m.add_class::<external::PyDeviceShare>()?;
+    m.add_class::<store::PyDeviceShare>()?;
     m.add_class::<comm::PyComm>()?;
     m.add_class::<store::PyStore>()?;
     m.add_class::<handshake::PyHandshakeDir>()?;
@@ -183,6 +182,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         .map(|d| d.name())
         .collect();
     m.add("DTYPES", dtypes)?;
+    // What O_DIRECT reads align to (ddstore_core::direct_io), for Python's aligned reader.
+    m.add("DIRECT_ALIGN", ddstore_core::direct_io::ALIGN)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -17,7 +17,7 @@ import numpy as np
 from . import _native
 from ._errors import DDStoreFileError, DDStoreTypeError, DDStoreValueError
 
-ALIGN = 4096  # O_DIRECT: offsets, lengths and buffers aligned to this
+ALIGN = _native.DIRECT_ALIGN  # O_DIRECT: offsets, lengths and buffers aligned to this (Rust's one value)
 
 
 @dataclass(frozen=True)

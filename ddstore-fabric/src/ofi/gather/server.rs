@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ddstore_core::region::Memory;
+use ddstore_core::memory::Memory;
 use libfabric_sys as sys;
 
 use super::answer::{self, Access, Bounds, ReplyBody as Body, ServedShares};
