@@ -26,7 +26,7 @@ mod variable;
 
 pub use info::{Element, VarInfo};
 use ragged::RaggedVar;
-pub use ragged::{RaggedBatch, RaggedInfo, END_BYTES, END_GAP_ROWS};
+pub use ragged::{NewRagged, RaggedBatch, RaggedInfo, END_BYTES, END_GAP_ROWS};
 pub use variable::{OwnRows, Variable, PARALLEL_COPY_BYTES};
 
 /// Named variables shared by the ranks of one group, read through one transport.

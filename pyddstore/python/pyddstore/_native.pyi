@@ -1,6 +1,6 @@
 """Type stubs of the PyO3 extension ``pyddstore._native`` (use the pure-Python API in ``pyddstore``)."""
 
-from typing import Any, Literal, Optional, Sequence, Union
+from typing import Any, Callable, Literal, Optional, Sequence, Union
 
 import numpy as np
 
@@ -236,6 +236,17 @@ class Store:
         name: str,
         values: np.ndarray,
         lengths: Sequence[int] | np.ndarray,
+        memory_limit: Optional[int] = None,
+        spill_dir: Optional[str] = None,
+    ) -> None: ...
+    def init_ragged(
+        self,
+        name: str,
+        lengths: Sequence[int] | np.ndarray,
+        unit_bytes: int,
+        fill: Callable[[str], None],
+        itemsize: int = 1,
+        dtype: Optional[str] = None,
         memory_limit: Optional[int] = None,
         spill_dir: Optional[str] = None,
     ) -> None: ...

@@ -1,9 +1,10 @@
-//! Creating a ragged variable (its two parts, agreed collectively),
-//! linking attached parts into one, and finding it by name.
+//! Creating a ragged variable: its two parts, agreed collectively, from
+//! values at hand ([`Store::add_ragged`]) or written by the caller in
+//! between ([`Store::begin_ragged`], then [`Store::finish_ragged`]: the one
+//! protocol, both ways); linking attached parts into one; finding it by name.
 
 use std::sync::Arc;
 
-use crate::comm::gather_u64;
 use crate::dtype::DType;
 use crate::kinds::RaggedPart;
 use crate::profile::{Counters, Profile};
@@ -11,6 +12,32 @@ use crate::store::{Element, Store};
 use crate::{Error, Result};
 
 use super::{RaggedInfo, RaggedVar, StagingPool, END_BYTES};
+
+/// A ragged variable being created: its parts exist on every rank and its
+/// row ends are written; this rank's values are written next, then
+/// [`Store::finish_ragged`] makes it readable.
+#[must_use = "a ragged variable is readable only once finish_ragged links it"]
+pub struct NewRagged {
+    name: String,
+    /// This rank's longest row in bytes (bounds gathered replies).
+    longest_row_bytes: u64,
+    /// Writing the row ends failed here: every rank fails at `finish_ragged`.
+    problem: Option<String>,
+}
+
+impl NewRagged {
+    /// The name of the part this rank's values are written into.
+    pub fn values_part(&self) -> String {
+        RaggedPart::Values.of(&self.name)
+    }
+}
+
+/// What each rank tells the others at [`Store::finish_ragged`].
+#[derive(serde::Serialize, serde::Deserialize)]
+struct FinishRecord {
+    longest_row_bytes: u64,
+    problem: Option<String>,
+}
 
 impl Store {
     /// Collective: creates the ragged variable `name` from this rank's rows:
@@ -41,22 +68,50 @@ impl Store {
         request: Option<&crate::spill::SpillRequest>,
     ) -> Result<()> {
         let units: u64 = lengths.iter().sum();
-        let mut problem = None;
-        if unit_bytes == 0 {
-            problem = Some("units must be at least one byte wide".to_string());
-        } else if (units as u128) * (unit_bytes as u128) != data.len() as u128 {
-            problem = Some(format!(
+        let problem = ((units as u128) * (unit_bytes as u128) != data.len() as u128).then(|| {
+            format!(
                 "the lengths sum to {units} units of {unit_bytes} bytes = {} bytes, but the values have {} bytes",
                 units as u128 * unit_bytes as u128,
                 data.len()
-            ));
-        } else if self.has_var(name) {
-            problem = Some(format!("variable '{name}' already exists"));
-        }
+            )
+        });
+        let new = self.begin_ragged(name, lengths, unit_bytes, element, request, problem)?;
+        let filled = self.write_local(&new.values_part(), 0, data);
+        let linked = self.finish_ragged(new, filled.as_ref().err().map(|e| e.to_string()));
+        filled?;
+        linked
+    }
+
+    /// Collective, the first step of creating the ragged variable `name`
+    /// whose values the caller writes itself (without a contiguous copy of
+    /// them first): creates both parts for this rank's rows (`lengths[i]`
+    /// units of `unit_bytes` bytes for row i) and writes the row ends. The
+    /// caller then writes this rank's values into [`NewRagged::values_part`]
+    /// (`write_local`) and hands the outcome to [`Store::finish_ragged`].
+    /// `problem`: this rank's reason it cannot create the variable; a
+    /// problem on any rank fails every rank with its message.
+    pub fn begin_ragged(
+        &self,
+        name: &str,
+        lengths: &[u64],
+        unit_bytes: usize,
+        element: impl Into<Element>,
+        request: Option<&crate::spill::SpillRequest>,
+        problem: Option<String>,
+    ) -> Result<NewRagged> {
+        let problem = problem.or_else(|| {
+            if unit_bytes == 0 {
+                Some("units must be at least one byte wide".to_string())
+            } else if self.has_var(name) {
+                Some(format!("variable '{name}' already exists"))
+            } else {
+                None
+            }
+        });
         // Agreed first so that a bad rank fails every rank, not only itself.
         self.init_spilling_with(
             &RaggedPart::Values.of(name),
-            units,
+            lengths.iter().sum(),
             unit_bytes.max(1),
             element.into(),
             request,
@@ -75,11 +130,45 @@ impl Store {
             end += l;
             ends.extend_from_slice(&end.to_le_bytes());
         }
-        self.write_local(&RaggedPart::Ends.of(name), 0, &ends)?;
-        self.write_local(&RaggedPart::Values.of(name), 0, data)?;
+        // A failure here is agreed in `finish_ragged`, with the caller's.
+        let problem = self
+            .write_local(&RaggedPart::Ends.of(name), 0, &ends)
+            .err()
+            .map(|e| e.to_string());
         let longest = lengths.iter().max().copied().unwrap_or(0);
-        let max_row_bytes = gather_u64(self.comm().as_ref(), longest * unit_bytes as u64)?;
-        self.link_ragged_with(name, Some(max_row_bytes))?;
+        Ok(NewRagged {
+            name: name.to_string(),
+            longest_row_bytes: longest * unit_bytes as u64,
+            problem,
+        })
+    }
+
+    /// Collective, the last step of creating a ragged variable (see
+    /// [`Store::begin_ragged`]): every rank learns whether every rank wrote
+    /// its values (`problem`: this rank's reason it did not) and each rank's
+    /// longest row; returns once every rank's rows are readable. A problem
+    /// on any rank fails every rank, naming it.
+    pub fn finish_ragged(&self, new: NewRagged, problem: Option<String>) -> Result<()> {
+        let mine = FinishRecord {
+            longest_row_bytes: new.longest_row_bytes,
+            problem: new.problem.or(problem),
+        };
+        let all = self
+            .comm()
+            .allgather(&serde_json::to_vec(&mine).expect("record serialises"))?;
+        let mut max_row_bytes = Vec::with_capacity(all.len());
+        for (r, raw) in all.iter().enumerate() {
+            let rec: FinishRecord = serde_json::from_slice(raw)
+                .map_err(|e| Error::Comm(format!("bad ragged record from rank {r}: {e}")))?;
+            if let Some(p) = rec.problem {
+                return Err(Error::invalid(format!(
+                    "ragged variable '{}': rank {r}: {p}",
+                    new.name
+                )));
+            }
+            max_row_bytes.push(rec.longest_row_bytes);
+        }
+        self.link_ragged_with(&new.name, Some(max_row_bytes))?;
         self.comm().barrier()
     }
 

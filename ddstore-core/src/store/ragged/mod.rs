@@ -49,6 +49,7 @@ mod read;
 mod row_map;
 mod values;
 
+pub use create::NewRagged;
 use row_map::RowMap;
 
 /// Bytes of one stored row offset.

@@ -467,7 +467,7 @@ class DistDataset(_StoredDataset):
         for j, f in enumerate(schema.ragged_fields):
             part = ragged.pop(f.key)
             _ragged_parts.add_ragged_in_place(
-                store, f.var, f, part.lengths, lambda var, part=part: part.write(store, var)
+                store, f.var, f, part.lengths, lambda values_part, part=part: part.write(store, values_part)
             )
             del part
             f.max_len = max(r["max_lens"][j] for r in results)

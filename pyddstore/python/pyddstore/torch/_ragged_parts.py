@@ -11,9 +11,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pyddstore._kinds import ragged_parts
-from pyddstore._store import _dtype_name
-
 from ._agree import agree
 from ._field import Field
 
@@ -39,9 +36,9 @@ class _Block:
 class RaggedParts:
     """One ragged field's rows of this rank's share while loading: every row copied into its
     loading thread's block (about RAGGED_BLOCK_BYTES), lengths kept per row. Once all ranks have
-    loaded, `add_to(store, ...)` creates the ragged variable from the lengths and writes each
-    block's rows into it, giving each block back as soon as it is written: the rank holds its
-    share plus about one block, never a second copy of the share."""
+    loaded, `add_ragged_in_place` creates the ragged variable from the lengths and `fill` writes
+    each block's rows into it, giving each block back as soon as it is written: the rank holds
+    its share plus about one block, never a second copy of the share."""
 
     def __init__(self, f: Field, count: int):
         self.f = f
@@ -78,10 +75,9 @@ class RaggedParts:
                 update(blk.arr[a : a + n], int(starts[j]))
             blk.close()
 
-    def write(self, store: Any, values_var: str) -> None:
-        """Fills the ragged variable's values (`values_var`, just created) from the blocks."""
-        native = store._native
-        self.fill(lambda arr, off: native.update(values_var, arr, offset=off))
+    def write(self, store: Any, values_part: str) -> None:
+        """Fills the ragged variable's values (`values_part`, just created) from the blocks."""
+        self.fill(lambda arr, off: store.update(values_part, arr, offset=off))
 
     def close(self) -> None:
         while self._blocks:
@@ -95,27 +91,18 @@ def add_ragged_in_place(
     lengths: np.ndarray,
     fill: Callable[[str], None],
 ) -> None:
-    """Collective: creates the ragged variable `name` (values `name#values`, ends `name#ends`)
-    from this rank's row lengths, then `fill(values_var)` writes the values straight into this
-    rank's share (no contiguous copy of them first); every rank learns whether all filled
-    before the variable is linked."""
-    native = store._native
-    values, ends = ragged_parts(name)
-    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-    unit_bytes = max(1, f.unit_count * f.dtype.itemsize)
-    store._reserve(values)
-    store._reserve(ends)
-    native.init(values, int(lengths.sum()), unit_bytes, itemsize=f.dtype.itemsize, dtype=_dtype_name(f.dtype))
-    native.init(ends, len(lengths), 8, itemsize=8, dtype="int64")
-    err = None
-    try:
-        native.update(ends, np.cumsum(lengths, dtype=np.int64))
-        fill(values)
-    except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
-        err = e
-    agree(store, err)
-    native.link_ragged(name)
-    store.barrier()
-    store._ragged_units[name] = (f.unit_count,)
-    store._published(values)
-    store._published(ends)
+    """Collective: creates the ragged variable `name` from this rank's row lengths, then
+    `fill(values_part)` writes the values straight into this rank's share of `values_part` (no
+    contiguous copy of them first). Every rank learns whether all filled, a failure keeping its
+    kind on every rank, before the variable is readable. The creation protocol is Rust's
+    (`Store.init_ragged`, through `PyDDStore._init_ragged`)."""
+
+    def agreed_fill(values_part: str) -> None:
+        err = None
+        try:
+            fill(values_part)
+        except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
+            err = e
+        agree(store, err)
+
+    store._init_ragged(name, lengths, (f.unit_count,), f.dtype, agreed_fill)
