@@ -137,6 +137,13 @@ fn fd_limit_raised() -> Option<(u64, u64, u64)> {
     ddstore_core::fd_limit::raise_soft_limit().map(|r| (r.before, r.after, r.hard))
 }
 
+/// The block-aligned file span `(start, end)` an `O_DIRECT` read of `len`
+/// bytes at `offset` covers (`ddstore_core::direct_io::span`, the one rule).
+#[pyfunction]
+fn direct_span(offset: u64, len: u64) -> (u64, u64) {
+    ddstore_core::direct_io::span(offset, len)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Before anything can start libfabric or a pyddstore thread: the one
@@ -164,6 +171,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ddstore_fabric::ofi::PROVIDER_SIGNAL_VARIABLES.to_vec(),
     )?;
     m.add_function(wrap_pyfunction!(fd_limit_raised, m)?)?;
+    m.add_function(wrap_pyfunction!(direct_span, m)?)?;
     m.add_function(wrap_pyfunction!(system_info, m)?)?;
     m.add_function(wrap_pyfunction!(provider_candidates, m)?)?;
     m.add_function(wrap_pyfunction!(errors::file_error, m)?)?;

@@ -30,6 +30,8 @@ RAGGED_PARTS: list[str]  # the suffixes of a ragged variable's values and ends
 DTYPES: list[str]
 DIRECT_ALIGN: int  # O_DIRECT offsets, lengths and buffers align to this (ddstore_core::direct_io)
 
+def direct_span(offset: int, len: int) -> tuple[int, int]: ...
+
 # The launcher table (ddstore_core::launcher), one dict per launcher, and what it reads.
 LAUNCHERS: list[dict[str, Any]]
 

@@ -293,7 +293,7 @@ class AlignedReader:
     def _buffer(self, nbytes: int) -> memoryview:
         if self._buf is None or len(self._buf) < nbytes:
             self.close()
-            size = -(-max(nbytes, ALIGN) // ALIGN) * ALIGN
+            size = _native.direct_span(0, max(nbytes, ALIGN))[1]
             self._buf = mmap.mmap(-1, size)  # page-aligned, as O_DIRECT needs
             self._view = memoryview(self._buf)
         return self._view  # type: ignore[return-value]
@@ -304,8 +304,7 @@ class AlignedReader:
             view = self._buffer(nbytes)[:nbytes]
             pread_exact(fd, view, offset, path)
             return view
-        a0 = offset - offset % ALIGN
-        a1 = -(-(offset + nbytes) // ALIGN) * ALIGN
+        a0, a1 = _native.direct_span(offset, nbytes)
         buf = self._buffer(a1 - a0)
         pos = 0
         need = offset + nbytes - a0
