@@ -81,3 +81,18 @@ def test_one_round_trip_gather_stopped_owner(handshake_dir):
     procs = run_procs(3, "ragged_gather.py", "stopped", env=env, timeout=180)
     out = procs[0].stdout
     assert "stopped owner: DDStoreTimeoutError after" in out and "reads after SIGCONT ok" in out, out
+
+
+def test_created_in_place_mpi_tcp_gather():
+    """A ragged variable created with its values written in place by a fill callback (Rust's one
+    creation protocol, as pyddstore.torch loads ragged fields): every row checked on every rank,
+    through tcp's one-round-trip gather path; a fill that raises on one rank fails every rank."""
+    env = {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0", "DDSTORE_REMOTE_GATHER": "1"}
+    out = run_mpi(3, "ragged_in_place.py", "world", env=env).stdout
+    assert out.count("ragged_in_place ok") == 3 and "gather remote reads" in out, out
+
+
+def test_created_in_place_file_comm(handshake_dir):
+    env = {"DDSTORE_HANDSHAKE_DIR": handshake_dir, "DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "1"}
+    procs = run_procs(2, "ragged_in_place.py", "none", env=env)
+    assert all("ragged_in_place ok" in p.stdout for p in procs)

@@ -10,7 +10,7 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use crate::region::{Memory, RawMemory};
+use crate::memory::{Memory, RawMemory};
 use crate::{Error, Result};
 
 /// Where a share's bytes live, as libfabric's `enum fi_hmem_iface` names it.

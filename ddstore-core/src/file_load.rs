@@ -22,7 +22,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::region::{Memory, POPULATE_MIN};
+use crate::direct_io;
+use crate::memory::{Memory, POPULATE_MIN};
 use crate::store::Store;
 use crate::{Error, Result};
 
@@ -32,9 +33,6 @@ use crate::{Error, Result};
 /// pages are faulted in once, first): 256 KiB pieces, each faulting its
 /// own, loaded at 0.8x the speed of `pread`s straight into the share.
 const BOUNCE_PIECE: usize = POPULATE_MIN - 4096;
-
-/// What `O_DIRECT` needs aligned: file offsets, lengths and buffers.
-pub const DIRECT_ALIGN: usize = 4096;
 
 /// Most threads one call spawns, whatever the caller asks for.
 pub const MAX_THREADS: usize = 256;
@@ -181,11 +179,7 @@ struct Bounce {
 
 impl Bounce {
     fn aligned(&mut self, len: usize) -> &mut [u8] {
-        if self.buf.len() < len + DIRECT_ALIGN {
-            self.buf = vec![0u8; len + DIRECT_ALIGN];
-        }
-        let start = self.buf.as_ptr().align_offset(DIRECT_ALIGN);
-        &mut self.buf[start..start + len]
+        direct_io::buffer(&mut self.buf, len)
     }
 }
 
@@ -507,15 +501,13 @@ fn read_range(sh: &Shared, f: &SourceFile, r: &FileRange, bounce: &mut Bounce) -
         return read_in_pieces(sh, f, r, bounce);
     }
     // Through the bounce buffer: O_DIRECT reads whole aligned blocks around the range.
-    let align = DIRECT_ALIGN as u64;
-    let a0 = r.file_offset - r.file_offset % align;
-    let a1 = end.div_ceil(align) * align;
+    let (a0, a1) = direct_io::span(r.file_offset, end - r.file_offset);
     let buf = bounce.aligned((a1 - a0) as usize);
     let need = (end - a0) as usize;
     let mut pos = 0usize;
     while pos < need {
         pos += pread_some(sh, f, &mut buf[pos..], a0 + pos as u64, end)?;
-        if !pos.is_multiple_of(DIRECT_ALIGN) && pos < need {
+        if !pos.is_multiple_of(direct_io::ALIGN) && pos < need {
             return Err(Error::File(format!(
                 "{}: unaligned short read at byte {} with O_DIRECT",
                 f.path,

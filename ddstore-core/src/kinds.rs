@@ -117,7 +117,7 @@ impl CommKind {
 }
 
 /// One of the two variables a ragged variable `x` is stored as (see
-/// [`crate::ragged`]): its values (`x#values`) and its row ends (`x#ends`).
+/// `store/ragged/`): its values (`x#values`) and its row ends (`x#ends`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RaggedPart {
     /// The rows' units, concatenated.
@@ -148,6 +148,12 @@ impl RaggedPart {
         RaggedPart::ALL
             .into_iter()
             .find_map(|p| part_name.strip_suffix(p.suffix()))
+    }
+
+    /// The name a user gave, for messages: a part (`x#values`, `x#ends`) is
+    /// its ragged variable `x`; any other name is itself.
+    pub fn user_name(name: &str) -> &str {
+        RaggedPart::owner(name).unwrap_or(name)
     }
 }
 
@@ -184,6 +190,8 @@ mod tests {
         assert_eq!(RaggedPart::Values.of("g"), "g#values");
         assert_eq!(RaggedPart::owner("g#ends"), Some("g"));
         assert_eq!(RaggedPart::owner("g"), None);
+        assert_eq!(RaggedPart::user_name("g#values"), "g");
+        assert_eq!(RaggedPart::user_name("g"), "g");
         assert_ne!(RaggedPart::Values.of("x"), RaggedPart::Ends.of("x"));
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod comm;
 pub mod config;
+pub mod direct_io;
 pub mod dtype;
 pub mod error;
 pub mod external;
@@ -20,11 +21,11 @@ pub mod interrupt;
 pub mod kinds;
 pub mod launcher;
 pub mod layout;
+pub mod memory;
 pub mod node_only;
 pub mod plan;
 pub mod private_dir;
 pub mod profile;
-pub mod ragged;
 pub mod reader_pool;
 pub mod region;
 pub mod spill;

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use crate::comm::Comm;
 use crate::external::ExternalShare;
-use crate::region::{Memory, NodeLocator};
+use crate::memory::Memory;
+use crate::region::NodeLocator;
 use crate::{Error, Result};
 
 /// One byte range of a remote share, to land at `dst_offset` of the destination.

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ddstore_core::file_load::{read_ranges, FileRange, SourceFile};
-use ddstore_core::region::{Memory, Region};
+use ddstore_core::memory::Memory;
+use ddstore_core::region::Region;
 
 fn data(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i * 7 + i / 251) as u8).collect()

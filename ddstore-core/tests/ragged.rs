@@ -136,3 +136,55 @@ fn a_bad_rank_fails_every_rank() {
         h.join().unwrap();
     }
 }
+
+#[test]
+fn values_written_between_begin_and_finish_read_back_and_a_failed_fill_fails_every_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let counts = [5u64, 7, 0];
+    let n = counts.len();
+    let total: u64 = counts.iter().sum();
+    let handles: Vec<_> = (0..n)
+        .map(|rank| {
+            let dir = dir.path().to_path_buf();
+            std::thread::spawn(move || {
+                let store = store_for(&dir, rank, n);
+                let first: u64 = counts[..rank].iter().sum();
+                let rows: Vec<u64> = (first..first + counts[rank]).collect();
+                let lengths: Vec<u64> = rows.iter().map(|&r| length(r)).collect();
+                let data: Vec<u8> = rows.iter().flat_map(|&r| row_bytes(r)).collect();
+                // The values written in two pieces, the second first, between the two steps.
+                let new = store
+                    .begin_ragged("g", &lengths, UNIT, DType::Uint8, None, None)
+                    .unwrap();
+                let half = (data.len() / UNIT / 2) * UNIT;
+                let part = new.values_part();
+                store
+                    .write_local(&part, (half / UNIT) as u64, &data[half..])
+                    .unwrap();
+                store.write_local(&part, 0, &data[..half]).unwrap();
+                store.finish_ragged(new, None).unwrap();
+                let all: Vec<i64> = (0..total as i64).rev().collect();
+                let (values, offsets) = store.get_ragged("g", &all).unwrap();
+                for (i, &r) in all.iter().enumerate() {
+                    let got = &values[offsets[i] as usize * UNIT..offsets[i + 1] as usize * UNIT];
+                    assert_eq!(got, &row_bytes(r as u64)[..], "row {r}");
+                }
+                // Rank 2 reports a failed fill: every rank fails, naming it; none hangs.
+                let new = store
+                    .begin_ragged("h", &lengths, UNIT, DType::Uint8, None, None)
+                    .unwrap();
+                let problem = (rank == 2).then(|| "the source is gone".to_string());
+                let err = store.finish_ragged(new, problem).unwrap_err().to_string();
+                assert!(
+                    err.contains("rank 2") && err.contains("the source is gone"),
+                    "{err}"
+                );
+                assert!(!store.is_ragged("h"));
+                store.free().unwrap();
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}

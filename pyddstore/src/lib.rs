@@ -11,7 +11,6 @@ use pyo3::prelude::*;
 mod buffer;
 mod comm;
 mod errors;
-mod external;
 mod handshake;
 mod kinds;
 mod launcher;
@@ -138,6 +137,13 @@ fn fd_limit_raised() -> Option<(u64, u64, u64)> {
     ddstore_core::fd_limit::raise_soft_limit().map(|r| (r.before, r.after, r.hard))
 }
 
+/// The block-aligned file span `(start, end)` an `O_DIRECT` read of `len`
+/// bytes at `offset` covers (`ddstore_core::direct_io::span`, the one rule).
+#[pyfunction]
+fn direct_span(offset: u64, len: u64) -> (u64, u64) {
+    ddstore_core::direct_io::span(offset, len)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Before anything can start libfabric or a pyddstore thread: the one
@@ -149,7 +155,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     signals::install(m.py())?;
     m.add_class::<settings::PySettings>()?;
     launcher::register(m)?;
-    m.add_class::<external::PyDeviceShare>()?;
+    m.add_class::<store::PyDeviceShare>()?;
     m.add_class::<comm::PyComm>()?;
     m.add_class::<store::PyStore>()?;
     m.add_class::<handshake::PyHandshakeDir>()?;
@@ -165,6 +171,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ddstore_fabric::ofi::PROVIDER_SIGNAL_VARIABLES.to_vec(),
     )?;
     m.add_function(wrap_pyfunction!(fd_limit_raised, m)?)?;
+    m.add_function(wrap_pyfunction!(direct_span, m)?)?;
     m.add_function(wrap_pyfunction!(system_info, m)?)?;
     m.add_function(wrap_pyfunction!(provider_candidates, m)?)?;
     m.add_function(wrap_pyfunction!(errors::file_error, m)?)?;
@@ -183,6 +190,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         .map(|d| d.name())
         .collect();
     m.add("DTYPES", dtypes)?;
+    // What O_DIRECT reads align to (ddstore_core::direct_io), for Python's aligned reader.
+    m.add("DIRECT_ALIGN", ddstore_core::direct_io::ALIGN)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

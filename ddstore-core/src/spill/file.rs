@@ -30,13 +30,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::dir::SpillDir;
+use crate::direct_io;
 use crate::{Error, Result};
 
 /// Bytes before the data: one block, so data offsets keep their alignment.
-pub const HEADER: u64 = 4096;
-/// Alignment of `O_DIRECT` offsets, lengths and buffers (a 4 KiB block
-/// covers 512-byte and 4 KiB sector disks alike).
-pub const ALIGN: usize = 4096;
+pub const HEADER: u64 = direct_io::ALIGN as u64;
 /// Bytes written between write-backs that drop the written pages from the cache.
 pub const FLUSH_BYTES: u64 = 32 << 20;
 const MAGIC: &[u8; 8] = b"DDSPILL1";
@@ -84,8 +82,7 @@ impl std::fmt::Debug for SpillFile {
 /// share, a batch), need not stay cached. Dirty pages stay; a failure is
 /// ignored (the cache is only advice).
 pub fn drop_cached(file: &File, offset: u64, len: u64) {
-    let a = offset & !(ALIGN as u64 - 1);
-    let b = round_up(offset.saturating_add(len));
+    let (a, b) = direct_io::span(offset, len);
     // SAFETY: `file` is borrowed, so its descriptor is open for the call;
     // fadvise touches no memory of ours.
     unsafe {
@@ -106,18 +103,6 @@ pub fn no_read_ahead(file: &File) {
     unsafe {
         libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM);
     }
-}
-
-fn round_up(n: u64) -> u64 {
-    n.div_ceil(ALIGN as u64) * ALIGN as u64
-}
-
-/// A zeroed buffer of `len` bytes at an `ALIGN`-aligned address inside `storage`.
-fn aligned(storage: &mut Vec<u8>, len: usize) -> &mut [u8] {
-    storage.clear();
-    storage.resize(len + ALIGN, 0);
-    let start = storage.as_ptr().align_offset(ALIGN);
-    &mut storage[start..start + len]
 }
 
 /// Opens `/proc/<pid>/fd/<fd>` for reading, with `O_DIRECT` when `direct`.
@@ -154,7 +139,7 @@ impl SpillFile {
     pub fn create(dir: &Arc<SpillDir>, name: &str, len: u64, what: &str) -> Result<SpillFile> {
         let write = dir.private().create_exclusive(name)?;
         let shown = dir.path().join(name);
-        let file_len = round_up(HEADER + len);
+        let file_len = direct_io::round_up(HEADER + len);
         let fail = |e: io::Error, free: Option<u64>| {
             let _ = dir.private().remove(name);
             if is_full(&e) {
@@ -370,9 +355,8 @@ impl SpillFile {
         let err = |e| Error::io(format!("reading spill file {}", self.shown.display()), e);
         if self.is_direct() {
             let at = HEADER + offset;
-            let start = at & !(ALIGN as u64 - 1);
-            let end = round_up(at + dst.len() as u64);
-            let bounce = aligned(scratch, (end - start) as usize);
+            let (start, end) = direct_io::span(at, dst.len() as u64);
+            let bounce = direct_io::buffer(scratch, (end - start) as usize);
             match self.read.read_exact_at(bounce, start) {
                 Ok(()) => {
                     let skip = (at - start) as usize;

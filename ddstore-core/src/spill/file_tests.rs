@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::region::{Memory, Region};
+use crate::memory::Memory;
+use crate::region::Region;
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n)

@@ -7,7 +7,7 @@
 //! jobs), [`SpillFile`] (one share's rows past the budget, written during the
 //! load and read with `O_DIRECT` where the file system allows it, so page
 //! cache does not blur the budget), [`SpilledShare`] (memory plus file as one
-//! [`crate::region::Memory`] of the share's full length, so loads, updates
+//! [`crate::memory::Memory`] of the share's full length, so loads, updates
 //! and every read path see one share), [`read_all`] (many spilled rows read
 //! in flight) and [`Stage`] (rows read ahead of use, inside the budget).
 
@@ -31,13 +31,6 @@ pub fn rows_in_budget(rows: u64, row_bytes: usize, budget: u64) -> u64 {
         return rows;
     }
     rows.min(budget / row_bytes as u64)
-}
-
-/// The name a user gave: a ragged variable's part (`x#values`, `x#ends`) is `x`.
-pub(crate) fn user_name(name: &str) -> &str {
-    name.strip_suffix("#values")
-        .or_else(|| name.strip_suffix("#ends"))
-        .unwrap_or(name)
 }
 
 /// A file name part made of `name`'s letters, digits, `-` and `_` (at most

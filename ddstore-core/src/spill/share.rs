@@ -9,7 +9,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use super::file::SpillFile;
-use crate::region::Memory;
+use crate::memory::Memory;
 use crate::{Error, Result};
 
 /// Bytes a file load moves through one bounce buffer into the spill file:

@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 
 use super::{rows_in_budget, SpillDir, SpillFile, SpillLocator, SpilledShare};
 use crate::comm::Comm;
-use crate::region::{host_id, Memory};
+use crate::kinds::RaggedPart;
+use crate::memory::Memory;
+use crate::region::host_id;
 use crate::transport::{Exposed, RemoteRead};
 use crate::{Config, Error, Result};
 
@@ -114,7 +116,7 @@ impl StoreSpill {
             let what = format!(
                 "the {} spilled rows of '{}' on rank {rank}",
                 rows - mem_rows,
-                super::user_name(name)
+                RaggedPart::user_name(name)
             );
             SpillFile::create(&dir, &dir.file_name(name), spilled, &what)
         });
@@ -268,6 +270,20 @@ pub(crate) enum Split<'a> {
 }
 
 impl VarSpill {
+    /// Bytes a read ahead reads at once (its buffer beside the stage,
+    /// outside the budget): enough rows to keep its reads in flight, far
+    /// less than a stage (up to 64 MiB). Fixed and ragged read-aheads alike.
+    pub(crate) const PREFETCH_PIECE: usize = 4 << 20;
+
+    /// Whether a read ahead stages the bytes `probe` names: they lie (partly)
+    /// in the owner's spill file and this process can get them, from the
+    /// file here (own or same-node owner) or from a remote owner that serves
+    /// spilled rows. `name`: the variable, for messages.
+    pub(crate) fn read_ahead_reads(&self, probe: &RemoteRead, name: &str) -> bool {
+        matches!(self.split(probe, name), Ok(Split::Parts(..)))
+            || (self.remote_serves && self.spilled_part(probe).is_some())
+    }
+
     /// The part of `seg` in its owner's spill file (`None`: all in memory, or the owner does not spill).
     pub(crate) fn spilled_part(&self, seg: &RemoteRead) -> Option<(usize, usize)> {
         let o = self.owners.get(seg.owner)?.as_ref()?;
@@ -294,7 +310,7 @@ impl VarSpill {
                 "'{}': rows of rank {} are in its spill file, and remote ranks read spilled rows \
                  only through the owner-side gather path (libfabric with tagged messages: \
                  DDSTORE_REMOTE_GATHER=1); this transport reads one-sided",
-                super::user_name(name),
+                RaggedPart::user_name(name),
                 seg.owner
             )));
         };

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use crate::dtype::DType;
 use crate::external::ExternalShare;
 use crate::layout::Layout;
+use crate::memory::Memory;
 use crate::profile::Counters;
 use crate::reader_pool::ReaderPool;
-use crate::region::{map_node_peers_watched, Memory, NodeLocator};
+use crate::region::{map_node_peers_watched, NodeLocator};
 use crate::transport::{ExposeOptions, Exposed, Prepared, RemoteShares, Transport, WrapShare};
 use crate::{Error, Result};
 

@@ -3,15 +3,16 @@
 //! This file: the store itself, its lookups and its teardown. Creating
 //! variables (collective agreement, attaching another job's) is in
 //! `create.rs`, writing and reading rows by name in `rows.rs`, and a
-//! variable with its read execution (routes, memory copies) in `variable.rs`.
+//! variable with its read execution (routes, memory copies) in `variable.rs`,
+//! ragged variables (their types, creation and reads) in `ragged/`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::comm::Comm;
+use crate::kinds::RaggedPart;
 use crate::profile::Profile;
-use crate::ragged::{ends_name, values_name, RaggedVar};
 use crate::transport::Transport;
 use crate::{Config, Error, Result};
 
@@ -25,6 +26,8 @@ mod variable;
 
 pub use create::NewVar;
 pub use info::{Element, VarInfo};
+use ragged::RaggedVar;
+pub use ragged::{NewRagged, RaggedBatch, RaggedInfo, END_BYTES, END_GAP_ROWS};
 pub use variable::{OwnRows, Variable, PARALLEL_COPY_BYTES};
 
 /// Named variables shared by the ranks of one group, read through one transport.
@@ -144,7 +147,7 @@ impl Store {
         let ragged = self.ragged.read().unwrap();
         let parts: Vec<String> = ragged
             .keys()
-            .flat_map(|n| [values_name(n), ends_name(n)])
+            .flat_map(|n| RaggedPart::ALL.map(|p| p.of(n)))
             .collect();
         let mut v: Vec<String> = self
             .vars

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
+use crate::memory::Memory;
 use crate::plan::{validate_rows, Plan};
-use crate::region::Memory;
 use crate::transport::RemoteRead;
 use crate::{Error, Result};
 

@@ -18,16 +18,11 @@ use crate::plan::Plan;
 use crate::spill::read::MAX_READ_AHEAD_THREADS;
 use crate::spill::run_all;
 use crate::spill::stage::Reserved;
-use crate::spill::store::Split;
+use crate::spill::store::{Split, VarSpill};
 use crate::transport::RemoteRead;
 use crate::{Error, Result};
 
 use super::{Element, NewVar, OwnRows, Store, Variable};
-
-/// Bytes a read ahead reads at once (its buffer beside the stage, outside
-/// the budget): enough rows to keep its reads in flight, far less than a
-/// stage (up to 64 MiB).
-const PREFETCH_PIECE: usize = 4 << 20;
 
 impl Store {
     /// Collective barrier over the store's group, bounded by
@@ -225,9 +220,7 @@ impl Store {
                 len: rb,
                 dst_offset: 0,
             };
-            let readable = matches!(spill.split(&probe, &var.name), Ok(Split::Parts(..)))
-                || (spill.remote_serves && spill.spilled_part(&probe).is_some());
-            if readable {
+            if spill.read_ahead_reads(&probe, &var.name) {
                 spilled.push(r as u64);
             }
         }
@@ -265,7 +258,7 @@ impl Store {
         self.watch(read)?;
         // Rows their owners serve (the gather path), in pieces of
         // PREFETCH_PIECE bytes: the buffer beside the stage stays small.
-        let per_piece = (PREFETCH_PIECE / rb).max(1);
+        let per_piece = (VarSpill::PREFETCH_PIECE / rb).max(1);
         let mut buf = Vec::new();
         for piece in served.chunks(per_piece) {
             let want: Vec<i64> = piece.iter().map(|&r| r as i64).collect();

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::kinds::RaggedPart;
+use crate::memory::Memory;
 use crate::plan::Plan;
 use crate::profile::Counters;
 use crate::reader_pool::ReaderPool;
-use crate::region::{process_alive, Memory, NodeLocator, ShareState};
+use crate::region::{process_alive, NodeLocator, ShareState};
 use crate::spill::store::{FileRead, Split};
 use crate::transport::{RaggedRequest, RaggedRows, RemoteRead, RemoteShares};
 use crate::{Error, Result};
@@ -337,7 +338,7 @@ impl Variable {
         if watch.state.is_live() {
             return Ok(());
         }
-        let name = user_name(&self.name);
+        let name = RaggedPart::user_name(&self.name);
         Err(Error::Stale {
             peer: owner,
             message: format!(
@@ -426,12 +427,6 @@ impl Variable {
 pub(super) struct NodeWatch {
     pub(super) pid: u32,
     pub(super) state: ShareState,
-}
-
-/// The name a user gave: a ragged variable's part (`x#values`, `x#ends`) is
-/// reported as `x`.
-fn user_name(name: &str) -> &str {
-    RaggedPart::owner(name).unwrap_or(name)
 }
 
 /// The reads of one batch by route (see [`Variable::execute`]).

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ddstore_core::comm::{gather_u64, Comm};
-use ddstore_core::region::{Memory, RawMemory};
+use ddstore_core::memory::{Memory, RawMemory};
 use ddstore_core::transport::{
     ExposeOptions, Exposed, ReaderTimes, RemoteRead, RemoteShares, ShareReader, Transport,
 };

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use ddstore_core::comm::Comm;
 use ddstore_core::external::{ExternalShare, HmemIface};
-use ddstore_core::region::{Memory, Region};
+use ddstore_core::memory::Memory;
+use ddstore_core::region::Region;
 use ddstore_core::transport::{ExposeOptions, Exposed};
 use libfabric_sys as sys;
 

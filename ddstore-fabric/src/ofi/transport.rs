@@ -5,7 +5,8 @@ use std::sync::{Arc, Mutex};
 use ddstore_core::comm::Comm;
 use ddstore_core::config::{Config, RemoteGather};
 use ddstore_core::external::ExternalShare;
-use ddstore_core::region::{share_on_node_located, Memory, Region};
+use ddstore_core::memory::Memory;
+use ddstore_core::region::{share_on_node_located, Region};
 use ddstore_core::transport::{
     ExposeOptions, Exposed, Prepared, RemoteShares, ShareReader, Transport, WrapShare,
 };

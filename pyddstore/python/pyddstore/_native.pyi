@@ -1,6 +1,6 @@
 """Type stubs of the PyO3 extension ``pyddstore._native`` (use the pure-Python API in ``pyddstore``)."""
 
-from typing import Any, Literal, Optional, Sequence, Union
+from typing import Any, Callable, Literal, Optional, Sequence, Union
 
 import numpy as np
 
@@ -28,6 +28,9 @@ COMM_KINDS: list[str]
 RAGGED_PARTS: list[str]  # the suffixes of a ragged variable's values and ends
 
 DTYPES: list[str]
+DIRECT_ALIGN: int  # O_DIRECT offsets, lengths and buffers align to this (ddstore_core::direct_io)
+
+def direct_span(offset: int, len: int) -> tuple[int, int]: ...
 
 # The launcher table (ddstore_core::launcher), one dict per launcher, and what it reads.
 LAUNCHERS: list[dict[str, Any]]
@@ -238,6 +241,17 @@ class Store:
         name: str,
         values: np.ndarray,
         lengths: Sequence[int] | np.ndarray,
+        memory_limit: Optional[int] = None,
+        spill_dir: Optional[str] = None,
+    ) -> None: ...
+    def init_ragged(
+        self,
+        name: str,
+        lengths: Sequence[int] | np.ndarray,
+        unit_bytes: int,
+        fill: Callable[[str], None],
+        itemsize: int = 1,
+        dtype: Optional[str] = None,
         memory_limit: Optional[int] = None,
         spill_dir: Optional[str] = None,
     ) -> None: ...

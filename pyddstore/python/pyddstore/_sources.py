@@ -17,7 +17,7 @@ import numpy as np
 from . import _native
 from ._errors import DDStoreFileError, DDStoreTypeError, DDStoreValueError
 
-ALIGN = 4096  # O_DIRECT: offsets, lengths and buffers aligned to this
+ALIGN = _native.DIRECT_ALIGN  # O_DIRECT: offsets, lengths and buffers aligned to this (Rust's one value)
 
 
 @dataclass(frozen=True)
@@ -321,7 +321,7 @@ class AlignedReader:
     def _buffer(self, nbytes: int) -> memoryview:
         if self._buf is None or len(self._buf) < nbytes:
             self.close()
-            size = -(-max(nbytes, ALIGN) // ALIGN) * ALIGN
+            size = _native.direct_span(0, max(nbytes, ALIGN))[1]
             self._buf = mmap.mmap(-1, size)  # page-aligned, as O_DIRECT needs
             self._view = memoryview(self._buf)
         return self._view  # type: ignore[return-value]
@@ -332,8 +332,7 @@ class AlignedReader:
             view = self._buffer(nbytes)[:nbytes]
             pread_exact(fd, view, offset, path)
             return view
-        a0 = offset - offset % ALIGN
-        a1 = -(-(offset + nbytes) // ALIGN) * ALIGN
+        a0, a1 = _native.direct_span(offset, nbytes)
         buf = self._buffer(a1 - a0)
         pos = 0
         need = offset + nbytes - a0

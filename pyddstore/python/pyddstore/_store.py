@@ -418,6 +418,25 @@ class PyDDStore(StoreCollectives, ProfileCounters, StoreInternals):
         for part in ragged_parts(name):
             self._published(part)
 
+    def _init_ragged(self, name: str, lengths, unit_shape: tuple, dtype, fill) -> None:
+        """Internal (``pyddstore.torch``'s in-place load). Collective: as ``add(name, values,
+        lengths)`` with the values not at hand: ``fill(values_part)`` writes this rank's values
+        (units shaped ``unit_shape`` of ``dtype``) straight into its share of the variable named
+        ``values_part`` (``update``, ``load_file_ranges``). An exception from ``fill`` on any rank
+        fails every rank. The creation protocol is Rust's (``_native.Store.init_ragged``)."""
+        self._check_name(name)
+        dtype = np.dtype(dtype)
+        unit_bytes = max(1, int(np.prod(unit_shape, dtype=np.int64)) * dtype.itemsize)
+        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+        for part in ragged_parts(name):
+            self._reserve(part)
+        self._native.init_ragged(
+            name, lengths, unit_bytes, fill, itemsize=dtype.itemsize, dtype=_dtype_name(dtype)
+        )
+        self._ragged_units[name] = tuple(unit_shape)
+        for part in ragged_parts(name):
+            self._published(part)
+
     def is_ragged(self, name: str) -> bool:
         """Whether ``name`` was added with ``lengths`` (rows of different lengths).
 

@@ -37,14 +37,6 @@ class StoreInternals:
         if self._publisher is not None:
             self._publisher.publish(name)
 
-    def _create_parts(self, specs: list) -> None:
-        """Collective: creates every (name, nrows, row_bytes, dtype) of `specs`: `name` with this
-        rank's `nrows` rows of `row_bytes` bytes of `dtype` (numpy), reserved but not yet
-        published (a ragged variable's parts before they are linked, `_link_ragged`), with one
-        exchange between the ranks for all of them."""
-        items = [(n, rows, rb, np.dtype(dt).itemsize, dtype_name(dt)) for n, rows, rb, dt in specs]
-        self._native.create_many(items)
-
     def _init_many(self, specs: list) -> None:
         """Collective: `init(*spec)` of every (name, nrows, disp, itemsize, dtype) of `specs`
         (reserved, created, published), with one exchange between the ranks for all of them."""

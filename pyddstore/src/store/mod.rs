@@ -5,7 +5,8 @@
 //! Split by concern, each file with its own `#[pymethods]` block (pyo3's
 //! `multiple-pymethods`): this file holds the store-wide methods (creation,
 //! properties, what a variable is, barrier, free); `write.rs` creates
-//! variables and writes rows, `read.rs` reads rows, `ragged.rs` handles
+//! variables and writes rows, `device.rs` creates one in a caller's device
+//! memory (and is its `DeviceShare`), `read.rs` reads rows, `ragged.rs` handles
 //! ragged variables, `spill.rs` memory budgets and read-ahead, `load.rs`
 //! fills shares from files and `publish.rs` is what method 2 publishes and
 //! attaches. They share the argument extractors of `args.rs` and the
@@ -24,6 +25,7 @@ use crate::settings::PySettings;
 
 mod args;
 mod class;
+mod device;
 mod load;
 mod publish;
 mod ragged;
@@ -31,8 +33,8 @@ mod read;
 mod spill;
 mod write;
 
-pub(crate) use args::indices_of;
 pub use class::PyStore;
+pub use device::PyDeviceShare;
 
 #[pymethods]
 impl PyStore {

@@ -6,10 +6,30 @@ use ddstore_core::DType;
 use pyo3::prelude::*;
 use pyo3::types::PySlice;
 
-use super::args::{indices_of, ArrayArg};
+use super::args::{dtype_arg, indices_of, ArrayArg};
 use super::PyStore;
 use crate::buffer::alloc_uninit;
 use crate::errors::{type_error, value_error, IntoPyResult};
+
+/// Row lengths in units: integers, none negative.
+fn lengths_arg(
+    py: Python<'_>,
+    call: &str,
+    name: &str,
+    lengths: &Bound<'_, PyAny>,
+) -> PyResult<Vec<u64>> {
+    let lengths = indices_of(lengths)?;
+    if let Some(i) = lengths.iter().position(|&l| l < 0) {
+        return Err(value_error(
+            py,
+            format!(
+                "{call}('{name}'): lengths[{i}] = {} is negative: expected lengths >= 0",
+                lengths[i]
+            ),
+        ));
+    }
+    Ok(lengths.iter().map(|&l| l as u64).collect())
+}
 
 #[pymethods]
 impl PyStore {
@@ -28,23 +48,49 @@ impl PyStore {
     ) -> PyResult<()> {
         let request = self.spill_request(py, &name, memory_limit, spill_dir)?;
         let (arg, unit_bytes) = ArrayArg::rows(&values, &name, "values", "units")?;
-        let lengths = indices_of(&lengths)?;
-        if let Some(i) = lengths.iter().position(|&l| l < 0) {
-            return Err(value_error(
-                py,
-                format!(
-                    "add('{name}'): lengths[{i}] = {} is negative: expected lengths >= 0",
-                    lengths[i]
-                ),
-            ));
-        }
-        let lengths: Vec<u64> = lengths.iter().map(|&l| l as u64).collect();
+        let lengths = lengths_arg(py, "add", &name, &lengths)?;
         let element = Element::new(arg.array.dtype(), arg.array.itemsize());
         let src = arg.borrow()?;
         let data = src.bytes();
         self.detached(py, |s| {
             s.add_ragged_spilling(&name, &lengths, unit_bytes, element, data, request.as_ref())
         })
+    }
+
+    /// Collective: creates the ragged variable `name` of this rank's rows
+    /// (row i: `lengths[i]` units of `unit_bytes` bytes) and has `fill`
+    /// write their values in place, with no contiguous copy of them first:
+    /// `fill(values_part)` is called once with the name of the variable
+    /// holding the values, which it fills (`update`, `load_file_ranges`)
+    /// as this rank's units. The variable is readable once every rank's
+    /// `fill` returned; an exception from `fill` on any rank fails every
+    /// rank (that rank raises its own). The protocol is `add_ragged`'s
+    /// (Rust's `begin_ragged`, then `finish_ragged`).
+    #[allow(clippy::too_many_arguments)] // add_ragged's, with the shape and dtype instead of the values
+    #[pyo3(signature = (name, lengths, unit_bytes, fill, itemsize=1, dtype=None, memory_limit=None, spill_dir=None))]
+    fn init_ragged(
+        &self,
+        py: Python<'_>,
+        name: String,
+        lengths: Bound<'_, PyAny>,
+        unit_bytes: usize,
+        fill: Bound<'_, PyAny>,
+        itemsize: usize,
+        dtype: Option<&str>,
+        memory_limit: Option<Bound<'_, PyAny>>,
+        spill_dir: Option<std::path::PathBuf>,
+    ) -> PyResult<()> {
+        let request = self.spill_request(py, &name, memory_limit, spill_dir)?;
+        let lengths = lengths_arg(py, "init_ragged", &name, &lengths)?;
+        let element = Element::new(dtype_arg(py, dtype)?, itemsize);
+        let new = self.detached(py, |s| {
+            s.begin_ragged(&name, &lengths, unit_bytes, element, request.as_ref(), None)
+        })?;
+        let filled = fill.call1((new.values_part(),));
+        let problem = filled.as_ref().err().map(|e| e.to_string());
+        let linked = self.detached(py, |s| s.finish_ragged(new, problem));
+        filled?;
+        linked
     }
 
     /// Reads ragged rows `indices` (any order, repeats): returns

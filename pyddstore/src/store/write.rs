@@ -1,17 +1,14 @@
-//! Creating variables (from rows, empty, or in a caller's device memory)
-//! and writing this rank's rows.
+//! Creating variables (from rows, or empty) and writing this rank's rows
+//! (in a caller's device memory: `device.rs`).
 
 use std::path::PathBuf;
 
-use ddstore_core::external::HmemIface;
 use ddstore_core::store::{Element, NewVar};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use super::args::{check_dtype, dtype_arg, index_error, int_or_zero, shape_args, ArrayArg};
 use super::PyStore;
-use crate::errors::IntoPyResult;
-use crate::external::{share_of_tensor, PyDeviceShare};
 
 /// A variable of `create_many`: to add from rows, or to init empty.
 enum NewItem<'py> {
@@ -179,45 +176,5 @@ impl PyStore {
         let src = arg.borrow()?;
         let data = src.bytes();
         self.detached(py, |s| s.write_local(&name, offset as u64, data))
-    }
-
-    /// Collective: creates `name` with this rank's `nrows` rows of
-    /// `row_bytes` in `tensor`'s memory (a contiguous tensor of exactly
-    /// `nrows * row_bytes` bytes on device `device` of interface `iface`:
-    /// "cuda", "rocr", "ze", or "system" for host memory) and returns the
-    /// `DeviceShare` that owns it: the store and the share keep the tensor
-    /// alive; it must not be resized. Rows are written and read through the share.
-    #[allow(clippy::too_many_arguments)] // init's arguments plus the share's memory
-    #[pyo3(signature = (name, nrows, row_bytes, tensor, iface, device=0, itemsize=1, dtype=None))]
-    fn init_device(
-        slf: &Bound<'_, Self>,
-        name: String,
-        nrows: Bound<'_, PyAny>,
-        row_bytes: Bound<'_, PyAny>,
-        tensor: Bound<'_, PyAny>,
-        iface: &str,
-        device: i32,
-        itemsize: usize,
-        dtype: Option<&str>,
-    ) -> PyResult<PyDeviceShare> {
-        let py = slf.py();
-        let this = slf.get();
-        let (nrows, row_bytes) = shape_args(py, "init_device", &name, &nrows, &row_bytes)?;
-        let element = Element::new(dtype_arg(py, dtype)?, itemsize);
-        let iface = HmemIface::parse(iface).py(py)?;
-        let share = share_of_tensor(&tensor, iface, device)?;
-        this.detached(py, |s| {
-            s.init_external(&name, nrows, row_bytes, element, share)
-        })?;
-        let layout = this.store.var(&name).py(py)?.info.layout.clone();
-        let rank = this.store.comm().rank();
-        Ok(PyDeviceShare::new(
-            slf.clone().unbind(),
-            name,
-            tensor.unbind(),
-            layout.start(rank),
-            layout.count(rank),
-            row_bytes,
-        ))
     }
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
-use ddstore_core::region::Memory;
+use ddstore_core::memory::Memory;
 
 use super::wire::{
     Body, MacKey, RaggedRequest, Refusal, Request, END_BYTES, MAX_PACKED_BYTES, MAX_REPLY_BYTES,

@@ -17,7 +17,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use ddstore_core::fork::CreatedBy;
-use ddstore_core::region::Memory;
+use ddstore_core::memory::Memory;
 
 /// Replies packed at once.
 pub const SPILL_READ_THREADS: usize = 4;

@@ -31,6 +31,7 @@ import time
 import numpy as np
 
 from .. import _native
+from .._kinds import ragged_parts
 from ._common import description, mpi_world, quiet_wait
 from .stores import CONFIGS, open_store
 
@@ -169,7 +170,7 @@ def measure_reads(args, store, label, size, per_rank, rec_offsets, max_len, mine
             "ragged_out_vs_padded_per_byte": r["ragged-out"]["ns_per_byte"] / r["padded"]["ns_per_byte"],
             "records_vs_ragged_per_graph": r["records"]["us_per_graph"] / r["ragged"]["us_per_graph"],
             "ragged_vs_list_per_graph": r["ragged"]["us_per_graph"] / r["list"]["us_per_graph"],
-            "offset_bytes_per_row": store._native.row_bytes("graphs#ends"),
+            "offset_bytes_per_row": store._native.row_bytes(ragged_parts("graphs")[1]),
         }
     )
     return out

@@ -471,22 +471,12 @@ class DistDataset(_StoredDataset):
 
         # Collective, in schema order on every rank: each ragged field from this rank's share.
         # Each is created from its lengths and filled in place (no second copy of the values).
-        # Every ragged field in one exchange too; a field's blocks go once its values are in
-        # the store (peak memory: the blocks and one field's share).
-        def fill(var, part):
-            part.write(store, var)
-            part.close()
-
-        parts = [ragged.pop(f.key) for f in schema.ragged_fields]
-        _ragged_parts.add_ragged_many_in_place(
-            store,
-            [
-                (f.var, f, part.lengths, functools.partial(fill, part=part))
-                for f, part in zip(schema.ragged_fields, parts)
-            ],
-        )
-        del parts
         for j, f in enumerate(schema.ragged_fields):
+            part = ragged.pop(f.key)
+            _ragged_parts.add_ragged_in_place(
+                store, f.var, f, part.lengths, lambda values_part, part=part: part.write(store, values_part)
+            )
+            del part
             f.max_len = max(r["max_lens"][j] for r in results)
         self.load_stats = [r["stats"] for r in results]
         if rank == 0 and not quiet:

@@ -11,8 +11,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pyddstore._kinds import ragged_parts
-
 from ._agree import agree
 from ._field import Field
 
@@ -38,9 +36,9 @@ class _Block:
 class RaggedParts:
     """One ragged field's rows of this rank's share while loading: every row copied into its
     loading thread's block (about RAGGED_BLOCK_BYTES), lengths kept per row. Once all ranks have
-    loaded, `add_to(store, ...)` creates the ragged variable from the lengths and writes each
-    block's rows into it, giving each block back as soon as it is written: the rank holds its
-    share plus about one block, never a second copy of the share."""
+    loaded, `add_ragged_in_place` creates the ragged variable from the lengths and `fill` writes
+    each block's rows into it, giving each block back as soon as it is written: the rank holds
+    its share plus about one block, never a second copy of the share."""
 
     def __init__(self, f: Field, count: int):
         self.f = f
@@ -77,9 +75,9 @@ class RaggedParts:
                 update(blk.arr[a : a + n], int(starts[j]))
             blk.close()
 
-    def write(self, store: Any, values_var: str) -> None:
-        """Fills the ragged variable's values (`values_var`, just created) from the blocks."""
-        self.fill(lambda arr, off: store.update(values_var, arr, off))
+    def write(self, store: Any, values_part: str) -> None:
+        """Fills the ragged variable's values (`values_part`, just created) from the blocks."""
+        self.fill(lambda arr, off: store.update(values_part, arr, offset=off))
 
     def close(self) -> None:
         while self._blocks:
@@ -93,37 +91,18 @@ def add_ragged_in_place(
     lengths: np.ndarray,
     fill: Callable[[str], None],
 ) -> None:
-    """Collective: creates the ragged variable `name` (values `name#values`, ends `name#ends`)
-    from this rank's row lengths, then `fill(values_var)` writes the values straight into this
-    rank's share (no contiguous copy of them first); every rank learns whether all filled
-    before the variable is linked."""
-    add_ragged_many_in_place(store, [(name, f, lengths, fill)])
+    """Collective: creates the ragged variable `name` from this rank's row lengths, then
+    `fill(values_part)` writes the values straight into this rank's share of `values_part` (no
+    contiguous copy of them first). Every rank learns whether all filled, a failure keeping its
+    kind on every rank, before the variable is readable. The creation protocol is Rust's
+    (`Store.init_ragged`, through `PyDDStore._init_ragged`)."""
 
+    def agreed_fill(values_part: str) -> None:
+        err = None
+        try:
+            fill(values_part)
+        except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
+            err = e
+        agree(store, err)
 
-def add_ragged_many_in_place(store: Any, fields: list) -> None:
-    """Collective: `add_ragged_in_place` of every (name, field, lengths, fill) of `fields`, with
-    one exchange creating all their parts, one telling every rank whether all filled and one
-    barrier, whatever the number of fields."""
-    specs, filled = [], []
-    for name, f, lengths, fill in fields:
-        values, ends = ragged_parts(name)
-        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-        unit_bytes = max(1, f.unit_count * f.dtype.itemsize)
-        specs.append((values, int(lengths.sum()), unit_bytes, f.dtype))
-        specs.append((ends, len(lengths), 8, np.dtype(np.int64)))
-        filled.append((ends, lengths, values, fill))
-    store._reserve(*(spec[0] for spec in specs))
-    store._create_parts(specs)
-    err = None
-    try:
-        for ends, lengths, values, fill in filled:
-            store.update(ends, np.cumsum(lengths, dtype=np.int64))
-            fill(values)
-    except Exception as e:  # noqa: BLE001 - every rank must learn of the failure
-        err = e
-    agree(store, err)
-    for name, f, *_ in fields:
-        store._link_ragged(name, (f.unit_count,))
-    store.barrier()
-    for spec in specs:
-        store._published(spec[0])
+    store._init_ragged(name, lengths, (f.unit_count,), f.dtype, agreed_fill)

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ddstore_core::region::Memory;
+use ddstore_core::memory::Memory;
 use libfabric_sys as sys;
 
 use super::peer::{Flushed, Reply, Sending};

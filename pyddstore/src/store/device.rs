@@ -1,12 +1,17 @@
-//! A torch tensor as a store share (`add_device=`): its memory, described by
-//! the tensor itself, and kept alive by a reference the share holds.
+//! A torch tensor as a store share (`add_device=`): `Store.init_device`
+//! creates a variable in the tensor's memory (described by the tensor
+//! itself, kept alive by a reference the share holds) and returns the
+//! `DeviceShare` its rows are written and read through.
 
 use std::sync::Arc;
 
 use ddstore_core::external::{ExternalShare, HmemIface};
+use ddstore_core::store::Element;
 use pyo3::prelude::*;
 
-use crate::errors::{type_error, value_error};
+use super::args::{dtype_arg, indices_of, shape_args};
+use super::PyStore;
+use crate::errors::{type_error, value_error, IntoPyResult};
 
 /// The Python object whose memory a share uses; held until the share is dropped.
 struct TensorOwner(#[allow(dead_code)] Py<PyAny>);
@@ -23,7 +28,7 @@ fn torch_device_type(iface: HmemIface) -> &'static [&'static str] {
 /// This rank's share in `tensor`'s memory: a contiguous tensor on a device
 /// of interface `iface` (index `device`), which must not be resized while
 /// the store lives.
-pub fn share_of_tensor(
+fn share_of_tensor(
     tensor: &Bound<'_, PyAny>,
     iface: HmemIface,
     device: i32,
@@ -96,7 +101,7 @@ pub fn share_of_tensor(
 ///     ```
 #[pyclass(name = "DeviceShare", module = "pyddstore._native", frozen)]
 pub struct PyDeviceShare {
-    store: Py<crate::store::PyStore>,
+    store: Py<PyStore>,
     name: String,
     tensor: Py<PyAny>,
     start: u64,
@@ -108,8 +113,8 @@ pub struct PyDeviceShare {
 
 impl PyDeviceShare {
     /// Made by `Store.init_device` once the variable exists.
-    pub fn new(
-        store: Py<crate::store::PyStore>,
+    fn new(
+        store: Py<PyStore>,
         name: String,
         tensor: Py<PyAny>,
         start: u64,
@@ -272,7 +277,7 @@ impl PyDeviceShare {
         } else {
             OwnRows::Skip
         };
-        let indices = crate::store::indices_of(&rows)?;
+        let indices = indices_of(&rows)?;
         store.read_indexed(
             py,
             "read",
@@ -320,7 +325,7 @@ impl PyDeviceShare {
                 )),
             ));
         }
-        let indices = crate::store::indices_of(&rows)?;
+        let indices = indices_of(&rows)?;
         let (pos, local) = self.mine(&indices);
         if pos.is_empty() {
             return Ok(());
@@ -342,5 +347,48 @@ impl PyDeviceShare {
             self.start + self.count,
             self.row_bytes
         )
+    }
+}
+
+#[pymethods]
+impl PyStore {
+    /// Collective: creates `name` with this rank's `nrows` rows of
+    /// `row_bytes` in `tensor`'s memory (a contiguous tensor of exactly
+    /// `nrows * row_bytes` bytes on device `device` of interface `iface`:
+    /// "cuda", "rocr", "ze", or "system" for host memory) and returns the
+    /// `DeviceShare` that owns it: the store and the share keep the tensor
+    /// alive; it must not be resized. Rows are written and read through the share.
+    #[allow(clippy::too_many_arguments)] // init's arguments plus the share's memory
+    #[pyo3(signature = (name, nrows, row_bytes, tensor, iface, device=0, itemsize=1, dtype=None))]
+    fn init_device(
+        slf: &Bound<'_, Self>,
+        name: String,
+        nrows: Bound<'_, PyAny>,
+        row_bytes: Bound<'_, PyAny>,
+        tensor: Bound<'_, PyAny>,
+        iface: &str,
+        device: i32,
+        itemsize: usize,
+        dtype: Option<&str>,
+    ) -> PyResult<PyDeviceShare> {
+        let py = slf.py();
+        let this = slf.get();
+        let (nrows, row_bytes) = shape_args(py, "init_device", &name, &nrows, &row_bytes)?;
+        let element = Element::new(dtype_arg(py, dtype)?, itemsize);
+        let iface = HmemIface::parse(iface).py(py)?;
+        let share = share_of_tensor(&tensor, iface, device)?;
+        this.detached(py, |s| {
+            s.init_external(&name, nrows, row_bytes, element, share)
+        })?;
+        let layout = this.store.var(&name).py(py)?.info.layout.clone();
+        let rank = this.store.comm().rank();
+        Ok(PyDeviceShare::new(
+            slf.clone().unbind(),
+            name,
+            tensor.unbind(),
+            layout.start(rank),
+            layout.count(rank),
+            row_bytes,
+        ))
     }
 }

@@ -26,44 +26,31 @@
 //! owners (MPI passive target, one-sided fabrics, method-2 readers, which do
 //! not learn the longest rows) cost one extra round trip per owner: all the
 //! `ends` reads of a batch are posted together, then all the `values` reads.
+//!
+//! Files: `create.rs` creates, links and finds them; `read.rs` plans and
+//! reads a batch in three steps: the row ends (`ends.rs`: those mapped
+//! here, then those read from remote owners), then the values (`values.rs`);
+//! `prefetch.rs` reads spilled rows ahead of use; `row_map.rs` keys maps by
+//! row numbers.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex};
 
 use crate::dtype::DType;
-use crate::kinds::RaggedPart;
 use crate::layout::Layout;
 use crate::plan::Plan;
 use crate::profile::Counters;
-use crate::store::Variable;
 
-/// Hashes row numbers and ranks with one multiplication: the per-row maps of
-/// a batch are on the read path, where SipHash costs more than the lookups.
-#[derive(Default)]
-pub(crate) struct RowHasher(u64);
+use super::Variable;
 
-impl Hasher for RowHasher {
-    fn finish(&self) -> u64 {
-        // The product's high bits depend on every bit of the key: fold them into
-        // the low bits that pick the bucket (strided rows would collide otherwise).
-        self.0 ^ (self.0 >> 29)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.write_u64(n as u64);
-    }
-}
+mod create;
+mod ends;
+mod prefetch;
+mod read;
+mod row_map;
+mod values;
 
-/// A map keyed by row numbers or ranks.
-pub(crate) type RowMap<K, V> = HashMap<K, V, BuildHasherDefault<RowHasher>>;
+pub use create::NewRagged;
+use row_map::RowMap;
 
 /// Bytes of one stored row offset.
 pub const END_BYTES: usize = 8;
@@ -71,16 +58,6 @@ pub const END_BYTES: usize = 8;
 /// Needed row ends of one owner at most this many rows apart are read as one
 /// span (4 KiB of ends: about the cost of an 8-byte read on any fabric).
 pub const END_GAP_ROWS: u64 = 512;
-
-/// Name of the variable holding a ragged variable's values.
-pub fn values_name(name: &str) -> String {
-    RaggedPart::Values.of(name)
-}
-
-/// Name of the variable holding a ragged variable's row ends.
-pub fn ends_name(name: &str) -> String {
-    RaggedPart::Ends.of(name)
-}
 
 /// Shape of a ragged variable, the same on every rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -183,26 +160,5 @@ impl RaggedBatch {
     /// owner for consecutive rows of one share.
     pub fn reads(&self) -> usize {
         self.plan.segments.len() + self.staged_copies.len()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn row_hashes_spread_strided_rows() {
-        use std::hash::BuildHasher;
-        let b = BuildHasherDefault::<RowHasher>::default();
-        // Rows 1024 apart land in different buckets of a 1024-bucket table.
-        let buckets: std::collections::HashSet<u64> =
-            (0..128u64).map(|i| b.hash_one(i * 1024) & 1023).collect();
-        assert!(buckets.len() > 100, "{}", buckets.len());
-    }
-
-    #[test]
-    fn names_do_not_collide() {
-        assert_ne!(values_name("x"), ends_name("x"));
-        assert_ne!(values_name("x"), "x");
     }
 }

@@ -1,0 +1,221 @@
+//! The memory a share lives in: the [`Memory`] trait every kind of share
+//! memory implements (own regions, peers' mappings, MPI windows, device
+//! memory, spilled shares), and [`RawMemory`], the one way raw memory
+//! becomes a `Memory`. All raw memory access of the core crate lives here,
+//! behind bounds checks.
+
+use std::any::Any;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use crate::{Error, Result};
+
+/// A page: shares are page-aligned; `populate` aligns to it.
+pub(crate) const PAGE: usize = 4096;
+
+/// A block of bytes a share lives in. Reads and writes are bounds-checked
+/// copies; concurrent writers and readers of the same bytes get no ordering
+/// guarantee (as with remote one-sided reads), never memory unsafety.
+pub trait Memory: Send + Sync {
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// Whether the block holds no bytes.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Start address, for registration with a NIC or an MPI window.
+    fn as_ptr(&self) -> *const u8;
+    /// Bytes addressable at `as_ptr()`: all of them, but for a spilled
+    /// share (its memory part only; see [`crate::spill::SpilledShare`]).
+    fn mapped_len(&self) -> usize {
+        self.len()
+    }
+    /// Copies `dst.len()` bytes from `offset`; out of range is an error.
+    fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()>;
+    /// Copies `src` to `offset`; out of range is an error.
+    fn write_at(&self, offset: usize, src: &[u8]) -> Result<()>;
+    /// Copies `ranges` (offset, length) one after another into `dst` (their
+    /// lengths add up to `dst.len()`); a spilled share reads its file's
+    /// ranges many at a time.
+    fn read_ranges(&self, ranges: &[(u64, u64)], dst: &mut [u8]) -> Result<()> {
+        let mut at = 0usize;
+        for &(off, len) in ranges {
+            let len = len as usize;
+            self.read_at(off as usize, &mut dst[at..at + len])?;
+            at += len;
+        }
+        Ok(())
+    }
+    /// One `pread` of up to `len` bytes of `file` at `file_offset` straight
+    /// into the share at `offset` (no intermediate buffer); the bytes read
+    /// (0 at the end of the file). Memory that cannot take it (read-only,
+    /// device memory) says so.
+    fn pread_into(
+        &self,
+        offset: usize,
+        len: usize,
+        file: &File,
+        file_offset: u64,
+    ) -> Result<usize> {
+        let _ = (offset, len, file, file_offset);
+        Err(Error::Unsupported(
+            "this share cannot be filled from a file directly".into(),
+        ))
+    }
+    /// Whether holding this handle (an `Arc` of it) keeps the bytes mapped
+    /// and nothing else frees them: true for a [`crate::region::Region`] this process
+    /// mapped itself; false where release is collective or foreign (an MPI
+    /// window, which every rank frees together, a peer's mapping). A file
+    /// load lets a thread it may abandon write only into such memory.
+    fn release_is_local(&self) -> bool {
+        false
+    }
+    /// Faults `offset..offset + len` in for writing ahead of many short
+    /// writes there (each under [`POPULATE_MIN`], so none does it itself).
+    /// Best effort; out of range or read-only memory is left alone.
+    fn prepare_write(&self, offset: usize, len: usize) {
+        let _ = (offset, len);
+    }
+}
+
+/// Writes and file reads of at least this many bytes fault their pages in
+/// with one `madvise` first (see `RawMemory::populate`); shorter ones fault
+/// as usual.
+pub const POPULATE_MIN: usize = 64 << 10;
+
+/// Memory described by a pointer and a length, kept alive by `owner`
+/// (an MPI window, a mapping): the one way other modules turn raw memory
+/// into a `Memory`.
+pub struct RawMemory {
+    ptr: *mut u8,
+    len: usize,
+    writable: bool,
+    _owner: Arc<dyn Any + Send + Sync>,
+}
+
+// SAFETY: the bytes are plain data reachable from every thread; all access
+// goes through bounds-checked copies, and `_owner` keeps them mapped.
+unsafe impl Send for RawMemory {}
+// SAFETY: as for Send: `&RawMemory` only copies bytes in and out (no
+// reference into them escapes), so sharing it between threads is sound.
+unsafe impl Sync for RawMemory {}
+
+impl RawMemory {
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid (and writable if `writable`) for as long
+    /// as `owner` is alive.
+    pub unsafe fn new(
+        ptr: *mut u8,
+        len: usize,
+        writable: bool,
+        owner: Arc<dyn Any + Send + Sync>,
+    ) -> RawMemory {
+        RawMemory {
+            ptr,
+            len,
+            writable,
+            _owner: owner,
+        }
+    }
+}
+
+fn check_range(what: &str, offset: usize, n: usize, len: usize) -> Result<()> {
+    match offset.checked_add(n) {
+        Some(end) if end <= len => Ok(()),
+        _ => Err(Error::IndexOutOfRange(format!(
+            "{what} of {n} bytes at offset {offset} is outside the share of {len} bytes"
+        ))),
+    }
+}
+
+impl RawMemory {
+    /// Faults `offset..offset + len` in, writable, with one `madvise`
+    /// (`MADV_POPULATE_WRITE`, Linux 5.14+) instead of one page fault per
+    /// page inside a `pread` or a copy: many loading threads faulting one
+    /// mapping page by page contend on its locks (ranges under 64 KiB are
+    /// left to fault as usual). Best effort: older kernels refuse it and the
+    /// pages fault in as before.
+    fn populate(&self, offset: usize, len: usize) {
+        if len < POPULATE_MIN {
+            return;
+        }
+        let start = self.ptr as usize + offset;
+        let aligned = start - start % PAGE;
+        // SAFETY: the caller checked offset..offset+len lies in this mapping; aligning down
+        // stays within its first page (mappings are page-aligned). POPULATE_WRITE only
+        // faults pages in, it never changes their contents.
+        unsafe {
+            libc::madvise(
+                aligned as *mut libc::c_void,
+                len + (start - aligned),
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+    }
+}
+
+impl Memory for RawMemory {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+    fn prepare_write(&self, offset: usize, len: usize) {
+        if self.writable && check_range("write", offset, len, self.len).is_ok() {
+            self.populate(offset, len);
+        }
+    }
+    fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        check_range("read", offset, dst.len(), self.len)?;
+        // SAFETY: range checked above; the owner keeps the memory valid; dst is
+        // a distinct Rust slice so the ranges cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+    fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
+        if !self.writable {
+            return Err(Error::Unsupported("this share is read-only here".into()));
+        }
+        check_range("write", offset, src.len(), self.len)?;
+        self.populate(offset, src.len());
+        // SAFETY: range checked above, memory writable per the constructor contract.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(offset), src.len()) };
+        Ok(())
+    }
+    fn pread_into(
+        &self,
+        offset: usize,
+        len: usize,
+        file: &File,
+        file_offset: u64,
+    ) -> Result<usize> {
+        if !self.writable {
+            return Err(Error::Unsupported("this share is read-only here".into()));
+        }
+        check_range("file read", offset, len, self.len)?;
+        let file_offset = libc::off_t::try_from(file_offset)
+            .map_err(|_| Error::invalid(format!("file offset {file_offset} is too large")))?;
+        self.populate(offset, len);
+        loop {
+            // SAFETY: range checked above and the memory is writable per the
+            // constructor contract; the kernel writes at most `len` bytes there.
+            let got = unsafe {
+                libc::pread(
+                    file.as_raw_fd(),
+                    self.ptr.add(offset).cast(),
+                    len,
+                    file_offset,
+                )
+            };
+            if got >= 0 {
+                return Ok(got as usize);
+            }
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                return Err(Error::io("pread", err));
+            }
+        }
+    }
+}
