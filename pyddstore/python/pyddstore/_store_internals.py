@@ -9,9 +9,6 @@ arguments may change with the loaders that call them."""
 
 from __future__ import annotations
 
-import numpy as np
-
-from ._args import dtype_name
 from ._kinds import RAGGED_VALUES
 
 
