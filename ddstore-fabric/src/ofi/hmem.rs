@@ -64,7 +64,13 @@ impl OfiTransport {
                 self.provider
             ))
         })?;
-        let node = Arc::new(Node::open(&info, false, self.config.timeout, &self.access)?);
+        let node = Arc::new(Node::open(
+            &info,
+            false,
+            self.config.timeout,
+            self.config.gather_readers,
+            &self.access,
+        )?);
         *slot = Some(node.clone());
         Ok(node)
     }
