@@ -7,16 +7,16 @@
 //! process cannot ask the provider which connection carried an
 //! authenticated request, but the kernel says how many bytes each socket
 //! received and how long ago (`TCP_INFO`). A reader's provider sends its
-//! connection request at once and its first gather request (a MAC'ed
-//! message of at least [`PROVEN_BYTES`]) right after. So a sweep over this
-//! process's descriptors (by a thread of its own) finds the sockets accepted
-//! on the port of one of this process's endpoints ([`GuardedPort`])
-//! that received fewer bytes than that, and shuts down (`shutdown`, never
-//! `close`: the descriptor stays the provider's, which reads EOF and tears
-//! the connection down through its own path) those older than
-//! [`SILENT_DEADLINE`], and the oldest beyond [`SILENT_CAP`] at once.
-//! A reader whose connection was shut down connects again at its next
-//! send (rxm does).
+//! connection request (at least [`PROVEN_BYTES`]) as soon as it is
+//! connected. So a sweep over this process's descriptors (by a thread of
+//! its own) finds the sockets accepted on the port of one of this
+//! process's endpoints ([`GuardedPort`]) that received fewer bytes than
+//! that, and shuts down (`shutdown`, never `close`: the descriptor stays
+//! the provider's, which reads EOF and tears the connection down through
+//! its own path) those older than [`SILENT_DEADLINE`], and the oldest
+//! beyond [`SILENT_CAP`] at once. Legitimate connections send their
+//! connection request on connecting, so only during a flood can one be
+//! caught before it did (its provider then sees the connection fail).
 //!
 //! Each socket is checked and shut down through a `dup` of its descriptor
 //! (one open file, so the checks and the shutdown act on the same socket
@@ -33,15 +33,18 @@ pub const SILENT_DEADLINE: Duration = Duration::from_secs(2);
 /// Silent accepted connections kept at once: beyond them the oldest are
 /// shut down without waiting for the deadline.
 pub const SILENT_CAP: usize = 64;
-/// Bytes a connection must have received to count as speaking: below the
-/// provider's connection request plus the smallest authenticated request.
-pub const PROVEN_BYTES: u64 = 128;
+/// Bytes a connection must have received to count as speaking: the header
+/// of the tcp provider's connection request (`struct ofi_ctrl_hdr`), which
+/// a peer's provider sends as soon as it is connected. A legitimate
+/// connection has always sent it; one that has not is not a reader yet.
+pub const PROVEN_BYTES: u64 = 32;
 /// Time between sweeps; a sweep also waits 20 times its own duration, so
 /// sweeping a large descriptor table costs at most 5% of a core (outside
 /// a flood).
-const SWEEP_EVERY: Duration = Duration::from_millis(50);
+const SWEEP_EVERY: Duration = Duration::from_millis(250);
 /// Time between sweeps while silent connections arrive faster than the cap
-/// allows (a flood): the provider accepts many in 250 ms.
+/// allows (a flood), and between the counts of descriptors that start a
+/// sweep early when a burst appears: the provider accepts hundreds in 50 ms.
 const SWEEP_FLOODED: Duration = Duration::from_millis(10);
 
 /// What the kernel says about one socket.
@@ -103,13 +106,7 @@ fn start_sweeper() {
     STARTED.call_once(|| {
         let spawned = std::thread::Builder::new()
             .name("ddstore-silent".into())
-            .spawn(|| {
-                let mut sweeper = Sweeper::default();
-                loop {
-                    let wait = sweeper.sweep();
-                    std::thread::sleep(wait);
-                }
-            });
+            .spawn(|| Sweeper::default().run());
         // Without a thread (none can be made now) nothing is swept: the
         // provider's own limits apply, as before.
         drop(spawned);
@@ -132,28 +129,46 @@ impl Default for Sweeper {
 }
 
 impl Sweeper {
-    /// One sweep (if ports are guarded); returns how long to wait before
-    /// the next: [`SWEEP_EVERY`] and at least 20 times the sweep's own
-    /// duration, or while more than [`SILENT_CAP`] silent connections were
-    /// found (a flood), [`SWEEP_FLOODED`] and the sweep's duration.
-    fn sweep(&mut self) -> Duration {
-        let ports = guarded().clone();
-        if ports.is_empty() {
-            return SWEEP_EVERY;
-        }
-        let started = Instant::now();
-        let fds = match listed_fds() {
-            Some(fds) => fds,
-            None => {
-                // The table is full: give up the reserve to list it.
-                self.reserve = None;
-                listed_fds().unwrap_or_default()
+    /// Every [`SWEEP_FLOODED`] counts the descriptors (cheap: one listing);
+    /// sweeps when the last sweep says so, or at once when more than half
+    /// [`SILENT_CAP`] descriptors appeared since the last count (a burst
+    /// of connections is accepted faster than [`SWEEP_EVERY`]).
+    fn run(mut self) {
+        let (mut next, mut count) = (Instant::now(), 0);
+        loop {
+            std::thread::sleep(SWEEP_FLOODED);
+            let ports = guarded().clone();
+            if ports.is_empty() {
+                continue;
             }
-        };
-        let silent = Sweep { ports }.run(fds);
+            let fds = self.list();
+            let burst = fds.len() > count + SILENT_CAP / 2;
+            count = fds.len();
+            if burst || Instant::now() >= next {
+                next = Instant::now() + self.sweep(ports, fds);
+            }
+        }
+    }
+
+    /// This process's descriptors, giving up the reserve to list a full table.
+    fn list(&mut self) -> Vec<RawFd> {
+        let fds = listed_fds().unwrap_or_else(|| {
+            self.reserve = None;
+            listed_fds().unwrap_or_default()
+        });
         if self.reserve.is_none() {
             self.reserve = std::fs::File::open("/dev/null").ok();
         }
+        fds
+    }
+
+    /// One sweep of `fds` for `ports`; returns how long to wait before the
+    /// next: [`SWEEP_EVERY`] and at least 20 times the sweep's own
+    /// duration, or while more than [`SILENT_CAP`] silent connections were
+    /// found (a flood), [`SWEEP_FLOODED`] and the sweep's duration.
+    fn sweep(&mut self, ports: Vec<u16>, fds: Vec<RawFd>) -> Duration {
+        let started = Instant::now();
+        let silent = Sweep { ports }.run(fds);
         if silent > SILENT_CAP {
             // A flood: keep up with the provider's accepts, whatever it costs.
             SWEEP_FLOODED.max(started.elapsed())
