@@ -287,3 +287,73 @@ def test_replayed_requests_are_refused(attacker, tmp_path):
     each once and drops the 19 replays; the reader keeps reading exact rows, none times out."""
     out, reports = misdirected_attack(attacker, tmp_path, "replay", seconds=3)
     assert reports[1]["rejected_requests"] >= 19, (out, reports)
+
+
+@pytest.fixture(scope="module")
+def flood_script(tmp_path_factory):
+    """tests/scripts/silent_flood.py where the unprivileged user USER can run it."""
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("the flood runs as a second local user, which needs root to create and switch to")
+    try:
+        pwd.getpwnam(USER)
+    except KeyError:
+        subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", USER], check=True)
+    where = tmp_path_factory.mktemp("flood")
+    script = where / "silent_flood.py"
+    shutil.copy(HERE / "scripts" / "silent_flood.py", script)
+    for p in [where, *where.parents]:
+        if p == Path("/"):
+            break
+        p.chmod(p.stat().st_mode | stat.S_IXOTH)
+    script.chmod(0o644)
+    return script
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_a_silent_connection_flood_does_not_exhaust_descriptors(flood_script, tmp_path):
+    """1,500 TCP connections from a second user to the owner's serving port, none sending a
+    byte, while the owner's RLIMIT_NOFILE is 1,024: the owner shuts down connections silent past
+    its deadline (and beyond its cap of silent ones at once), its descriptor count stays bounded,
+    and both ranks keep reading exact rows throughout (a read waiting out DDSTORE_TIMEOUT_S fails
+    the victim)."""
+    import resource
+
+    got = {}
+
+    def attack(ports, outdir):
+        owner = int((outdir / "ready.1").read_text())
+        resource.prlimit(owner, resource.RLIMIT_NOFILE, (1024, 1024))
+        got["before"] = open_fds(owner)
+        (outdir / "attacking").touch()
+        python = shutil.which("python3", path="/usr/bin:/bin")
+        cmd = [shutil.which("runuser"), "-u", USER, "--", python, str(flood_script)]
+        flood = subprocess.Popen(
+            [*cmd, "8", "1500", *map(str, ports[1])],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={"PATH": "/usr/bin:/bin"},
+        )
+        peak = 0
+        while flood.poll() is None:
+            peak = max(peak, open_fds(owner))
+            time.sleep(0.05)
+        got["peak"], got["flood"] = peak, flood.communicate(timeout=60)[0]
+        assert flood.returncode == 0, got
+        (outdir / "attack.done").touch()
+        got["after"] = open_fds(owner)
+
+    try:
+        reports = attacked_job(tmp_path, attack, env={"DDSTORE_TIMEOUT_S": "60"})
+    finally:
+        print("silent flood: owner descriptors before/peak/after, flood:", got)
+    print(reports)
+    for r in reports:
+        assert r["wrong"] == 0 and r["batches_during"] > 0, reports
+    # The owner never reached its limit (before the sweep: 1,024, and its reader's connection
+    # was lost), and was back to its own descriptors once the flood was shut down.
+    assert got["peak"] < 1024 and got["after"] <= got["before"] + 8, got
+    # Every flood connection was shut down by the owner while the flood held it.
+    assert int(got["flood"].split()[-1]) == 1500, got

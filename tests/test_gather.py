@@ -4,6 +4,7 @@ memory copies, repeats, 4 threads, a forked child, split replies, a stopped owne
 variable; every read is checked against the owner's rows (tests/scripts/gather.py)."""
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -46,6 +47,24 @@ CASES = [
 def test_gather_reads_are_verified(env):
     out = run_mpi(3, "gather.py", "read", env={"DDSTORE_TIMEOUT_S": "60", **env}, timeout=240).stdout
     assert out.count("gather read ok") >= 1, out
+
+
+def test_reader_cap_answers_busy_and_readers_retry():
+    """Each owner serves 2 reader endpoints at once (DDSTORE_GATHER_READERS=2) while 9 (3 threads
+    on each of the 3 other ranks) read it together: every row arrives and is checked, the readers
+    were answered "busy" and sent again (busy_retries), and nobody waited out DDSTORE_TIMEOUT_S
+    (600 s, beyond the job's own timeout: a request left unanswered would fail the test)."""
+    env = {
+        "DDSTORE_FABRIC": "tcp",
+        "DDSTORE_SHM": "0",
+        "DDSTORE_REMOTE_GATHER": "1",
+        "DDSTORE_GATHER_READERS": "2",
+        "DDSTORE_TIMEOUT_S": "600",
+    }
+    out = run_mpi(4, "gather.py", "capped", env=env, timeout=300).stdout
+    m = re.search(r"capped read ok: busy_retries=(\d+)", out)
+    assert m, out
+    assert int(m.group(1)) > 0, out
 
 
 @pytest.mark.parametrize("remote_gather", ["auto", "0", "1"])

@@ -35,6 +35,9 @@ pub struct Config {
     pub max_connections: usize,
     /// Remote batches through the owner-side gather path (`DDSTORE_REMOTE_GATHER`).
     pub remote_gather: RemoteGather,
+    /// Reader endpoints an owner's gather path serves at once; past them a
+    /// request is answered "busy" and retried (`DDSTORE_GATHER_READERS`).
+    pub gather_readers: usize,
     /// The libfabric provider asked for (`DDSTORE_FABRIC`; None: the default list).
     pub fabric: Option<String>,
     /// Per-local-rank NIC map (`DDSTORE_NIC_MAP`), unless the store's argument gives one.
@@ -309,6 +312,7 @@ pub const SETTINGS: &[Setting] = &[
         Kind::Choice(&["auto", "0", "1"]),
         Some("auto"),
     ),
+    Setting::new("DDSTORE_GATHER_READERS", range(1, 1 << 24), Some("4096")),
     Setting::new("DDSTORE_TEST_LONG", Kind::Flag, Some("0")),
     Setting::new("DDSTORE_VCLUSTER_HARNESS", Kind::Text, None),
     Setting::new("DDSTORE_HOST_ID", Kind::Text, None),
@@ -455,6 +459,7 @@ impl Settings {
                 Some("0") => RemoteGather::Off,
                 _ => RemoteGather::Auto,
             },
+            gather_readers: int("DDSTORE_GATHER_READERS") as usize,
             fabric: text("DDSTORE_FABRIC"),
             nic_map: text("DDSTORE_NIC_MAP"),
             ofi_local_mr: self.flag("DDSTORE_OFI_LOCAL_MR"),

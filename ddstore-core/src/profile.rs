@@ -33,6 +33,8 @@ pub struct Counters {
     pub lock_ns: AtomicU64,
     /// Requests sent through owner-side gather paths (the rest of `remote_reads` went one-sided).
     pub gather_requests: AtomicU64,
+    /// Gather requests an owner answered "busy", sent again after a wait.
+    pub busy_retries: AtomicU64,
     /// Rows this process read from memory: own or same-node shares (memory hits).
     pub memory_rows: AtomicU64,
     /// Rows read from spill files (own or same-node owners'; see [`crate::spill`]).
@@ -74,6 +76,8 @@ pub struct Profile {
     pub lock_ns: u64,
     /// Requests sent through owner-side gather paths.
     pub gather_requests: u64,
+    /// Gather requests an owner answered "busy", sent again after a wait.
+    pub busy_retries: u64,
     /// Messages this variable's readers received and discarded: gather
     /// replies not bound to a request they made (forged, or late).
     pub rejected_replies: u64,
@@ -106,6 +110,7 @@ impl Counters {
             mr_ns: self.mr_ns.load(Relaxed),
             lock_ns: self.lock_ns.load(Relaxed),
             gather_requests: self.gather_requests.load(Relaxed),
+            busy_retries: self.busy_retries.load(Relaxed),
             rejected_replies: 0,
             memory_rows: self.memory_rows.load(Relaxed),
             spilled_rows: self.spilled_rows.load(Relaxed),
@@ -121,6 +126,7 @@ impl Counters {
         Self::add(&self.mr_ns, t.mr_ns);
         Self::add(&self.lock_ns, t.lock_ns);
         Self::add(&self.gather_requests, t.gather_requests);
+        Self::add(&self.busy_retries, t.busy_retries);
     }
 
     /// Adds `n` to one counter.
@@ -131,7 +137,7 @@ impl Counters {
 
 impl Profile {
     /// Every counter with its name, in the order `get_profile()` reports them.
-    pub fn fields(&self) -> [(&'static str, u64); 19] {
+    pub fn fields(&self) -> [(&'static str, u64); 20] {
         [
             ("calls", self.calls),
             ("rows", self.rows),
@@ -146,6 +152,7 @@ impl Profile {
             ("mr_ns", self.mr_ns),
             ("lock_ns", self.lock_ns),
             ("gather_requests", self.gather_requests),
+            ("busy_retries", self.busy_retries),
             ("rejected_replies", self.rejected_replies),
             ("memory_rows", self.memory_rows),
             ("spilled_rows", self.spilled_rows),

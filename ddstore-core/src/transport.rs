@@ -260,6 +260,8 @@ pub struct ReaderTimes {
     pub lock_ns: u64,
     /// Requests sent through an owner-side gather path (a count, not a time).
     pub gather_requests: u64,
+    /// Gather requests an owner answered "busy", sent again after a wait (a count).
+    pub busy_retries: u64,
 }
 
 impl ReaderTimes {
@@ -270,6 +272,7 @@ impl ReaderTimes {
             mr_ns: self.mr_ns.saturating_sub(earlier.mr_ns),
             lock_ns: self.lock_ns.saturating_sub(earlier.lock_ns),
             gather_requests: self.gather_requests.saturating_sub(earlier.gather_requests),
+            busy_retries: self.busy_retries.saturating_sub(earlier.busy_retries),
         }
     }
 
@@ -280,6 +283,7 @@ impl ReaderTimes {
             mr_ns: self.mr_ns.saturating_add(other.mr_ns),
             lock_ns: self.lock_ns.saturating_add(other.lock_ns),
             gather_requests: self.gather_requests.saturating_add(other.gather_requests),
+            busy_retries: self.busy_retries.saturating_add(other.busy_retries),
         }
     }
 }

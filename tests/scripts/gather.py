@@ -16,6 +16,10 @@ python gather.py core --hs DIR              method-2 core (one process): publish
                                             when {hs}/free-now appears, serves until {hs}/STOP
 python gather.py extra --hs DIR             joins "g", reads it (gather path, verified), asks the
                                             core to free, then a read is an error and never data
+mpirun -n 4 python gather.py capped         DDSTORE_GATHER_READERS below the job's readers: 3
+                                            threads per rank (each its own reader endpoint) read
+                                            every owner at once; every row checked, and the
+                                            job's busy_retries (allgathered) printed by rank 0
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -224,10 +229,38 @@ def extra(hs):
     print("extra freed-variable ok", flush=True)
 
 
+def capped():
+    """More reader endpoints than each owner serves at once: all read every owner together."""
+    from mpi4py import MPI
+
+    store = pyddstore.PyDDStore(MPI.COMM_WORLD, method=1)
+    add_all(store)
+    rank, threads = store.rank, 3
+    start = threading.Barrier(threads)
+    store.barrier()
+
+    def reader(t):
+        r = np.random.default_rng(1000 * rank + t)
+        start.wait()
+        for i in range(12):
+            name = ("small", "big", "odd")[i % 3]
+            n = VARS[name][0]
+            check(store, name, r.integers(0, n, 128 if name != "big" else 7))
+
+    run_threads(threads, reader)
+    retries = sum(store.allgather(sum(store.get_profile(n)["busy_retries"] for n in VARS)))
+    store.barrier()
+    store.free()
+    if rank == 0:
+        print(f"capped read ok: busy_retries={retries}", flush=True)
+
+
 def main():
     mode = sys.argv[1]
     if mode == "read":
         read()
+    elif mode == "capped":
+        capped()
     elif mode == "stopped":
         stopped()
     elif mode == "core":

@@ -10,6 +10,7 @@ use super::av::Av;
 use super::cq::Cq;
 use super::domain::Domain;
 use super::error::{check, close_fid, ofi_error, OpenedBy};
+use super::silent_conns::GuardedPort;
 use crate::error::{close_last, close_owned, report_failed_close, FabricResult};
 
 /// An enabled RDM endpoint bound to its CQ and AV (closed on drop).
@@ -20,6 +21,8 @@ pub struct Endpoint {
     cq: Arc<Cq>,
     av: Arc<Av>,
     domain: Arc<Domain>,
+    /// Its port, swept for accepted connections that never speak.
+    _guard: Option<GuardedPort>,
 }
 
 // SAFETY: opened in an FI_THREAD_SAFE domain; libfabric serialises access.
@@ -45,12 +48,13 @@ impl Endpoint {
         };
         check("fi_endpoint", rc as i64)?;
         // From here on, Drop closes the endpoint if a later step fails.
-        let ep = Endpoint {
+        let mut ep = Endpoint {
             ptr,
             opened_by: OpenedBy::this_process(),
             cq,
             av,
             domain: domain.clone(),
+            _guard: None,
         };
         // SAFETY: ep, cq and av are live objects of the same domain.
         let rc = unsafe {
@@ -67,6 +71,7 @@ impl Endpoint {
         // SAFETY: the endpoint is bound and not yet enabled.
         let rc = unsafe { sys::ddfi_enable(ep.ptr) };
         check("fi_enable", rc as i64)?;
+        ep._guard = ep.name().ok().and_then(|n| GuardedPort::new(&n));
         Ok(ep)
     }
 

@@ -69,6 +69,7 @@ impl OfiTransport {
             &info,
             false,
             self.config.timeout,
+            self.config.gather_readers,
             &self.access,
             self.config.max_connections,
         )?);

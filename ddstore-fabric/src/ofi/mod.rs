@@ -27,6 +27,7 @@ mod reader;
 mod record;
 mod select;
 mod signal_owners;
+mod silent_conns;
 mod transport;
 mod window;
 

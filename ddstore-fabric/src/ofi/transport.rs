@@ -57,12 +57,14 @@ struct Node {
 impl Node {
     /// `gather`: the progress thread also answers gather requests (the
     /// domain must then offer tagged messages); replies wait for the
-    /// provider at most `timeout` (the readers' `DDSTORE_TIMEOUT_S`).
+    /// provider at most `timeout` (the readers' `DDSTORE_TIMEOUT_S`);
+    /// `max_readers` are served at once (`DDSTORE_GATHER_READERS`).
     /// `max_connections`: `DDSTORE_MAX_CONNECTIONS` (see `pool.rs`).
     fn open(
         info: &Info,
         gather: bool,
         timeout: std::time::Duration,
+        max_readers: usize,
         access: &Arc<Access>,
         max_connections: usize,
     ) -> FabricResult<Node> {
@@ -87,8 +89,13 @@ impl Node {
         let served = gather.then(|| Arc::new(ServedShares::default()));
         let progress = match &served {
             Some(shares) => {
-                let server =
-                    server::Server::new(target.clone(), shares.clone(), access.clone(), timeout)?;
+                let server = server::Server::new(
+                    target.clone(),
+                    shares.clone(),
+                    access.clone(),
+                    timeout,
+                    max_readers,
+                )?;
                 Some(Progress::start(target.clone(), Some(server))?)
             }
             None if manual => Some(Progress::start(target.clone(), None)?),
@@ -307,6 +314,7 @@ impl OfiTransport {
                     &self.info,
                     self.gather,
                     self.config.timeout,
+                    self.config.gather_readers,
                     &self.access,
                     self.config.max_connections,
                 )?);

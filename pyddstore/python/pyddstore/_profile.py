@@ -64,7 +64,9 @@ class ProfileCounters:
 
         Ours: ``calls``, ``rows``, ``bytes``, ``local_rows``, ``node_rows``, ``remote_rows``,
         ``remote_reads``, ``gather_requests`` (the part of the remote reads sent as requests
-        through the owner-side gather path; the rest went one-sided), ``remote_ns`` (all
+        through the owner-side gather path; the rest went one-sided), ``busy_retries`` (gather
+        requests an owner answered "busy", past its ``DDSTORE_GATHER_READERS``, and this
+        variable's readers sent again after a short wait), ``remote_ns`` (all
         transport time, ``cq_ns``, ``mr_ns`` and ``lock_ns`` included), ``copy_ns``,
         ``epoch_sync`` (seconds in ``epoch_begin``/``epoch_end``) and
         ``recv_registered`` (live ``register_recv`` buffers),

@@ -44,6 +44,8 @@ pub struct Access {
     /// Requests dropped unanswered: no valid MAC, a reply address unlike
     /// ours, or beyond a reader's backlog.
     pub rejected_requests: AtomicU64,
+    /// Requests answered "busy" (their readers send them again).
+    pub busy_replies: AtomicU64,
 }
 
 impl Access {

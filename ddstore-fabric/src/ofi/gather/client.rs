@@ -30,6 +30,14 @@ const TRASH_WITHDRAW: Duration = Duration::from_millis(200);
 /// Bounce bytes an endpoint keeps after a batch (a larger one is freed).
 const BOUNCE_KEPT: usize = 64 << 20;
 
+/// First wait before a request an owner answered "busy" is sent again;
+/// doubled at each busy answer to it, up to [`BUSY_WAIT_MAX`]. The request's
+/// receives still wait under `DDSTORE_TIMEOUT_S`, so an owner busy for that
+/// long is a timeout naming it.
+const BUSY_WAIT_MIN: Duration = Duration::from_millis(2);
+/// Longest wait before a busy request is sent again.
+const BUSY_WAIT_MAX: Duration = Duration::from_millis(200);
+
 /// What an exchange needs of its reader besides the lent endpoint.
 pub(crate) struct Client<'a> {
     /// The key requests are MACed under.
@@ -107,6 +115,11 @@ struct Exchange<'a> {
     rehomed: Vec<Option<usize>>,
     /// Per request, whether its send was posted.
     sent: Vec<bool>,
+    /// Per request, how often its owner answered "busy".
+    busy: Vec<u32>,
+    /// Requests answered "busy": (request, its message whose receive took
+    /// the answer, when to send it again).
+    retries: Vec<(usize, usize, Instant)>,
     /// Requests whose receives get no reply (refused): cancelled at the next settle.
     cancel: Vec<bool>,
     /// A reply did not match its receive: the endpoint is taken out of use.
@@ -167,6 +180,8 @@ impl<'a> Exchange<'a> {
             dst,
             rehomed,
             sent: vec![false; plan.requests.len()],
+            busy: vec![0; plan.requests.len()],
+            retries: Vec::new(),
             cancel: vec![false; plan.requests.len()],
             poisoned: false,
             first_error: None,
@@ -413,6 +428,9 @@ impl<'a> Exchange<'a> {
     fn accept(&mut self, a: Arrived) {
         let status = wire::reply_status(a.tag);
         let payload = a.got;
+        if Refusal::from_status(status) == Some(Refusal::Busy) && payload == 0 {
+            return self.retry_later(a.req, a.msg);
+        }
         // A ragged reply fills at most its receive (the stream's tail is short).
         let fits = if self.plan.requests[a.req].ragged.is_some() {
             payload <= a.want
@@ -443,6 +461,43 @@ impl<'a> Exchange<'a> {
                 unsafe { ptr::copy_nonoverlapping(self.bounce.add(b), self.dst.add(d), n) };
             }
         }
+    }
+
+    /// Schedules request `req`, answered "busy" in message `msg`'s
+    /// receive, to be sent again after a wait that doubles at each answer.
+    fn retry_later(&mut self, req: usize, msg: usize) {
+        let wait = BUSY_WAIT_MIN
+            .saturating_mul(1 << self.busy[req].min(16))
+            .min(BUSY_WAIT_MAX);
+        self.busy[req] += 1;
+        self.live.times.busy_retries += 1;
+        self.retries.push((req, msg, Instant::now() + wait));
+    }
+
+    /// Sends again the busy requests whose wait is over (after waiting for
+    /// the first of them): the receive that took the answer posted again,
+    /// then the request with a fresh id (owners admit each id once). The
+    /// owner answered only once it had the whole request, so the provider
+    /// no longer reads the request's buffer, encoded again here.
+    fn resend_due(&mut self) -> Result<(), Stopped> {
+        let Some(first) = self.retries.iter().map(|r| r.2).min() else {
+            return Ok(());
+        };
+        std::thread::sleep(first.saturating_duration_since(Instant::now()));
+        let now = Instant::now();
+        let (due, later) = std::mem::take(&mut self.retries)
+            .into_iter()
+            .partition(|r| r.2 <= now);
+        self.retries = later;
+        // The trash receive matches anything: not before the reply receives.
+        self.live.withdraw_trash();
+        let due: Vec<(usize, usize, Instant)> = due;
+        for (req, msg, _) in due {
+            self.receive(msg)?;
+            self.send_request(req)?;
+        }
+        self.live.post_trash();
+        Ok(())
     }
 
     /// Discards a reply whose CQ data is not its request's nonce and posts its
@@ -494,7 +549,21 @@ impl<'a> Exchange<'a> {
             }
         }
         self.settle();
-        while self.live.in_flight() {
+        while self.live.in_flight() || !self.retries.is_empty() {
+            if self.first_error.is_some() {
+                // No more retries: their requests' other receives get no reply.
+                for (req, _, _) in std::mem::take(&mut self.retries) {
+                    self.cancel[req] = true;
+                }
+                self.cancel_refused();
+            } else if !self.retries.is_empty() {
+                let _ = self.resend_due();
+                self.settle();
+                continue;
+            }
+            if !self.live.in_flight() {
+                break;
+            }
             if let Err(e) = reap(self.live, self.client.timeout, &mut self.first_error) {
                 self.first_error.get_or_insert(e);
                 break;

@@ -122,6 +122,9 @@ pub enum Refusal {
     /// The request exceeds the owner's bounds (bytes or messages per request,
     /// bytes per packed message) or the owner is out of memory for it.
     OverLimit = 6,
+    /// Not served now (the owner serves its cap of readers, or this
+    /// reader's queue is full): the reader sends the request again later.
+    Busy = 7,
 }
 
 impl Refusal {
@@ -133,6 +136,7 @@ impl Refusal {
             4 => Refusal::NoRoute,
             5 => Refusal::TooLarge,
             6 => Refusal::OverLimit,
+            7 => Refusal::Busy,
             _ => return None,
         })
     }
@@ -154,6 +158,7 @@ impl Refusal {
                 "the request exceeds its bounds (256 MiB or 256 messages per request, 4 MiB per \
                  packed message) or it had no memory for the reply"
             }
+            Some(Refusal::Busy) => "it was busy serving other readers",
             None => "an unknown status",
         }
     }

@@ -176,6 +176,7 @@ impl Server {
             }
             self.clear_backlog(peer);
             self.routes.retain(|_, a| *a != peer);
+            self.busy_routes.remove(&peer);
             let _ = self.ep.av().remove(peer);
             // Its sends in flight keep their slots until the provider fails them.
             for (slot, s) in self.sending.iter_mut().enumerate() {

@@ -21,21 +21,26 @@
 //! once ([`wire::SeenRequests`]: replays are dropped); a reader whose reply
 //! has not completed within the readers' timeout is dropped (its address
 //! removed, which closes its connection) so that the others keep being
-//! served. A send the provider refuses is tried again after [`RETRY_MS`]
+//! served. Every authenticated request is answered: a reader past the
+//! reader cap (`DDSTORE_GATHER_READERS` served at once), or whose queue is
+//! full, gets a "busy" refusal ([`Refusal::Busy`](super::wire::Refusal::Busy))
+//! and sends the request again after a while. A send the provider refuses is tried again after [`RETRY_MS`]
 //! (longer, up to [`MAX_RETRY_MS`], while nothing of its address is in
 //! flight) or at the next completion, never in a busy loop.
 //!
 //! Files: this one holds the loop (its state, one turn, shutdown);
 //! [`peer`] one reply address's queue and the replies in it; [`requests`]
-//! what arrives (request slots, reader routes, admission); [`budget`] the
-//! bounds on what is queued and held; [`send`] how queued replies go out.
+//! what arrives (request slots, admission, "busy"); [`routes`] the reader
+//! index and its cap; [`budget`] the bounds on what is queued and held;
+//! [`send`] how queued replies go out.
 
 mod budget;
 mod peer;
 mod requests;
+mod routes;
 mod send;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -98,8 +103,12 @@ pub const SPILL_PACKING: usize = 2 * super::spill_reads::SPILL_READ_THREADS * (4
 pub const CQ_SIZE: usize = 2 * (REQUEST_SLOTS + SEND_SLOTS);
 /// Longest block in `fi_cq_sread` before the stop flag and deadlines are checked.
 const WAIT_MS: i32 = 100;
-/// Reader names remembered (each an AV entry); beyond that idle ones are removed.
-const MAX_ROUTES: usize = 4096;
+/// Routes kept only to answer "busy" to readers past the reader cap (each
+/// an AV entry): beyond them a request waits in [`PARKED_REQUESTS`].
+pub const BUSY_ROUTES: usize = 64;
+/// Requests that found no route free, not even to answer "busy", held
+/// until one frees; while this many wait no request slot is posted again.
+pub const PARKED_REQUESTS: usize = REQUEST_SLOTS;
 /// Packing buffers kept for reuse once their reply is sent: no allocation
 /// (and no fresh zeroed pages) per packed reply on the serving hot path.
 const SPARE_PACKING_BUFFERS: usize = 8;
@@ -133,7 +142,14 @@ pub struct Server {
     /// Bytes of packed replies freed since the allocator was last trimmed.
     freed_since_trim: usize,
     last_trim: Instant,
+    /// Readers' AV addresses by reply name (the reader index).
     routes: HashMap<Vec<u8>, sys::fi_addr_t>,
+    /// Routes kept only to answer "busy" (past the reader cap).
+    busy_routes: HashSet<sys::fi_addr_t>,
+    /// Readers served at once (`DDSTORE_GATHER_READERS`).
+    max_readers: usize,
+    /// Authenticated requests waiting for a route, with when they arrived.
+    parked: VecDeque<(wire::Opened, Instant)>,
     /// Request ids admitted per reply address (replays are dropped).
     seen: wire::SeenRequests,
     expiry: Duration,
@@ -148,12 +164,14 @@ pub struct Server {
 
 impl Server {
     /// `expiry`: how long a reply may wait for the provider (the readers'
-    /// `DDSTORE_TIMEOUT_S`); `access`: the job's request key.
+    /// `DDSTORE_TIMEOUT_S`); `access`: the job's request key; `max_readers`:
+    /// readers served at once (`DDSTORE_GATHER_READERS`).
     pub fn new(
         ep: Arc<Endpoint>,
         shares: Arc<ServedShares>,
         access: Arc<Access>,
         expiry: Duration,
+        max_readers: usize,
     ) -> crate::error::FabricResult<Server> {
         let info = ep.domain().info();
         let max_msg = info.max_msg_size().max(1);
@@ -182,6 +200,9 @@ impl Server {
             freed_since_trim: 0,
             last_trim: Instant::now(),
             routes: HashMap::new(),
+            busy_routes: HashSet::new(),
+            max_readers: max_readers.max(1),
+            parked: VecDeque::new(),
             seen: wire::SeenRequests::new(expiry.max(MIN_REPLAY_WINDOW), SEEN_ADDRESSES),
             expiry,
             spare: Vec::new(),
@@ -253,6 +274,7 @@ impl Server {
     /// One turn: wait (or poll) for completions, handle them, send replies.
     /// Returns whether anything happened.
     pub fn turn(&mut self, block: bool) -> bool {
+        self.serve_parked();
         for slot in 0..REQUEST_SLOTS {
             self.post_request_slot(slot);
         }

@@ -1,6 +1,6 @@
-//! What arrives at the owner: request slots posted to the provider, the
-//! reader routes (AV addresses of authenticated reply names) and the
-//! admission of a request's replies to its reader's queue.
+//! What arrives at the owner: request slots posted to the provider, and
+//! each authenticated request's answer queued for its reader (its replies,
+//! or "busy"), or held until a route frees up.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -8,13 +8,16 @@ use std::time::Instant;
 use libfabric_sys as sys;
 
 use super::peer::{Peer, Reply};
-use super::{Server, MAX_ROUTES};
-use crate::ofi::gather::answer::{self, Bounds};
-use crate::ofi::gather::wire;
+use super::routes::Route;
+use super::{Server, PARKED_REQUESTS};
+use crate::ofi::gather::answer::{self, Bounds, ReplyBody as Body};
+use crate::ofi::gather::wire::{self, Refusal};
 
 impl Server {
+    /// Posts request slot `slot` unless it is posted, or requests wait for
+    /// a route (the provider holds further requests until they are served).
     pub(super) fn post_request_slot(&mut self, slot: usize) {
-        if self.posted[slot] {
+        if self.posted[slot] || self.parked.len() >= PARKED_REQUESTS {
             return;
         }
         let buf = &mut self.requests[slot];
@@ -35,58 +38,8 @@ impl Server {
         self.posted[slot] = matches!(rc, Ok(Ok(())));
     }
 
-    /// Whether `name` (from an authenticated request) looks like an
-    /// endpoint name of this provider: no longer than ours and, for socket
-    /// addresses, of our address family and length.
-    fn plausible_name(&self, name: &[u8]) -> bool {
-        let family = |n: &[u8]| n.get(..2).map(|f| u16::from_ne_bytes([f[0], f[1]]));
-        let own = family(&self.name);
-        let inet = [libc::AF_INET as u16, libc::AF_INET6 as u16];
-        match own {
-            Some(f) if inet.contains(&f) => {
-                name.len() == self.name.len() && family(name) == Some(f)
-            }
-            _ => !name.is_empty() && name.len() <= self.name.len(),
-        }
-    }
-
-    /// The AV address of an authenticated reader name, inserted on first use.
-    fn route(&mut self, name: &[u8]) -> Option<sys::fi_addr_t> {
-        if let Some(a) = self.routes.get(name) {
-            return Some(*a);
-        }
-        if !self.plausible_name(name) {
-            return None;
-        }
-        if self.routes.len() >= MAX_ROUTES {
-            // Forget readers with nothing queued or in flight.
-            let idle: Vec<Vec<u8>> = self
-                .routes
-                .iter()
-                .filter(|(_, a)| {
-                    self.peers
-                        .get(a)
-                        .is_none_or(|p| p.in_flight == 0 && p.backlog.is_empty())
-                })
-                .map(|(n, _)| n.clone())
-                .collect();
-            for n in idle {
-                if let Some(a) = self.routes.remove(&n) {
-                    self.peers.remove(&a);
-                    let _ = self.ep.av().remove(a);
-                }
-            }
-            if self.routes.len() >= MAX_ROUTES {
-                return None;
-            }
-        }
-        let addr = self.ep.av().insert(&[name], self.name.len()).ok()?[0];
-        self.routes.insert(name.to_vec(), addr);
-        Some(addr)
-    }
-
-    /// Turns a received request into replies (data, or one refusal); a
-    /// request that fails authentication is dropped without a trace.
+    /// Opens a received request (one failing authentication, or a replay,
+    /// is dropped without a trace) and serves it.
     pub(super) fn on_request(&mut self, slot: usize, len: usize) {
         let len = len.min(self.requests[slot].len());
         let opened = match self.access.key() {
@@ -94,9 +47,7 @@ impl Server {
             None => None,
         };
         let Some(opened) = opened else {
-            self.access
-                .rejected_requests
-                .fetch_add(1, Ordering::Relaxed);
+            self.reject();
             return;
         };
         if !self.seen.admit(&opened.reply_to, opened.id, wire::now_us()) {
@@ -104,11 +55,20 @@ impl Server {
             self.reject();
             return;
         }
-        let Some(peer) = self.route(&opened.reply_to) else {
-            self.reject();
-            return;
+        self.serve(opened, Instant::now());
+    }
+
+    /// Answers an authenticated request that arrived at `arrived`: its
+    /// replies (data, or one refusal), or "busy" when its reader is past
+    /// the reader cap or its queue is full; a request with no route free
+    /// even for that waits ([`Server::serve_parked`]), never unanswered.
+    fn serve(&mut self, opened: wire::Opened, arrived: Instant) {
+        let peer = match self.route(&opened.reply_to) {
+            Route::Serve(peer) => peer,
+            Route::Busy(peer) => return self.busy(peer, opened.nonce, arrived),
+            Route::Unroutable => return self.reject(),
+            Route::Full => return self.parked.push_back((opened, arrived)),
         };
-        let now = Instant::now();
         let nonce = opened.nonce;
         let bounds = Bounds {
             max_msg: self.max_msg,
@@ -122,19 +82,58 @@ impl Server {
                 index: if status == 0 { index as u32 } else { 0 },
                 status,
                 body,
-                queued: now,
+                queued: arrived,
             })
             .collect();
         if !self.admit_backlog(peer, replies.len()) {
-            self.reject();
-            return;
+            return self.busy(peer, nonce, arrived);
         }
+        self.enqueue(peer, replies);
+    }
+
+    /// Queues one "busy" reply to the request with `nonce` (its reader
+    /// sends it again after a while): beyond the queue bounds, as it holds
+    /// no payload and each request gets at most one.
+    fn busy(&mut self, peer: sys::fi_addr_t, nonce: wire::Nonce, arrived: Instant) {
+        self.access.busy_replies.fetch_add(1, Ordering::Relaxed);
+        let busy = Reply {
+            nonce,
+            index: 0,
+            status: Refusal::Busy as u64,
+            body: Body::Empty,
+            queued: arrived,
+        };
+        self.enqueue(peer, vec![busy]);
+    }
+
+    /// Appends `replies` to `peer`'s queue (putting it in turn).
+    fn enqueue(&mut self, peer: sys::fi_addr_t, replies: Vec<Reply>) {
         let entry = self.peers.entry(peer).or_insert_with(Peer::new);
         if entry.backlog.is_empty() {
             self.ready.push_back(peer);
         }
         self.queued_total += replies.len();
         entry.backlog.extend(replies);
+    }
+
+    /// Serves the requests that waited for a route, in order, while routes
+    /// free up (one that waited past the readers' timeout is dropped: its
+    /// reader has given up).
+    pub(super) fn serve_parked(&mut self) {
+        while let Some((opened, arrived)) = self.parked.pop_front() {
+            if arrived.elapsed() >= self.expiry {
+                self.reject();
+                continue;
+            }
+            let waiting = self.parked.len();
+            self.serve(opened, arrived);
+            if self.parked.len() > waiting {
+                // Parked again, at the back: put it back in front and wait.
+                let back = self.parked.pop_back().expect("just parked");
+                self.parked.push_front(back);
+                return;
+            }
+        }
     }
 
     fn reject(&self) {
