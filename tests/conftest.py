@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -171,6 +172,34 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SERIAL_MODULES:
             item.add_marker(pytest.mark.serial)
+
+
+# DDSTORE_TEST_CPU_REPORT=1: each test's CPU seconds (this process and the jobs it waited for),
+# the 25 costliest printed at the session's end. CPU, not wall time, is what the CI's two cores pay,
+# so it predicts a tier's time even when the machine measuring it is loaded. Run it without xdist (-n 0).
+_CPU_REPORT = os.environ.get("DDSTORE_TEST_CPU_REPORT") == "1"
+_cpu_costs: dict[str, tuple[float, float]] = {}
+
+
+def _cpu_seconds() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    start, wall = (_cpu_seconds(), time.monotonic()) if _CPU_REPORT else (0.0, 0.0)
+    yield
+    if _CPU_REPORT:
+        _cpu_costs[item.nodeid] = (_cpu_seconds() - start, time.monotonic() - wall)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _CPU_REPORT and _cpu_costs:
+        total = sum(cpu for cpu, _ in _cpu_costs.values())
+        terminalreporter.write_sep("=", f"CPU seconds: {total:.1f} in all, top 25 (CPU s, wall s)")
+        for nodeid, (cpu, wall) in sorted(_cpu_costs.items(), key=lambda kv: -kv[1][0])[:25]:
+            terminalreporter.write_line(f"{cpu:8.1f} {wall:8.1f}  {nodeid}")
 
 
 @pytest.fixture

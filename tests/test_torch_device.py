@@ -32,10 +32,10 @@ def needs(method: int):
 
 
 @needs(1)
-@pytest.mark.parametrize("n", [2, 4])
-def test_host_as_device_tcp(n):
+def test_host_as_device_tcp():
+    # 3 ranks: remote reads from two peers, uneven shares, a rank with no sample of a small source.
     env = {**HOST_AS_DEVICE, "DDSTORE_FABRIC": "tcp"}
-    run_mpi(n, "torch_device.py", "--method", "1", *CPU, env=env, timeout=600)
+    run_mpi(3, "torch_device.py", "--method", "1", *CPU, env=env, timeout=600)
 
 
 @needs(1)

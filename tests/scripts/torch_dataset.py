@@ -3,7 +3,8 @@ structure (with and without chunk_size, bulk array sources), DataLoader / Thread
 batches equal DataLoader over the source, read_rows / alloc, windows, encode/decode/fields,
 ddstore_width, bad samples, reuse_buffers; method 0: forked workers raise.
 
-Usage: mpirun -n N python torch_dataset.py --method M   (or plain processes: --comm file|torch --hs DIR)
+Usage: mpirun -n N python torch_dataset.py --method M [--part P[,P...]]
+       (or plain processes: --comm file|torch --hs DIR)
 """
 
 from __future__ import annotations
@@ -416,8 +417,11 @@ PARTS = {
 
 
 def main():
+    # --part: one part, "all" (every part but comm_none), or several joined by commas, so that
+    # one job (one torch import per rank) runs several scenarios in sequence.
+    wanted = set(A.part.split(","))
     for name, fn in PARTS.items():
-        if A.part == name or (A.part == "all" and name != "comm_none"):
+        if name in wanted or ("all" in wanted and name != "comm_none"):
             fn()
             W.barrier()
     print(f"rank {W.rank}: ok", flush=True)
