@@ -25,7 +25,7 @@
 //! before.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::{Mutex, Once};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long an accepted connection may stay silent (below [`PROVEN_BYTES`]).
@@ -59,24 +59,37 @@ struct Seen {
     quiet_ms: u32,
 }
 
-/// The ports of this process's endpoints (each once per endpoint open on it).
-static GUARDED: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+/// Endpoint ports guarded at once (more are not swept).
+const GUARDED_PORTS: usize = 256;
 
-fn guarded() -> std::sync::MutexGuard<'static, Vec<u16>> {
-    GUARDED.lock().unwrap_or_else(|p| p.into_inner())
+/// The ports of this process's endpoints (0: a free slot). Atomics, not a
+/// lock: a process may fork while the sweeper reads them, and a child
+/// must never inherit a held lock it then waits on.
+static GUARDED: [AtomicU16; GUARDED_PORTS] = [const { AtomicU16::new(0) }; GUARDED_PORTS];
+
+/// The guarded ports (with repeats where endpoints share one).
+fn guarded() -> Vec<u16> {
+    GUARDED
+        .iter()
+        .map(|p| p.load(Ordering::Relaxed))
+        .filter(|&p| p != 0)
+        .collect()
 }
 
-/// An endpoint's port, swept while this lives.
-pub struct GuardedPort(u16);
+/// An endpoint's port (its slot in the table), swept while this lives.
+pub struct GuardedPort(usize);
 
 impl GuardedPort {
     /// For the endpoint named `name`: None unless it is a socket address
     /// with a port (other providers accept no connections).
     pub fn new(name: &[u8]) -> Option<GuardedPort> {
         let port = inet_port(name).filter(|&p| p != 0)?;
-        guarded().push(port);
+        let slot = GUARDED.iter().position(|s| {
+            s.compare_exchange(0, port, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        })?;
         start_sweeper();
-        Some(GuardedPort(port))
+        Some(GuardedPort(slot))
     }
 }
 
@@ -91,10 +104,7 @@ fn inet_port(addr: &[u8]) -> Option<u16> {
 
 impl Drop for GuardedPort {
     fn drop(&mut self) {
-        let mut ports = guarded();
-        if let Some(i) = ports.iter().position(|&p| p == self.0) {
-            ports.swap_remove(i);
-        }
+        GUARDED[self.0].store(0, Ordering::Relaxed);
     }
 }
 
@@ -102,15 +112,17 @@ impl Drop for GuardedPort {
 /// guarded, on its own so that it keeps up while a progress thread is
 /// inside the provider (accepting a burst of connections, say).
 fn start_sweeper() {
-    static STARTED: Once = Once::new();
-    STARTED.call_once(|| {
-        let spawned = std::thread::Builder::new()
-            .name("ddstore-silent".into())
-            .spawn(|| Sweeper::default().run());
-        // Without a thread (none can be made now) nothing is swept: the
-        // provider's own limits apply, as before.
-        drop(spawned);
-    });
+    // A flag, not a `Once`: nothing a forked child could inherit half-held.
+    static STARTED: AtomicBool = AtomicBool::new(false);
+    if STARTED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("ddstore-silent".into())
+        .spawn(|| Sweeper::default().run());
+    // Without a thread (none can be made now) nothing is swept: the
+    // provider's own limits apply, as before.
+    drop(spawned);
 }
 
 /// The sweeps of this process's endpoint ports.
@@ -137,7 +149,7 @@ impl Sweeper {
         let (mut next, mut count) = (Instant::now(), 0);
         loop {
             std::thread::sleep(SWEEP_FLOODED);
-            let ports = guarded().clone();
+            let ports = guarded();
             if ports.is_empty() {
                 continue;
             }
