@@ -215,7 +215,7 @@ IMPL = re.compile(r"(#\[pymethods\]\s*)?\bimpl\b(?:\s*<[^{]*?>)?\s+([\w:]+)(?:<[
 def method_call_edges(src: Path) -> dict[str, set[str]]:
     """Edges a `use` does not show: a file calling a method that another file adds to a type
     defined elsewhere (`impl PyStore { fn read_indexed .. }` in store/read.rs, called as
-    `store.read_indexed(..)` from external.rs). Only names defined once in the crate count, and
+    `store.read_indexed(..)` from store/device.rs). Only names defined once in the crate count, and
     not between the files that make up one type (its home and the files extending it), nor
     `#[pymethods]` (called from Python)."""
     mods = rust_modules(src)
@@ -499,7 +499,7 @@ def test_the_graph_is_derived_from_the_sources():
     assert "_errors.py" in package["_store.py"] and "_native.pyi" in package["_kinds.py"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     # A method another file adds to a type is an edge (no `use` names the file).
-    assert "store/read.rs" in dict(UNITS)["pyddstore/src"]["external.rs"]
+    assert "store/read.rs" in dict(UNITS)["pyddstore/src"]["store/device.rs"]
     # The most specific row wins: a torch file imported from below its layer is caught.
     torch_rows = read_map()["pyddstore/python/pyddstore/torch"]
     torch = dict(UNITS)["pyddstore/python/pyddstore/torch"]

@@ -13,6 +13,7 @@ use libfabric_sys as sys;
 
 use super::gather::client::{self, Client};
 use super::gather::plan::{self, Limits, Plan, RaggedOwner};
+use super::gather::replies;
 use super::gather::wire::MacKey;
 use super::pool::{warn_bounded, EndpointPool};
 use super::record::{PeerShare, Peers};
@@ -628,7 +629,7 @@ impl OfiReader {
             ));
         }
         result?;
-        let rows = client::ragged_rows(&owners, unit_bytes, &plan, &slots, &got, &data)?;
+        let rows = replies::ragged_rows(&owners, unit_bytes, &plan, &slots, &got, &data)?;
         Ok(Some(RaggedRows { data, rows }))
     }
 }

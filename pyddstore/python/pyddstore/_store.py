@@ -16,14 +16,12 @@ from . import _abort, _handshake, _log, _native, _profile
 from ._args import as_array as _as_array
 from ._args import dtype_name as _dtype_name
 from ._args import int_arg as _int
-from ._args import recv_key as _recv_key
 from ._collectives import StoreCollectives
 from ._comm import resolve_comm
 from ._env import check_fabric, resolve_method
 from ._env import settings as _env_settings
 from ._errors import (
     DDStoreError,
-    DDStoreStaleError,
     DDStoreTypeError,
     DDStoreUnsupportedError,
     DDStoreValueError,
@@ -31,6 +29,7 @@ from ._errors import (
 from ._kinds import CommKind, Method, ragged_parts
 from ._profile import ProfileCounters, new_py_times
 from ._store_internals import StoreInternals
+from ._store_jobs import ExtraMember, RecvBuffers
 
 _live_stores: weakref.WeakSet = weakref.WeakSet()
 _made = itertools.count()  # stores are made collectively: the same order on every rank
@@ -47,7 +46,7 @@ def _path(p) -> str | None:
     return None if p is None else os.fspath(p)
 
 
-class PyDDStore(StoreCollectives, ProfileCounters, StoreInternals):
+class PyDDStore(StoreCollectives, ProfileCounters, RecvBuffers, ExtraMember, StoreInternals):
     """A distributed store of named variables; each rank holds a share of
     every variable's rows and reads any row with one-sided reads.
 
@@ -418,25 +417,6 @@ class PyDDStore(StoreCollectives, ProfileCounters, StoreInternals):
         for part in ragged_parts(name):
             self._published(part)
 
-    def _init_ragged(self, name: str, lengths, unit_shape: tuple, dtype, fill) -> None:
-        """Internal (``pyddstore.torch``'s in-place load). Collective: as ``add(name, values,
-        lengths)`` with the values not at hand: ``fill(values_part)`` writes this rank's values
-        (units shaped ``unit_shape`` of ``dtype``) straight into its share of the variable named
-        ``values_part`` (``update``, ``load_file_ranges``). An exception from ``fill`` on any rank
-        fails every rank. The creation protocol is Rust's (``_native.Store.init_ragged``)."""
-        self._check_name(name)
-        dtype = np.dtype(dtype)
-        unit_bytes = max(1, int(np.prod(unit_shape, dtype=np.int64)) * dtype.itemsize)
-        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-        for part in ragged_parts(name):
-            self._reserve(part)
-        self._native.init_ragged(
-            name, lengths, unit_bytes, fill, itemsize=dtype.itemsize, dtype=_dtype_name(dtype)
-        )
-        self._ragged_units[name] = tuple(unit_shape)
-        for part in ragged_parts(name):
-            self._published(part)
-
     def is_ragged(self, name: str) -> bool:
         """Whether ``name`` was added with ``lengths`` (rows of different lengths).
 
@@ -624,45 +604,6 @@ class PyDDStore(StoreCollectives, ProfileCounters, StoreInternals):
         """The variables this store holds."""
         return self._native.names()
 
-    def register_recv(self, name: str, arr) -> None:
-        """Registers `arr` once as a destination of reads of `name`, as upstream; registering
-        the same buffer again is a no-op. Reads no longer need it: one-sided reads land in memory
-        each reader registered once (cxi and verbs need registered buffers) and are copied into
-        the destination once complete, so a read given up on a timeout never writes into it.
-
-        Args:
-            name (str): the variable whose reads land in `arr`.
-            arr (numpy.ndarray): a C-contiguous buffer kept alive while registered.
-
-        Example:
-            ```python
-            buf = np.empty((128, 8), np.float32)
-            store.register_recv("x", buf)
-            store.get_batch("x", buf, idx)
-            store.unregister_recv("x", buf)
-            ```
-        """
-        key = _recv_key(name, arr)
-        if key in self._recv:
-            return
-        self._native.register_recv(self._values_var(name), arr)
-        self._recv.add(key)
-
-    def unregister_recv(self, name: str, arr) -> None:
-        """Undoes :meth:`register_recv`; a buffer that is not registered raises DDStoreValueError.
-
-        Args:
-            name (str): the variable `arr` was registered for.
-            arr (numpy.ndarray): a buffer given to `register_recv`.
-        """
-        key = _recv_key(name, arr)
-        if key not in self._recv:
-            raise DDStoreValueError(
-                f"unregister_recv('{name}'): this buffer is not registered (never, or already unregistered)"
-            )
-        self._native.unregister_recv(self._values_var(name), arr)
-        self._recv.discard(key)
-
     # -- processes and jobs ---------------------------------------------------
     def fork_reader(self) -> None:
         """Not needed any more: a forked child's first read notices the fork and opens fresh
@@ -677,48 +618,6 @@ class PyDDStore(StoreCollectives, ProfileCounters, StoreInternals):
             ```
         """
         self._native.fork_reader()
-
-    def join(self, name: str, timeout_s: float | None = None, token: str | None = None) -> None:
-        """Method 2 extra member: wait for `name` to be published, then read it.
-
-        `token`: the core job's job token; default `DDSTORE_JOB_TOKEN`, else the token file
-        the core job wrote in `handshake_dir`.
-
-        Args:
-            name (str): the variable the core group published.
-            timeout_s (float | None): how long to wait for it; None: DDSTORE_HANDSHAKE_TIMEOUT_S.
-            token (str | None): the core job's token; None: DDSTORE_JOB_TOKEN, else the token file in
-                `handshake_dir`.
-
-        Example:
-            ```python
-            extra = pyddstore.PyDDStore(None, method=2, handshake_dir=hs, n_core=4)
-            extra.join("x")
-            extra.get_batch("x", out, idx)
-            ```
-        """
-        if not self.is_extra:
-            raise DDStoreUnsupportedError(
-                "join() is for method=2 extra members: PyDDStore(None, method=2, n_core=N)"
-            )
-        _handshake.join_variable(self, name, timeout_s, token)
-
-    def _raise_if_freed(self, name: str, error: DDStoreError) -> None:
-        """Extra members, after a failed read through the fabric: raises DDStoreStaleError when
-        the core job withdrew or replaced the record `name` was joined from while its process
-        lives (it freed the variable); else returns and `error` stands. Costs nothing unless a
-        read failed. (Reads of same-node mappings raise DDStoreStaleError themselves.)"""
-        stale = _handshake.stale_error(self, name, error)
-        if stale is not None:
-            self._freed_names[name] = stale
-            raise stale from error
-
-    def _raise_if_known_freed(self, name: str) -> None:
-        known = self._freed_names.get(name)
-        if known is not None:
-            e = DDStoreStaleError(str(known))
-            e.peer = known.peer
-            raise e
 
     def free(self) -> None:
         """Collective: releases every variable once every rank has stopped reading. Idempotent.

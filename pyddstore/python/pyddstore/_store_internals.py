@@ -9,7 +9,10 @@ arguments may change with the loaders that call them."""
 
 from __future__ import annotations
 
-from ._kinds import RAGGED_VALUES
+import numpy as np
+
+from ._args import dtype_name
+from ._kinds import RAGGED_VALUES, ragged_parts
 
 
 class StoreInternals:
@@ -22,6 +25,7 @@ class StoreInternals:
     _ragged_units: dict
     _init_item: object  # PyDDStore's: init()'s arguments checked
     _create_many: object  # PyDDStore's: items created in one exchange, reserved and published
+    _check_name: object  # PyDDStore's: a variable name checked
 
     def _reserve(self, *names: str) -> None:
         """Method 2 core: the names fit the file system and no other live job publishes them
@@ -39,6 +43,24 @@ class StoreInternals:
         (reserved, created, published), with one exchange between the ranks for all of them."""
         self._create_many([self._init_item(*spec) for spec in specs], None, None)
 
+    def _init_ragged(self, name: str, lengths, unit_shape: tuple, dtype, fill) -> None:
+        """Collective: as ``add(name, values, lengths)`` with the values not at hand:
+        ``fill(values_part)`` writes this rank's values (units shaped ``unit_shape`` of ``dtype``)
+        straight into its share of the variable named ``values_part`` (``update``,
+        ``load_file_ranges``). An exception from ``fill`` on any rank fails every rank. The
+        creation protocol is Rust's (``_native.Store.init_ragged``)."""
+        self._check_name(name)
+        dtype = np.dtype(dtype)
+        unit_bytes = max(1, int(np.prod(unit_shape, dtype=np.int64)) * dtype.itemsize)
+        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+        self._reserve(*ragged_parts(name))
+        self._native.init_ragged(
+            name, lengths, unit_bytes, fill, itemsize=dtype.itemsize, dtype=dtype_name(dtype)
+        )
+        self._ragged_units[name] = tuple(unit_shape)
+        for part in ragged_parts(name):
+            self._published(part)
+
     def _link_ragged(self, name: str, unit: tuple) -> None:
         """Makes the two filled parts of `name` (`ragged_parts(name)`) one ragged variable whose
         values are read in units of shape `unit`."""
@@ -53,6 +75,10 @@ class StoreInternals:
         """Stages the spilled rows `rows` (global, int64) of `name` that this rank will soon
         read; returns how many it staged."""
         return self._native.prefetch(name, rows)
+
+    def _stage_capacity(self, name: str) -> int:
+        """Bytes of `name`'s read-ahead stage on this rank (0: it stages nothing)."""
+        return self._native.stage_capacity(name)
 
     def _get_ragged_flat(self, name: str, rows):
         """`(values, offsets)` of ragged rows `rows`, values flat (not in units) and not counted

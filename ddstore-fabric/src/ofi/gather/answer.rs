@@ -291,7 +291,7 @@ pub fn ragged_messages(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ofi::gather::client::parse_ragged_reply;
+    use crate::ofi::gather::replies::parse_ragged_reply;
     use crate::ofi::gather::wire::RaggedPart;
 
     #[test]

@@ -37,6 +37,7 @@
 pub(crate) mod answer;
 pub(crate) mod client;
 pub(crate) mod plan;
+pub(crate) mod replies;
 pub(crate) mod server;
 pub(crate) mod spill_reads;
 pub(crate) mod wire;

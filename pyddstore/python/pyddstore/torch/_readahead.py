@@ -29,9 +29,9 @@ def stage_batches(dataset: Any, batch_size: int) -> int | None:
     if schema is None or not getattr(dataset, "_spilled_fields", None):
         return None
     spilled = set(dataset._spilled_fields())
-    native = dataset._store._native
+    store = dataset._store
     fits = [
-        native.stage_capacity(f.var) // max(1, f.row_bytes * batch_size)
+        store._stage_capacity(f.var) // max(1, f.row_bytes * batch_size)
         for f in schema.fields
         if f.var in spilled and not f.is_ragged
     ]
