@@ -32,6 +32,14 @@ impl NewRagged {
     }
 }
 
+/// A ragged variable's shape on this rank, for creating its two parts.
+struct Parts<'a> {
+    lengths: &'a [u64],
+    unit_bytes: usize,
+    element: Element,
+    request: Option<&'a crate::spill::SpillRequest>,
+}
+
 /// What each rank tells the others at [`Store::finish_ragged`].
 #[derive(serde::Serialize, serde::Deserialize)]
 struct FinishRecord {
@@ -76,34 +84,57 @@ impl Store {
             )
         });
         let problem = self.ragged_problem(name, unit_bytes, problem);
-        let ends = row_ends(lengths);
         let longest = lengths.iter().max().copied().unwrap_or(0);
-        let (values_name, ends_name) = (RaggedPart::Values.of(name), RaggedPart::Ends.of(name));
+        let parts = Parts {
+            lengths,
+            unit_bytes,
+            element: element.into(),
+            request,
+        };
         // Both parts, with their rows, in one exchange: a bad rank fails every rank, and every
         // rank's rows are readable when it returns (no barrier follows).
-        let mut alongs = self.create_many(&[
+        let values = problem.is_none().then_some(data);
+        let along = longest.saturating_mul(unit_bytes as u64);
+        let mut alongs = self.create_parts(name, parts, values, problem, Some(along))?;
+        self.link_ragged_with(name, Some(alongs.swap_remove(0)))
+    }
+
+    /// Collective: creates both parts of the ragged variable `name` in one
+    /// exchange, the row ends written and the values too where given;
+    /// `problem` fails every rank, `along` is the values' number every rank
+    /// learns (see [`Store::create_many`]).
+    fn create_parts(
+        &self,
+        name: &str,
+        parts: Parts<'_>,
+        values: Option<&[u8]>,
+        problem: Option<String>,
+        along: Option<u64>,
+    ) -> Result<Vec<Vec<u64>>> {
+        let ends = row_ends(parts.lengths);
+        let (values_name, ends_name) = (RaggedPart::Values.of(name), RaggedPart::Ends.of(name));
+        self.create_many(&[
             NewVar {
                 name: &values_name,
-                rows: units,
-                row_bytes: unit_bytes.max(1),
-                element: element.into(),
-                data: problem.is_none().then_some(data),
-                request,
+                rows: parts.lengths.iter().sum(),
+                row_bytes: parts.unit_bytes.max(1),
+                element: parts.element,
+                data: values,
+                request: parts.request,
                 problem,
-                along: Some(longest.saturating_mul(unit_bytes as u64)),
+                along,
             },
             NewVar {
                 name: &ends_name,
-                rows: lengths.len() as u64,
+                rows: parts.lengths.len() as u64,
                 row_bytes: END_BYTES,
                 element: DType::Int64.into(),
                 data: Some(&ends),
-                request,
+                request: parts.request,
                 problem: None,
                 along: None,
             },
-        ])?;
-        self.link_ragged_with(name, Some(alongs.swap_remove(0)))
+        ])
     }
 
     /// This rank's reason it cannot create the ragged variable `name` (the
@@ -143,32 +174,15 @@ impl Store {
         problem: Option<String>,
     ) -> Result<NewRagged> {
         let problem = self.ragged_problem(name, unit_bytes, problem);
-        let ends = row_ends(lengths);
-        let (values_name, ends_name) = (RaggedPart::Values.of(name), RaggedPart::Ends.of(name));
+        let parts = Parts {
+            lengths,
+            unit_bytes,
+            element: element.into(),
+            request,
+        };
         // Both parts in one exchange, agreed first so that a bad rank fails every rank; the row
         // ends are written before it, the values after (finish_ragged's barrier covers them).
-        self.create_many(&[
-            NewVar {
-                name: &values_name,
-                rows: lengths.iter().sum(),
-                row_bytes: unit_bytes.max(1),
-                element: element.into(),
-                data: None,
-                request,
-                problem,
-                along: None,
-            },
-            NewVar {
-                name: &ends_name,
-                rows: lengths.len() as u64,
-                row_bytes: END_BYTES,
-                element: DType::Int64.into(),
-                data: Some(&ends),
-                request,
-                problem: None,
-                along: None,
-            },
-        ])?;
+        self.create_parts(name, parts, None, problem, None)?;
         let longest = lengths.iter().max().copied().unwrap_or(0);
         Ok(NewRagged {
             name: name.to_string(),
