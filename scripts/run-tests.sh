@@ -17,8 +17,10 @@ bash scripts/lint.sh
 stamp "cargo test"
 echo "==> cargo test"
 cargo test --workspace --exclude pyddstore --quiet
-# The binding's unit tests (its error mapping); no Python needed to run them.
-cargo test -p pyddstore --lib --quiet
+# The binding's unit tests (its error mapping, buffer claims): built without pyo3's
+# extension-module, so they link the venv's libpython (found at run time through LIBDIR).
+LD_LIBRARY_PATH=$(python -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+    cargo test -p pyddstore --lib --quiet
 # libfabric 2.3.1 (Frontier's): built once into ~/.cache/pyddstore, then the fabric transport,
 # gather, stalled-owner and provider tests against it (scripts/test-libfabric2.sh).
 stamp "libfabric 2.3.1"

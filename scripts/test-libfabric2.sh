@@ -81,7 +81,7 @@ export FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo
 step "cargo test -p ddstore-fabric --test ofi_transport (libfabric $version)"
 cargo test -q --release -p ddstore-fabric --test ofi_transport
 step "pyddstore against libfabric $version"
-cargo build -q --release -p pyddstore
+cargo build -q --release -p pyddstore --features pyo3/extension-module
 SITE=$WORK/site
 rm -rf "$SITE"
 mkdir -p "$SITE"

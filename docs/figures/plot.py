@@ -18,7 +18,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
 IMG = HERE.parent / "img"
-SECTIONS = ("read", "load", "graph", "loaders", "spill", "scale")
+SECTIONS = ("read", "load", "graph", "loaders", "spill", "scale", "steps")
 WIDTH = 7.2  # inches at 110 dpi: about 790 px, the page's column
 
 
@@ -191,13 +191,90 @@ def plot_scale(plt):
     return fig
 
 
+def import_steps(path: str, conditions: str) -> None:
+    """data/steps.json from a `python -m pyddstore.benchmarks.steps --json` run: per workload the
+    store's and each DataLoader's accelerator utilization (steady epochs, else the first), the
+    lower of the two ranks'."""
+    d = json.loads(Path(path).read_text())
+    ranks = d["per_rank"]
+    names = list(ranks[0]["workloads"])
+    workers = sorted(int(k[6:]) for k in ranks[0]["workloads"][names[0]] if k.startswith("torch_"))
+
+    def au(name, key):
+        runs = [r["workloads"][name][key] for r in ranks]
+        return min((x["steady"] or x["first_epoch"])["au"] for x in runs)
+
+    def worst(name, key, field):
+        return (
+            max(
+                (r["workloads"][name]["store"]["steady"] or r["workloads"][name]["store"]["first_epoch"])[
+                    field
+                ]
+                for r in ranks
+            )
+            if key == "store"
+            else None
+        )
+
+    rows = []
+    for name in names:
+        w = ranks[0]["workloads"][name]
+        label = f"{w['sample_bytes'] / 1e6:.3g} MB x {w['batch']}, {name.split('-')[1]}"
+        rows.append(
+            [label, round(au(name, "store"), 2), round(worst(name, "store", "wait_ms_per_step"), 1)]
+            + [round(au(name, f"torch_{k}"), 2) for k in workers]
+            + [round(max(r["workloads"][name]["store"]["load_s"] for r in ranks), 1)]
+        )
+    copy = [
+        r["workloads"][n]["read_vs_memcpy"]["ratio"]
+        for r in ranks
+        for n in names
+        if "read_vs_memcpy" in r["workloads"][n]
+    ]
+    out = {
+        "question": "What does a training step wait?",
+        "bench": "python -m pyddstore.benchmarks.steps",
+        "conditions": conditions,
+        "read_vs_memcpy": round(max(copy), 2) if copy else None,
+        "columns": ["workload", "store AU", "store wait ms/step"]
+        + [f"DataLoader({k}) AU" for k in workers]
+        + ["store load s"],
+        "rows": rows,
+        "source": "a python -m pyddstore.benchmarks.steps --json run (the lower AU of the two ranks)",
+    }
+    (DATA / "steps.json").write_text(json.dumps(out, indent=1) + "\n")
+
+
+def plot_steps(plt):
+    d = load("steps")
+    fig, ax = plt.subplots(figsize=(WIDTH, 2.6))
+    cols = d["columns"][1:-1]
+    keep = [k for k, c in enumerate(cols) if c.endswith("AU")]
+    labels = [r[0] for r in d["rows"]]
+    width = 0.8 / len(keep)
+    for j, k in enumerate(keep):
+        ys = [i + (j - (len(keep) - 1) / 2) * width for i in range(len(labels))]
+        ax.barh(ys, [r[1 + k] for r in d["rows"]], height=width, color=f"C{j}", label=cols[k][:-3])
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.axvline(0.9, color="k", ls="--", lw=0.8)
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("accelerator utilization: compute time / wall time (higher is better; dashed: 0.9)")
+    ax.legend(fontsize=7, loc="lower right")
+    return fig
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tables", action="store_true", help="print the tables only")
     ap.add_argument("--scale", metavar="JSON", help="first make data/scale.json from this scale bench run")
+    ap.add_argument("--steps", metavar="JSON", help="first make data/steps.json from this steps bench run")
+    ap.add_argument("--conditions", default="", help="with --steps: the run's conditions, in a line")
     args = ap.parse_args(argv)
     if args.scale:
         import_scale(args.scale)
+    if args.steps:
+        import_steps(args.steps, args.conditions)
     for name in SECTIONS:
         print(f"<!-- {name} -->\n{table(name)}\n")
     if args.tables:
