@@ -93,6 +93,16 @@ pub fn need(open: u64, ranks: usize, node_peers: usize) -> u64 {
     open + PER_PROCESS + PER_ENDPOINT + PER_PEER * remote
 }
 
+/// Hard descriptor limits below this may leave a job with fewer descriptors
+/// than one connection per peer: the bounded set of live connections can
+/// then be needed (and rxm must close a connection at `fi_av_remove`).
+pub const LOW_HARD_LIMIT: u64 = 8192;
+
+/// Whether this process's hard `RLIMIT_NOFILE` is below [`LOW_HARD_LIMIT`].
+pub fn hard_limit_is_low() -> bool {
+    get().is_some_and(|(_, hard)| hard < LOW_HARD_LIMIT)
+}
+
 /// Live connections a reader endpoint opened now may keep (its bounded
 /// set): `setting` (`DDSTORE_MAX_CONNECTIONS`) when given, else as many as
 /// the soft limit leaves room for beside the `open` descriptors, at least 1.

@@ -22,13 +22,20 @@ import argparse
 import json
 import os
 import resource
+import sys
 import threading
 import time
 
 import numpy as np
 from _common import rows_of, rss_kib
 
-import pyddstore
+# `--limit N` applies as `ulimit -n N` would, before pyddstore loads: it picks its libfabric
+# settings (FI_AV_REMOVE_CLEANUP for the bounded set) by the limit it starts under.
+if "--limit" in sys.argv:
+    _limit = int(sys.argv[sys.argv.index("--limit") + 1])
+    resource.setrlimit(resource.RLIMIT_NOFILE, (_limit, _limit))
+
+import pyddstore  # noqa: E402
 
 ROWS_PER_RANK = 32
 WIDTH = 16
@@ -85,8 +92,6 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--epochs", type=int, default=2)
     a = p.parse_args()
-    if a.limit is not None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (a.limit, a.limit))
     report: dict = {"role": a.role, "limit": a.limit, "fds_start": fds()[0], "rss_start_kib": rss_kib()}
     t0 = time.monotonic()
     try:

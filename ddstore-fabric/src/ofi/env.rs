@@ -75,8 +75,12 @@ pub(crate) fn universe_size_for(config: &Config) -> usize {
 ///   `FI_OFI_RXM_BUFFER_SIZE` (rxm posts thousands of 16 KiB receive buffers
 ///   for unexpected messages; reads and gather replies never use them: 1 KiB
 ///   cut a 4-rank tcp process from 290 to 80 MiB resident at the same speed)
-///   and `FI_AV_REMOVE_CLEANUP=1` (`fi_av_remove` closes the peer's
-///   connection: the bounded set of live connections, see `pool.rs`).
+///   and, where the bounded set of live connections can be needed
+///   (`DDSTORE_MAX_CONNECTIONS` set, or a hard `ulimit -n` below
+///   `fd_limit::LOW_HARD_LIMIT`; see `pool.rs`), `FI_AV_REMOVE_CLEANUP=1`
+///   (`fi_av_remove` closes the peer's connection). Not elsewhere: the gather
+///   server's eviction of an idle reader (`fi_av_remove`) must leave that
+///   reader's connection open.
 /// - over tcp, `FI_OFI_RXM_EAGER_LIMIT` = `DDSTORE_MAX_READ_BYTES`: gather
 ///   replies go eager, straight into the reader's posted buffer (1 x 3 KB
 ///   rows 130 -> 60 µs, measured with `python -m pyddstore.bench`).
@@ -87,7 +91,8 @@ pub(crate) fn universe_size_for(config: &Config) -> usize {
 ///
 /// Invalid `DDSTORE_*` values count as unset here: the store reports them.
 pub fn defaults_for(get: impl Fn(&str) -> Option<String>) -> Vec<(&'static str, String)> {
-    defaults_for_machine(get, rdma_nic_present())
+    let low_limit = ddstore_core::fd_limit::hard_limit_is_low();
+    defaults_for_machine(get, rdma_nic_present(), low_limit)
 }
 
 /// Whether this machine has a NIC a provider before tcp in the default order
@@ -107,6 +112,7 @@ pub fn rdma_nic_present() -> bool {
 fn defaults_for_machine(
     get: impl Fn(&str) -> Option<String>,
     nic_present: bool,
+    low_fd_limit: bool,
 ) -> Vec<(&'static str, String)> {
     let settings = Settings::from_lookup(&get).unwrap_or_default();
     let config = settings.config();
@@ -133,7 +139,9 @@ fn defaults_for_machine(
     if let Some(p) = provider.filter(|p| p.contains("ofi_rxm")) {
         out.push(("FI_UNIVERSE_SIZE", universe_size_for(&config).to_string()));
         out.push(("FI_OFI_RXM_BUFFER_SIZE", RXM_BUFFER_BYTES.to_string()));
-        out.push(("FI_AV_REMOVE_CLEANUP", "1".into()));
+        if low_fd_limit || config.max_connections > 0 {
+            out.push(("FI_AV_REMOVE_CLEANUP", "1".into()));
+        }
         if p.starts_with("tcp") {
             out.push(("FI_OFI_RXM_EAGER_LIMIT", config.max_read_bytes.to_string()));
         }
@@ -247,6 +255,7 @@ mod tests {
         defaults_for_machine(
             move |k| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()),
             true,
+            true,
         )
     }
 
@@ -290,7 +299,7 @@ mod tests {
             assert!(!reason(name).is_empty(), "{name} has no reason");
         }
         // Unset on a machine without an RDMA or Slingshot NIC: tcp will be chosen.
-        let no_nic = defaults_for_machine(|_| None, false);
+        let no_nic = defaults_for_machine(|_| None, false, false);
         assert!(no_nic.contains(&("FI_OFI_RXM_EAGER_LIMIT", (64usize << 20).to_string())));
         assert!(no_nic.contains(&("FI_OFI_RXM_BUFFER_SIZE", "1024".into())));
     }
