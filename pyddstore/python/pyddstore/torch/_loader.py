@@ -477,6 +477,8 @@ class ThreadDataLoader(DataLoader):
     ):
         if worker_type not in _procloader.WORKER_TYPES:
             raise DDStoreValueError(f"worker_type={worker_type!r}: expected 'thread' or 'process'")
+        if int_arg(profile_batches, "profile_batches") < 0:
+            raise DDStoreValueError(f"profile_batches={profile_batches}: expected 0 (no trace) or more")
         self.worker_type = worker_type
         self.reuse_buffers = bool(reuse_buffers)
         self.collate_copies = bool(collate_copies)
@@ -506,8 +508,6 @@ class ThreadDataLoader(DataLoader):
             dataset, self.batch_size, self._settings.read_ahead_batches
         )
         self._resume = _resume.LoaderResume(self, auto_epoch)
-        if int_arg(profile_batches, "profile_batches") < 0:
-            raise DDStoreValueError(f"profile_batches={profile_batches}: expected 0 (no trace) or more")
         self._profile = (int(profile_batches), profile_dir)  # the first iteration's, then (0, ...)
 
     def __iter__(self) -> Any:
