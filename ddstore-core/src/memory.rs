@@ -120,7 +120,8 @@ impl RawMemory {
     }
 }
 
-fn check_range(what: &str, offset: usize, n: usize, len: usize) -> Result<()> {
+/// `offset..offset + n` lies in a share of `len` bytes, or an `IndexOutOfRange` naming `what`.
+pub(crate) fn check_range(what: &str, offset: usize, n: usize, len: usize) -> Result<()> {
     match offset.checked_add(n) {
         Some(end) if end <= len => Ok(()),
         _ => Err(Error::IndexOutOfRange(format!(

@@ -372,10 +372,9 @@ impl ShareState {
     }
 }
 
-/// Read-only mapping of a same-node peer's shared region: refused unless its
-/// control block holds the locator's id (the descriptor was not reused for
-/// another region) and says the region is live.
-pub fn map_peer(loc: &NodeLocator) -> Result<PeerMapping> {
+/// A same-node peer's shared region opened for reading: refused unless the
+/// file is long enough for the locator's control block.
+fn open_peer_file(loc: &NodeLocator) -> Result<File> {
     let path = loc.path();
     let file = File::open(&path)
         .map_err(|e| Error::io(format!("opening peer share {}", path.display()), e))?;
@@ -393,10 +392,30 @@ pub fn map_peer(loc: &NodeLocator) -> Result<PeerMapping> {
             loc.ctl
         )));
     }
+    Ok(file)
+}
+
+/// Refuses a peer's region whose control block (its id and state word as
+/// `id` and `live`) is not the locator's or says freed.
+fn check_control(loc: &NodeLocator, id: u64, live: bool) -> Result<()> {
+    if id != loc.id || !live {
+        return Err(Error::Comm(format!(
+            "peer share {} is not the region its locator names, or was freed",
+            loc.path().display()
+        )));
+    }
+    Ok(())
+}
+
+/// Read-only mapping of a same-node peer's shared region: refused unless its
+/// control block holds the locator's id (the descriptor was not reused for
+/// another region) and says the region is live.
+pub fn map_peer(loc: &NodeLocator) -> Result<PeerMapping> {
+    let file = open_peer_file(loc)?;
     // SAFETY: mapped read-only; the owner only writes rows and the control
     // block, never truncates.
     let map = unsafe { Mmap::map(&file) }
-        .map_err(|e| Error::io(format!("mapping peer share {}", path.display()), e))?;
+        .map_err(|e| Error::io(format!("mapping peer share {}", loc.path().display()), e))?;
     let mut id = [0u8; 8];
     id.copy_from_slice(&map[loc.ctl + ID_AT..loc.ctl + ID_AT + 8]);
     let ptr = map.as_ptr() as *mut u8;
@@ -406,15 +425,78 @@ pub fn map_peer(loc: &NodeLocator) -> Result<PeerMapping> {
         word: ptr.wrapping_add(loc.ctl).cast::<u32>(),
         _mapping: mapping.clone(),
     };
-    if u64::from_le_bytes(id) != loc.id || !state.is_live() {
-        return Err(Error::Comm(format!(
-            "peer share {} is not the region its locator names, or was freed",
-            path.display()
-        )));
-    }
+    check_control(loc, u64::from_le_bytes(id), state.is_live())?;
     // SAFETY: the mapping holds `len` bytes and is owned by the RawMemory; not writable.
     let memory = unsafe { RawMemory::new(ptr, loc.len, false, mapping) };
     Ok(PeerMapping { memory, state })
+}
+
+/// A same-node peer's shared region read with `pread` on its file, never
+/// mapped: a mapping keeps every page this process touched in its resident
+/// size (as shared memory, `RssShmem`) for as long as it lives, so a rank
+/// reading its peers' shares would count them in its own resident size.
+/// The bytes are copied from the same pages either way (a memory copy, plus
+/// one system call per read). A rank with a memory budget reads its peers
+/// this way (see [`read_node_peers_by_file`]).
+pub struct PeerFile {
+    file: File,
+    len: usize,
+}
+
+impl PeerFile {
+    /// Opens a same-node peer's region for reading, checked as [`map_peer`]
+    /// checks it (its id, and that it is live).
+    pub fn open(loc: &NodeLocator) -> Result<PeerFile> {
+        use std::os::unix::fs::FileExt;
+        let file = open_peer_file(loc)?;
+        let mut block = [0u8; CONTROL_BYTES];
+        file.read_exact_at(&mut block, loc.ctl as u64)
+            .map_err(|e| Error::io(format!("reading peer share {}", loc.path().display()), e))?;
+        let state = u32::from_ne_bytes(block[..4].try_into().expect("4 bytes"));
+        let id = u64::from_le_bytes(block[ID_AT..ID_AT + 8].try_into().expect("8 bytes"));
+        check_control(loc, id, state == STATE_LIVE)?;
+        Ok(PeerFile { file, len: loc.len })
+    }
+}
+
+impl Memory for PeerFile {
+    fn len(&self) -> usize {
+        self.len
+    }
+    /// Never mapped: no address (nothing registers a peer's share).
+    fn as_ptr(&self) -> *const u8 {
+        std::ptr::null()
+    }
+    fn mapped_len(&self) -> usize {
+        0
+    }
+    fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        crate::memory::check_range("read", offset, dst.len(), self.len)?;
+        self.file
+            .read_exact_at(dst, offset as u64)
+            .map_err(|e| Error::io("reading a same-node peer's share", e))
+    }
+    fn write_at(&self, _offset: usize, _src: &[u8]) -> Result<()> {
+        Err(Error::Unsupported("this share is read-only here".into()))
+    }
+}
+
+/// Swaps the mapped views of same-node peers (`views`, per rank) for
+/// [`PeerFile`]s where `locators` says where their regions are: the reads
+/// of a rank with a memory budget, whose resident size must not grow by the
+/// peers' pages it reads. A region that cannot be opened keeps its mapping.
+pub fn read_node_peers_by_file(
+    views: &mut [Option<Arc<dyn Memory>>],
+    locators: &[Option<NodeLocator>],
+) {
+    for (view, loc) in views.iter_mut().zip(locators) {
+        if let (Some(_), Some(loc)) = (&view, loc) {
+            if let Ok(file) = PeerFile::open(loc) {
+                *view = Some(Arc::new(file));
+            }
+        }
+    }
 }
 
 /// Maps every locator on this host except rank `own`'s (`None`: read remotely).
@@ -571,6 +653,45 @@ mod tests {
         };
         assert!(map_peer(&moved).is_err(), "control block inside the share");
         assert!(map_peer(&loc).is_ok());
+    }
+
+    #[test]
+    fn a_peer_file_reads_the_region_without_mapping_it_and_checks_its_locator() {
+        let r = Region::shared("v", 3 * PAGE).unwrap();
+        let rows: Vec<u8> = (0..3 * PAGE).map(|i| (i % 251) as u8).collect();
+        r.write_at(0, &rows).unwrap();
+        let loc = r.locator().unwrap();
+        let peer = PeerFile::open(&loc).unwrap();
+        let mut out = vec![0u8; PAGE + 10];
+        peer.read_at(PAGE - 5, &mut out).unwrap();
+        assert_eq!(out, rows[PAGE - 5..2 * PAGE + 5]);
+        let mut ranges = vec![0u8; 7];
+        peer.read_ranges(&[(0, 3), (3 * PAGE as u64 - 4, 4)], &mut ranges)
+            .unwrap();
+        assert_eq!(ranges[..3], rows[..3]);
+        assert_eq!(ranges[3..], rows[3 * PAGE - 4..]);
+        assert!(matches!(
+            peer.read_at(3 * PAGE - 3, &mut [0u8; 4]),
+            Err(Error::IndexOutOfRange(_))
+        ));
+        assert!(peer.write_at(0, b"x").is_err());
+        assert!(peer.as_ptr().is_null() && peer.mapped_len() == 0);
+        let other = NodeLocator {
+            id: loc.id ^ 1,
+            ..loc.clone()
+        };
+        assert!(PeerFile::open(&other).is_err(), "another region's id");
+        // The views of mapped peers become files; the own rank and remote ranks stay as they are.
+        let mut views = map_node_peers(&[Some(loc.clone()), Some(loc.clone()), None], Some(0));
+        read_node_peers_by_file(&mut views, &[Some(loc.clone()), Some(loc.clone()), None]);
+        assert!(views[0].is_none() && views[2].is_none());
+        let view = views[1].as_ref().unwrap();
+        assert!(view.as_ptr().is_null());
+        let mut first = [0u8; 4];
+        view.read_at(0, &mut first).unwrap();
+        assert_eq!(first, rows[..4]);
+        drop(r);
+        assert!(PeerFile::open(&loc).is_err(), "a freed region");
     }
 
     /// The line of /proc/self/maps whose range holds `addr`, if any.

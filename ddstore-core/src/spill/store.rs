@@ -77,7 +77,7 @@ impl StoreSpill {
         request: Option<&SpillRequest>,
     ) -> Result<(Option<PendingSpill>, u64)> {
         let own_limit = request.and_then(|r| r.memory_limit);
-        let Some(limit) = own_limit.or(config.memory_limit) else {
+        let Some(limit) = budget_of(config, request) else {
             return Ok((None, UNBUDGETED_STAGE));
         };
         super::share::bound_heap_growth(limit); // a budget: freed buffers must not stay resident
@@ -142,6 +142,12 @@ impl StoreSpill {
             self.used.fetch_sub(p.reserved, Ordering::Relaxed);
         }
     }
+}
+
+/// A new variable's memory budget on this rank: its own (`request`), else
+/// the store's (`DDSTORE_MEMORY_LIMIT`); `None` without one.
+pub(crate) fn budget_of(config: &Config, request: Option<&SpillRequest>) -> Option<u64> {
+    request.and_then(|r| r.memory_limit).or(config.memory_limit)
 }
 
 /// What each rank tells the others about its spilled share.

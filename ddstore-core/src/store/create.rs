@@ -165,7 +165,15 @@ impl Store {
         let transport = self.transport()?;
         let exposed = expose(&transport, len, &opts)?;
         let own = own_spill.lock().unwrap().clone();
-        self.install(name, element, row_bytes, &all, exposed, own, stage_bytes)
+        self.install(
+            name,
+            element,
+            row_bytes,
+            &all,
+            exposed,
+            own,
+            (stage_bytes, false),
+        )
     }
 
     fn expose_options(&self, name: &str, lens: Option<Vec<u64>>) -> ExposeOptions {
@@ -180,6 +188,9 @@ impl Store {
     /// Makes the variable `name` agreed in `all` (every rank's announcement)
     /// from this rank's `exposed` share; when any rank spills, first tells
     /// every rank where the spilled rows are (collective: every rank knows).
+    /// Where this rank has a memory budget for it (`budgeted`), it reads
+    /// same-node peers' shares with `pread`, not through mappings whose
+    /// pages would count in its resident size (see [`crate::region::PeerFile`]).
     #[allow(clippy::too_many_arguments)]
     fn install(
         &self,
@@ -189,8 +200,11 @@ impl Store {
         all: &[InitRecord],
         mut exposed: Exposed,
         own_spill: Option<Arc<crate::spill::SpilledShare>>,
-        stage_bytes: u64,
+        (stage_bytes, budgeted): (u64, bool),
     ) -> Result<()> {
+        if budgeted {
+            crate::region::read_node_peers_by_file(&mut exposed.node_peers, &exposed.node_locators);
+        }
         let counts: Vec<u64> = all.iter().map(|r| r.rows).collect();
         let spill_rows: Vec<Option<u64>> = all.iter().map(|r| r.mem_rows).collect();
         let spill = if spill_rows.iter().any(Option::is_some) {
@@ -354,6 +368,7 @@ impl Store {
             return local;
         }
         let len = len.unwrap_or(0);
+        local.budgeted = crate::spill::store::budget_of(&self.config, v.request).is_some();
         match self.spill.prepare(
             &self.config,
             self.comm.rank(),
@@ -456,7 +471,7 @@ impl Store {
             &all,
             exposed,
             own,
-            local.stage,
+            (local.stage, local.budgeted),
         )
     }
 
@@ -594,6 +609,8 @@ struct LocalVar {
     own_error: Option<Error>,
     pending: Option<crate::spill::store::PendingSpill>,
     stage: u64,
+    /// This rank has a memory budget for the variable (see [`Store::install`]).
+    budgeted: bool,
     own: crate::spill::store::MadeShare,
     prepared: Option<Prepared>,
     /// Its rows are in the prepared share already.
