@@ -114,6 +114,16 @@ def test_a_32_mib_budget_holds_peak_rss_over_a_load_and_an_epoch(tmp_path):
     assert all("samples 2048" in line for line in _peaks(out)), out
 
 
+def test_a_128_mib_budget_holds_with_same_node_reads_of_the_peers_rows(tmp_path):
+    """Issue 40: 160 MiB per rank at a 128 MiB budget, one shuffled epoch, the peer's rows read
+    same-node (its memory and its spill file, none remotely): the peer's pages read must not count
+    in the reader's resident size (a budgeted rank reads them with pread, not through a mapping
+    that kept every page it touched: 235 MiB against the bound's 205 before), every batch checked."""
+    args = ("--budget-mib", "128", "--n", "5120", "--bound-mib", FIXED_OVERHEAD_MIB)
+    out = run_mpi(2, "spill_rss.py", _dir(tmp_path), *args, timeout=300).stdout
+    assert all("samples 2560" in line for line in _peaks(out)), out
+
+
 @pytest.mark.slow  # ~30 s on a loaded 2-core machine: 670 MB of 14 MiB samples, spilled
 def test_a_load_of_14_mib_samples_stays_within_its_bound(tmp_path):
     """Issue 37: 14 MiB samples at a 64 MiB budget: the load keeps few enough samples in flight

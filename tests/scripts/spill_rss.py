@@ -7,7 +7,8 @@ budget picks method 1 (rank 0 logs it); an explicit method=0 with the budget is 
 
 mpirun -n 2 python spill_rss.py SPILL_DIR --budget-mib 32 [--n 4096 --row-kib 64 --source samples]
 
-Prints one line per rank: "rank R: budget B MiB, load peak L MiB, epoch peak E MiB, bound X MiB".
+Prints one line per rank: "rank R: budget B MiB, load peak L MiB, epoch peak E MiB, bound X MiB,
+samples S (epoch T s, checks included)".
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -169,15 +171,23 @@ def main() -> None:
     if args.load_only:
         for i in range(rank, args.n, 7):
             assert np.array_equal(np.asarray(ds[i]), row_of(i, n_values)), f"sample {i} differs"
-        seen, epoch_peak = (args.n + 6 - rank) // 7, load_peak
+        seen, epoch_peak, epoch_s = (args.n + 6 - rank) // 7, load_peak, 0.0
     else:
+        t0 = time.perf_counter()
         seen = read_epoch(ds, args, n_values, rank)
+        epoch_s = time.perf_counter() - t0
         epoch_peak = (status_kib("VmHWM") - before) / 1024
+        # Same-node reads were on: the peer's rows came from its memory and its spill file (read
+        # or staged ahead), none remotely.
+        prof = ds._store.get_profile()
+        assert prof["node_rows"] > 0 and prof["remote_rows"] == 0, prof
+        assert prof["memory_rows"] > 0 and prof["spilled_rows"] + prof["prefetch_hits"] > 0, prof
     ds.free()
     bound = None if args.bound_mib is None else args.budget_mib * 1.1 + args.bound_mib
     print(
         f"rank {rank}: budget {args.budget_mib:g} MiB, load peak {load_peak:.1f} MiB, epoch peak "
-        f"{epoch_peak:.1f} MiB, bound {'-' if bound is None else f'{bound:.1f}'} MiB, samples {seen}",
+        f"{epoch_peak:.1f} MiB, bound {'-' if bound is None else f'{bound:.1f}'} MiB, samples {seen} "
+        f"(epoch {epoch_s:.1f} s, checks included)",
         flush=True,
     )
     if bound is not None:
