@@ -114,6 +114,7 @@ def test_a_32_mib_budget_holds_peak_rss_over_a_load_and_an_epoch(tmp_path):
     assert all("samples 2048" in line for line in _peaks(out)), out
 
 
+@pytest.mark.slow  # 23 s alone, 39 s beside the other tests on a loaded 2-core machine
 def test_a_128_mib_budget_holds_with_same_node_reads_of_the_peers_rows(tmp_path):
     """Issue 40: 160 MiB per rank at a 128 MiB budget, one shuffled epoch, the peer's rows read
     same-node (its memory and its spill file, none remotely): the peer's pages read must not count
