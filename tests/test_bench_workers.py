@@ -1,5 +1,6 @@
 """Smoke test of the loader-workers benchmark (python -m pyddstore.benchmarks.workers): tiny sizes under
-mpirun -n 2, every part (plain, decode, start: workers started every epoch) and every loader row
+mpirun -n 2, every part (plain, decode, start: no persistent workers, issue 40's setup, one round)
+with one and two workers, and every loader row
 in the JSON with sane figures (the bench checks the first batch of every epoch itself). A longer
 variant: DDSTORE_TEST_LONG=1 (make test-long)."""
 
@@ -41,6 +42,10 @@ def test_bench_workers_smoke(tmp_path):
     for part in ("plain", "decode", "start"):
         rows = {r["loader"]: r for r in res["rows"] if r["part"] == part}
         want = {"thread2", "process2", "torch2 DistDataset", "torch2 memmap"}
+        if part != "decode":  # one and two workers
+            want |= {"thread1", "process1"}
+        if part == "start":  # a process worker forked every epoch
+            want.add("process1 fork/epoch")
         assert want <= set(rows), rows
         assert all(r["samples_per_s"] > 0 for r in rows.values()), rows
         assert rows["process2"]["ring_mib_per_rank"] > 0 and rows["thread2"]["ring_mib_per_rank"] == 0

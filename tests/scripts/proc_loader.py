@@ -1,6 +1,7 @@
 """ThreadDataLoader(worker_type="process"): every sample of 3 epochs (DistributedSampler,
 set_epoch) checked against its index and content, in the sampler's order, for fork, spawn and
-forkserver workers, persistent or not (or kept: no worker_init_fn on the direct path), copies and views (reuse_buffers=True), the direct read
+forkserver workers, persistent or not (or kept between epochs: the direct path, no
+worker_init_fn), copies and views (reuse_buffers=True), the direct read
 path and the pickled one (custom collate, ragged fields, torch_geometric batches); views stay
 within the slot rings and a held batch is never overwritten; get_worker_info, worker_init_fn, a
 raising worker (traceback re-raised) and a killed worker (named, no hang); method 0 refused.
@@ -241,7 +242,8 @@ def kept_workers(world, ds):
     def run(**kw):
         torch.manual_seed(7)
         sampler = DistributedSampler(ds, num_replicas=world.size, rank=world.rank, shuffle=True, seed=3)
-        loader = ThreadDataLoader(ds, batch_size=8, sampler=sampler, num_workers=2, worker_type="process", **kw)
+        kw.update(batch_size=8, sampler=sampler, num_workers=2, worker_type="process")
+        loader = ThreadDataLoader(ds, **kw)
         pids, seeds = [], []
         for e in range(EPOCHS):
             sampler.set_epoch(e)

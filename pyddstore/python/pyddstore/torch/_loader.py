@@ -431,7 +431,10 @@ class ThreadDataLoader(DataLoader):
     shared-memory slots allocated once; batches arrive as views of the slot (pinned copies with
     pin_memory), and a slot is written again only once no view of its batch is left: a ring grows
     by a slot per batch the caller keeps and shrinks back once they are gone (reuse_buffers=True:
-    it never grows, and holding all its slots raises). Methods 1 and 2 only.
+    it never grows, and holding all its slots raises). Methods 1 and 2 only. Workers that run
+    nothing of the caller's (a DistDataset read straight into the slots, the default collate,
+    no worker_init_fn) are kept between epochs even with persistent_workers=False: no fork of
+    this process per epoch, the same batches and seed draws; close() stops them.
 
     state_dict() / load_state_dict() follow torchdata's StatefulDataLoader: a job that stops
     mid-epoch goes on with exactly the batches it would have yielded next (see the "Restarting

@@ -22,7 +22,9 @@ travels once, by file descriptor, as torch shares tensors.
 Sampler, batch sampler, base seed, prefetching (num_workers * prefetch_factor batches in flight,
 round-robin), persistent workers, worker_init_fn, get_worker_info, timeout and in_order follow
 torch's multiprocessing iterator; exceptions in workers come back as torch's ExceptionWrapper and
-are re-raised with the worker's traceback.
+are re-raised with the worker's traceback. Workers that run nothing of the caller's are kept for
+the next iter(loader) even without persistent_workers (keeps_workers): a fork of a process
+holding a large dataset costs more than a short epoch.
 """
 
 from __future__ import annotations
