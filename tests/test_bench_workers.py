@@ -1,7 +1,8 @@
 """Smoke test of the loader-workers benchmark (python -m pyddstore.benchmarks.workers): tiny sizes under
-mpirun -n 2, every part (plain, decode, start: workers started every epoch) and every loader row
-in the JSON with sane figures (the bench checks the first batch of every epoch itself). A longer
-variant: DDSTORE_TEST_LONG=1 (make test-long)."""
+mpirun -n 2, every part (plain, decode, start: no persistent workers, issue 40's setup, one round)
+with one and two workers, and every loader row
+in the JSON with sane figures (the bench checks the first batch of every epoch itself): the start
+part alone in the slow tier, every part with DDSTORE_TEST_LONG=1 (make test-long)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,26 @@ from conftest import run_mpi
 pytest.importorskip("torch")
 pytest.importorskip("mpi4py")
 
-pytestmark = pytest.mark.skipif(
+
+@pytest.mark.slow
+def test_bench_workers_start_part(tmp_path):
+    """Issue 40's setup (no persistent workers, one and two workers) at a small size, one round:
+    every row measured (each epoch's first batch checked by the bench)."""
+    out = tmp_path / "bench_workers_start.json"
+    args = ["--parts", "start", "--samples", "256", "--batch-size", "16", "--epochs", "2", "--rounds", "1"]
+    run_mpi(2, "bw_run.py", *args, "--tmpdir", str(tmp_path), "--json", str(out), timeout=600)
+    rows = {r["loader"]: r for r in json.loads(out.read_text())["rows"]}
+    want = {"thread1", "thread2", "process1", "process2", "process1 fork/epoch", "torch2 DistDataset"}
+    assert want <= set(rows), rows
+    assert all(len(r["epoch_s"]) == 2 and r["samples_per_s"] > 0 for r in rows.values()), rows
+    assert all(rows[k]["ring_mib_per_rank"] > 0 for k in ("process1", "process2", "process1 fork/epoch")), (
+        rows
+    )
+
+
+@pytest.mark.skipif(
     os.environ.get("DDSTORE_TEST_LONG") != "1", reason="longer variant: DDSTORE_TEST_LONG=1 (make test-long)"
 )
-
-
 def test_bench_workers_smoke(tmp_path):
     out = tmp_path / "bench_workers.json"
     args = ["--samples", "256", "--decode-samples", "64"]
@@ -41,6 +57,10 @@ def test_bench_workers_smoke(tmp_path):
     for part in ("plain", "decode", "start"):
         rows = {r["loader"]: r for r in res["rows"] if r["part"] == part}
         want = {"thread2", "process2", "torch2 DistDataset", "torch2 memmap"}
+        if part != "decode":  # one and two workers
+            want |= {"thread1", "process1"}
+        if part == "start":  # a process worker forked every epoch
+            want.add("process1 fork/epoch")
         assert want <= set(rows), rows
         assert all(r["samples_per_s"] > 0 for r in rows.values()), rows
         assert rows["process2"]["ring_mib_per_rank"] > 0 and rows["thread2"]["ring_mib_per_rank"] == 0

@@ -119,4 +119,5 @@ def test_process_workers_core_group_and_reader(handshake_dir):
         for what in ("fork", ("forkserver views", "spawn ragged")[rank], "torch_geometric fork"):
             assert f"rank {rank}: {what}: 3 epochs ok" in out, out
         assert "worker behaviour ok" in out and "held batches ok" in out, out
+        assert f"rank {rank}: kept workers ok" in out, out
         assert f"core rank {rank}: proc_loader ok" in out, out

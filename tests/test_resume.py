@@ -1,7 +1,8 @@
 """Loader and sampler state, in this process: exact resume at every stop point (ThreadDataLoader
 with 0, 1, 4 worker threads, persistent or not), the unseen rest once on another rank count,
 auto_epoch against manual set_epoch(), torch's own samplers, and every kind of bad state
-refused with a DDStoreValueError. The multi-process kill -9 runs are in test_resume_jobs.py."""
+refused with a DDStoreValueError; kept process workers (a DistDataset, no persistent_workers)
+resume exactly too. The multi-process kill -9 runs are in test_resume_jobs.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pyddstore.torch import DistDataset, DistributedSampler, ThreadDataLoader
 from pyddstore.torch._state import epoch_order
 from torch.utils.data import IterableDataset, TensorDataset
 
-from pyddstore import DDStoreUnsupportedError, DDStoreValueError
+from pyddstore import DDStoreUnsupportedError, DDStoreValueError, Settings
 
 N = 23
 DS = TensorDataset(torch.arange(N) * 10, torch.arange(N))  # sample i: (10 i, i)
@@ -80,6 +81,40 @@ def test_exact_resume_at_every_batch(workers, auto, extra):
         head, state = run(tdl(workers, auto=auto, **extra), stop=stop, manual=not auto)
         tail, _ = run(tdl(workers, auto=auto, **extra), state=state, manual=not auto)
         assert head + tail == full, (stop, head, tail)
+
+
+def test_exact_resume_with_kept_process_workers(monkeypatch):
+    """Process workers over a DistDataset without persistent_workers are kept between epochs
+    (nothing of the caller's runs in them); a resume at an epoch's start, middle and end still
+    yields exactly the rest, and the kept workers are those of the first epoch."""
+    monkeypatch.setenv("FI_TCP_IFACE", "lo")
+    ds = DistDataset(DS, "resume_kept", method="libfabric", settings=Settings.from_env(quiet=True))
+    pids = []
+
+    def make():
+        s = DistributedSampler(ds, num_replicas=2, rank=1, seed=3)
+        loader = ThreadDataLoader(
+            ds, batch_size=3, sampler=s, num_workers=2, worker_type="process", auto_epoch=True
+        )
+        get = loader._get_iterator
+
+        def noted():  # the worker pids of every iterator
+            it = get()
+            pids.append(tuple(w.pid for w in it._workers))
+            return it
+
+        loader._get_iterator = noted
+        return s, loader
+
+    try:
+        full, _ = run(make)
+        assert len(full) == 12 and len(set(pids)) == 1, (full, pids)
+        for stop in (1, 2, 4, 5, 12):
+            head, state = run(make, stop=stop)
+            tail, _ = run(make, state=state)
+            assert head + tail == full, (stop, head, tail)
+    finally:
+        ds.free()
 
 
 def test_state_before_and_after_iterating():

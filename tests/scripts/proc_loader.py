@@ -1,6 +1,7 @@
 """ThreadDataLoader(worker_type="process"): every sample of 3 epochs (DistributedSampler,
 set_epoch) checked against its index and content, in the sampler's order, for fork, spawn and
-forkserver workers, persistent or not, copies and views (reuse_buffers=True), the direct read
+forkserver workers, persistent or not (or kept between epochs: the direct path, no
+worker_init_fn), copies and views (reuse_buffers=True), the direct read
 path and the pickled one (custom collate, ragged fields, torch_geometric batches); views stay
 within the slot rings and a held batch is never overwritten; get_worker_info, worker_init_fn, a
 raising worker (traceback re-raised) and a killed worker (named, no hang); method 0 refused.
@@ -230,6 +231,43 @@ def held_batches(world, ds):
     print(f"rank {world.rank}: held batches ok ({e})", flush=True)
 
 
+def kept_workers(world, ds):
+    """persistent_workers=False over a DistDataset read straight into the slots: the worker
+    processes are kept between epochs (the same pids), every batch still right, and each
+    iter(loader) draws the same base seed and global random numbers as when new workers start
+    every epoch (a worker_init_fn: something of the caller's runs in them, so they do)."""
+    from pyddstore.torch import ThreadDataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    def run(**kw):
+        torch.manual_seed(7)
+        sampler = DistributedSampler(ds, num_replicas=world.size, rank=world.rank, shuffle=True, seed=3)
+        kw.update(batch_size=8, sampler=sampler, num_workers=2, worker_type="process")
+        loader = ThreadDataLoader(ds, **kw)
+        pids, seeds = [], []
+        for e in range(EPOCHS):
+            sampler.set_epoch(e)
+            it = iter(loader)
+            pids.append(tuple(w.pid for w in it._workers))
+            seeds.append(it._base_seed)
+            seen = [i for batch in it for i in check_tuple(batch)]
+            assert seen == list(sampler), f"epoch {e} read {seen}, the sampler drew {list(sampler)}"
+        for _ in zip(range(2), loader):  # an epoch left early: the next one starts new workers
+            pass
+        it = iter(loader)
+        pids.append(tuple(w.pid for w in it._workers))
+        assert sorted(i for b in it for i in check_tuple(b)) == sorted(sampler)
+        loader.close()
+        return pids, seeds, torch.rand(3).tolist()
+
+    kept, seeds, draws = run()
+    assert len(set(kept[:EPOCHS])) == 1 and kept[EPOCHS] != kept[0], f"worker pids by epoch: {kept}"
+    fresh, fresh_seeds, fresh_draws = run(worker_init_fn=mark_init)
+    assert len(set(fresh)) == len(fresh), f"worker pids by epoch with a worker_init_fn: {fresh}"
+    assert (seeds, draws) == (fresh_seeds, fresh_draws), (seeds, fresh_seeds, draws, fresh_draws)
+    print(f"rank {world.rank}: kept workers ok (pids {kept})", flush=True)
+
+
 def graphs(world):
     from pyddstore.torch import DistDataset
     from torch_geometric.data import Batch, Data
@@ -264,8 +302,9 @@ def core(a):
     ds = DistDataset(Src(), "pl_m1", comm=world.comm, method=1)
     rag = DistDataset(Ragged(), "pl_rag", comm=world.comm, method=1, ragged={0: 0})
     m2 = DistDataset(Src(), "pl_m2", comm=world.comm, method=2, handshake_dir=a.hs)
-    # fork, new workers every epoch, read straight into the slots
+    # fork, read straight into the slots: the workers are kept between epochs (kept_workers)
     epochs(world, ds, check_tuple, "fork", num_workers=2)
+    kept_workers(world, ds)
     if world.rank == 0:  # forkserver, persistent, views of the slots, held batches re-checked
         bases = epochs(
             world,

@@ -9,9 +9,12 @@ plain: --samples samples of float32 (3, 64, 64) (48 KiB) and an int64 label (its
 fast each loader hands over batches. decode: the same rows with a decode= doing --decode-ms of
 pure-Python work per sample (a fixed amount of work, calibrated once on rank 0, so a loader only
 goes faster by running it on more cores), --decode-workers workers per rank, batches of
---decode-batch-size. start: plain's rows and loaders without persistent workers, so every epoch
-starts its workers (fork, the first reads, a process worker's slot memory) and pays for it within
-the epoch, as a loop `for x, y in loader` over a fresh iterator does. Every loader runs
+--decode-batch-size. start: plain's rows and loaders without persistent workers (the default,
+issue 40's setup), as a loop `for x, y in loader` over a fresh iterator runs them: thread and
+torch workers start every epoch and pay for it within the epoch; process workers that run nothing
+of the caller's are kept between epochs (ThreadDataLoader does so by itself), and the row
+"process1 fork/epoch" (a no-op worker_init_fn) forks its worker every epoch (fork of this large
+process, the first reads, the slot memory). Every loader runs
 --rounds times, the loaders alternating, and its best round is kept. Every loader but the
 main-process one uses persistent workers (fork) except in start; the first epoch (worker start,
 a cold page cache) is left out of samples/s and shown apart. Every epoch's first batch is checked
@@ -122,9 +125,13 @@ def _run(comm, make_loader, ds, src, args, label: str) -> dict:
     return {"secs": secs, "samples": samples, "ring_bytes": ring}
 
 
-def _cases(args, workers: int) -> list[tuple]:
+def _no_init(wid: int) -> None:
+    """A worker_init_fn that does nothing: process workers start every epoch again."""
+
+
+def _cases(args, part: str, workers: int) -> list[tuple]:
     """(label, kind, options) for one part: kind thread/process/torch/memmap."""
-    return [
+    cases = [
         ("thread1", "thread", {"num_workers": 1}),
         (f"thread{workers}", "thread", {"num_workers": workers}),
         ("process1", "process", {"num_workers": 1}),
@@ -132,6 +139,9 @@ def _cases(args, workers: int) -> list[tuple]:
         (f"torch{workers} DistDataset", "torch", {"num_workers": workers}),
         (f"torch{workers} memmap", "memmap", {"num_workers": workers}),
     ]
+    if part == "start":
+        cases.insert(4, ("process1 fork/epoch", "process", {"num_workers": 1, "worker_init_fn": _no_init}))
+    return cases
 
 
 def measure(comm, args, part: str, src, ds, path: str, work: Work | None) -> list[dict]:
@@ -140,7 +150,7 @@ def measure(comm, args, part: str, src, ds, path: str, work: Work | None) -> lis
     persistent = part != "start"
     rows = []
     mm = MemmapRows(path, len(src), src.tensors[1], work)
-    cases = _cases(args, workers)
+    cases = _cases(args, part, workers)
     if part == "decode":
         cases = [c for c in cases if c[0] not in ("thread1", "process1") or workers == 1]
     best: dict = {}
@@ -191,7 +201,7 @@ def print_rows(rows: list[dict], args, size: int, loops: int) -> None:
         n = args.decode_samples if part == "decode" else args.samples
         extra = "no per-sample work"
         if part == "start":
-            extra += ", workers started every epoch (no persistent workers)"
+            extra += ", no persistent workers (fork/epoch: a worker_init_fn)"
         if part == "decode":
             extra = f"decode= {args.decode_ms:g} ms of Python ({loops} loops)"
         bs = args.decode_batch_size if part == "decode" else args.batch_size
@@ -211,7 +221,7 @@ def print_rows(rows: list[dict], args, size: int, loops: int) -> None:
         f"{args.rounds} rounds; x thread: over "
         "the fastest ThreadDataLoader (threads) row of the part; process rows: ThreadDataLoader("
         "worker_type='process'); ring: the peak shared memory of its slot rings; torch rows: "
-        "torch.utils.data.DataLoader with forked persistent workers"
+        "torch.utils.data.DataLoader with forked workers (persistent but in start)"
     )
 
 

@@ -431,7 +431,10 @@ class ThreadDataLoader(DataLoader):
     shared-memory slots allocated once; batches arrive as views of the slot (pinned copies with
     pin_memory), and a slot is written again only once no view of its batch is left: a ring grows
     by a slot per batch the caller keeps and shrinks back once they are gone (reuse_buffers=True:
-    it never grows, and holding all its slots raises). Methods 1 and 2 only.
+    it never grows, and holding all its slots raises). Methods 1 and 2 only. Workers that run
+    nothing of the caller's (a DistDataset read straight into the slots, the default collate,
+    no worker_init_fn) are kept between epochs even with persistent_workers=False: no fork of
+    this process per epoch, the same batches and seed draws; close() stops them.
 
     state_dict() / load_state_dict() follow torchdata's StatefulDataLoader: a job that stops
     mid-epoch goes on with exactly the batches it would have yielded next (see the "Restarting
@@ -483,6 +486,7 @@ class ThreadDataLoader(DataLoader):
         self.reuse_buffers = bool(reuse_buffers)
         self.collate_copies = bool(collate_copies)
         self._live_iterators: weakref.WeakSet = weakref.WeakSet()
+        self._kept_iterator: Any = None  # process workers kept between epochs (keeps_workers)
         self._buffer_pool: _BufferPool | None = None
         # DDSTORE_FAST_COLLATE and DDSTORE_AFFINITY_*: the dataset's store's settings, else the
         # environment's, read once here.
@@ -556,13 +560,22 @@ class ThreadDataLoader(DataLoader):
         if self._iterator is not None:  # persistent workers: the next epoch starts afresh
             self._iterator._shutdown_workers()
             self._iterator = None
+        if self._kept_iterator is not None:
+            self._kept_iterator._shutdown_workers()
+            self._kept_iterator = None
 
     def check_worker_number_rationality(self) -> None:
         """No warning: threads wait on reads, so more of them than CPUs is fine."""
 
     def _get_iterator(self) -> Any:
         if self.worker_type == "process" and self.num_workers > 0:
-            return _procloader.ProcessIter(self)
+            # Worker processes that run nothing of the caller's are kept between epochs, even
+            # without persistent_workers (see _procloader.keeps_workers).
+            kept, self._kept_iterator = self._kept_iterator, None
+            it = kept if kept is not None and kept.renew(self) else _procloader.ProcessIter(self)
+            if it.kept:
+                self._kept_iterator = it
+            return it
         if self.num_workers == 0:
             return _CallingThreadIter(self)
         return _ThreadIter(self)
@@ -577,7 +590,7 @@ class ThreadDataLoader(DataLoader):
         """
         for it in list(self._live_iterators):
             it._shutdown_workers()
-        self._iterator = None
+        self._iterator = self._kept_iterator = None
         if self._buffer_pool is not None:
             self._buffer_pool.release_all()
 

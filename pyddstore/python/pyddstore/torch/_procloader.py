@@ -22,7 +22,9 @@ travels once, by file descriptor, as torch shares tensors.
 Sampler, batch sampler, base seed, prefetching (num_workers * prefetch_factor batches in flight,
 round-robin), persistent workers, worker_init_fn, get_worker_info, timeout and in_order follow
 torch's multiprocessing iterator; exceptions in workers come back as torch's ExceptionWrapper and
-are re-raised with the worker's traceback.
+are re-raised with the worker's traceback. Workers that run nothing of the caller's are kept for
+the next iter(loader) even without persistent_workers (keeps_workers): a fork of a process
+holding a large dataset costs more than a short epoch.
 """
 
 from __future__ import annotations
@@ -72,6 +74,29 @@ class WorkerProcessError(DDStoreError, RuntimeError):
 
 def _aligned(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def direct_batches(loader: Any) -> bool:
+    """Whether the workers read each batch straight into their slot (a DistDataset that
+    collates directly, the default collate, DDSTORE_FAST_COLLATE): no code of the caller's
+    (collate_fn, decode=, transforms) runs in them then."""
+    ds = loader.dataset
+    return (
+        loader.collate_fn is _tc.default_collate
+        and loader._auto_collation
+        and loader._dataset_kind == _tc.DatasetKind.Map
+        and getattr(ds, "collates_directly", False) is True
+        and hasattr(ds, "_read_into")
+        and loader._settings.fast_collate
+    )
+
+
+def keeps_workers(loader: Any) -> bool:
+    """persistent_workers=False, yet the workers are kept for the next iter(loader): nothing of
+    the caller's runs in them (direct batches, no worker_init_fn), so a kept worker reads what a
+    fresh one would, without a fork of this (perhaps large) process at every epoch. Each
+    iter(loader) still draws its base seed and sampler iterator as torch's does."""
+    return not loader.persistent_workers and loader.worker_init_fn is None and direct_batches(loader)
 
 
 def check_process_args(loader: Any) -> None:
@@ -406,16 +431,13 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
         ctx = loader.multiprocessing_context or torch_mp
         self._context_name = ctx.get_start_method() if hasattr(ctx, "get_start_method") else "fork"
         ds = self._dataset
-        direct = (
-            loader.collate_fn is _tc.default_collate
-            and self._auto_collation
-            and self._dataset_kind == _tc.DatasetKind.Map
-            and getattr(ds, "collates_directly", False) is True
-            and hasattr(ds, "_read_into")
-            and loader._settings.fast_collate
-        )
+        direct = direct_batches(loader)
         direct_rows = loader.batch_size if direct else False
         self._direct_fields = ds._select(None) if direct else None
+        # Kept for the next iter(loader) (see keeps_workers): the end of an epoch stops nothing.
+        self.kept = keeps_workers(loader)
+        self._persistent_workers = self._persistent_workers or self.kept
+        self._epoch_over = False
         self._direct_layouts: dict = {}  # rows a slot holds -> each field's offset in it
         self._rings = [_Ring(self._slots) for _ in range(self._num_workers)]
         self._result_queue = ctx.Queue()
@@ -466,8 +488,29 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
         """The most shared memory each worker's ring held at once, summed over the workers."""
         return sum(r.peak_bytes for r in self._rings)
 
+    def renew(self, loader: Any) -> bool:
+        """A kept iterator (keeps_workers) starts the next iter(loader) as a new iterator would:
+        its sampler iterator and base seed are drawn as torch draws them, its workers stay.
+        False (and its workers stopped, if its epoch is over) when it cannot: its epoch is not
+        over (the caller may still use it), a worker or the dataset is gone, or the loader no
+        longer reads batches straight into the slots."""
+        if not self._epoch_over:
+            return False
+        if self._shutdown or not keeps_workers(loader) or getattr(self._dataset, "_freed", False):
+            self._shutdown_workers()
+            return False
+        if self._dead_workers() or self._dataset._select(None) != self._direct_fields:
+            self._shutdown_workers()
+            return False
+        self._sampler_iter = iter(self._index_sampler)  # as _BaseDataLoaderIter.__init__ draws
+        self._base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
+        loader._resume.seed_iterator(self)
+        self._reset(loader)
+        return True
+
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
+        self._epoch_over = False
         loader._resume.attach(self)  # skips what a loaded state yielded, then counts (state_dict)
         left = self._dispatch.tasks  # what the last epoch left in flight or unread
         self._dispatch.reset()
@@ -571,6 +614,7 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
                 if self._pending is not None:
                     self._no_free_slot()
                     continue
+                self._epoch_over = True
                 if not self._persistent_workers:
                     self._shutdown_workers()
                 raise
