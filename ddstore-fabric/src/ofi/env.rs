@@ -34,11 +34,12 @@ pub const PROVIDER_SIGNAL_VARIABLES: [&str; 2] = ["IPATH_NO_BACKTRACE", "HFI_NO_
 /// rxm's receive buffer size for the (control-only) messages of a store.
 pub(crate) const RXM_BUFFER_BYTES: usize = 1024;
 
-/// Receives rxm posts on each connection over tcp (its default: 128). At
-/// 128, libfabric 2.3.1 spends 111 KiB per connection, at 64 27 KiB (one
-/// endpoint connected to 200 others; 1.17: 29 KiB either way). 64 keeps a
-/// gather server's replies in flight to one reader (`PEER_SENDS`) within
-/// what the reader's connection has posted.
+/// Receives rxm posts on each connection over tcp. At libfabric 2.3.1's
+/// default (it behaves as 1,024 does here, not its documented 128) an
+/// endpoint connected to 200 others spends 111 KiB per connection, at 64-256
+/// 27 KiB (`scripts/conn-memory.sh out 200`; 1.17: 24-29 KiB either way).
+/// 64 keeps the replies a gather server has in flight to one reader
+/// (its `PEER_SENDS`) within what the reader's connection has posted.
 pub(crate) const RXM_MSG_RX_SIZE: usize = 64;
 
 /// What [`apply_libfabric_defaults`] did, for `python -m pyddstore info` and tests.
