@@ -37,7 +37,9 @@ pub(crate) const RXM_BUFFER_BYTES: usize = 1024;
 /// Receives rxm posts on each connection over tcp. At libfabric 2.3.1's
 /// default (it behaves as 1,024 does here, not its documented 128) an
 /// endpoint connected to 200 others spends 111 KiB per connection, at 64-256
-/// 27 KiB (`scripts/conn-memory.sh out 200`; 1.17: 24-29 KiB either way).
+/// 27 KiB (`scripts/conn-memory.sh out 200`; 1.17: 24-29 KiB either way);
+/// a rank of a 4- or 8-rank tcp job grew by 41 MiB in its reads of a global
+/// shuffle, 8 MiB at 64 (`tests/scripts/scale_fds.py`, 2.3.1).
 /// 64 keeps the replies a gather server has in flight to one reader
 /// (its `PEER_SENDS`) within what the reader's connection has posted.
 pub(crate) const RXM_MSG_RX_SIZE: usize = 64;
