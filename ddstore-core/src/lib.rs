@@ -28,6 +28,7 @@ pub mod private_dir;
 pub mod profile;
 pub mod reader_pool;
 pub mod region;
+pub mod row_map;
 pub mod spill;
 pub mod store;
 pub mod transport;

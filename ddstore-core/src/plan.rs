@@ -3,7 +3,7 @@
 //! coalesce into one read, long reads are split, and a repeated row is read
 //! once and copied.
 
-use std::collections::HashMap;
+use crate::row_map::RowMap;
 
 use crate::layout::Layout;
 use crate::transport::RemoteRead;
@@ -64,7 +64,8 @@ impl Plan {
     ) -> Result<Plan> {
         let max_read = max_read_bytes.max(1);
         let mut plan = Plan::default();
-        let mut first_seen: HashMap<u64, usize> = HashMap::with_capacity(rows.len());
+        let mut first_seen: RowMap<u64, usize> =
+            RowMap::with_capacity_and_hasher(rows.len(), Default::default());
         // The open segment and the (row, position) it ends with.
         let mut open: Option<(RemoteRead, u64, usize)> = None;
         let total = layout.total();

@@ -30,8 +30,8 @@
 //! Files: `create.rs` creates, links and finds them; `read.rs` plans and
 //! reads a batch in three steps: the row ends (`ends.rs`: those mapped
 //! here, then those read from remote owners), then the values (`values.rs`);
-//! `prefetch.rs` reads spilled rows ahead of use; `row_map.rs` keys maps by
-//! row numbers.
+//! `prefetch.rs` reads spilled rows ahead of use. Maps keyed by row numbers
+//! are [`RowMap`]s.
 
 use std::sync::{Arc, Mutex};
 
@@ -46,11 +46,10 @@ mod create;
 mod ends;
 mod prefetch;
 mod read;
-mod row_map;
 mod values;
 
 pub use create::NewRagged;
-use row_map::RowMap;
+use crate::row_map::RowMap;
 
 /// Bytes of one stored row offset.
 pub const END_BYTES: usize = 8;

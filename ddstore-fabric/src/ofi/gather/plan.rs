@@ -1,7 +1,7 @@
 //! How a reader cuts a batch into gather requests and reply messages, and
 //! where each message lands (safe code).
 
-use std::collections::HashMap;
+use ddstore_core::row_map::RowMap;
 
 use super::wire::{
     ragged_request_bytes, request_bytes, RaggedPart, DIRECT_MIN, END_BYTES, MAX_MSGS_PER_REQUEST,
@@ -67,8 +67,9 @@ pub fn plan(reads: &[(usize, u64, usize, usize)], limits: Limits) -> Plan {
     let mut out = Plan::default();
     // Per owner, in first-seen order: unique (offset, len, dst_offset) pieces.
     let mut owners: Vec<usize> = Vec::new();
-    let mut pieces: HashMap<usize, Vec<(u64, usize, usize)>> = HashMap::new();
-    let mut seen: HashMap<(usize, u64, usize), usize> = HashMap::new();
+    let mut pieces: RowMap<usize, Vec<(u64, usize, usize)>> = RowMap::default();
+    let mut seen: RowMap<(usize, u64, usize), usize> =
+        RowMap::with_capacity_and_hasher(reads.len(), Default::default());
     for &(owner, offset, len, dst) in reads.iter().filter(|r| r.2 > 0) {
         if let Some(&first) = seen.get(&(owner, offset, len)) {
             out.repeats.push((first, dst, len));

@@ -138,14 +138,16 @@ impl Server {
     }
 
     /// A buffer (reused when one is spare) of `head` followed by room for
-    /// `ranges` (fallible).
+    /// `ranges` (fallible). A spare buffer keeps its old bytes where the
+    /// ranges go: only growth is zeroed (not the whole reply, every time),
+    /// and a reply is sent only once its ranges were all read over them.
     fn packing_buffer(&mut self, head: &[u8], ranges: &[(u64, u64)]) -> Option<Vec<u8>> {
         let total = head.len() + ranges.iter().map(|r| r.1 as usize).sum::<usize>();
         let mut packed = self.spare.pop().unwrap_or_default();
-        packed.clear();
-        packed.try_reserve(total).ok()?;
-        packed.extend_from_slice(head);
+        packed.truncate(total);
+        packed.try_reserve(total - packed.len()).ok()?;
         packed.resize(total, 0);
+        packed[..head.len()].copy_from_slice(head);
         Some(packed)
     }
 

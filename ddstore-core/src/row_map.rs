@@ -1,12 +1,14 @@
-//! Hash maps keyed by row numbers or ranks, on the ragged read path.
+//! Hash maps keyed by row numbers, ranks or byte offsets, on the read paths
+//! (batch plans, ragged reads, gather plans).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// Hashes row numbers and ranks with one multiplication: the per-row maps of
 /// a batch are on the read path, where SipHash costs more than the lookups.
+/// Not for keys an attacker chooses to collide (no per-process seed).
 #[derive(Default)]
-pub(crate) struct RowHasher(u64);
+pub struct RowHasher(u64);
 
 impl Hasher for RowHasher {
     fn finish(&self) -> u64 {
@@ -27,8 +29,8 @@ impl Hasher for RowHasher {
     }
 }
 
-/// A map keyed by row numbers or ranks.
-pub(crate) type RowMap<K, V> = HashMap<K, V, BuildHasherDefault<RowHasher>>;
+/// A map keyed by row numbers or ranks (or tuples of them).
+pub type RowMap<K, V> = HashMap<K, V, BuildHasherDefault<RowHasher>>;
 
 #[cfg(test)]
 mod tests {
