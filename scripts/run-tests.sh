@@ -16,8 +16,9 @@ cd "$(dirname "$0")/.."
 # wall time left the 2 cores partly idle (waiting on sleeps, timeouts, process start-up, network).
 mkdir -p target
 stamp() {
-    times >target/.times.$BASHPID  # the builtin, in this shell: its second line is the children's
-    printf '[%d:%02d] %s (CPU %s)\n' $((SECONDS / 60)) $((SECONDS % 60)) "$1" "$(tail -n 1 target/.times.$BASHPID)"
+    local f=target/.times.$BASHPID
+    times >"$f"  # the builtin, in this shell (or the background one): its second line is the children's
+    printf '[%d:%02d] %s (CPU %s)\n' $((SECONDS / 60)) $((SECONDS % 60)) "$1" "$(tail -n 1 "$f")"
 }
 stamp "setup"
 bash scripts/setup.sh
