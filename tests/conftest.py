@@ -231,12 +231,29 @@ def pytest_runtest_protocol(item, nextitem):
         _cpu_costs[item.nodeid] = (_cpu_seconds() - start, time.monotonic() - wall)
 
 
+# DDSTORE_TEST_SLOWEST=N (scripts/run-tests.sh: 25): the N slowest tests of each tier, the default
+# and the slow one, which the test command runs in one pool.
+_SLOWEST = int(os.environ.get("DDSTORE_TEST_SLOWEST", "0") or 0)
+
+
 def pytest_terminal_summary(terminalreporter):
     if _CPU_REPORT and _cpu_costs:
         total = sum(cpu for cpu, _ in _cpu_costs.values())
         terminalreporter.write_sep("=", f"CPU seconds: {total:.1f} in all, top 25 (CPU s, wall s)")
         for nodeid, (cpu, wall) in sorted(_cpu_costs.items(), key=lambda kv: -kv[1][0])[:25]:
             terminalreporter.write_line(f"{cpu:8.1f} {wall:8.1f}  {nodeid}")
+    if _SLOWEST:
+        stats = terminalreporter.stats
+        calls = [r for key in ("passed", "failed") for r in stats.get(key, []) if r.when == "call"]
+        for tier, in_tier in (("default", False), ("slow", True)):
+            tests = sorted((r for r in calls if ("slow" in r.keywords) == in_tier), key=lambda r: -r.duration)
+            if tests:
+                total = sum(r.duration for r in tests)
+                terminalreporter.write_sep(
+                    "=", f"{tier} tier: {len(tests)} tests, {total:.0f} s in all, slowest {_SLOWEST}"
+                )
+                for r in tests[:_SLOWEST]:
+                    terminalreporter.write_line(f"{r.duration:8.2f}s  {r.nodeid}")
 
 
 @pytest.fixture
