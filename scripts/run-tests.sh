@@ -19,6 +19,7 @@ stamp() {
     local f=target/.times.$BASHPID
     times >"$f"  # the builtin, in this shell (or the background one): its second line is the children's
     printf '[%d:%02d] %s (CPU %s)\n' $((SECONDS / 60)) $((SECONDS % 60)) "$1" "$(tail -n 1 "$f")"
+    rm -f "$f"
 }
 stamp "setup"
 bash scripts/setup.sh
@@ -36,13 +37,14 @@ if [ "${TEST_TORCH_COMPAT:-1}" = 1 ]; then
     rm -rf $COMPAT
     mkdir -p $COMPAT
     export TORCH_VENV_HOME=${XDG_CACHE_HOME:-$HOME/.cache}/pyddstore
-    # The newest torch on the index is the main venv's (scripts/constraints.txt): the tiers test it.
-    newest=$(python -m pip index versions torch 2>/dev/null | sed -n '1s/^torch (\(.*\))$/\1/p' || true)
-    have=$(python -c 'import torch; print(torch.__version__.split("+")[0])')
-    versions=(min)
-    if [ "$newest" != "$have" ]; then versions+=(latest); fi
-    echo "==> torch $have in .venv, ${newest:-?} the newest on the index: ${versions[*]} in $TORCH_VENV_HOME"
     (
+        # When the newest torch on the index is the main venv's (scripts/constraints.txt), the pool
+        # tests it: no venv of its own then.
+        newest=$(python -m pip index versions torch 2>/dev/null | sed -n '1s/^torch (\(.*\))$/\1/p' || true)
+        have=$(python -c 'import torch; print(torch.__version__.split("+")[0])')
+        versions=(min)
+        if [ "$newest" != "$have" ]; then versions+=(latest); fi
+        echo "==> torch $have in .venv, ${newest:-?} the newest on the index: ${versions[*]} in $TORCH_VENV_HOME"
         for v in "${versions[@]}"; do
             flag=$([ "$v" = latest ] && echo --latest || true)
             stamp "torch $v: venv"
