@@ -27,7 +27,6 @@ bash scripts/setup.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo
 WORKERS=${TEST_WORKERS:-4}
-export TEST_WORKERS=$WORKERS
 
 # torch 2.6 and the newest torch, each in a venv kept in ~/.cache/pyddstore: installed in the
 # background now (mostly download), tested beside the pytest pool (mostly waiting), reported at the end.
