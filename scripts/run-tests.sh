@@ -40,7 +40,7 @@ if [ "${TEST_TORCH_COMPAT:-1}" = 1 ]; then
         # When the newest torch on the index is the main venv's (scripts/constraints.txt), the pool
         # tests it: no venv of its own then.
         newest=$(python -m pip index versions torch 2>/dev/null | sed -n '1s/^torch (\(.*\))$/\1/p' || true)
-        have=$(python -c 'import torch; print(torch.__version__.split("+")[0])')
+        have=$(python -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
         versions=(min)
         if [ "$newest" != "$have" ]; then versions+=(latest); fi
         echo "==> torch $have in .venv, ${newest:-?} the newest on the index: ${versions[*]} in $TORCH_VENV_HOME"
