@@ -36,6 +36,7 @@ if [ "${TEST_TORCH_COMPAT:-1}" = 1 ]; then
     rm -rf $COMPAT
     mkdir -p $COMPAT
     export TORCH_VENV_HOME=${XDG_CACHE_HOME:-$HOME/.cache}/pyddstore
+    set -m  # its own process group: stopped with everything it started if this script ends first
     (
         # When the newest torch on the index is the main venv's (scripts/constraints.txt), the pool
         # tests it: no venv of its own then.
@@ -50,17 +51,16 @@ if [ "${TEST_TORCH_COMPAT:-1}" = 1 ]; then
             bash scripts/test-torch-min.sh $flag --install-only
         done
         # The tests wait for the pytest pool to start (they would slow the builds before it).
-        while [ ! -e $COMPAT/go ]; do
-            kill -0 $$ 2>/dev/null || exit 1
-            sleep 2
-        done
+        while [ ! -e $COMPAT/go ]; do sleep 2; done
         for v in "${versions[@]}"; do
             flag=$([ "$v" = latest ] && echo --latest || true)
             stamp "torch $v: tests"
             TEST_WORKERS=2 bash scripts/test-torch-min.sh $flag --test-only "$@"
         done
-    ) >$COMPAT/log 2>&1 &
+    ) </dev/null >$COMPAT/log 2>&1 &
     compat_pid=$!
+    set +m
+    trap '[ -z "$compat_pid" ] || kill -- -"$compat_pid" 2>/dev/null || true' EXIT
 fi
 
 stamp "lint"
@@ -96,6 +96,7 @@ if [ -n "$compat_pid" ]; then
     stamp "torch 2.6 and newest (run beside the pool)"
     rc=0
     wait "$compat_pid" || rc=$?
+    compat_pid=""
     cat $COMPAT/log
     [ "$rc" -eq 0 ] || { echo "the torch compatibility tests failed (log above: $COMPAT/log)" >&2; exit "$rc"; }
 fi
