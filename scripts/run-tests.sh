@@ -1,17 +1,68 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, builds, lints (scripts/lint.sh),
-# then runs the Rust tests (cargo test) and the Python tests (pytest; multi-rank
-# jobs run under mpirun and as plain processes joined through files) in two
-# tiers: the default one first, then the slow one (`-m slow`).
+# The test command: installs what is missing, builds, lints (scripts/lint.sh), then runs the Rust
+# tests (cargo test), the libfabric 2.3.1 phase, and the Python tests (pytest; multi-rank jobs run
+# under mpirun and as plain processes joined through files): both tiers (default and `slow`) in one
+# pool of pytest workers, longest tests first, then the `serial` ones alone. Beside them, the torch
+# tests against the oldest supported torch and the newest on the index (scripts/test-torch-min.sh).
+#   TEST_WORKERS=N     pytest workers (default 4: the tests mostly wait, on sleeps, timeouts and
+#                      process start-up, so 4 keep 2 cores busy; 0 = in this process)
+#   TEST_TORCH_COMPAT=0  skip the oldest/newest torch phase (it downloads torch once per version)
+# Arguments go to every pytest run, e.g. `bash scripts/run-tests.sh -k ragged`. One tier alone:
+# `python -m pytest tests -m "not slow"` (or `-m slow`) in the activated .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Each phase's start, in minutes:seconds since this script began (the CI budget is 20 minutes).
-stamp() { printf '[%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$1"; }
+# Each phase's start, in minutes:seconds since this script began (the CI budget is 20 minutes), and
+# the CPU time the finished steps used (user, system): a phase whose CPU grew less than twice its
+# wall time left the 2 cores partly idle (waiting on sleeps, timeouts, process start-up, network).
+mkdir -p target
+stamp() {
+    local f=target/.times.$BASHPID
+    times >"$f"  # the builtin, in this shell (or the background one): its second line is the children's
+    printf '[%d:%02d] %s (CPU %s)\n' $((SECONDS / 60)) $((SECONDS % 60)) "$1" "$(tail -n 1 "$f")"
+    rm -f "$f"
+}
 stamp "setup"
 bash scripts/setup.sh
 . .venv/bin/activate
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo
+WORKERS=${TEST_WORKERS:-4}
+
+# torch 2.6 and the newest torch, each in a venv kept in ~/.cache/pyddstore: installed in the
+# background now (mostly download), tested beside the pytest pool (mostly waiting), reported at the end.
+COMPAT=target/torch-compat
+compat_pid=""
+if [ "${TEST_TORCH_COMPAT:-1}" = 1 ]; then
+    rm -rf $COMPAT
+    mkdir -p $COMPAT
+    export TORCH_VENV_HOME=${XDG_CACHE_HOME:-$HOME/.cache}/pyddstore
+    set -m  # its own process group: stopped with everything it started if this script ends first
+    (
+        # When the newest torch on the index is the main venv's (scripts/constraints.txt), the pool
+        # tests it: no venv of its own then.
+        newest=$(python -m pip index versions torch 2>/dev/null | sed -n '1s/^torch (\(.*\))$/\1/p' || true)
+        have=$(python -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
+        versions=(min)
+        if [ "$newest" != "$have" ]; then versions+=(latest); fi
+        echo "==> torch $have in .venv, ${newest:-?} the newest on the index: ${versions[*]} in $TORCH_VENV_HOME"
+        for v in "${versions[@]}"; do
+            flag=$([ "$v" = latest ] && echo --latest || true)
+            stamp "torch $v: venv"
+            bash scripts/test-torch-min.sh $flag --install-only
+        done
+        # The tests wait for the pytest pool to start (they would slow the builds before it).
+        while [ ! -e $COMPAT/go ]; do sleep 2; done
+        for v in "${versions[@]}"; do
+            flag=$([ "$v" = latest ] && echo --latest || true)
+            stamp "torch $v: tests"
+            TEST_WORKERS=2 bash scripts/test-torch-min.sh $flag --test-only "$@"
+        done
+    ) </dev/null >$COMPAT/log 2>&1 &
+    compat_pid=$!
+    set +m
+    trap '[ -z "$compat_pid" ] || kill -- -"$compat_pid" 2>/dev/null || true' EXIT
+fi
+
 stamp "lint"
 bash scripts/lint.sh
 stamp "cargo test"
@@ -25,26 +76,31 @@ LD_LIBRARY_PATH=$(python -c 'import sysconfig; print(sysconfig.get_config_var("L
 # gather, stalled-owner and provider tests against it (scripts/test-libfabric2.sh).
 stamp "libfabric 2.3.1"
 bash scripts/test-libfabric2.sh "$@"
-# A tier with nothing selected (pytest's exit status 5, e.g. after `-k`) is not a failure.
-# Each tier runs on TEST_WORKERS pytest workers (pytest-xdist; 0 = in this process), then
-# its `serial` tests (host-wide state: other users, /dev/shm listings, namespaces) alone.
-WORKERS=${TEST_WORKERS:-2}
+
+# A run with nothing selected (pytest's exit status 5, e.g. after `-k`) is not a failure. Each run
+# ends with the 25 slowest tests of each tier it ran (tests/conftest.py).
+export DDSTORE_TEST_SLOWEST=25
 run() {
     local rc=0
-    python -m pytest tests -q -x --durations=25 "$@" || rc=$?
+    python -m pytest tests -q -x "$@" || rc=$?
     [ "$rc" -eq 0 ] || [ "$rc" -eq 5 ] || exit "$rc"
 }
-tier() {
-    local marks=$1
-    shift
-    # worksteal: an idle worker takes queued tests from a busy one, so a long test near the
-    # end of one worker's share does not leave the other core idle.
-    run -m "$marks and not serial" -n "$WORKERS" --dist worksteal "$@"
-    stamp "serial tests"
-    run -m "$marks and serial" "$@"
-}
-stamp "pytest (default tier)"
-tier "not slow" "$@"
-stamp "pytest (slow tier)"
-tier "slow" "$@"
+[ -z "$compat_pid" ] || touch $COMPAT/go
+stamp "pytest (both tiers, $WORKERS workers, longest first)"
+# One test at a time to each worker, in the order tests/conftest.py gives (longest first), so the
+# long tests start at once and the short ones fill the workers' gaps.
+workers=()
+[ "$WORKERS" = 0 ] || workers=(-n "$WORKERS" --dist load --maxschedchunk 1)
+run -m "not serial" "${workers[@]}" "$@"
+if [ -n "$compat_pid" ]; then
+    stamp "torch 2.6 and newest (run beside the pool)"
+    rc=0
+    wait "$compat_pid" || rc=$?
+    compat_pid=""
+    cat $COMPAT/log
+    [ "$rc" -eq 0 ] || { echo "the torch compatibility tests failed (log above: $COMPAT/log)" >&2; exit "$rc"; }
+fi
+# Host-wide state (other users, /dev/shm listings, namespaces): alone, after everything else.
+stamp "serial tests"
+run -m serial "$@"
 stamp "done"

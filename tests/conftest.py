@@ -164,14 +164,51 @@ def run_procs(
 
 
 # Modules that look at or change host-wide state (other users, /dev/shm listings, network namespaces)
-# are marked `serial`: scripts/run-tests.sh runs them alone, after the rest ran on two pytest workers.
+# are marked `serial`: scripts/run-tests.sh runs them alone, after the rest ran on its pytest workers.
 SERIAL_MODULES = {"test_access.py", "test_attacks.py", "test_node_shm.py", "test_vcluster.py"}
+
+# Seconds the longest tests took in a quiet 2-core CI run (rounded; a test not listed counts 10 s
+# if `slow`, else 1 s). Tests run longest first: scripts/run-tests.sh runs both tiers in one pool of
+# pytest workers that take one test at a time (--dist load --maxschedchunk 1), so the long tests
+# start at once and the short ones fill the gaps, and no worker is left with a long test at the end.
+# Only the order depends on this table: a stale entry costs time, never a result.
+LONGEST = {
+    "test_packaging.py::test_install_lines_run_the_quickstart_and_the_reference_renders": 140,
+    "test_make_targets.py::test_target_runs_as_written[demo]": 107,
+    "test_make_targets.py::test_target_runs_as_written[soak]": 60,
+    "test_requeue.py::test_local_requeue_job": 50,
+    "test_memcheck.py::test_rust_suites_are_clean_under_valgrind_memcheck": 43,
+    "test_docs.py::test_pages_render_with_nothing_cut": 38,
+    "test_bench_torch.py::test_bench_torch_smoke": 32,
+    "test_resume_jobs.py::test_kill_resume_and_resize": 26,
+    "test_scale_limits.py::test_method_2_extra_ranks_below_one_connection_per_core_rank_read_exactly": 26,
+    "test_scale_limits.py::test_16_ranks_below_one_connection_per_peer_read_a_global_shuffle_exactly": 25,
+    "test_spill.py::test_dist_dataset_with_a_budget_loads_reads_forks_saves_and_restores": 21,
+    "test_make_targets.py::test_target_runs_as_written[bench-load]": 19,
+    "test_start_methods.py::test_workers_of_a_script_importing_mpi4py_at_the_top": 19,
+    "test_proc_loader.py::test_process_workers_core_group_and_reader": 18,
+    "test_packaging.py::test_pip_install_root_and_wheel_has_no_bundled_libraries": 16,
+    "test_start_methods.py::test_spawn_and_forkserver_workers_read_every_sample": 16,
+    "test_torch_dataset.py::test_mpi_method1[default]": 16,
+    "test_method2.py::test_dist_dataset_reader_loaders[tcp]": 16,
+    "test_scale_counts.py::test_a_torch_rank_absent_from_a_gloo_barrier_is_named_after_the_timeout": 15,
+    "test_torch_graphs.py::test_method2_reader_job": 15,
+    "test_load.py::test_snapshot_other_rank_counts_and_damage": 15,
+}
+
+
+def expected_seconds(item) -> float:
+    """How long `item` is expected to take, for the order only (see LONGEST)."""
+    name = item.nodeid.rsplit("/", 1)[-1]
+    return LONGEST.get(name, 10.0 if item.get_closest_marker("slow") else 1.0)
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SERIAL_MODULES:
             item.add_marker(pytest.mark.serial)
+    # Longest first; otherwise collection order (sorted() is stable: module fixtures stay together).
+    items[:] = sorted(items, key=lambda item: -expected_seconds(item))
 
 
 # DDSTORE_TEST_CPU_REPORT=1: each test's CPU seconds (this process and the jobs it waited for),
@@ -194,12 +231,29 @@ def pytest_runtest_protocol(item, nextitem):
         _cpu_costs[item.nodeid] = (_cpu_seconds() - start, time.monotonic() - wall)
 
 
+# DDSTORE_TEST_SLOWEST=N (scripts/run-tests.sh: 25): the N slowest tests of each tier, the default
+# and the slow one, which the test command runs in one pool.
+_SLOWEST = int(os.environ.get("DDSTORE_TEST_SLOWEST", "0") or 0)
+
+
 def pytest_terminal_summary(terminalreporter):
     if _CPU_REPORT and _cpu_costs:
         total = sum(cpu for cpu, _ in _cpu_costs.values())
         terminalreporter.write_sep("=", f"CPU seconds: {total:.1f} in all, top 25 (CPU s, wall s)")
         for nodeid, (cpu, wall) in sorted(_cpu_costs.items(), key=lambda kv: -kv[1][0])[:25]:
             terminalreporter.write_line(f"{cpu:8.1f} {wall:8.1f}  {nodeid}")
+    if _SLOWEST:
+        stats = terminalreporter.stats
+        calls = [r for key in ("passed", "failed") for r in stats.get(key, []) if r.when == "call"]
+        for tier, in_tier in (("default", False), ("slow", True)):
+            tests = sorted((r for r in calls if ("slow" in r.keywords) == in_tier), key=lambda r: -r.duration)
+            if tests:
+                total = sum(r.duration for r in tests)
+                terminalreporter.write_sep(
+                    "=", f"{tier} tier: {len(tests)} tests, {total:.0f} s in all, slowest {_SLOWEST}"
+                )
+                for r in tests[:_SLOWEST]:
+                    terminalreporter.write_line(f"{r.duration:8.2f}s  {r.nodeid}")
 
 
 @pytest.fixture
