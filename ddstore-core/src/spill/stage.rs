@@ -19,10 +19,12 @@
 //! in every rank's stage (see `Store::barrier`).
 //!
 //! Buffers: a row's bytes are read straight into its buffer (a direct
-//! read's aligned span, see [`Stage::buffer`]), and a buffer whose row was
-//! taken and copied out goes back to the stage's pool while the pool and
-//! the rows held fit in the stage's capacity: a stage reused batch after
-//! batch reads into memory already faulted in, with no new allocation.
+//! read's aligned span, see [`Stage::buffer`]). A taken row keeps its room
+//! until its bytes are copied out ([`Staged`] dropped); its buffer then goes
+//! back to the stage's pool while the pool and the rows held fit in the
+//! stage's capacity, so the next row reserved in that room is read into it:
+//! a stage reused batch after batch reads into memory already faulted in,
+//! with no new allocation, and holds no more than its capacity.
 //!
 //! Fork safety (see [`crate::fork`]): the stage belongs to the process that
 //! made it. In a forked child it is empty and stages nothing, so the child
@@ -35,7 +37,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::direct_io;
 use crate::fork::CreatedBy;
 
 /// Most bytes the byte rule of [`stage_bytes`] gives a stage (its row rule
@@ -87,11 +88,14 @@ impl Default for Stage {
 enum Slot {
     /// Reserved by a read ahead that has not filled it yet.
     Pending,
-    /// Its bytes (`storage[range]`), staged when the read clock was at `at`.
+    /// Its bytes (`storage[range]`), staged when the read clock was at
+    /// `at`; `reuse`: `storage` came from [`Stage::buffer`] and goes back
+    /// to the pool once taken.
     Ready {
         storage: Vec<u8>,
         range: Range<usize>,
         at: u64,
+        reuse: bool,
     },
     /// Reserved, then updated by its owner before its read ahead filled it:
     /// the fill may hold the old bytes and is dropped.
@@ -247,16 +251,21 @@ impl Stage {
         false
     }
 
-    /// Fills the reserved `row` with its bytes (a row not reserved is ignored).
+    /// Fills the reserved `row` with its bytes (a row not reserved is
+    /// ignored); they are freed once taken.
     pub fn fill(&self, row: u64, bytes: Vec<u8>) {
         let len = bytes.len();
-        self.fill_in(row, bytes, 0..len);
+        self.fill_with(row, bytes, 0..len, false);
     }
 
     /// Fills the reserved `row` with `storage[range]`, keeping `storage`
-    /// as the row's buffer (a buffer from [`Stage::buffer`] that a read
-    /// landed in).
+    /// (a buffer from [`Stage::buffer`] that a read landed in) as the
+    /// row's buffer, back to the pool once taken.
     pub fn fill_in(&self, row: u64, storage: Vec<u8>, range: Range<usize>) {
+        self.fill_with(row, storage, range, true);
+    }
+
+    fn fill_with(&self, row: u64, storage: Vec<u8>, range: Range<usize>, reuse: bool) {
         if !self.created.is_this_process() {
             return;
         }
@@ -267,7 +276,12 @@ impl Stage {
         match s.rows.get_mut(&row) {
             Some((slot @ Slot::Pending, len)) if *len == range.len() => {
                 let storage = unused.take().expect("not used yet");
-                *slot = Slot::Ready { storage, range, at };
+                *slot = Slot::Ready {
+                    storage,
+                    range,
+                    at,
+                    reuse,
+                };
             }
             Some((Slot::Doomed, _)) => {
                 // Its owner updated it while it was read: the bytes may be old.
@@ -276,7 +290,7 @@ impl Stage {
             }
             _ => {}
         }
-        if let Some(storage) = unused {
+        if let (Some(storage), true) = (unused, reuse) {
             self.pool_or_free(&mut s, storage, len);
         }
         drop(s);
@@ -308,7 +322,7 @@ impl Stage {
     /// Keeps `storage`, the buffer of a row of `row_bytes`, in the pool
     /// while the pool and the rows held fit in the capacity, counted in row
     /// bytes (the stage's memory stays within it, up to the alignment slack
-    /// of [`direct_io::storage_for`] per buffer); frees it otherwise.
+    /// of [`crate::direct_io::storage_for`] per buffer); frees it otherwise.
     fn pool_or_free(&self, s: &mut Inner, storage: Vec<u8>, row_bytes: usize) {
         if row_bytes > 0 && s.bytes + s.pooled + row_bytes <= self.cap {
             s.pooled += row_bytes;
@@ -316,11 +330,15 @@ impl Stage {
         }
     }
 
-    /// A taken row's buffer, its bytes copied out, goes back (see [`Staged`]).
-    fn recycle(&self, storage: Vec<u8>, row_bytes: usize) {
+    /// A taken row's bytes were copied out (see [`Staged`]): its room is
+    /// free, and its buffer goes to the pool (`reuse`) or is freed.
+    fn give_back(&self, storage: Vec<u8>, row_bytes: usize, reuse: bool) {
         if self.created.is_this_process() {
             let mut s = self.lock();
-            self.pool_or_free(&mut s, storage, row_bytes);
+            s.bytes -= row_bytes;
+            if reuse {
+                self.pool_or_free(&mut s, storage, row_bytes);
+            }
         }
     }
 
@@ -369,25 +387,35 @@ impl Stage {
                 }
             }
         }
-        let Some(Slot::Ready { storage, range, .. }) = s.remove(row) else {
+        let Some(Slot::Ready {
+            storage,
+            range,
+            reuse,
+            ..
+        }) = s.remove(row)
+        else {
             unreachable!("checked above")
         };
-        // Its entry in `order` goes when it reaches the front.
+        // Its room stays taken until its bytes are copied out (see `Staged`);
+        // its entry in `order` goes when it reaches the front.
+        s.bytes += range.len();
         self.publish(&s);
         Some(Staged {
             stage: self,
             storage,
             range,
+            reuse,
         })
     }
 }
 
-/// A row taken from the stage: its bytes (`Deref`), and its buffer, which
-/// goes back to the stage's pool when this is dropped.
+/// A row taken from the stage: its bytes (`Deref`). Its room in the stage
+/// is free, and its buffer back in the stage's pool, when this is dropped.
 pub struct Staged<'a> {
     stage: &'a Stage,
     storage: Vec<u8>,
     range: Range<usize>,
+    reuse: bool,
 }
 
 impl Deref for Staged<'_> {
@@ -400,9 +428,8 @@ impl Deref for Staged<'_> {
 
 impl Drop for Staged<'_> {
     fn drop(&mut self) {
-        let row_bytes = self.range.len();
-        self.stage
-            .recycle(std::mem::take(&mut self.storage), row_bytes);
+        let storage = std::mem::take(&mut self.storage);
+        self.stage.give_back(storage, self.range.len(), self.reuse);
     }
 }
 
@@ -496,7 +523,7 @@ mod tests {
     #[test]
     fn buffers_of_taken_rows_are_reused_within_the_capacity() {
         let row = 100_000;
-        let size = direct_io::storage_for(row);
+        let size = crate::direct_io::storage_for(row);
         let s = Stage::new(4 * row);
         // Batch after batch of 4 rows: staged in buffers from the pool, taken, copied out.
         for batch in 0..20u64 {
@@ -529,6 +556,12 @@ mod tests {
         assert_eq!((inner.pool.len(), inner.bytes + inner.pooled), (1, 4 * row));
         drop(inner);
         assert_eq!(s.buffers_allocated(), 4);
+        // A taken row keeps its room until its bytes are copied out.
+        assert_eq!(s.reserve(&[200], row), vec![200], "the room of 100");
+        let copying = s.take(101).expect("staged");
+        assert!(s.reserve(&[201], row).is_empty(), "101 is being copied");
+        drop(copying);
+        assert_eq!(s.reserve(&[201], row), vec![201]);
     }
 
     #[test]
