@@ -23,8 +23,8 @@ with ``O_DIRECT`` (as the read-ahead reads spilled rows: one read per sample, at
 flight), all ranks at once, before and after the store's epochs; ``required`` is the rate the
 store's steps read spilled rows at when no step waits (rows read from the spill files per step,
 all ranks, over the compute time), and ``au_bound`` = min(1, disk / required) the AU this disk
-allows, whatever the CPU load; ``read_ahead`` is the rate the store's steady epochs read spilled
-rows at (all ranks), against the disk.
+allows, whatever the CPU load; ``spilled_read`` is the rate the store's steady epochs read spilled
+rows at (all ranks: staged by the read-ahead or read by the workers), against the disk.
 
 Also: reading one batch of 4 large samples (``read_batch``) against a ``memcpy`` of the same bytes
 into a warm buffer, the median of ``--copy-rounds``, as a ratio in the same run (``read_vs_memcpy``).
@@ -295,7 +295,7 @@ def _disk_summary(comm, out: dict, before: float, after: float, spilled_rows: in
         "disk_before_after_gbps": [before / 1e9, after / 1e9],
         "required_gbps": required / 1e9,
         "au_bound": min(1.0, disk / required),
-        "read_ahead_gbps": read / 1e9,
+        "spilled_read_gbps": read / 1e9,
     }
 
 
@@ -403,7 +403,7 @@ def main(argv=None) -> None:
                     f"  disk {d['disk_gbps']:.2f} GB/s (O_DIRECT, all ranks; before/after "
                     f"{d['disk_before_after_gbps'][0]:.2f}/{d['disk_before_after_gbps'][1]:.2f}) against "
                     f"{d['required_gbps']:.2f} GB/s of spilled rows the steps need: AU bound "
-                    f"{d['au_bound']:.2f}; the read-ahead read {d['read_ahead_gbps']:.2f} GB/s",
+                    f"{d['au_bound']:.2f}; the store read them at {d['spilled_read_gbps']:.2f} GB/s",
                     flush=True,
                 )
             if "read_vs_memcpy" in row:
