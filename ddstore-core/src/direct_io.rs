@@ -22,11 +22,24 @@ pub fn round_up(n: u64) -> u64 {
 /// too short (kept for the next call otherwise; the bytes are whatever an
 /// earlier read left: a read fills them).
 pub fn buffer(storage: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    let at = aligned(storage, len);
+    &mut storage[at]
+}
+
+/// As [`buffer`], giving where in `storage` the aligned bytes lie (they
+/// stay there while `storage` is neither grown nor moved).
+pub fn aligned(storage: &mut Vec<u8>, len: usize) -> std::ops::Range<usize> {
     if storage.len() < len + ALIGN {
         *storage = vec![0u8; len + ALIGN];
     }
     let start = storage.as_ptr().align_offset(ALIGN);
-    &mut storage[start..start + len]
+    start..start + len
+}
+
+/// Bytes of storage that [`aligned`] never has to grow for a direct read of
+/// `len` bytes at any file offset (its aligned span, plus room to align).
+pub fn storage_for(len: usize) -> usize {
+    round_up(len as u64) as usize + 2 * ALIGN
 }
 
 #[cfg(test)]
@@ -48,6 +61,14 @@ mod tests {
             let b = buffer(&mut storage, len);
             assert_eq!(b.len(), len);
             assert_eq!(b.as_ptr() as usize % ALIGN, 0);
+        }
+        // Storage of storage_for(len) bytes holds the span of len bytes at any offset.
+        for (offset, len) in [(0u64, 1usize), (4095, 2), (5000, 14_650_000), (8192, 4096)] {
+            let (a, b) = span(offset, len as u64);
+            let mut storage = vec![0u8; storage_for(len)];
+            let before = storage.as_ptr();
+            let at = aligned(&mut storage, (b - a) as usize);
+            assert_eq!((at.len() as u64, storage.as_ptr()), (b - a, before));
         }
     }
 }

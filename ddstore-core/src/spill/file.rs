@@ -352,29 +352,77 @@ impl SpillFile {
         if dst.is_empty() {
             return Ok(());
         }
-        let err = |e| Error::io(format!("reading spill file {}", self.shown.display()), e);
-        if self.is_direct() {
-            let at = HEADER + offset;
-            let (start, end) = direct_io::span(at, dst.len() as u64);
-            let bounce = direct_io::buffer(scratch, (end - start) as usize);
-            match self.read.read_exact_at(bounce, start) {
-                Ok(()) => {
-                    let skip = (at - start) as usize;
-                    dst.copy_from_slice(&bounce[skip..skip + dst.len()]);
-                    return Ok(());
-                }
-                // The file system took O_DIRECT at open but not for this read.
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    self.direct.store(false, Ordering::Relaxed);
-                }
-                Err(e) => return Err(err(e)),
-            }
+        if let Some(at) = self.read_direct(offset, dst.len(), scratch)? {
+            dst.copy_from_slice(&scratch[at]);
+            return Ok(());
         }
+        self.read_buffered(offset, dst)
+    }
+
+    /// Reads `len` bytes at data offset `offset` into `storage` (grown if
+    /// shorter than [`direct_io::storage_for`]`(len)`) and says where they
+    /// lie in it: a direct read lands there with no bounce copy (the
+    /// read-ahead stage keeps `storage` as the row's buffer).
+    pub fn read_in_place(
+        &self,
+        offset: u64,
+        len: usize,
+        storage: &mut Vec<u8>,
+    ) -> Result<std::ops::Range<usize>> {
+        self.check("read", offset, len)?;
+        if len == 0 {
+            return Ok(0..0);
+        }
+        if let Some(at) = self.read_direct(offset, len, storage)? {
+            return Ok(at);
+        }
+        if storage.len() < len {
+            storage.resize(len, 0);
+        }
+        self.read_buffered(offset, &mut storage[..len])?;
+        Ok(0..len)
+    }
+
+    /// The direct path: reads the block-aligned span around `len` bytes at
+    /// `offset` into `storage` and returns where those bytes lie in it;
+    /// `None` when reads are buffered (the file system refused `O_DIRECT`).
+    fn read_direct(
+        &self,
+        offset: u64,
+        len: usize,
+        storage: &mut Vec<u8>,
+    ) -> Result<Option<std::ops::Range<usize>>> {
+        if !self.is_direct() {
+            return Ok(None);
+        }
+        let at = HEADER + offset;
+        let (start, end) = direct_io::span(at, len as u64);
+        let bounce = direct_io::aligned(storage, (end - start) as usize);
+        match self.read.read_exact_at(&mut storage[bounce.clone()], start) {
+            Ok(()) => {
+                let skip = bounce.start + (at - start) as usize;
+                Ok(Some(skip..skip + len))
+            }
+            // The file system took O_DIRECT at open but not for this read.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                self.direct.store(false, Ordering::Relaxed);
+                Ok(None)
+            }
+            Err(e) => Err(self.read_error(e)),
+        }
+    }
+
+    /// A buffered read into `dst`, its pages dropped after it.
+    fn read_buffered(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         self.buffered
             .read_exact_at(dst, HEADER + offset)
-            .map_err(err)?;
+            .map_err(|e| self.read_error(e))?;
         drop_cached(&self.buffered, HEADER + offset, dst.len() as u64);
         Ok(())
+    }
+
+    fn read_error(&self, e: io::Error) -> Error {
+        Error::io(format!("reading spill file {}", self.shown.display()), e)
     }
 }
 

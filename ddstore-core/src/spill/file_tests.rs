@@ -235,3 +235,35 @@ fn processes_sharing_a_spill_dir_create_spill_files_at_once() {
     let left = std::fs::read_dir(&path).unwrap().count();
     assert_eq!(left, 0, "every process removed its files and its lock");
 }
+
+#[test]
+fn rows_read_in_place_land_in_their_buffer_at_any_offset() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = SpillDir::open(&base.path().join("spill")).unwrap();
+    let data = pattern(5 * 4096 + 333, 9);
+    let file = SpillFile::create(&dir, &dir.file_name("x"), data.len() as u64, "'x'").unwrap();
+    file.write_at(0, &data).unwrap();
+    for (offset, len) in [
+        (0usize, 1usize),
+        (1, 4096),
+        (4095, 4097),
+        (777, 3 * 4096 + 5),
+    ] {
+        let mut storage = vec![0u8; crate::direct_io::storage_for(len)];
+        let before = storage.as_ptr();
+        let at = file
+            .read_in_place(offset as u64, len, &mut storage)
+            .unwrap();
+        assert_eq!(&storage[at], &data[offset..offset + len]);
+        if file.is_direct() {
+            assert_eq!(
+                storage.as_ptr(),
+                before,
+                "storage_for(len) bytes need no new buffer"
+            );
+        }
+    }
+    assert!(file
+        .read_in_place(data.len() as u64 - 2, 3, &mut Vec::new())
+        .is_err());
+}

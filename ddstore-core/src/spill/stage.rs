@@ -18,12 +18,21 @@
 //! process's stage at once, and `Store::barrier` every rank's updated rows
 //! in every rank's stage (see `Store::barrier`).
 //!
+//! Buffers: a row's bytes are read straight into its buffer (a direct
+//! read's aligned span, see [`Stage::buffer`]). A taken row keeps its room
+//! until its bytes are copied out ([`Staged`] dropped); its buffer then goes
+//! back to the stage's pool while the pool and the rows held fit in the
+//! stage's capacity, so the next row reserved in that room is read into it:
+//! a stage reused batch after batch reads into memory already faulted in,
+//! with no new allocation, and holds no more than its capacity.
+//!
 //! Fork safety (see [`crate::fork`]): the stage belongs to the process that
 //! made it. In a forked child it is empty and stages nothing, so the child
 //! never takes its lock, which a thread of the parent (the read-ahead) may
 //! have held at the fork.
 
 use std::collections::{HashMap, VecDeque};
+use std::ops::{Deref, Range};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -63,6 +72,8 @@ pub struct Stage {
     held: AtomicUsize,
     /// Spilled rows read (taken or not) so far: the clock of staleness.
     reads: AtomicU64,
+    /// Buffers allocated afresh by [`Stage::buffer`] (not from the pool).
+    allocated: AtomicU64,
     created: CreatedBy,
     inner: Mutex<Inner>,
     filled: Condvar,
@@ -77,8 +88,15 @@ impl Default for Stage {
 enum Slot {
     /// Reserved by a read ahead that has not filled it yet.
     Pending,
-    /// Its bytes, staged when the read clock was at `at`.
-    Ready { bytes: Vec<u8>, at: u64 },
+    /// Its bytes (`storage[range]`), staged when the read clock was at
+    /// `at`; `reuse`: `storage` came from [`Stage::buffer`] and goes back
+    /// to the pool once taken.
+    Ready {
+        storage: Vec<u8>,
+        range: Range<usize>,
+        at: u64,
+        reuse: bool,
+    },
     /// Reserved, then updated by its owner before its read ahead filled it:
     /// the fill may hold the old bytes and is dropped.
     Doomed,
@@ -91,6 +109,11 @@ struct Inner {
     order: VecDeque<u64>,
     /// Bytes of staged and pending rows.
     bytes: usize,
+    /// Buffers of taken rows, for the next fills, with the bytes of the
+    /// row each held (what it counts against the capacity).
+    pool: Vec<(Vec<u8>, usize)>,
+    /// Row bytes of `pool`.
+    pooled: usize,
 }
 
 impl Inner {
@@ -126,6 +149,7 @@ impl Stage {
             cap,
             held: AtomicUsize::new(0),
             reads: AtomicU64::new(0),
+            allocated: AtomicU64::new(0),
             created: CreatedBy::this_process(),
             inner: Mutex::default(),
             filled: Condvar::new(),
@@ -227,16 +251,37 @@ impl Stage {
         false
     }
 
-    /// Fills the reserved `row` with its bytes (a row not reserved is ignored).
+    /// Fills the reserved `row` with its bytes (a row not reserved is
+    /// ignored); they are freed once taken.
     pub fn fill(&self, row: u64, bytes: Vec<u8>) {
+        let len = bytes.len();
+        self.fill_with(row, bytes, 0..len, false);
+    }
+
+    /// Fills the reserved `row` with `storage[range]`, keeping `storage`
+    /// (a buffer from [`Stage::buffer`] that a read landed in) as the
+    /// row's buffer, back to the pool once taken.
+    pub fn fill_in(&self, row: u64, storage: Vec<u8>, range: Range<usize>) {
+        self.fill_with(row, storage, range, true);
+    }
+
+    fn fill_with(&self, row: u64, storage: Vec<u8>, range: Range<usize>, reuse: bool) {
         if !self.created.is_this_process() {
             return;
         }
         let at = self.reads.load(Ordering::Relaxed);
         let mut s = self.lock();
+        let mut unused = Some(storage);
+        let len = range.len();
         match s.rows.get_mut(&row) {
-            Some((slot @ Slot::Pending, len)) if *len == bytes.len() => {
-                *slot = Slot::Ready { bytes, at };
+            Some((slot @ Slot::Pending, len)) if *len == range.len() => {
+                let storage = unused.take().expect("not used yet");
+                *slot = Slot::Ready {
+                    storage,
+                    range,
+                    at,
+                    reuse,
+                };
             }
             Some((Slot::Doomed, _)) => {
                 // Its owner updated it while it was read: the bytes may be old.
@@ -245,8 +290,56 @@ impl Stage {
             }
             _ => {}
         }
+        if let (Some(storage), true) = (unused, reuse) {
+            self.pool_or_free(&mut s, storage, len);
+        }
         drop(s);
         self.filled.notify_all();
+    }
+
+    /// A buffer of at least `len` bytes for a row's read: one of the pool's
+    /// (already faulted in) where one is long enough, else a new one. Its
+    /// bytes are whatever a read left there.
+    pub fn buffer(&self, len: usize) -> Vec<u8> {
+        if self.created.is_this_process() {
+            let mut s = self.lock();
+            if let Some(i) = s.pool.iter().position(|b| b.0.len() >= len) {
+                let (b, counted) = s.pool.swap_remove(i);
+                s.pooled -= counted;
+                return b;
+            }
+        }
+        self.allocated.fetch_add(1, Ordering::Relaxed);
+        vec![0u8; len]
+    }
+
+    /// Buffers [`Stage::buffer`] allocated afresh so far (the rest came
+    /// from the pool).
+    pub fn buffers_allocated(&self) -> u64 {
+        self.allocated.load(Ordering::Relaxed)
+    }
+
+    /// Keeps `storage`, the buffer of a row of `row_bytes`, in the pool
+    /// while the pool and the rows held fit in the capacity, counted in row
+    /// bytes (the stage's memory stays within it, up to the alignment slack
+    /// of [`crate::direct_io::storage_for`] per buffer); frees it otherwise.
+    fn pool_or_free(&self, s: &mut Inner, storage: Vec<u8>, row_bytes: usize) {
+        if row_bytes > 0 && s.bytes + s.pooled + row_bytes <= self.cap {
+            s.pooled += row_bytes;
+            s.pool.push((storage, row_bytes));
+        }
+    }
+
+    /// A taken row's bytes were copied out (see [`Staged`]): its room is
+    /// free, and its buffer goes to the pool (`reuse`) or is freed.
+    fn give_back(&self, storage: Vec<u8>, row_bytes: usize, reuse: bool) {
+        if self.created.is_this_process() {
+            let mut s = self.lock();
+            s.bytes -= row_bytes;
+            if reuse {
+                self.pool_or_free(&mut s, storage, row_bytes);
+            }
+        }
     }
 
     /// Gives up reserved rows that were not filled (their read failed):
@@ -267,8 +360,9 @@ impl Stage {
     }
 
     /// Takes `row` out of the stage if it is there; a pending row is waited
-    /// for (up to [`PENDING_WAIT`]; then the caller reads it itself).
-    pub fn take(&self, row: u64) -> Option<Vec<u8>> {
+    /// for (up to [`PENDING_WAIT`]; then the caller reads it itself). Its
+    /// buffer goes back to the pool when the [`Staged`] is dropped.
+    pub fn take(&self, row: u64) -> Option<Staged<'_>> {
         self.reads.fetch_add(1, Ordering::Relaxed);
         if self.is_empty() {
             return None;
@@ -293,12 +387,49 @@ impl Stage {
                 }
             }
         }
-        let Some(Slot::Ready { bytes, .. }) = s.remove(row) else {
+        let Some(Slot::Ready {
+            storage,
+            range,
+            reuse,
+            ..
+        }) = s.remove(row)
+        else {
             unreachable!("checked above")
         };
-        // Its entry in `order` goes when it reaches the front.
+        // Its room stays taken until its bytes are copied out (see `Staged`);
+        // its entry in `order` goes when it reaches the front.
+        s.bytes += range.len();
         self.publish(&s);
-        Some(bytes)
+        Some(Staged {
+            stage: self,
+            storage,
+            range,
+            reuse,
+        })
+    }
+}
+
+/// A row taken from the stage: its bytes (`Deref`). Its room in the stage
+/// is free, and its buffer back in the stage's pool, when this is dropped.
+pub struct Staged<'a> {
+    stage: &'a Stage,
+    storage: Vec<u8>,
+    range: Range<usize>,
+    reuse: bool,
+}
+
+impl Deref for Staged<'_> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.storage[self.range.clone()]
+    }
+}
+
+impl Drop for Staged<'_> {
+    fn drop(&mut self) {
+        let storage = std::mem::take(&mut self.storage);
+        self.stage.give_back(storage, self.range.len(), self.reuse);
     }
 }
 
@@ -371,8 +502,8 @@ mod tests {
             Vec::<u64>::new(),
             "rows held are not pushed out"
         );
-        assert_eq!(s.take(2), Some(vec![2u8; 30]));
-        assert_eq!(s.take(2), None);
+        assert_eq!(s.take(2).as_deref(), Some(&vec![2u8; 30][..]));
+        assert!(s.take(2).is_none());
         assert_eq!(
             s.reserve(&[0, 3, 4], 30),
             vec![3],
@@ -390,6 +521,50 @@ mod tests {
     }
 
     #[test]
+    fn buffers_of_taken_rows_are_reused_within_the_capacity() {
+        let row = 100_000;
+        let size = crate::direct_io::storage_for(row);
+        let s = Stage::new(4 * row);
+        // Batch after batch of 4 rows: staged in buffers from the pool, taken, copied out.
+        for batch in 0..20u64 {
+            let rows: Vec<u64> = (4 * batch..4 * batch + 4).collect();
+            assert_eq!(s.reserve(&rows, row), rows);
+            for &r in &rows {
+                let mut b = s.buffer(size);
+                b[7..7 + row].fill(r as u8);
+                s.fill_in(r, b, 7..7 + row);
+            }
+            for &r in &rows {
+                let got = s.take(r).expect("staged");
+                assert_eq!((got.len(), got[0], got[row - 1]), (row, r as u8, r as u8));
+            }
+        }
+        assert_eq!(
+            s.buffers_allocated(),
+            4,
+            "the first batch's buffers, reused since"
+        );
+        assert_eq!(s.lock().pooled, 4 * row);
+        // The pool and the rows held stay within the capacity: with 4 rows held
+        // (one pending, for the one pooled buffer), a taken row's buffer is freed.
+        assert_eq!(s.reserve(&[100, 101, 102, 103], row).len(), 4);
+        for r in 100..103 {
+            s.fill_in(r, s.buffer(size), 0..row);
+        }
+        drop(s.take(100));
+        let inner = s.lock();
+        assert_eq!((inner.pool.len(), inner.bytes + inner.pooled), (1, 4 * row));
+        drop(inner);
+        assert_eq!(s.buffers_allocated(), 4);
+        // A taken row keeps its room until its bytes are copied out.
+        assert_eq!(s.reserve(&[200], row), vec![200], "the room of 100");
+        let copying = s.take(101).expect("staged");
+        assert!(s.reserve(&[201], row).is_empty(), "101 is being copied");
+        drop(copying);
+        assert_eq!(s.reserve(&[201], row), vec![201]);
+    }
+
+    #[test]
     fn a_stage_that_never_fills_keeps_no_trail_of_taken_rows() {
         let s = Stage::new(1 << 20);
         // Row 0 is staged and never read: it stays at the front of the order.
@@ -398,7 +573,7 @@ mod tests {
         for row in 1..100_000u64 {
             assert_eq!(s.reserve(&[row], 10), vec![row]);
             s.fill(row, vec![row as u8; 10]);
-            assert_eq!(s.take(row), Some(vec![row as u8; 10]));
+            assert_eq!(s.take(row).as_deref(), Some(&vec![row as u8; 10][..]));
         }
         let inner = s.lock();
         assert_eq!(inner.rows.len(), 1);
@@ -419,7 +594,7 @@ mod tests {
         s.fill(2, vec![2; 40]);
         s.fill(4, vec![4; 49]); // not its reserved size: ignored, stays pending
         s.cancel(&[4]);
-        assert_eq!(s.take(2), Some(vec![2; 40]));
+        assert_eq!(s.take(2).as_deref(), Some(&vec![2; 40][..]));
         assert!(s.take(4).is_none() && s.is_empty());
     }
 
@@ -428,7 +603,7 @@ mod tests {
         let s = Stage::new(100);
         assert_eq!(s.reserve(&[7], 50), vec![7]);
         std::thread::scope(|scope| {
-            let reader = scope.spawn(|| s.take(7));
+            let reader = scope.spawn(|| s.take(7).map(|b| b.to_vec()));
             std::thread::sleep(Duration::from_millis(20));
             s.fill(7, vec![7; 50]);
             assert_eq!(reader.join().unwrap(), Some(vec![7; 50]));
@@ -460,7 +635,7 @@ mod tests {
         assert_eq!(s.invalidate(0..5), 3);
         assert!(!s.contains(1), "a staged copy of an updated row is dropped");
         assert_eq!(
-            s.take(2),
+            s.take(2).as_deref(),
             None,
             "a doomed row is read afresh, not waited for"
         );
@@ -477,14 +652,14 @@ mod tests {
             "staged again afresh"
         );
         assert_eq!(
-            s.take(10),
-            Some(vec![10; 10]),
+            s.take(10).as_deref(),
+            Some(&[10u8; 10][..]),
             "rows outside the update stay"
         );
         // A read waiting for a pending row is woken by the update and reads it itself.
         assert_eq!(s.reserve(&[7], 10), vec![7]);
         std::thread::scope(|scope| {
-            let reader = scope.spawn(|| s.take(7));
+            let reader = scope.spawn(|| s.take(7).map(|b| b.to_vec()));
             std::thread::sleep(Duration::from_millis(20));
             assert_eq!(s.invalidate(7..8), 1);
             assert_eq!(reader.join().unwrap(), None);
@@ -521,6 +696,6 @@ mod tests {
             libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
             "{status}"
         );
-        assert_eq!(s.take(1), Some(vec![1; 10]));
+        assert_eq!(s.take(1).as_deref(), Some(&vec![1; 10][..]));
     }
 }

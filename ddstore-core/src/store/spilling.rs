@@ -13,9 +13,10 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
+use crate::direct_io;
 use crate::kinds::RaggedPart;
 use crate::plan::Plan;
-use crate::spill::read::MAX_READ_AHEAD_THREADS;
+use crate::spill::read::read_ahead_depth;
 use crate::spill::run_all;
 use crate::spill::stage::Reserved;
 use crate::spill::store::{Split, VarSpill};
@@ -248,11 +249,16 @@ impl Store {
                 _ => served.push(r),
             }
         }
-        let depth = spill.inflight.min(MAX_READ_AHEAD_THREADS);
-        let read = run_all(direct, depth, |(row, file), scratch| {
-            let mut bytes = vec![0u8; file.len];
-            file.file.read_at(file.offset, &mut bytes, scratch)?;
-            spill.stage.fill(row, bytes);
+        // Each row lands in its stage buffer (pooled: already faulted in),
+        // with no bounce copy; few enough in flight that the soonest needed
+        // rows come in first.
+        let depth = read_ahead_depth(spill.inflight, rb);
+        let read = run_all(direct, depth, |(row, file), _| {
+            let mut storage = spill.stage.buffer(direct_io::storage_for(file.len));
+            let at = file
+                .file
+                .read_in_place(file.offset, file.len, &mut storage)?;
+            spill.stage.fill_in(row, storage, at);
             Ok(())
         });
         self.watch(read)?;

@@ -11,6 +11,7 @@ use crate::plan::Plan;
 use crate::profile::Counters;
 use crate::reader_pool::ReaderPool;
 use crate::region::{process_alive, NodeLocator, ShareState};
+use crate::spill::stage::Staged;
 use crate::spill::store::{FileRead, Split};
 use crate::transport::{RaggedRequest, RaggedRows, RemoteRead, RemoteShares};
 use crate::{Error, Result};
@@ -171,7 +172,12 @@ impl Variable {
 
     /// Takes the rows of `seg` that the read-ahead stage holds out of it
     /// (into `routes.staged`); the rest of `seg` goes to `pieces`.
-    fn take_staged(&self, seg: &RemoteRead, routes: &mut Routes<'_>, pieces: &mut Vec<RemoteRead>) {
+    fn take_staged<'a>(
+        &'a self,
+        seg: &RemoteRead,
+        routes: &mut Routes<'a>,
+        pieces: &mut Vec<RemoteRead>,
+    ) {
         // A ragged part's stage holds whole ragged rows (see `Store::prefetch_ragged`).
         let spill = match &self.spill {
             Some(s) if !s.stage.is_empty() && RaggedPart::owner(&self.name).is_none() => s,
@@ -436,8 +442,9 @@ struct Routes<'a> {
     copies: Vec<(RemoteRead, &'a dyn Memory)>,
     /// Reads of spill files (own and same-node owners' spilled rows).
     files: Vec<FileRead<'a>>,
-    /// Rows taken from the read-ahead stage: destination offset and bytes.
-    staged: Vec<(usize, Vec<u8>)>,
+    /// Rows taken from the read-ahead stage: destination offset and bytes
+    /// (their buffers go back to the stage's pool once copied).
+    staged: Vec<(usize, Staged<'a>)>,
     /// Bytes of `staged` whose owners are remote.
     staged_remote_bytes: usize,
     /// Reads through the transport.

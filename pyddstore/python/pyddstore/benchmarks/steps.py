@@ -18,6 +18,14 @@ workloads drop the files' pages from the page cache before every epoch (``posix_
 (the DataLoader's best case). Each row of each batch is checked (its first and last 4 KiB) against
 the file it came from.
 
+Spilled workloads also measure the disk (``disk``): every rank reads its share of the source files
+with ``O_DIRECT`` (as the read-ahead reads spilled rows: one read per sample, at most 64 MiB in
+flight), all ranks at once, before and after the store's epochs; ``required`` is the rate the
+store's steps read spilled rows at when no step waits (rows read from the spill files per step,
+all ranks, over the compute time), and ``au_bound`` = min(1, disk / required) the AU this disk
+allows, whatever the CPU load; ``spilled_read`` is the rate the store's steady epochs read spilled
+rows at (all ranks: staged by the read-ahead or read by the workers), against the disk.
+
 Also: reading one batch of 4 large samples (``read_batch``) against a ``memcpy`` of the same bytes
 into a warm buffer, the median of ``--copy-rounds``, as a ratio in the same run (``read_vs_memcpy``).
 """
@@ -26,8 +34,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import resource
+import threading
 import time
 
 import numpy as np
@@ -129,6 +139,44 @@ def _drop_pages(comm, paths: list[str]) -> None:
     comm.Barrier()
 
 
+def _disk_rate(comm, paths: list[str], nbytes: int) -> float:
+    """Bytes/s all ranks read together from their shares of `paths` with O_DIRECT: one read per
+    file (its size rounded up to 4 KiB), as many in flight as 64 MiB holds (at most 32)."""
+    mine = paths[comm.rank :: comm.size]
+    span = -(-nbytes // 4096) * 4096 + 4096
+    threads = max(1, min(32, (64 << 20) // span, len(mine)))
+    done = [0] * threads
+
+    def read(t: int) -> None:
+        buf = mmap.mmap(-1, span)  # page-aligned, as O_DIRECT needs
+        view = memoryview(buf)
+        for p in mine[t::threads]:
+            fd = os.open(p, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+            try:
+                done[t] += os.preadv(fd, [view], 0)
+            finally:
+                os.close(fd)
+        view.release()
+        buf.close()
+
+    quiet_wait(comm)
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=read, args=(t,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    took = time.perf_counter() - t0
+    total = comm.allreduce(sum(done))
+    return total / comm.allreduce(took, op=_max())
+
+
+def _max():
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
 def _epoch(loader, compute: float, batch: int, order: list, where: str) -> dict:
     """One epoch of steps: take the batch (checked), sleep `compute`."""
     steps = samples = 0
@@ -195,10 +243,15 @@ def _store(comm, a, name: str, spec, paths: list[str], spilled: bool, spill_dir:
         _drop_pages(comm, paths)
     quiet_wait(comm)
     t0 = time.perf_counter()
-    ds = DistDataset(NpzFiles(paths), name, comm, method=1, memory_limit=budget, spill_dir=spill_dir)
+    # In memory: method 1 (as the DataLoader rows' threads read it); spilled: the default method,
+    # which a budget picks.
+    ds = DistDataset(
+        NpzFiles(paths), name, comm, method=None if spilled else 1, memory_limit=budget, spill_dir=spill_dir
+    )
     load_s = time.perf_counter() - t0
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     sampler = DistributedSampler(ds, shuffle=True, seed=0)
+    disk_before = _disk_rate(comm, paths, nbytes) if spilled else None
     out = _run_epochs(
         comm,
         lambda: ThreadDataLoader(
@@ -213,6 +266,9 @@ def _store(comm, a, name: str, spec, paths: list[str], spilled: bool, spill_dir:
     )
     prof = ds.get_profile()
     hits, misses = prof.get("prefetch_hits", 0), prof.get("spilled_rows", 0)
+    if spilled:
+        disk_after = _disk_rate(comm, paths, nbytes)
+        out["disk"] = _disk_summary(comm, out, disk_before, disk_after, hits + misses, nbytes)
     out.update(
         load_s=load_s,
         budget_bytes=budget,
@@ -221,6 +277,26 @@ def _store(comm, a, name: str, spec, paths: list[str], spilled: bool, spill_dir:
         workers=a.store_workers,
     )
     return out, ds
+
+
+def _disk_summary(comm, out: dict, before: float, after: float, spilled_rows: int, nbytes: int) -> dict:
+    """The disk against what the store's steps need of it (see the module's doc)."""
+    steps = sum(e["steps"] for e in out["per_epoch"])
+    compute = out["per_epoch"][0]["compute_s"] / max(1, out["per_epoch"][0]["steps"])
+    # Spilled bytes per step, all ranks (the same share of spilled rows every epoch).
+    per_step = comm.allreduce(spilled_rows * nbytes) / max(1, comm.allreduce(steps) / comm.size)
+    disk = (before + after) / 2
+    required = per_step / compute
+    steady = out["per_epoch"][1:] or out["per_epoch"]
+    wall = comm.allreduce(sum(e["wall_s"] for e in steady), op=_max())
+    read = per_step * sum(e["steps"] for e in steady) / wall
+    return {
+        "disk_gbps": disk / 1e9,
+        "disk_before_after_gbps": [before / 1e9, after / 1e9],
+        "required_gbps": required / 1e9,
+        "au_bound": min(1.0, disk / required),
+        "spilled_read_gbps": read / 1e9,
+    }
 
 
 def _torch(comm, a, spec, paths, spilled, workers: int) -> dict:
@@ -304,6 +380,7 @@ def main(argv=None) -> None:
         ds.free()
         for w in torch_workers:
             row[f"torch_{w}"] = _torch(comm, a, spec, paths, spilled, w)
+        row["loadavg"] = os.getloadavg()
         results["workloads"][wname] = row
         if comm.rank == 0:
             s = row["store"]["steady"] or row["store"]["first_epoch"]
@@ -316,9 +393,19 @@ def main(argv=None) -> None:
             )
             print(
                 f"{wname}: store AU {s['au']:.2f} ({s['wait_ms_per_step']:.1f} ms waiting per step, "
-                f"load {row['store']['load_s']:.1f} s), best DataLoader AU {best:.2f}",
+                f"load {row['store']['load_s']:.1f} s), best DataLoader AU {best:.2f}; "
+                f"load average {row['loadavg'][0]:.1f}",
                 flush=True,
             )
+            if "disk" in row["store"]:
+                d = row["store"]["disk"]
+                print(
+                    f"  disk {d['disk_gbps']:.2f} GB/s (O_DIRECT, all ranks; before/after "
+                    f"{d['disk_before_after_gbps'][0]:.2f}/{d['disk_before_after_gbps'][1]:.2f}) against "
+                    f"{d['required_gbps']:.2f} GB/s of spilled rows the steps need: AU bound "
+                    f"{d['au_bound']:.2f}; the store read them at {d['spilled_read_gbps']:.2f} GB/s",
+                    flush=True,
+                )
             if "read_vs_memcpy" in row:
                 r = row["read_vs_memcpy"]
                 print(

@@ -393,6 +393,9 @@ def _worker_main(
             else:
                 try:
                     data = fetcher.fetch(index)
+                    read_ahead = getattr(it, "_read_ahead", None)
+                    if read_ahead is not None:
+                        read_ahead.announce()  # the rows this batch took left room in the stage
                 except StopIteration:
                     data = _tc.IterableStop(wid)
                 except BaseException:  # noqa: BLE001 - re-raised in the caller

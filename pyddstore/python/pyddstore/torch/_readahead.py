@@ -5,7 +5,9 @@ seed and epoch) says which samples come next; ThreadDataLoader hands the next k 
 (DDSTORE_READ_AHEAD_BATCHES, 4 by default) past those already dispatched to a thread that stages
 their spilled rows (each field's `PyDDStore` read-ahead stage, sized in the core to hold at least
 DDSTORE_STAGE_ROWS rows within half the budget), so the worker that reads the batch copies them
-from memory. Where a stage holds fewer than k of the loader's batches, the loader says so once,
+from memory. The thread stages what fits whenever a batch is dispatched and whenever a worker has
+read one (its rows' room in the stage is free again): rows are reserved as soon as there is room,
+not a batch later. Where a stage holds fewer than k of the loader's batches, the loader says so once,
 at construction, and stages what fits; an epoch's first batches, handed to the workers at once,
 are staged before they are handed out. Any other sampler reads spilled rows when they are
 needed. An `update()` followed by `barrier()` drops the staged copies of the rows it wrote on
@@ -93,7 +95,7 @@ class ReadAhead:
             pass
 
     def announce(self) -> None:
-        """A batch was dispatched: stage what comes after it."""
+        """A batch was dispatched, or read (room in the stage): stage what comes next."""
         self._wake.set()
 
     def _run(self) -> None:
