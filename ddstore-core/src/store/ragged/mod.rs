@@ -48,8 +48,8 @@ mod prefetch;
 mod read;
 mod values;
 
-pub use create::NewRagged;
 use crate::row_map::RowMap;
+pub use create::NewRagged;
 
 /// Bytes of one stored row offset.
 pub const END_BYTES: usize = 8;
