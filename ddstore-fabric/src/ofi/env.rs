@@ -34,16 +34,6 @@ pub const PROVIDER_SIGNAL_VARIABLES: [&str; 2] = ["IPATH_NO_BACKTRACE", "HFI_NO_
 /// rxm's receive buffer size for the (control-only) messages of a store.
 pub(crate) const RXM_BUFFER_BYTES: usize = 1024;
 
-/// Receives rxm posts on each connection over tcp. At libfabric 2.3.1's
-/// default (it behaves as 1,024 does here, not its documented 128) an
-/// endpoint connected to 200 others spends 111 KiB per connection, at 64-256
-/// 27 KiB (`scripts/conn-memory.sh out 200`; 1.17: 24-29 KiB either way);
-/// a rank of a 4- or 8-rank tcp job grew by 41 MiB in its reads of a global
-/// shuffle, 8 MiB at 64 (`tests/scripts/scale_fds.py`, 2.3.1).
-/// 64 keeps the replies a gather server has in flight to one reader
-/// (its `PEER_SENDS`) within what the reader's connection has posted.
-pub(crate) const RXM_MSG_RX_SIZE: usize = 64;
-
 /// What [`apply_libfabric_defaults`] did, for `python -m pyddstore info` and tests.
 #[derive(Clone, Debug, Default)]
 pub struct Applied {
@@ -93,8 +83,7 @@ pub(crate) fn universe_size_for(config: &Config) -> usize {
 ///   reader's connection open.
 /// - over tcp, `FI_OFI_RXM_EAGER_LIMIT` = `DDSTORE_MAX_READ_BYTES`: gather
 ///   replies go eager, straight into the reader's posted buffer (1 x 3 KB
-///   rows 130 -> 60 µs, measured with `python -m pyddstore.bench`), and
-///   `FI_OFI_RXM_MSG_RX_SIZE` = [`RXM_MSG_RX_SIZE`] (memory per connection).
+///   rows 130 -> 60 µs, measured with `python -m pyddstore.bench`).
 ///
 /// With `DDSTORE_FABRIC` unset the provider is chosen later, among cxi, efa,
 /// opx, verbs and tcp: on a machine with no such NIC ([`rdma_nic_present`])
@@ -155,7 +144,6 @@ fn defaults_for_machine(
         }
         if p.starts_with("tcp") {
             out.push(("FI_OFI_RXM_EAGER_LIMIT", config.max_read_bytes.to_string()));
-            out.push(("FI_OFI_RXM_MSG_RX_SIZE", RXM_MSG_RX_SIZE.to_string()));
         }
     }
     out
@@ -190,10 +178,6 @@ pub fn reason(name: &str) -> &'static str {
         "FI_OFI_RXM_EAGER_LIMIT" => {
             "tcp: gather replies up to DDSTORE_MAX_READ_BYTES go eager, straight into the \
              reader's buffer (1 x 3 KB rows 130 -> 60 us)"
-        }
-        "FI_OFI_RXM_MSG_RX_SIZE" => {
-            "tcp: receives rxm posts per connection (memory per connected peer: 111 -> 27 KiB \
-             with libfabric 2.3.1; gather replies in flight to a reader still fit)"
         }
         _ => "",
     }
@@ -294,11 +278,9 @@ mod tests {
         assert!(tcp.contains(&("FI_OFI_RXM_BUFFER_SIZE", "1024".into())));
         assert!(tcp.contains(&("FI_AV_REMOVE_CLEANUP", "1".into())));
         assert!(tcp.contains(&("FI_OFI_RXM_EAGER_LIMIT", "4096".into())));
-        assert!(tcp.contains(&("FI_OFI_RXM_MSG_RX_SIZE", "64".into())));
         let verbs = names(&[("DDSTORE_FABRIC", "verbs")]);
         assert!(verbs.iter().any(|(k, _)| *k == "FI_UNIVERSE_SIZE"));
         assert!(!verbs.iter().any(|(k, _)| *k == "FI_OFI_RXM_EAGER_LIMIT"));
-        assert!(!verbs.iter().any(|(k, _)| *k == "FI_OFI_RXM_MSG_RX_SIZE"));
         let fork = names(&[
             ("DDSTORE_FORK_WORKERS", "1"),
             ("FI_MR_CACHE_MONITOR", "kdreg2"),
