@@ -149,7 +149,9 @@ def stage(comm, spill_dir: str) -> None:
     )
     assert spilled > 0, "the epoch read spilled rows"
     assert hits > 0.9 * spilled, f"hit rate {hits}/{spilled}"
-    assert pages > 0 and faults < pages / 4, f"{faults} minor faults for {pages} pages read from the files"
+    # Reused stage buffers: a few faults per page at most (a fresh buffer per row faulted about 2
+    # per page, 196%); the process's other work in the epoch (a loaded CI run: 32% once) counts too.
+    assert pages > 0 and faults < pages / 2, f"{faults} minor faults for {pages} pages read from the files"
     ds.free()
     print(f"rank {comm.rank}: stage ok", flush=True)
 
