@@ -9,7 +9,7 @@ SETUP ?= bash scripts/setup.sh
 RESULTS ?= bench-results
 BENCH_ARGS ?=
 # mpirun as root (containers, CI), oversubscribed, over loopback tcp.
-MPI_ENV = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 FI_TCP_IFACE=lo
+MPI_ENV = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1 FI_TCP_IFACE=lo
 SOAK_ROWS ?= 1000000
 SOAK_RANKS ?= 4
 
@@ -28,7 +28,7 @@ test:  ## every test (cargo test + pytest with real multi-rank jobs)
 
 test-long:  ## the longer variants of the ragged and graph tests, the bench_workers smoke (DDSTORE_TEST_LONG=1)
 	bash scripts/setup.sh && . .venv/bin/activate && \
-	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1 \
 	FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo DDSTORE_TEST_LONG=1 \
 	python -m pytest tests/test_ragged.py tests/test_torch_graphs.py tests/test_bench_workers.py -q
 

@@ -12,7 +12,7 @@ if [ -z "${VIRTUAL_ENV:-}" ] && [ -f .venv/bin/activate ]; then
     # shellcheck disable=SC1091  # the project's venv, made by scripts/setup.sh
     . .venv/bin/activate
 fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
 export FI_TCP_IFACE=${FI_TCP_IFACE:-lo} FI_SOCKETS_IFACE=${FI_SOCKETS_IFACE:-lo}
 export DDSTORE_QUIET=1 PYTHONUNBUFFERED=1
 NP=${NP:-2}

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 if [ -z "${VIRTUAL_ENV:-}" ] && [ -f .venv/bin/activate ]; then
     . .venv/bin/activate
 fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
 export FI_TCP_IFACE=${FI_TCP_IFACE:-lo} FI_SOCKETS_IFACE=${FI_SOCKETS_IFACE:-lo}
 export DDSTORE_FABRIC=${DDSTORE_FABRIC:-tcp}
 export DDSTORE_QUIET=${DDSTORE_QUIET:-1} PYTHONUNBUFFERED=1

@@ -24,7 +24,7 @@ stamp() {
 stamp "setup"
 bash scripts/setup.sh
 . .venv/bin/activate
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
 export FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo
 WORKERS=${TEST_WORKERS:-4}
 

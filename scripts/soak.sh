@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 rows="${1:-1000000}"
 ranks="${2:-4}"
 py="${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || command -v python3 )}"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
 export FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo DDSTORE_QUIET=1 PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD/tests/scripts${PYTHONPATH:+:$PYTHONPATH}"
 

@@ -76,7 +76,7 @@ if [ ! -d "$CARGO_TARGET_DIR/release" ] && [ -d target/release ]; then
     mkdir -p "$CARGO_TARGET_DIR"
     cp -a target/release "$CARGO_TARGET_DIR/"
 fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
 export FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo
 step "cargo test -p ddstore-fabric --test ofi_transport (libfabric $version)"
 cargo test -q --release -p ddstore-fabric --test ofi_transport

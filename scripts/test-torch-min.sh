@@ -55,7 +55,7 @@ ls pyddstore/python/pyddstore/_native*.so >/dev/null 2>&1 ||
     { echo "the extension is not built: run scripts/setup.sh first" >&2; exit 1; }
 export PYTHONPATH=$PWD/pyddstore/python${PYTHONPATH:+:$PYTHONPATH}
 python -c "import torch, pyddstore; print('torch', torch.__version__, 'pyddstore from', pyddstore.__file__)"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
 export FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo
 workers=()
 [ "${TEST_WORKERS:-2}" = 0 ] || workers=(-n "${TEST_WORKERS:-2}")
