@@ -14,9 +14,13 @@
 #                       ones, run the slow gather tests and the method-1 tests of test_store.py
 #                       (`make test-libfabric2`)
 #   TEST_WORKERS        pytest workers (default 2; 0 = in this process)
-# Arguments go to pytest.
+# --build-only: steps 1-3 up to the extension (the test command runs them beside its lint and cargo
+# test); --test-only: the pytest step alone, with the extension a --build-only run left. Other
+# arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+part=all
+case "${1:-}" in --build-only | --test-only) part=${1#--}; shift ;; esac
 ROOT=$PWD
 started=$SECONDS
 # Seconds since the phase began, before each step.
@@ -59,6 +63,10 @@ export PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig
 export LD_LIBRARY_PATH=$PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export CARGO_TARGET_DIR=$WORK/cargo
 version=$(pkg-config --modversion libfabric)
+SITE=$WORK/site
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
+export FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo
+if [ "$part" != test-only ]; then
 step "libfabric $version from $PREFIX, providers: $("$PREFIX/bin/fi_info" -l | grep -v version | tr -d ':' | tr '\n' ' ')"
 
 # 2. The committed bindings against these headers: every item pyddstore uses must be the same.
@@ -76,18 +84,18 @@ if [ ! -d "$CARGO_TARGET_DIR/release" ] && [ -d target/release ]; then
     mkdir -p "$CARGO_TARGET_DIR"
     cp -a target/release "$CARGO_TARGET_DIR/"
 fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
-export FI_TCP_IFACE=lo FI_SOCKETS_IFACE=lo
 step "cargo test -p ddstore-fabric --test ofi_transport (libfabric $version)"
 cargo test -q --release -p ddstore-fabric --test ofi_transport
 step "pyddstore against libfabric $version"
 cargo build -q --release -p pyddstore --features pyo3/extension-module
-SITE=$WORK/site
 rm -rf "$SITE"
 mkdir -p "$SITE"
 cp -r pyddstore/python/pyddstore "$SITE/"
 find "$SITE" -name '*.so' -delete
 cp "$CARGO_TARGET_DIR/release/lib_native.so" "$SITE/pyddstore/_native.abi3.so"
+fi
+[ "$part" != build-only ] || { echo "libfabric $version: built, transport tests passed in $((SECONDS - started)) s"; exit 0; }
+[ -f "$SITE/pyddstore/_native.abi3.so" ] || { echo "no libfabric-2 build in $SITE: run with --build-only first" >&2; exit 1; }
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 python - "$version" "$SITE" "$PREFIX" <<'EOF'
 import sys
