@@ -172,7 +172,7 @@ def test_a_torch_rank_absent_from_a_gloo_barrier_is_named_after_the_timeout():
 
 def test_dist_dataset_fields_are_created_in_one_exchange(pmpi_shim):
     pytest.importorskip("torch")
-    out = run_mpi(4, "coll_counts.py", "dataset", env={"PMPI_SHIM": pmpi_shim}, timeout=400).stdout
+    out = run_mpi(2, "coll_counts.py", "dataset", env={"PMPI_SHIM": pmpi_shim}, timeout=400).stdout
     found = reports(out, "COUNTS")
     assert found
     for r in found:
