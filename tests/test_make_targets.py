@@ -83,7 +83,8 @@ SMOKE = {
     ),
     "bench-scale": ({"BENCH_ARGS": "--ranks 2,4 --configs tcp --rows 16 --batch 8"}, ["bench-scale.json"]),
     "soak": ({"SOAK_ROWS": "600000", "SOAK_RANKS": "2"}, []),  # a one-time step of 2 MiB stays under 8 B/row
-    "demo": ({"DEMO_ARGS": "--rows 4000 --batches 20", "EPOCHS": "1"}, []),
+    # NP: jobs/local-vae.sh's ranks per job (test_vae.py runs the VAE jobs with 2 ranks each).
+    "demo": ({"DEMO_ARGS": "--rows 4000 --batches 20", "EPOCHS": "1", "NP": "1"}, []),
     "docs": ({}, []),
 }
 NOT_RUN = {"test", "test-long", "lint", "fmt", "clean", "test-libfabric2", "test-torch-min"}
