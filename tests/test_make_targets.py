@@ -49,7 +49,7 @@ SMOKE = {
         ["bench_graph.json"],
     ),
     "bench-load": (
-        {"BENCH_ARGS": "--load-files 24 --load-kib 16 --load-rounds 1 --load-dir {tmp}/load"},
+        {"BENCH_ARGS": "--load-files 24 --load-kib 16 --load-rounds 1 --load-warm --load-dir {tmp}/load"},
         ["bench-load.json"],
     ),
     "bench-spill": (
