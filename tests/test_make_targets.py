@@ -54,7 +54,7 @@ SMOKE = {
     ),
     "bench-spill": (
         {
-            "BENCH_ARGS": "--mb 24 --budget-mb 4 --sample-kb 3 --only-spill --batch 16 --rounds 1 "
+            "BENCH_ARGS": "--mb 24 --budget-mb 4 --sample-kb 3 --only-spill --batch 16 --rounds 2 "
             "--workers 2 --dir {tmp}/spill"
         },
         ["bench-spill.json"],
@@ -153,6 +153,10 @@ def test_target_runs_as_written(target, tmp_path):
         results = {r["loader"]: r for r in json.loads((tmp_path / "loaders.json").read_text())["results"]}
         measured = [results[name].get("samples_per_s", 0) for name in ("pyddstore", "np.memmap")]
         assert min(measured) > 0, results
+    if target == "bench-spill":  # the spill bench's smoke test: its figures, checked
+        from test_spill import check_spill_bench
+
+        check_spill_bench(out.stdout, tmp_path / "bench-spill.json")
     if target == "soak":
         assert "soak" in out.stdout.lower(), out.stdout[-2000:]
     if target == "docs":
