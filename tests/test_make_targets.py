@@ -68,7 +68,7 @@ SMOKE = {
     ),
     "bench-workers": (
         {
-            "BENCH_ARGS": "--samples 256 --decode-samples 64 --batch-size 32 --epochs 1 --rounds 1 "
+            "BENCH_ARGS": "--samples 256 --decode-samples 64 --batch-size 32 --epochs 2 --rounds 1 "
             "--decode-ms 0.1 --tmpdir {tmp}"
         },
         ["bench-workers.json"],
@@ -157,6 +157,10 @@ def test_target_runs_as_written(target, tmp_path):
         from test_spill import check_spill_bench
 
         check_spill_bench(out.stdout, tmp_path / "bench-spill.json")
+    if target == "bench-workers":  # the workers bench's start part (issue 40), checked
+        from test_bench_workers import check_start_part
+
+        check_start_part(json.loads((tmp_path / "bench-workers.json").read_text())["rows"])
     if target == "soak":
         assert "soak" in out.stdout.lower(), out.stdout[-2000:]
     if target == "docs":
