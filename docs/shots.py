@@ -11,12 +11,15 @@ and OUT/report.json; exits 1 listing every overflow. Needs chromium (apt-get ins
 from __future__ import annotations
 
 import argparse
+import base64
 import json
-import re
+import os
+import select
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,12 +33,10 @@ PAGES = {
     "developer": "developer/index.html",
 }
 
-# Run in the page once it has loaded: every block of the content that is wider than its box or
-# ends past the content column, and the page's height. The result replaces the page's body text
-# so that --dump-dom carries it.
+# Evaluated in the page once it has loaded: every block of the content that is wider than its box
+# or ends past the content column, and the page's height.
 CHECK = r"""
-<script>
-window.addEventListener("load", () => {
+(() => {
   const column = document.querySelector(".md-content").getBoundingClientRect();
   const cut = [];
   const blocks = ".md-content__inner pre, .md-content__inner pre > code, .md-content__inner table, " +
@@ -49,13 +50,8 @@ window.addEventListener("load", () => {
                 scroll: el.scrollWidth, client: el.clientWidth, right: box.right, column: column.right});
     }
   }
-  const report = {cut: cut, height: document.documentElement.scrollHeight};
-  const out = document.createElement("pre");
-  out.id = "shots-report";
-  out.textContent = JSON.stringify(report);
-  document.body.appendChild(out);
-});
-</script>
+  return {cut: cut, height: document.documentElement.scrollHeight};
+})()
 """
 
 
@@ -67,33 +63,111 @@ def chromium() -> str:
     sys.exit("docs/shots.py needs chromium: apt-get install chromium")
 
 
-def _browser(args: list[str], timeout: int = 180) -> subprocess.CompletedProcess:
-    base = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
-    return subprocess.run(base + args, capture_output=True, text=True, timeout=timeout)
+class Browser:
+    """One headless chromium for every page (a launch costs more CPU than rendering a page), driven
+    through the DevTools protocol on its pipe: JSON messages, each ended by a NUL byte, written to
+    its descriptor 3 and read from its descriptor 4."""
+
+    def __init__(self, timeout: float = 180):
+        self.timeout = timeout
+        to_browser, self._out = os.pipe()
+        self._in, from_browser = os.pipe()
+        self._log = tempfile.TemporaryFile()
+        flags = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--remote-debugging-pipe",
+        ]
+        cmd = ["sh", "-c", f'exec "$@" 3<&{to_browser} 4>&{from_browser}', "sh", chromium(), *flags]
+        self._proc = subprocess.Popen(
+            cmd,
+            pass_fds=(to_browser, from_browser),
+            stdout=self._log,
+            stderr=self._log,
+            stdin=subprocess.DEVNULL,
+        )
+        os.close(to_browser)
+        os.close(from_browser)
+        self._buffer, self._next_id, self._session = b"", 0, None
+        target = self.call("Target.createTarget", url="about:blank")["targetId"]
+        self._session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        self.call("Page.enable")
+
+    def _message(self, deadline: float) -> dict:
+        while b"\0" not in self._buffer:
+            if not select.select([self._in], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                raise RuntimeError(f"chromium did not answer within {self.timeout} s{self._stderr()}")
+            chunk = os.read(self._in, 1 << 20)
+            if not chunk:
+                raise RuntimeError(f"chromium exited{self._stderr()}")
+            self._buffer += chunk
+        raw, self._buffer = self._buffer.split(b"\0", 1)
+        return json.loads(raw)
+
+    def _stderr(self) -> str:
+        self._log.seek(0)
+        return ": " + self._log.read().decode(errors="replace")[-2000:]
+
+    def call(self, method: str, until_event: str | None = None, **params) -> dict:
+        """Sends one command and returns its result; with `until_event`, first waits for that event
+        of the page too (e.g. Page.loadEventFired after Page.navigate)."""
+        self._next_id += 1
+        message = {"id": self._next_id, "method": method, "params": params}
+        if self._session:
+            message["sessionId"] = self._session
+        os.write(self._out, json.dumps(message).encode() + b"\0")
+        deadline = time.monotonic() + self.timeout
+        result, seen = None, until_event is None
+        while result is None or not seen:
+            m = self._message(deadline)
+            if m.get("id") == self._next_id:
+                if "error" in m:
+                    raise RuntimeError(f"{method}: {m['error']}")
+                result = m["result"]
+            seen = seen or m.get("method") == until_event
+        return result
+
+    def show(self, url: str, width: int, height: int) -> None:
+        """Loads `url` in a window of `width` x `height` CSS pixels."""
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
+        self.call("Page.navigate", until_event="Page.loadEventFired", url=url)
+
+    def close(self) -> None:
+        try:
+            self._session = None
+            self.call("Browser.close")
+        except RuntimeError:
+            pass  # it may exit before its answer
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        os.close(self._in)
+        os.close(self._out)
+        self._log.close()
 
 
-def check_page(site: Path, page: str, width: int) -> dict:
-    """The page's overflow report at `width` CSS pixels (from a copy with CHECK injected)."""
-    src = site / page
-    probe = src.with_name("shots-probe.html")
-    probe.write_text(src.read_text().replace("</body>", CHECK + "</body>"))
-    try:
-        size = f"--window-size={width},900"
-        proc = _browser([size, "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()])
-    finally:
-        probe.unlink()
-    found = re.search(r'<pre id="shots-report">(.*?)</pre>', proc.stdout, re.S)
-    if not found:
-        raise RuntimeError(f"{page}: no report from chromium: {proc.stderr[-2000:]}")
-    import html
-
-    return json.loads(html.unescape(found.group(1)))
+def check_page(browser: Browser, site: Path, page: str, width: int) -> dict:
+    """The page's overflow report at `width` CSS pixels."""
+    browser.show((site / page).as_uri(), width, 900)
+    found = browser.call("Runtime.evaluate", expression=CHECK, returnByValue=True)
+    if "exceptionDetails" in found:
+        raise RuntimeError(f"{page}: the check failed in the page: {found['exceptionDetails']}")
+    return found["result"]["value"]
 
 
-def screenshot(site: Path, page: str, width: int, height: int, png: Path) -> None:
-    _browser([f"--window-size={width},{height}", f"--screenshot={png}", (site / page).as_uri()])
-    if not png.exists():
-        raise RuntimeError(f"{page}: chromium wrote no screenshot")
+def screenshot(browser: Browser, site: Path, page: str, width: int, height: int, png: Path) -> None:
+    browser.show((site / page).as_uri(), width, height)
+    png.write_bytes(base64.b64decode(browser.call("Page.captureScreenshot", format="png")["data"]))
 
 
 def main(argv=None) -> int:
@@ -110,14 +184,18 @@ def main(argv=None) -> int:
             cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)]
             subprocess.run(cmd, cwd=ROOT, check=True, timeout=600)
         report, problems = {}, []
-        for name, page in PAGES.items():
-            res = check_page(site, page, args.width)
-            report[name] = res
-            for c in res["cut"]:
-                where = f"{c['scroll']} > {c['client']} px, ends at {c['right']:.0f} of {c['column']:.0f}"
-                problems.append(f"{name}: a {c['tag']} is cut ({where}): {c['text']!r}")
-            screenshot(site, page, args.width, min(res["height"], 16000), out / f"{name}.png")
-            print(f"{name}: {res['height']} px tall, {len(res['cut'])} cut; {out / (name + '.png')}")
+        browser = Browser()
+        try:
+            for name, page in PAGES.items():
+                res = check_page(browser, site, page, args.width)
+                report[name] = res
+                for c in res["cut"]:
+                    where = f"{c['scroll']} > {c['client']} px, ends at {c['right']:.0f} of {c['column']:.0f}"
+                    problems.append(f"{name}: a {c['tag']} is cut ({where}): {c['text']!r}")
+                screenshot(browser, site, page, args.width, min(res["height"], 16000), out / f"{name}.png")
+                print(f"{name}: {res['height']} px tall, {len(res['cut'])} cut; {out / (name + '.png')}")
+        finally:
+            browser.close()
     (out / "report.json").write_text(json.dumps(report, indent=1))
     for p in problems:
         print(p, file=sys.stderr)

@@ -2,7 +2,8 @@
 mpirun -n 2, every part (plain, decode, start: no persistent workers, issue 40's setup, one round)
 with one and two workers, and every loader row
 in the JSON with sane figures (the bench checks the first batch of every epoch itself): the start
-part alone in the slow tier, every part with DDSTORE_TEST_LONG=1 (make test-long)."""
+part's rows checked in `make bench-workers`'s smoke (slow tier), every part with DDSTORE_TEST_LONG=1
+(make test-long)."""
 
 from __future__ import annotations
 
@@ -16,19 +17,16 @@ pytest.importorskip("torch")
 pytest.importorskip("mpi4py")
 
 
-@pytest.mark.slow
-def test_bench_workers_start_part(tmp_path):
-    """Issue 40's setup (no persistent workers, one and two workers) at a small size, one round:
+def check_start_part(rows: list[dict]) -> None:
+    """Issue 40's setup (no persistent workers, one and two workers) at a small size, one round, in
+    the JSON of `make bench-workers`'s smoke (tests/test_make_targets.py: every part, 2 epochs):
     every row measured (each epoch's first batch checked by the bench)."""
-    out = tmp_path / "bench_workers_start.json"
-    args = ["--parts", "start", "--samples", "256", "--batch-size", "16", "--epochs", "2", "--rounds", "1"]
-    run_mpi(2, "bw_run.py", *args, "--tmpdir", str(tmp_path), "--json", str(out), timeout=600)
-    rows = {r["loader"]: r for r in json.loads(out.read_text())["rows"]}
+    start = {r["loader"]: r for r in rows if r["part"] == "start"}
     want = {"thread1", "thread2", "process1", "process2", "process1 fork/epoch", "torch2 DistDataset"}
-    assert want <= set(rows), rows
-    assert all(len(r["epoch_s"]) == 2 and r["samples_per_s"] > 0 for r in rows.values()), rows
-    assert all(rows[k]["ring_mib_per_rank"] > 0 for k in ("process1", "process2", "process1 fork/epoch")), (
-        rows
+    assert want <= set(start), start
+    assert all(len(r["epoch_s"]) == 2 and r["samples_per_s"] > 0 for r in start.values()), start
+    assert all(start[k]["ring_mib_per_rank"] > 0 for k in ("process1", "process2", "process1 fork/epoch")), (
+        start
     )
 
 

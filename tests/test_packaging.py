@@ -1,5 +1,6 @@
-"""Packaging: `pip install .` from the repository root into a clean venv, and the wheel
-carries no shared library but the extension (no bundled libmpi/libfabric), stripped.
+"""Packaging: `pip wheel` of the repository root, installed into a clean venv, carries no shared
+library but the extension (no bundled libmpi/libfabric), stripped; the documented install lines
+(`pip install ".[torch,mpi]"` from the root) run as written in clean venvs.
 
 Both builds reuse the checkout's cargo target directory, so after the test command's own
 build they only relink. DDSTORE_TEST_NO_MPI=1 also builds without the `mpi` feature
@@ -112,7 +113,9 @@ def test_pip_install_root_and_wheel_has_no_bundled_libraries(tmp_path):
     _run([py, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)], env=env)
     (wheel,) = wheels.glob("pyddstore-*.whl")
     _check_wheel(wheel)
-    _run([py, "-m", "pip", "install", "-q", str(ROOT)], env=env)
+    # The wheel just checked, not a second build: test_install_lines_run_the_quickstart_and_the_
+    # reference_renders runs `pip install ".[torch,mpi]"` from the root as the docs write it.
+    _run([py, "-m", "pip", "install", "-q", str(wheel)], env=env)
     out = _run([py, "-c", ROUND_TRIP], env={**env, "FI_TCP_IFACE": "lo", "DDSTORE_QUIET": "1"}, cwd=tmp_path)
     assert "methods [0, 1, 2] mpi True" in out.stdout, out.stdout
     out = _run([py, "-m", "pyddstore", "info"], env=env, cwd=tmp_path)
@@ -259,10 +262,12 @@ def _venv_with_torch_layer(path: Path, layer: Path) -> Path:
     return py
 
 
-def _type_lines_then_quickstart(venv: Path, lines: list[str], env: dict) -> str:
-    """The lines as a reader types them (the venv activated, in the checkout), then the quickstart
-    with `mpirun -n 2` as docs/index.md shows it; its output."""
-    script = " && ".join([f". {venv}/bin/activate", *lines])
+def _type_lines_then_quickstart(venv: Path, lines: list[str], env: dict, before: dict | None = None) -> str:
+    """The lines as a reader types them (the venv activated, in the checkout), each after the
+    variable assignments `before` gives it (for that line alone), then the quickstart with
+    `mpirun -n 2` as docs/index.md shows it; its output."""
+    before = before or {}
+    script = " && ".join([f". {venv}/bin/activate", *(f"{before.get(x, '')} {x}".strip() for x in lines)])
     _run(["bash", "-c", script], env=env, timeout=1800)
     probe_code = "import pyddstore, mpi4py; print(pyddstore.__file__)"
     probe = _run([venv / "bin" / "python", "-c", probe_code], env=env, cwd=venv)
@@ -360,7 +365,9 @@ def test_install_lines_run_the_quickstart_and_the_reference_renders(tmp_path):
     _reference_renders_in(laptop, tmp_path, env)
     cluster = tmp_path / "cluster"
     _venv_with_torch_layer(cluster, layer)
-    # mpi4py's one large C file, unoptimised: 3 min of CPU at -O2 (25 min at load 15 here)
-    _type_lines_then_quickstart(cluster, CLUSTER_LINES, {**env, "CFLAGS": "-O0"})
+    # mpi4py's one large C file unoptimised and without debug info (3 min of CPU at -O2 -g, 25 min
+    # at load 15 here), for its line alone: the C parts of the Rust build read CFLAGS too, and a
+    # change rebuilds the whole extension in release mode (twice: here, and at the next build).
+    _type_lines_then_quickstart(cluster, CLUSTER_LINES, env, before={CLUSTER_LINES[0]: 'CFLAGS="-O0 -g0"'})
     mpi4py_from = _run([cluster / "bin" / "python", "-m", "pip", "show", "-f", "mpi4py"], env=env).stdout
     assert str(cluster) in mpi4py_from, mpi4py_from  # built from source into the venv, not the layer's

@@ -36,12 +36,14 @@ def _ok(found: list, n: int, rows: int) -> None:
 def test_16_ranks_below_one_connection_per_peer_read_a_global_shuffle_exactly():
     # 48 descriptors per rank (soft and hard): one connection per peer would need 28 open + 10
     # + 2 x 15 = 68 at N = 16 (measured); the bounded set keeps it within 48.
+    # One shuffled epoch: its 64 batches of 8 rows already meet each peer many times, so peers are
+    # disconnected and reconnected all through it (a second epoch doubled the test's CPU: 40 s).
     n = 16
-    proc = run_mpi(n, "scale_fds.py", "m1", "--limit", "48", env=TCP, timeout=900)
+    proc = run_mpi(n, "scale_fds.py", "m1", "--limit", "48", "--epochs", "1", env=TCP, timeout=900)
     found = reports(proc.stdout, "SCALEFD")
     assert len(found) >= n // 2, proc.stdout + proc.stderr  # Open MPI may drop a rank's last line
     for r in found:
-        assert r["result"] == "ok" and r["read"] == 2 * n * 32, r
+        assert r["result"] == "ok" and r["read"] == n * 32, r
         assert r["fds_after"] <= 48, r
     # One warning per rank names the limit.
     warned = [ln for ln in proc.stderr.splitlines() if "live connections" in ln]
@@ -82,14 +84,15 @@ def test_method_2_extra_ranks_below_one_connection_per_core_rank_read_exactly(ha
     try:
         _wait_record(core, handshake_dir)
         env = {**TCP, "DDSTORE_HANDSHAKE_DIR": str(handshake_dir), "DDSTORE_HANDSHAKE_TIMEOUT_S": "120"}
-        args = ["extra", "--hs", str(handshake_dir), "--n-core", "8", "--limit", "40"]
+        # One shuffled epoch, as above.
+        args = ["extra", "--hs", str(handshake_dir), "--n-core", "8", "--limit", "40", "--epochs", "1"]
         proc = run_mpi(8, "scale_fds.py", *args, env=env, timeout=900)
     finally:
         core_out = _stop_core(core, handshake_dir)
     found = reports(proc.stdout, "SCALEFD")
     assert len(found) >= 4, proc.stdout + proc.stderr
     for r in found:
-        assert r["result"] == "ok" and r["read"] == 2 * 8 * 32, r
+        assert r["result"] == "ok" and r["read"] == 8 * 32, r
         assert r["fds_after"] <= 40, r
     assert "live connections" in proc.stderr, proc.stderr[-3000:]
     assert core.returncode == 0, core_out[-3000:]

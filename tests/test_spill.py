@@ -198,18 +198,12 @@ def test_spill_bench_sets_each_epoch_against_the_raw_bursts_beside_it():
     assert "spill / ...: raw 1.11" in job_line(ranks), job_line(ranks)
 
 
-@pytest.mark.slow
-def test_spill_bench_smoke(tmp_path):
-    """make bench-spill's bench on a tiny data set (the store and its raw limit, both spilling
-    ranks): every figure present and positive, the epoch's rows checked by the bench."""
-    pytest.importorskip("torch")
-    out = tmp_path / "spill.json"
-    args = ["--mb", "24", "--budget-mb", "4", "--sample-kb", "3", "--only-spill", "--batch", "16"]
-    args += ["--rounds", "2"]
-    args += ["--workers", "2", "--dir", str(tmp_path / "work"), "--json", str(out)]
-    p = run_mpi(2, "spill_bench_run.py", *args, env={"DDSTORE_QUIET": "1"}, timeout=300)
-    assert "job (epoch set by the slowest rank)" in p.stdout, p.stdout
-    (rows,) = json.loads(out.read_text())
+def check_spill_bench(stdout: str, path) -> None:
+    """What `make bench-spill`'s smoke (tests/test_make_targets.py: a tiny data set, both ranks
+    spilling, --rounds 2, the store and its raw limit only) must print and write: every figure
+    present and positive, the epoch's rows checked by the bench."""
+    assert "job (epoch set by the slowest rank)" in stdout, stdout
+    (rows,) = json.loads(path.read_text())
     assert len(rows) == 2
     for x in rows:
         assert x["spill"] > 0 and x["raw"] > 0 and x["spilled_rows_read"] > 0, x

@@ -431,6 +431,11 @@ def main(argv=None) -> None:
     ap.add_argument("--load-dir", default=None, help="load: reuse (or create) the files here")
     ap.add_argument("--limit-threads", type=int, default=64, help="load: threads of the read limit")
     ap.add_argument("--load-rounds", type=int, default=2, help="load: rounds of every case (best kept)")
+    ap.add_argument(
+        "--load-warm",
+        action="store_true",
+        help="load: keep the page cache (no drop before each case; smoke runs)",
+    )
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--plot", help="load: write a PNG bar chart of the load paths (matplotlib) to this file")
     ap.add_argument("--memory-case", help=argparse.SUPPRESS)  # internal: one memory case, JSON out

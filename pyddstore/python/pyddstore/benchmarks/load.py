@@ -3,7 +3,7 @@ bytes read straight from the files by N threads per rank) measured in the same r
 where the machine allows dropping it, and the peak memory of each load as a multiple of the share.
 
     mpirun -n 2 python -m pyddstore.benchmarks.dataset --parts load [--load-files 1500 --load-kib 330]
-        [--load-rounds 2] [--load-dir DIR]
+        [--load-rounds 2] [--load-dir DIR] [--load-warm]
 
 Cases: a map-style dataset whose __getitem__ calls np.load on one .npz file per sample (the
 default load: DDSTORE_LOAD_DEPTH reads in flight), an np.memmap of one .npy file, a contiguous
@@ -18,7 +18,8 @@ Each ratio case is also paired with a cold many-thread read just before it (x pa
 rank 0 prints what np.load of one file costs in CPU alone (one thread, warm cache): the ceiling
 of a map-style npz load is about cores x file size / that.
 The page cache is dropped before every case (`sync; echo 3 > /proc/sys/vm/drop_caches`, root);
-where that is refused the figures are warm-cache ones and the output says so.
+where that is refused, or with --load-warm (a smoke run: a drop costs the whole machine), the
+figures are warm-cache ones and the output says so.
 """
 
 from __future__ import annotations
@@ -105,8 +106,10 @@ def write_data(d: str, n: int, floats: int) -> None:
     os.sync()
 
 
-def drop_caches() -> str:
+def drop_caches(warm: bool = False) -> str:
     """'dropped', or why not."""
+    if warm:
+        return "not dropped (--load-warm): warm cache"
     try:
         os.sync()
         with open("/proc/sys/vm/drop_caches", "w") as fh:
@@ -257,7 +260,7 @@ def measure_load(args, comm) -> dict:
             total (the machine is shared: its speed drifts between cases)."""
             comm.Barrier()
             if comm.rank == 0:
-                drop_caches()
+                drop_caches(args.load_warm)
             comm.Barrier()
             t0 = time.perf_counter()
             got = read_limit(my_files, args.limit_threads)[0]
@@ -271,7 +274,7 @@ def measure_load(args, comm) -> dict:
             pair = paired_limit() if ratio else None
             comm.Barrier()
             if comm.rank == 0:
-                cache = drop_caches()
+                cache = drop_caches(args.load_warm)
             comm.Barrier()
             sampler = PeakSampler()
             t0 = time.perf_counter()
