@@ -30,6 +30,8 @@ def test_bench_workers_start_part(tmp_path):
     assert all(rows[k]["ring_mib_per_rank"] > 0 for k in ("process1", "process2", "process1 fork/epoch")), (
         rows
     )
+    # The goal is over one thread: every row carries that ratio too.
+    assert rows["thread1"]["x_thread1"] == 1.0 and all(r["x_thread1"] > 0 for r in rows.values()), rows
 
 
 @pytest.mark.skipif(

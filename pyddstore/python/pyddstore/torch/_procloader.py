@@ -7,9 +7,11 @@ that worker; the worker reads (or fetches, transforms and collates) the batch, w
 and arrays into the slot and sends back only how many rows it read straight into the slot (a
 DistDataset read with the default collate), or a small pickle that names the places of the
 tensors and arrays in it. The main process rebuilds the batch as views of the slot (pinned
-copies with pin_memory). Tasks and answers travel through mp.Queues, as in torch: their feeder
-threads write the pipes (measured on a busy machine, a worker and a main process that write the
-pipes themselves and go on working waited several times longer for a core). A slot goes back to
+copies with pin_memory). Tasks and answers travel through a pipe per worker and direction,
+written by the sender itself, and every message posts a semaphore the receiver sleeps on (see
+_Line): one wake-up per batch at most, and none while the receiver is busy, where mp.Queues'
+feeder threads cost about ten thread switches per batch and pipe wake-ups take a core from a
+worker that goes on reading. A slot goes back to
 the ring when the last view of its batch is gone (a finalizer on the array every view hangs
 from), so no slot is handed out again while a batch still uses it. A ring holds
 prefetch_factor + 2 slots (the batches in flight, the one the caller holds and the one being
