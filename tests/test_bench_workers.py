@@ -28,6 +28,8 @@ def check_start_part(rows: list[dict]) -> None:
     assert all(start[k]["ring_mib_per_rank"] > 0 for k in ("process1", "process2", "process1 fork/epoch")), (
         start
     )
+    # The goal is over one thread: every row carries that ratio too.
+    assert rows["thread1"]["x_thread1"] == 1.0 and all(r["x_thread1"] > 0 for r in rows.values()), rows
 
 
 @pytest.mark.skipif(

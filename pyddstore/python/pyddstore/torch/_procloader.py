@@ -7,9 +7,11 @@ that worker; the worker reads (or fetches, transforms and collates) the batch, w
 and arrays into the slot and sends back only how many rows it read straight into the slot (a
 DistDataset read with the default collate), or a small pickle that names the places of the
 tensors and arrays in it. The main process rebuilds the batch as views of the slot (pinned
-copies with pin_memory). Tasks and answers travel through mp.Queues, as in torch: their feeder
-threads write the pipes (measured on a busy machine, a worker and a main process that write the
-pipes themselves and go on working waited several times longer for a core). A slot goes back to
+copies with pin_memory). Tasks and answers travel through a pipe per worker and direction,
+written by the sender itself, and every message posts a semaphore the receiver sleeps on (see
+_Line): one wake-up per batch at most, and none while the receiver is busy, where mp.Queues'
+feeder threads cost about ten thread switches per batch and pipe wake-ups take a core from a
+worker that goes on reading. A slot goes back to
 the ring when the last view of its batch is gone (a finalizer on the array every view hangs
 from), so no slot is handed out again while a batch still uses it. A ring holds
 prefetch_factor + 2 slots (the batches in flight, the one the caller holds and the one being
@@ -33,11 +35,15 @@ import collections
 import gc
 import io
 import math
+import multiprocessing.connection as mp_connection
+import os
 import pickle
-import queue
 import random
+import select
 import signal
+import time
 import weakref
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
@@ -53,6 +59,11 @@ from ._resume import PositionTracking
 from ._spans import span
 
 _STATUS_INTERVAL = 0.5  # seconds between checks that worker processes are alive
+_WATCHDOG_INTERVAL = 2.0  # seconds an idle worker waits for a task before checking its parent
+_FLUSH_INTERVAL = 0.01  # seconds between retries of tasks a full pipe did not take
+_SHUTDOWN_GRACE = 10.0  # seconds workers get to stop before they are killed
+_HEADER = 8  # bytes of a task message's length header
+_SMALL_ANSWER = 16384  # bytes of an answer that the worker posts after writing it
 _ALIGN = 64  # every tensor in a slot starts on a cache line
 _GROWTH = 1.5  # a slot that is too small is replaced by one this much larger than needed
 WORKER_TYPES = ("thread", "process")
@@ -265,6 +276,88 @@ class _DropSlot:
         self.slot = slot
 
 
+# -- messages: tasks (main process -> a worker) and answers (a worker -> the main process) ----
+
+
+class _Pickler:
+    """ForkingPickler (tensors' memory travels by file descriptor) made once: a fresh one per
+    message copies the reducer table, several times the cost of pickling a task."""
+
+    def __init__(self) -> None:
+        self._buf = io.BytesIO()
+        self._pickler = ForkingPickler(self._buf, pickle.HIGHEST_PROTOCOL)
+
+    def frame(self, msg: Any) -> bytes:
+        """msg pickled, behind its length (the bytes one message takes in a pipe)."""
+        buf = self._buf
+        buf.seek(0)
+        buf.truncate()
+        buf.write(bytes(_HEADER))
+        self._pickler.clear_memo()
+        self._pickler.dump(msg)
+        buf.seek(0)
+        buf.write((buf.getbuffer().nbytes - _HEADER).to_bytes(_HEADER, "little"))
+        return buf.getvalue()
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    parts = []
+    while n:
+        part = os.read(fd, n)
+        if not part:
+            raise EOFError("the other end of a loader pipe closed")
+        parts.append(part)
+        n -= len(part)
+    return b"".join(parts)
+
+
+def _read_message(fd: int) -> Any:
+    """The next framed message in the pipe `fd` (blocks until it is whole)."""
+    n = int.from_bytes(_read_exact(fd, _HEADER), "little")
+    return pickle.loads(_read_exact(fd, n))
+
+
+class _Line:
+    """One direction between the main process and its workers: a pipe per worker carries the
+    messages, and a semaphore is posted once per message (one for each worker's tasks, one
+    for the answers of every worker). Receivers sleep on the semaphore, never on a pipe: a
+    pipe write wakes its reader as a "sync" wake-up, which the kernel answers by moving the
+    reader to the writer's core, where it takes the core from a worker that goes on reading
+    (measured on the busy 2-core machine: 1-9 ms lost per batch, several times its read); a
+    semaphore post wakes the sleeper where it can run, and costs no system call when no one
+    sleeps. (mp.Queue avoids it with a feeder thread per queue, at several thread switches
+    and GIL hand-overs per batch.)"""
+
+    def __init__(self, conn: Any, posted: Any):
+        self.conn = conn  # owns the descriptor (passed to spawned workers as a Connection)
+        self.posted = posted
+
+    def receive(self, timeout: float) -> Any:
+        """Worker side: the next task, or _NO_TASK after `timeout` seconds without one."""
+        if not self.posted.acquire(timeout=timeout):
+            return _NO_TASK
+        return _read_message(self.conn.fileno())
+
+    def send(self, pickler: _Pickler, msg: Any) -> None:
+        """Worker side: sends an answer (blocks only while a large one fills the pipe)."""
+        data = pickler.frame(msg)
+        if len(data) <= _SMALL_ANSWER:  # the pipe takes it whole: posted once it is there
+            _write_all(self.conn.fileno(), data)
+            self.posted.release()
+        else:  # posted first: the main process reads it as it is written
+            self.posted.release()
+            _write_all(self.conn.fileno(), data)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+_NO_TASK = object()
+
+
 def _worker_loop(
     wid: int,
     num_workers: int,
@@ -276,8 +369,8 @@ def _worker_loop(
     direct_rows: Any,
     base_seed: int,
     init_fn: Any,
-    index_queue: Any,
-    result_queue: Any,
+    tasks: Any,
+    answers: Any,
     done_event: Any,
 ) -> None:
     """One worker process: fetch (or read straight into the slot) the batches sent to it."""
@@ -305,11 +398,16 @@ def _worker_loop(
     except Exception:  # noqa: BLE001 - reported with the first batch, as DataLoader does
         init_error = _tc.ExceptionWrapper(where=f"in ThreadDataLoader worker process {wid}")
     watchdog = _tc.ManagerWatchdog()
+    pickler = _Pickler()
     iteration_end = False
     while watchdog.is_alive():
         try:
-            r = index_queue.get(timeout=_STATUS_INTERVAL * 4)
-        except queue.Empty:
+            r = tasks.receive(_WATCHDOG_INTERVAL)
+        except (EOFError, OSError):
+            break
+        if r is _NO_TASK:
+            if done_event.is_set():  # shutting down and every task read
+                break
             continue
         if r is None:
             break
@@ -323,7 +421,7 @@ def _worker_loop(
                 fetcher = _tc.DatasetKind.create_fetcher(
                     dataset_kind, dataset, auto_collation, collate_fn, drop_last
                 )
-            result_queue.put((r, None))
+            answers.send(pickler, (r, None))
             continue
         if done_event.is_set() or iteration_end:
             continue
@@ -344,11 +442,12 @@ def _worker_loop(
                 iteration_end = True
             except Exception:  # noqa: BLE001 - re-raised in the main process
                 data = _tc.ExceptionWrapper(where=f"in ThreadDataLoader worker process {wid}")
-        result_queue.put((idx, data))
+        try:
+            answers.send(pickler, (idx, data))  # blocks only while the main process is not reading
+        except OSError:  # the main process is gone
+            break
         del data, r, index
-    if done_event.is_set():
-        result_queue.cancel_join_thread()
-    result_queue.close()
+    answers.conn.close()
 
 
 # -- main process -----------------------------------------------------------------------------
@@ -386,6 +485,49 @@ class _Ring:
     def note(self, slot: int, memory: np.ndarray) -> None:
         self.memory[slot] = memory
         self.peak_bytes = max(self.peak_bytes, self.nbytes())
+
+
+class _TaskSender:
+    """The main process's end of one worker's task line (_Line). Writes never block (the end
+    is non-blocking): what a full pipe does not take waits here, in order, and goes on with
+    flush(), so a busy or hung worker never stalls the main process (timeout= holds) and a
+    worker blocked sending an answer never waits on a main process blocked sending a task.
+    A task is posted once its first bytes are in the pipe (the worker reads the rest as it
+    comes)."""
+
+    def __init__(self, conn: Any, posted: Any):
+        self.conn = conn  # owns the descriptor
+        self.posted = posted
+        self.fd = conn.fileno()
+        os.set_blocking(self.fd, False)
+        self.backlog: collections.deque = collections.deque()  # [bytes not written, posted]
+        self._pickler = _Pickler()
+
+    def put(self, msg: Any) -> None:
+        self.backlog.append([memoryview(self._pickler.frame(msg)), False])
+        self.flush()
+
+    def flush(self) -> None:
+        while self.backlog:
+            item = self.backlog[0]
+            try:
+                n = os.write(self.fd, item[0])
+            except BlockingIOError:
+                return
+            except OSError:  # the worker is gone (the loader's wait reports it)
+                self.backlog.clear()
+                return
+            if not item[1]:
+                item[1] = True
+                self.posted.release()
+            if n < len(item[0]):
+                item[0] = item[0][n:]
+                return
+            self.backlog.popleft()
+
+    def close(self) -> None:
+        self.backlog.clear()
+        self.conn.close()
 
 
 class _ViewUnpickler(pickle.Unpickler):
@@ -440,15 +582,23 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
         self._epoch_over = False
         self._direct_layouts: dict = {}  # rows a slot holds -> each field's offset in it
         self._rings = [_Ring(self._slots) for _ in range(self._num_workers)]
-        self._result_queue = ctx.Queue()
         self._done_event = ctx.Event()
-        self._index_queues: list = []
+        self._index_queues: list[_TaskSender] = []  # (the name finish_last_epoch uses)
+        self._answers: list = []  # each worker's answer pipe
+        self._answers_posted = ctx.Semaphore(0)  # one post per answer of any worker
+        self._answer_poll = select.poll()  # the answer pipes, polled without sleeping
+        self._answer_wid: dict[int, int] = {}  # answer pipe descriptor -> worker
         self._workers: list = []
         self._shutdown = False
         try:
             for wid in range(self._num_workers):
-                iq = ctx.Queue()
-                iq.cancel_join_thread()  # tasks left unread never block the exit
+                task_r, task_w = ctx.Pipe(duplex=False)
+                answer_r, answer_w = ctx.Pipe(duplex=False)
+                tasks_posted = ctx.Semaphore(0)
+                self._index_queues.append(_TaskSender(task_w, tasks_posted))
+                self._answers.append(answer_r)
+                self._answer_wid[answer_r.fileno()] = wid
+                self._answer_poll.register(answer_r, select.POLLIN)
                 w = ctx.Process(
                     target=_worker_loop,
                     args=(
@@ -462,16 +612,17 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
                         direct_rows,
                         self._base_seed,
                         loader.worker_init_fn,
-                        iq,
-                        self._result_queue,
+                        _Line(task_r, tasks_posted),
+                        _Line(answer_w, self._answers_posted),
                         self._done_event,
                     ),
                     name=f"ddstore-loader-{wid}",
                     daemon=True,
                 )
                 w.start()
-                self._index_queues.append(iq)
                 self._workers.append(w)
+                task_r.close()  # the worker's ends: only the worker holds them now
+                answer_w.close()
         except BaseException:
             self._shutdown_workers()
             raise
@@ -585,25 +736,53 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
         return out
 
     def _get_data(self) -> tuple:
-        waited = 0.0
+        """The next answer of any worker (the one whose batch is handed out next first)."""
+        if not self._answers_posted.acquire(False):
+            with span("pyddstore.loader.wait"):
+                self._wait_posted()
+        # A posted answer is in a pipe (or, a large one, on its way into it).
+        ready = [self._answer_wid[fd] for fd, _ in self._answer_poll.poll(0)]
+        while not ready:  # a large answer posted before it is written: wait for its first bytes
+            got = mp_connection.wait(self._answers + [w.sentinel for w in self._workers], _STATUS_INTERVAL)
+            ready = [wid for wid, conn in enumerate(self._answers) if conn in got]
+            if got and not ready:
+                self._worker_died()
+        task = self._dispatch.tasks.get(self._dispatch.rcvd_idx)
+        return self._receive(task.wid if task is not None and task.wid in ready else ready[0])
+
+    def _wait_posted(self) -> None:
+        """Sleeps until a worker posts an answer; raises when a worker dies or timeout= runs
+        out first."""
+        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
         while True:
-            step = _STATUS_INTERVAL if self._timeout <= 0 else min(_STATUS_INTERVAL, self._timeout - waited)
-            try:
-                with span("pyddstore.loader.wait"):
-                    return self._result_queue.get(timeout=max(step, 1e-3))
-            except queue.Empty:
-                waited += step
-                dead = self._dead_workers()
-                if dead and not self._shutdown:
-                    self._shutdown_workers()
-                    raise WorkerProcessError(
-                        f"ThreadDataLoader(worker_type='process'): {'; '.join(dead)} while the loader "
-                        f"waited for batch {self._dispatch.rcvd_idx} ({self._context_name} workers; a killed "
-                        "worker is often the kernel's out-of-memory killer: see dmesg)"
-                    ) from None
-                if self._timeout > 0 and waited >= self._timeout:
-                    self._shutdown_workers()
-                    raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from None
+            for sender in self._index_queues:
+                sender.flush()
+            step = _FLUSH_INTERVAL if any(s.backlog for s in self._index_queues) else _STATUS_INTERVAL
+            if deadline is not None:
+                step = min(step, max(deadline - time.monotonic(), 0.0))
+            if self._answers_posted.acquire(timeout=step):
+                return
+            if self._dead_workers():
+                self._worker_died()
+            if deadline is not None and time.monotonic() >= deadline:
+                self._shutdown_workers()
+                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+
+    def _receive(self, wid: int) -> tuple:
+        try:
+            return _read_message(self._answers[wid].fileno())
+        except (EOFError, OSError):  # it died after its last answer
+            self._workers[wid].join(timeout=_SHUTDOWN_GRACE)
+            self._worker_died()
+
+    def _worker_died(self) -> None:
+        dead = self._dead_workers() or ["a worker process closed its answer pipe"]
+        self._shutdown_workers()
+        raise WorkerProcessError(
+            f"ThreadDataLoader(worker_type='process'): {'; '.join(dead)} while the loader "
+            f"waited for batch {self._dispatch.rcvd_idx} ({self._context_name} workers; a killed "
+            "worker is often the kernel's out-of-memory killer: see dmesg)"
+        ) from None
 
     def _next_data(self) -> Any:
         while True:
@@ -678,25 +857,35 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
         return self._dataset._schema.collate_like(got)
 
     def _shutdown_workers(self) -> None:
-        """Stops the workers after their current batch (killing any that do not stop)."""
+        """Stops the workers after their current batch (killing any that do not stop in
+        _SHUTDOWN_GRACE seconds); answers still coming are read and dropped meanwhile, so no
+        worker stays blocked sending one."""
         if self._shutdown:
             return
         self._shutdown = True
         self._done_event.set()
-        for q in self._index_queues:
-            try:
-                q.put(None)
-            except (OSError, ValueError):
-                pass
+        for sender in self._index_queues:
+            sender.put(None)
+        deadline = time.monotonic() + _SHUTDOWN_GRACE
+        open_answers = list(self._answers)
+        while time.monotonic() < deadline:
+            live = [w for w in self._workers if w.is_alive()]
+            if not live:
+                break
+            for sender in self._index_queues:
+                sender.flush()
+            ready = mp_connection.wait(open_answers + [w.sentinel for w in live], _FLUSH_INTERVAL)
+            for conn in open_answers[:]:
+                if conn in ready and not os.read(conn.fileno(), 1 << 16):  # dropped; b"": closed
+                    open_answers.remove(conn)
         for w in self._workers:
-            w.join(timeout=10)
             if w.is_alive():
                 w.kill()
-                w.join(timeout=10)
-        for q in self._index_queues:
-            q.close()
-        self._result_queue.cancel_join_thread()
-        self._result_queue.close()
+            w.join(timeout=_SHUTDOWN_GRACE)
+        for sender in self._index_queues:
+            sender.close()
+        for conn in self._answers:
+            conn.close()
 
     def __del__(self) -> None:
         if not getattr(self, "_shutdown", True):
