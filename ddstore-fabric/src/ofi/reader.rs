@@ -13,7 +13,7 @@ use ddstore_core::transport::{RaggedRequest, RaggedRows, ReaderTimes, RemoteRead
 use libfabric_sys as sys;
 
 use super::gather::client::{self, Client};
-use super::gather::plan::{self, Limits, Plan, RaggedOwner};
+use super::gather::plan::{self, Limits, Plan, PlanScratch, RaggedOwner};
 use super::gather::replies;
 use super::gather::wire::MacKey;
 use super::pool::{warn_bounded, EndpointPool};
@@ -102,6 +102,8 @@ pub struct OfiReader {
     times: ReaderTimes,
     /// Gather replies are received from their owner's address only.
     directed: bool,
+    /// The gather planner's maps, kept between batches.
+    plan_scratch: PlanScratch,
 }
 
 impl OfiReader {
@@ -132,6 +134,7 @@ impl OfiReader {
             name: Vec::new(),
             times: ReaderTimes::default(),
             directed: info.caps() & sys::FI_DIRECTED_RECV != 0,
+            plan_scratch: PlanScratch::default(),
             broken: None,
             chunk: max_msg.min(settings.max_read_bytes.max(1)),
             max_msg,
@@ -383,7 +386,8 @@ impl OfiReader {
         reads: &[(usize, u64, usize, usize)],
         dst: &mut [u8],
     ) -> FabricResult<()> {
-        let plan = plan::plan(reads, self.gather_limits());
+        let limits = self.gather_limits();
+        let plan = plan::plan_with(reads, limits, &mut self.plan_scratch);
         self.exchange(&plan, dst, false, &mut Vec::new())
     }
 
