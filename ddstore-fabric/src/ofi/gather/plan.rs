@@ -77,12 +77,8 @@ pub struct PlanScratch {
 
 /// Plans `reads` (owner, offset, len, dst_offset), all of them to owners
 /// that serve the gather path: per owner, in order, exact repeats once,
-/// ranges longer than `chunk` split, small ranges packed.
-pub fn plan(reads: &[(usize, u64, usize, usize)], limits: Limits) -> Plan {
-    plan_with(reads, limits, &mut PlanScratch::default())
-}
-
-/// [`plan`], with the maps and lists of `scratch`.
+/// ranges longer than `chunk` split, small ranges packed; with the maps and
+/// lists of `scratch`.
 pub fn plan_with(
     reads: &[(usize, u64, usize, usize)],
     limits: Limits,
@@ -322,6 +318,11 @@ pub fn plan_ragged(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A plan with a scratch of its own.
+    fn plan(reads: &[(usize, u64, usize, usize)], limits: Limits) -> Plan {
+        plan_with(reads, limits, &mut PlanScratch::default())
+    }
 
     fn limits() -> Limits {
         Limits {
