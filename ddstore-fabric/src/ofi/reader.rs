@@ -8,11 +8,12 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ddstore_core::row_map::RowMap;
 use ddstore_core::transport::{RaggedRequest, RaggedRows, ReaderTimes, RemoteRead, ShareReader};
 use libfabric_sys as sys;
 
 use super::gather::client::{self, Client};
-use super::gather::plan::{self, Limits, Plan, RaggedOwner};
+use super::gather::plan::{self, Limits, Plan, PlanScratch, RaggedOwner};
 use super::gather::replies;
 use super::gather::wire::MacKey;
 use super::pool::{warn_bounded, EndpointPool};
@@ -101,6 +102,8 @@ pub struct OfiReader {
     times: ReaderTimes,
     /// Gather replies are received from their owner's address only.
     directed: bool,
+    /// The gather planner's maps, kept between batches.
+    plan_scratch: PlanScratch,
 }
 
 impl OfiReader {
@@ -131,6 +134,7 @@ impl OfiReader {
             name: Vec::new(),
             times: ReaderTimes::default(),
             directed: info.caps() & sys::FI_DIRECTED_RECV != 0,
+            plan_scratch: PlanScratch::default(),
             broken: None,
             chunk: max_msg.min(settings.max_read_bytes.max(1)),
             max_msg,
@@ -382,7 +386,8 @@ impl OfiReader {
         reads: &[(usize, u64, usize, usize)],
         dst: &mut [u8],
     ) -> FabricResult<()> {
-        let plan = plan::plan(reads, self.gather_limits());
+        let limits = self.gather_limits();
+        let plan = plan::plan_with(reads, limits, &mut self.plan_scratch);
         self.exchange(&plan, dst, false, &mut Vec::new())
     }
 
@@ -554,27 +559,25 @@ impl OfiReader {
         if !self.settings.few_reads_one_sided {
             return Vec::new();
         }
-        // (owner, length, end offset) of every read, grouped by owner.
-        let mut by_owner: Vec<(usize, usize, u64)> = reads
-            .iter()
-            .map(|r| (r.owner, r.len, r.offset + r.len as u64))
-            .collect();
-        by_owner.sort_unstable();
+        // Per owner: (reads, longest, furthest end), without sorting the batch.
+        let mut by_owner: RowMap<usize, (usize, usize, u64)> = RowMap::default();
+        for r in reads {
+            let o = by_owner.entry(r.owner).or_insert((0, 0, 0));
+            o.0 += 1;
+            o.1 = o.1.max(r.len);
+            o.2 = o.2.max(r.offset + r.len as u64);
+        }
         let mut owners = Vec::new();
-        for group in by_owner.chunk_by(|a, b| a.0 == b.0) {
-            let owner = group[0].0;
-            let longest = group.iter().map(|r| r.1).max().unwrap_or(0);
-            let few = match group.len() {
+        for (owner, (n, longest, end)) in by_owner {
+            let few = match n {
                 1 => longest <= ONE_SIDED_SINGLE_MAX.min(self.max_msg),
                 n => n <= ONE_SIDED_FEW && longest < ONE_SIDED_FEW_MAX,
             };
-            let inside = group
-                .iter()
-                .all(|r| r.2 <= self.peers[owner].registered_len());
-            if few && inside {
+            if few && end <= self.peers[owner].registered_len() {
                 owners.push(owner);
             }
         }
+        owners.sort_unstable();
         owners
     }
 

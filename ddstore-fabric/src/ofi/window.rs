@@ -87,8 +87,15 @@ pub(crate) struct Live {
     /// receives are: what matches no reply receive (forged or late replies)
     /// lands here and is dropped, so unexpected messages never pile up.
     pub(crate) trash: Box<[u8]>,
-    /// Whether the trash receive is posted (its context is the slot after the window).
+    /// Whether the trash receive is posted (its context is the slot after the
+    /// window), from its post until its completion is reaped.
     pub(crate) trash_posted: bool,
+    /// The trash receive was cancelled and its completion is not reaped yet.
+    pub(crate) trash_cancelled: bool,
+    /// The provider takes a cancelled receive out of its matching queue
+    /// before `fi_cancel` returns (rxm's shared receive context, under its
+    /// lock): a batch need not wait for the trash's cancellation to post.
+    pub(crate) cancel_is_immediate: bool,
     /// Messages discarded: trash receives, and replies whose CQ data failed.
     pub(crate) discarded: Arc<AtomicU64>,
     /// Its bounded set of live connections: peers (by AV address) posted to
@@ -231,6 +238,8 @@ impl Live {
             times: ReaderTimes::default(),
             trash: vec![0u8; TRASH_BYTES].into_boxed_slice(),
             trash_posted: false,
+            trash_cancelled: false,
+            cancel_is_immediate: domain.info().provider().contains("ofi_rxm"),
             // Set to the borrowing reader's counter at each check-out.
             discarded: Arc::default(),
             connected: HashMap::new(),
@@ -604,6 +613,7 @@ impl Live {
             if slot == self.slots.len() {
                 // The trash receive took a message nobody asked for.
                 self.trash_posted = false;
+                self.trash_cancelled = false;
                 self.discarded.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
@@ -631,6 +641,7 @@ impl Live {
         if slot == Some(self.slots.len()) {
             // The trash receive: cancelled, or a message too long for it (truncated).
             self.trash_posted = false;
+            self.trash_cancelled = false;
             if err.code.unsigned_abs() != sys::FI_ECANCELED as u64 {
                 self.discarded.fetch_add(1, Ordering::Relaxed);
             }

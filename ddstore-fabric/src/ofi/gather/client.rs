@@ -572,6 +572,9 @@ impl<'a> Exchange<'a> {
             self.live.post_trash();
             self.settle();
         }
+        if !self.live.in_flight() {
+            self.live.repost_trash();
+        }
         let break_reader = self.live.in_flight() || self.poisoned;
         match self.first_error {
             Some(error) => Err(Failed {
@@ -590,7 +593,8 @@ impl<'a> Exchange<'a> {
 }
 
 impl Live {
-    /// Posts the trash receive (any tag, any sender) if it is not posted.
+    /// Posts the trash receive (any tag, any sender) if it is not posted
+    /// (nor cancelled with its completion still to be reaped).
     pub(crate) fn post_trash(&mut self) {
         if self.trash_posted {
             return;
@@ -605,14 +609,34 @@ impl Live {
         self.trash_posted = matches!(rc, Ok(Ok(())));
     }
 
-    /// Cancels the trash receive and waits (briefly) until the provider says
-    /// it is gone, reaping what else completes meanwhile.
+    /// Takes the trash receive out of the provider's matching queue: cancels
+    /// it, and where the provider may remove it later
+    /// (`!cancel_is_immediate`), waits (briefly) until it says it is gone,
+    /// reaping what else completes meanwhile. Elsewhere its cancellation is
+    /// reaped with the batch's completions ([`Live::repost_trash`]).
     fn withdraw_trash(&mut self) {
-        if !self.trash_posted {
+        if !self.trash_posted || self.trash_cancelled {
             return;
         }
         // SAFETY: the trash receive is posted on this endpoint.
         unsafe { self.ep.cancel(self.contexts.ptr(self.slots.len())) };
+        self.trash_cancelled = true;
+        if !self.cancel_is_immediate {
+            self.wait_trash_reaped();
+        }
+    }
+
+    /// Posts the trash receive again at the end of a batch, once a
+    /// cancellation of it still pending has been reaped.
+    fn repost_trash(&mut self) {
+        if self.trash_cancelled {
+            self.wait_trash_reaped();
+        }
+        self.post_trash();
+    }
+
+    /// Polls (up to [`TRASH_WITHDRAW`]) until the trash receive's completion is reaped.
+    fn wait_trash_reaped(&mut self) {
         let deadline = Instant::now() + TRASH_WITHDRAW;
         let mut ignored = None;
         while self.trash_posted && Instant::now() < deadline {

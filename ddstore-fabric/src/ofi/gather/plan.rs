@@ -1,6 +1,8 @@
 //! How a reader cuts a batch into gather requests and reply messages, and
 //! where each message lands (safe code).
 
+use std::collections::hash_map::Entry;
+
 use ddstore_core::row_map::RowMap;
 
 use super::wire::{
@@ -57,29 +59,59 @@ pub struct Limits {
     pub name_len: usize,
 }
 
+/// Reads a [`PlanScratch`] keeps room for between plans (a larger batch's
+/// maps are freed after it).
+const SCRATCH_KEPT: usize = 1 << 14;
+
+/// What [`plan_with`] builds a plan with, kept by a reader so that its
+/// maps and lists are allocated once, not per batch.
+#[derive(Default)]
+pub struct PlanScratch {
+    /// Owners, in first-seen order.
+    owners: Vec<usize>,
+    /// Per owner: its unique (offset, len, dst_offset) pieces (emptied per plan).
+    pieces: RowMap<usize, Vec<(u64, usize, usize)>>,
+    /// Per (owner, offset, len) read: where it first lands.
+    seen: RowMap<(usize, u64, usize), usize>,
+}
+
 /// Plans `reads` (owner, offset, len, dst_offset), all of them to owners
 /// that serve the gather path: per owner, in order, exact repeats once,
-/// ranges longer than `chunk` split, small ranges packed.
-pub fn plan(reads: &[(usize, u64, usize, usize)], limits: Limits) -> Plan {
+/// ranges longer than `chunk` split, small ranges packed; with the maps and
+/// lists of `scratch`.
+pub fn plan_with(
+    reads: &[(usize, u64, usize, usize)],
+    limits: Limits,
+    scratch: &mut PlanScratch,
+) -> Plan {
     let chunk = limits.chunk.clamp(1, MAX_REPLY_BYTES as usize);
     let packed_max = chunk.min(MAX_PACKED_BYTES);
     let per_request = limits.msgs_per_request.clamp(1, MAX_MSGS_PER_REQUEST);
     let mut out = Plan::default();
-    // Per owner, in first-seen order: unique (offset, len, dst_offset) pieces.
-    let mut owners: Vec<usize> = Vec::new();
-    let mut pieces: RowMap<usize, Vec<(u64, usize, usize)>> = RowMap::default();
-    let mut seen: RowMap<(usize, u64, usize), usize> =
-        RowMap::with_capacity_and_hasher(reads.len(), Default::default());
+    let PlanScratch {
+        owners,
+        pieces,
+        seen,
+    } = scratch;
+    owners.clear();
+    seen.clear();
+    for list in pieces.values_mut() {
+        list.clear();
+    }
     for &(owner, offset, len, dst) in reads.iter().filter(|r| r.2 > 0) {
-        if let Some(&first) = seen.get(&(owner, offset, len)) {
-            out.repeats.push((first, dst, len));
-            continue;
+        match seen.entry((owner, offset, len)) {
+            Entry::Occupied(first) => {
+                out.repeats.push((*first.get(), dst, len));
+                continue;
+            }
+            Entry::Vacant(v) => {
+                v.insert(dst);
+            }
         }
-        seen.insert((owner, offset, len), dst);
-        let list = pieces.entry(owner).or_insert_with(|| {
+        let list = pieces.entry(owner).or_default();
+        if list.is_empty() {
             owners.push(owner);
-            Vec::new()
-        });
+        }
         let mut done = 0;
         while done < len {
             let n = chunk.min(len - done);
@@ -87,7 +119,7 @@ pub fn plan(reads: &[(usize, u64, usize, usize)], limits: Limits) -> Plan {
             done += n;
         }
     }
-    for owner in owners {
+    for &owner in owners.iter() {
         let list = &pieces[&owner];
         let mut req = RequestPlan {
             owner,
@@ -145,6 +177,9 @@ pub fn plan(reads: &[(usize, u64, usize, usize)], limits: Limits) -> Plan {
         if !req.ranges.is_empty() {
             out.requests.push(req);
         }
+    }
+    if seen.capacity() > SCRATCH_KEPT {
+        *scratch = PlanScratch::default();
     }
     out
 }
@@ -284,6 +319,11 @@ pub fn plan_ragged(
 mod tests {
     use super::*;
 
+    /// A plan with a scratch of its own.
+    fn plan(reads: &[(usize, u64, usize, usize)], limits: Limits) -> Plan {
+        plan_with(reads, limits, &mut PlanScratch::default())
+    }
+
     fn limits() -> Limits {
         Limits {
             chunk: 1 << 20,
@@ -319,6 +359,30 @@ mod tests {
             }]
         );
         assert_eq!(p.repeats, vec![(0, 6144 + (1 << 20), 3072)]);
+    }
+
+    #[test]
+    fn a_reused_scratch_plans_as_a_fresh_one() {
+        let mut scratch = PlanScratch::default();
+        // Owners 1 and 2 with a repeat, then owner 2 alone (owner 1's
+        // pieces must not leak into it), then a batch past SCRATCH_KEPT.
+        let first = [
+            (1, 0, 3072, 0),
+            (2, 6144, 3072, 3072),
+            (1, 0, 3072, 6144),
+            (1, 9216, 3072, 9216),
+        ];
+        let second = [(2, 0, 3072, 3072), (2, 3072, 3072, 0)];
+        let large: Vec<_> = (0..SCRATCH_KEPT as u64 * 2)
+            .map(|i| (3, 16 * i, 8, 8 * i as usize))
+            .collect();
+        for reads in [&first[..], &second[..], &large[..], &first[..]] {
+            assert_eq!(
+                plan_with(reads, limits(), &mut scratch),
+                plan(reads, limits())
+            );
+        }
+        assert!(scratch.seen.capacity() <= SCRATCH_KEPT);
     }
 
     #[test]
