@@ -198,7 +198,6 @@ LONGEST = {
     "test_scale_counts.py::test_a_torch_rank_absent_from_a_gloo_barrier_is_named_after_the_timeout": 15,
     "test_torch_graphs.py::test_method2_reader_job": 15,
     "test_load.py::test_snapshot_other_rank_counts_and_damage": 15,
-    "test_bench_workers.py::test_bench_workers_start_part": 37,
     "test_spill.py::test_a_128_mib_budget_holds_with_same_node_reads_of_the_peers_rows": 23,
 }
 
