@@ -29,7 +29,7 @@ def check_start_part(rows: list[dict]) -> None:
         start
     )
     # The goal is over one thread: every row carries that ratio too.
-    assert rows["thread1"]["x_thread1"] == 1.0 and all(r["x_thread1"] > 0 for r in rows.values()), rows
+    assert start["thread1"]["x_thread1"] == 1.0 and all(r["x_thread1"] > 0 for r in start.values()), start
 
 
 @pytest.mark.skipif(
