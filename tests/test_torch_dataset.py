@@ -38,25 +38,26 @@ def test_mpi_method0(n):
 @needs(1)
 @pytest.mark.parametrize("fabric", FABRICS)
 def test_mpi_method1(fabric, handshake_dir):
-    # shm's reads wait for the owner's progress thread: on 2 oversubscribed cores the whole
-    # script takes minutes, so shm runs the structures part (every sample kind) only, on 2 ranks
-    # (the provider's path; 3 ranks' uneven shares are tcp's and the default's).
-    shm = fabric.get("DDSTORE_FABRIC") == "shm"
-    part = "structures" if shm else "all"
-    run_mpi(2 if shm else 3, "torch_dataset.py", "--method", "1", "--part", part, env=fabric, timeout=600)
-
-
-@needs(1)
-def test_mpi_method1_four_ranks():
-    run_mpi(4, "torch_dataset.py", "--method", "1", "--part", "structures", timeout=600)
+    # tcp: every part, on 3 ranks (uneven shares). shm: its reads wait for the owner's progress
+    # thread (minutes for every part on 2 oversubscribed cores), so the structures part (every sample
+    # kind) on 2 ranks. The default (same-node rows through node shared memory): the parts whose reads
+    # take another path or whose layout depends on the rank count, on 4 ranks (the loaders, encode and
+    # bad-sample parts read through the same calls on every path).
+    ranks, part = {
+        "tcp": (3, "all"),
+        "shm": (2, "structures"),
+        None: (4, "structures,bulk,read_rows,windows,width"),
+    }[fabric.get("DDSTORE_FABRIC")]
+    run_mpi(ranks, "torch_dataset.py", "--method", "1", "--part", part, env=fabric, timeout=600)
 
 
 @needs(1)
 @pytest.mark.parametrize("comm", ["file", "torch"])
 def test_without_mpi(comm, handshake_dir):
     env = {"DDSTORE_COMM": comm, "DDSTORE_MPI": "0", "DDSTORE_HANDSHAKE_DIR": str(handshake_dir)}
-    # The file communicator's job also opens several datasets with comm=None, one after another.
-    part = "all,comm_none" if comm == "file" else "structures"
+    # The file communicator's job: the parts that use the communicator beyond store creation (the
+    # loaders' distributed batches, windows), and several datasets with comm=None, one after another.
+    part = "structures,loaders,windows,comm_none" if comm == "file" else "structures"
     run_procs(
         2,
         "torch_dataset.py",
