@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds, lints (scripts/lint.sh), then runs the Rust
-# tests (cargo test), the libfabric 2.3.1 phase, and the Python tests (pytest; multi-rank jobs run
-# under mpirun and as plain processes joined through files): both tiers (default and `slow`) in one
-# pool of pytest workers, longest tests first, then the `serial` ones alone. Beside them, the torch
+# tests (cargo test; the libfabric 2.3.1 build beside lint and it), and the Python tests (pytest;
+# multi-rank jobs run under mpirun and as plain processes joined through files): both tiers (default
+# and `slow`) in one pool of pytest workers, longest tests first, then the `serial` ones alone.
+# Beside the pool, the tests against libfabric 2.3.1 (scripts/test-libfabric2.sh), and the torch
 # tests against the oldest supported torch and the newest on the index (scripts/test-torch-min.sh).
 #   TEST_WORKERS=N     pytest workers (default 4: the tests mostly wait, on sleeps, timeouts and
 #                      process start-up, so 4 keep 2 cores busy; 0 = in this process)
@@ -85,13 +86,12 @@ cargo test --workspace --exclude pyddstore --quiet
 # extension-module, so they link the venv's libpython (found at run time through LIBDIR).
 LD_LIBRARY_PATH=$(python -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
     cargo test -p pyddstore --lib --quiet
-stamp "libfabric 2.3.1 (its build beside lint and cargo test, then its tests)"
+stamp "libfabric 2.3.1 (built beside lint and cargo test)"
 rc=0
 wait "$lf2_pid" || rc=$?
 lf2_pid=""
 cat $LF2_LOG
 [ "$rc" -eq 0 ] || { echo "the libfabric 2.3.1 build or transport tests failed (log above)" >&2; exit "$rc"; }
-bash scripts/test-libfabric2.sh --test-only "$@"
 
 # A run with nothing selected (pytest's exit status 5, e.g. after `-k`) is not a failure. Each run
 # ends with the 25 slowest tests of each tier it ran (tests/conftest.py).
@@ -102,12 +102,25 @@ run() {
     [ "$rc" -eq 0 ] || [ "$rc" -eq 5 ] || exit "$rc"
 }
 [ -z "$compat_pid" ] || touch $COMPAT/go
+# libfabric 2.3.1's gather, stalled-owner and provider tests run beside the pool too (2 workers,
+# mostly waiting on their owners), reported after it.
+LF2_TEST_LOG=target/libfabric2-tests.log
+set -m
+bash scripts/test-libfabric2.sh --test-only "$@" </dev/null >$LF2_TEST_LOG 2>&1 &
+lf2_pid=$!
+set +m
 stamp "pytest (both tiers, $WORKERS workers, longest first)"
 # One test at a time to each worker, in the order tests/conftest.py gives (longest first), so the
 # long tests start at once and the short ones fill the workers' gaps.
 workers=()
 [ "$WORKERS" = 0 ] || workers=(-n "$WORKERS" --dist load --maxschedchunk 1)
 run -m "not serial" "${workers[@]}" "$@"
+stamp "libfabric 2.3.1 tests (run beside the pool)"
+rc=0
+wait "$lf2_pid" || rc=$?
+lf2_pid=""
+cat $LF2_TEST_LOG
+[ "$rc" -eq 0 ] || { echo "the libfabric 2.3.1 tests failed (log above: $LF2_TEST_LOG)" >&2; exit "$rc"; }
 if [ -n "$compat_pid" ]; then
     stamp "torch 2.6 and newest (run beside the pool)"
     rc=0
