@@ -62,14 +62,30 @@ if [ "${TEST_TORCH_COMPAT:-1}" = 1 ]; then
     compat_pid=$!
     set +m
 fi
+# `background LOG CMD...`: CMD in the background, in its own process group (stopped with everything it
+# started if this script ends first), its output in LOG; its pid in $bg_pid.
+background() {
+    local log=$1
+    shift
+    set -m
+    "$@" </dev/null >"$log" 2>&1 &
+    bg_pid=$!
+    set +m
+}
+# `join PID LOG WHAT`: waits for a background job, prints its log, and ends this script if it failed.
+join() {
+    local rc=0
+    wait "$1" || rc=$?
+    cat "$2"
+    [ "$rc" -eq 0 ] || { echo "$3 failed (log above: $2)" >&2; exit "$rc"; }
+}
 # libfabric 2.3.1 (Frontier's): built once into ~/.cache/pyddstore, then the fabric transport tests
 # and the extension against it (its own cargo target dir), in the background beside lint and cargo
-# test; its gather, stalled-owner and provider tests run after them (scripts/test-libfabric2.sh).
+# test; its gather, stalled-owner and provider tests run beside the pytest pool
+# (scripts/test-libfabric2.sh).
 LF2_LOG=target/libfabric2-build.log
-set -m
-bash scripts/test-libfabric2.sh --build-only </dev/null >$LF2_LOG 2>&1 &
-lf2_pid=$!
-set +m
+background $LF2_LOG bash scripts/test-libfabric2.sh --build-only
+lf2_pid=$bg_pid
 # The background jobs end with this script, whichever way it ends.
 stop_background() {
     local pid
@@ -87,11 +103,8 @@ cargo test --workspace --exclude pyddstore --quiet
 LD_LIBRARY_PATH=$(python -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
     cargo test -p pyddstore --lib --quiet
 stamp "libfabric 2.3.1 (built beside lint and cargo test)"
-rc=0
-wait "$lf2_pid" || rc=$?
+join "$lf2_pid" $LF2_LOG "the libfabric 2.3.1 build or its transport tests"
 lf2_pid=""
-cat $LF2_LOG
-[ "$rc" -eq 0 ] || { echo "the libfabric 2.3.1 build or transport tests failed (log above)" >&2; exit "$rc"; }
 
 # A run with nothing selected (pytest's exit status 5, e.g. after `-k`) is not a failure. Each run
 # ends with the 25 slowest tests of each tier it ran (tests/conftest.py).
@@ -105,10 +118,8 @@ run() {
 # libfabric 2.3.1's gather, stalled-owner and provider tests run beside the pool too (2 workers,
 # mostly waiting on their owners), reported after it.
 LF2_TEST_LOG=target/libfabric2-tests.log
-set -m
-bash scripts/test-libfabric2.sh --test-only "$@" </dev/null >$LF2_TEST_LOG 2>&1 &
-lf2_pid=$!
-set +m
+background $LF2_TEST_LOG bash scripts/test-libfabric2.sh --test-only "$@"
+lf2_pid=$bg_pid
 stamp "pytest (both tiers, $WORKERS workers, longest first)"
 # One test at a time to each worker, in the order tests/conftest.py gives (longest first), so the
 # long tests start at once and the short ones fill the workers' gaps.
@@ -116,18 +127,12 @@ workers=()
 [ "$WORKERS" = 0 ] || workers=(-n "$WORKERS" --dist load --maxschedchunk 1)
 run -m "not serial" "${workers[@]}" "$@"
 stamp "libfabric 2.3.1 tests (run beside the pool)"
-rc=0
-wait "$lf2_pid" || rc=$?
+join "$lf2_pid" $LF2_TEST_LOG "the libfabric 2.3.1 tests"
 lf2_pid=""
-cat $LF2_TEST_LOG
-[ "$rc" -eq 0 ] || { echo "the libfabric 2.3.1 tests failed (log above: $LF2_TEST_LOG)" >&2; exit "$rc"; }
 if [ -n "$compat_pid" ]; then
     stamp "torch 2.6 and newest (run beside the pool)"
-    rc=0
-    wait "$compat_pid" || rc=$?
+    join "$compat_pid" $COMPAT/log "the torch compatibility tests"
     compat_pid=""
-    cat $COMPAT/log
-    [ "$rc" -eq 0 ] || { echo "the torch compatibility tests failed (log above: $COMPAT/log)" >&2; exit "$rc"; }
 fi
 # Host-wide state (other users, /dev/shm listings, namespaces): alone, after everything else.
 stamp "serial tests"
