@@ -737,8 +737,10 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
 
     def _get_data(self) -> tuple:
         """The next answer of any worker (the one whose batch is handed out next first)."""
-        if not self._answers_posted.acquire(False):
-            with span("pyddstore.loader.wait"):
+        # The span is opened even when an answer is already posted (a zero-length wait), as the
+        # thread workers' loop does: a trace shows one wait per batch, however fast the workers.
+        with span("pyddstore.loader.wait"):
+            if not self._answers_posted.acquire(False):
                 self._wait_posted()
         # A posted answer is in a pipe (or, a large one, on its way into it).
         ready = [self._answer_wid[fd] for fd, _ in self._answer_poll.poll(0)]
