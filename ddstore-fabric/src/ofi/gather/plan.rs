@@ -63,6 +63,11 @@ pub struct Limits {
 /// maps are freed after it).
 const SCRATCH_KEPT: usize = 1 << 14;
 
+/// Owners a [`PlanScratch`] keeps a list for between plans: a reader that
+/// has read from more (a global shuffle over thousands of ranks) starts
+/// afresh, so its kept memory does not grow with the job's size.
+const SCRATCH_OWNERS: usize = 256;
+
 /// What [`plan_with`] builds a plan with, kept by a reader so that its
 /// maps and lists are allocated once, not per batch.
 #[derive(Default)]
@@ -178,7 +183,7 @@ pub fn plan_with(
             out.requests.push(req);
         }
     }
-    if seen.capacity() > SCRATCH_KEPT {
+    if seen.capacity() > SCRATCH_KEPT || pieces.len() > SCRATCH_OWNERS {
         *scratch = PlanScratch::default();
     }
     out
@@ -365,7 +370,8 @@ mod tests {
     fn a_reused_scratch_plans_as_a_fresh_one() {
         let mut scratch = PlanScratch::default();
         // Owners 1 and 2 with a repeat, then owner 2 alone (owner 1's
-        // pieces must not leak into it), then a batch past SCRATCH_KEPT.
+        // pieces must not leak into it), then a batch past SCRATCH_KEPT,
+        // then batches over more owners than SCRATCH_OWNERS.
         let first = [
             (1, 0, 3072, 0),
             (2, 6144, 3072, 3072),
@@ -376,13 +382,33 @@ mod tests {
         let large: Vec<_> = (0..SCRATCH_KEPT as u64 * 2)
             .map(|i| (3, 16 * i, 8, 8 * i as usize))
             .collect();
-        for reads in [&first[..], &second[..], &large[..], &first[..]] {
+        let many_owners: Vec<_> = (0..SCRATCH_OWNERS * 2)
+            .map(|o| (o + 4, 0, 8, 8 * o))
+            .collect();
+        for reads in [
+            &first[..],
+            &second[..],
+            &large[..],
+            &first[..],
+            &many_owners[..],
+        ] {
             assert_eq!(
                 plan_with(reads, limits(), &mut scratch),
                 plan(reads, limits())
             );
         }
         assert!(scratch.seen.capacity() <= SCRATCH_KEPT);
+        assert!(scratch.pieces.len() <= SCRATCH_OWNERS);
+        // A scratch kept across batches of different owners keeps at most
+        // SCRATCH_OWNERS lists, however many owners it has read from.
+        for o in 0..SCRATCH_OWNERS * 3 {
+            let one = [(o, 0, 8, 0)];
+            assert_eq!(
+                plan_with(&one, limits(), &mut scratch),
+                plan(&one, limits())
+            );
+            assert!(scratch.pieces.len() <= SCRATCH_OWNERS);
+        }
     }
 
     #[test]
