@@ -25,6 +25,23 @@ def test_fit_picks_the_growth_of_the_data(model, f):
     assert got["16384"] == pytest.approx(f(16384), rel=0.05), got
 
 
+def test_the_default_set_extrapolates_per_peer_costs_past_its_size():
+    """tcp grows by 36 KiB and 2 descriptors per rank (a connection out, one in); past the default
+    set of 1,024 live connections only tcp-bounded's 0.5 KiB per rank grows on."""
+    from pyddstore.benchmarks.scale import DEFAULT_SET, with_default_set
+
+    ns = [8, 16, 32, 64]
+    tcp = {"fds": fit(ns, [30 + 2 * n for n in ns]), "uss_mib": fit(ns, [40 + 36 / 1024 * n for n in ns])}
+    bounded = [{"n": n, "summary": {"fds": 40, "uss_mib": 40 + 0.5 / 1024 * n}} for n in ns]
+    got = with_default_set({"tcp": {"fits": tcp}, "tcp-bounded": {"points": bounded}})
+    assert got["fds"]["1024"] == pytest.approx(30 + 2 * 1024)
+    assert got["fds"]["16384"] == pytest.approx(30 + 2 * (DEFAULT_SET + 1))  # bounded: no growth
+    at_set = 40 + 36 / 1024 * (DEFAULT_SET + 1)
+    assert got["uss_mib"]["16384"] == pytest.approx(at_set + 0.5 / 1024 * (16384 - DEFAULT_SET - 1), rel=1e-3)
+    assert got["uss_mib"]["16384"] < 64 + 40  # per-peer memory under 64 MiB over the base
+    assert with_default_set({"tcp": {"fits": tcp}}) is None
+
+
 def test_scale_bench_runs_jobs_and_reports_every_rank(tmp_path):
     out = tmp_path / "scale.json"
     cmd = [sys.executable, "-m", "pyddstore.benchmarks.scale", "--ranks", "2,4", "--configs", "tcp"]

@@ -49,11 +49,15 @@ def test_gather_reads_are_verified(env):
     assert out.count("gather read ok") >= 1, out
 
 
-def test_reader_cap_answers_busy_and_readers_retry():
+@pytest.mark.parametrize("bounded", [False, True], ids=["default", "bounded-set"])
+def test_reader_cap_answers_busy_and_readers_retry(bounded):
     """Each owner serves 2 reader endpoints at once (DDSTORE_GATHER_READERS=2) while 9 (3 threads
     on each of the 3 other ranks) read it together: every row arrives and is checked, the readers
     were answered "busy" and sent again (busy_retries), and nobody waited out DDSTORE_TIMEOUT_S
-    (600 s, beyond the job's own timeout: a request left unanswered would fail the test)."""
+    (600 s, beyond the job's own timeout: a request left unanswered would fail the test).
+    bounded-set: DDSTORE_MAX_CONNECTIONS set, so fi_av_remove closes connections
+    (FI_AV_REMOVE_CLEANUP, as in jobs of more than 1,025 ranks): an owner that forgot an idle
+    reader's route once closed its connection, and that reader's next request went unanswered."""
     env = {
         "DDSTORE_FABRIC": "tcp",
         "DDSTORE_SHM": "0",
@@ -61,6 +65,8 @@ def test_reader_cap_answers_busy_and_readers_retry():
         "DDSTORE_GATHER_READERS": "2",
         "DDSTORE_TIMEOUT_S": "600",
     }
+    if bounded:
+        env["DDSTORE_MAX_CONNECTIONS"] = "3"  # every peer fits: only the removal's effect changes
     out = run_mpi(4, "gather.py", "capped", env=env, timeout=300).stdout
     m = re.search(r"capped read ok: busy_retries=(\d+)", out)
     assert m, out

@@ -31,7 +31,8 @@ pub struct Config {
     pub thread_readers: bool,
     /// Live connections a reader endpoint keeps on connection-oriented
     /// providers; past it idle peers are disconnected (`DDSTORE_MAX_CONNECTIONS`;
-    /// 0: as many as the descriptor limit allows, see [`crate::fd_limit`]).
+    /// 0: as many as the descriptor limit allows, at most
+    /// [`crate::fd_limit::DEFAULT_MAX_CONNECTIONS`]).
     pub max_connections: usize,
     /// Remote batches through the owner-side gather path (`DDSTORE_REMOTE_GATHER`).
     pub remote_gather: RemoteGather,

@@ -2,7 +2,8 @@
 //! per process (as MPI libraries do), the pre-flight check of what a
 //! connection-oriented provider (tcp;ofi_rxm, verbs;ofi_rxm) will need, and
 //! the size of the bounded set of live connections a reader endpoint keeps
-//! where the limit is below one connection per peer.
+//! where the limit is below one connection per peer (and, by default, in
+//! jobs of more than [`DEFAULT_MAX_CONNECTIONS`] remote ranks).
 
 use std::sync::OnceLock;
 
@@ -103,20 +104,28 @@ pub fn hard_limit_is_low() -> bool {
     get().is_some_and(|(_, hard)| hard < LOW_HARD_LIMIT)
 }
 
+/// Live connections a reader endpoint keeps at most by default: each one
+/// holds the provider's buffers (about 20-25 KiB on tcp;ofi_rxm with
+/// libfabric 1.x, more with 2.x), and a peer's reader holds one back, so a
+/// job of more ranks than this bounds its per-peer memory (about 50 MiB)
+/// and descriptors at this set, reconnecting idle peers as reads need them.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+
 /// Live connections a reader endpoint opened now may keep (its bounded
 /// set): `setting` (`DDSTORE_MAX_CONNECTIONS`) when given, else as many as
-/// the soft limit leaves room for beside the `open` descriptors, at least 1.
+/// the soft limit leaves room for beside the `open` descriptors, at least 1
+/// and at most [`DEFAULT_MAX_CONNECTIONS`].
 pub fn connections_allowed(setting: usize) -> usize {
     if setting > 0 {
         return setting;
     }
     let Some((soft, _)) = get() else {
-        return usize::MAX;
+        return DEFAULT_MAX_CONNECTIONS;
     };
     let free = soft.saturating_sub(open_now() + PER_ENDPOINT + SPARE);
     usize::try_from(free / PER_PEER)
         .unwrap_or(usize::MAX)
-        .max(1)
+        .clamp(1, DEFAULT_MAX_CONNECTIONS)
 }
 
 /// Whether the limit leaves room for one more reader endpoint that may
@@ -210,5 +219,7 @@ mod tests {
         );
         assert_eq!(preflight("ofi:tcp;ofi_rxm", 2, false, 0), None);
         assert_eq!(connections_allowed(7), 7);
+        assert_eq!(connections_allowed(1 << 20), 1 << 20); // explicit: as asked
+        assert!((1..=DEFAULT_MAX_CONNECTIONS).contains(&connections_allowed(0)));
     }
 }

@@ -76,11 +76,13 @@ pub(crate) fn universe_size_for(config: &Config) -> usize {
 ///   for unexpected messages; reads and gather replies never use them: 1 KiB
 ///   cut a 4-rank tcp process from 290 to 80 MiB resident at the same speed)
 ///   and, where the bounded set of live connections can be needed
-///   (`DDSTORE_MAX_CONNECTIONS` set, or a hard `ulimit -n` below
-///   `fd_limit::LOW_HARD_LIMIT`; see `pool.rs`), `FI_AV_REMOVE_CLEANUP=1`
-///   (`fi_av_remove` closes the peer's connection). Not elsewhere: the gather
-///   server's eviction of an idle reader (`fi_av_remove`) must leave that
-///   reader's connection open.
+///   (`DDSTORE_MAX_CONNECTIONS` set, a hard `ulimit -n` below
+///   `fd_limit::LOW_HARD_LIMIT`, or a job of more ranks than
+///   `fd_limit::DEFAULT_MAX_CONNECTIONS`, as its launcher says; see
+///   `pool.rs`), `FI_AV_REMOVE_CLEANUP=1` (`fi_av_remove` closes the peer's
+///   connection: a reader's eviction frees its descriptors and memory; the
+///   gather server removes only a stalled reader's address, whose
+///   connection it means to close).
 /// - over tcp, `FI_OFI_RXM_EAGER_LIMIT` = `DDSTORE_MAX_READ_BYTES`: gather
 ///   replies go eager, straight into the reader's posted buffer (1 x 3 KB
 ///   rows 130 -> 60 µs, measured with `python -m pyddstore.bench`).
@@ -139,7 +141,11 @@ fn defaults_for_machine(
     if let Some(p) = provider.filter(|p| p.contains("ofi_rxm")) {
         out.push(("FI_UNIVERSE_SIZE", universe_size_for(&config).to_string()));
         out.push(("FI_OFI_RXM_BUFFER_SIZE", RXM_BUFFER_BYTES.to_string()));
-        if low_fd_limit || config.max_connections > 0 {
+        let large_job = ddstore_core::launcher::detect(&get)
+            .ok()
+            .flatten()
+            .is_some_and(|l| l.size > ddstore_core::fd_limit::DEFAULT_MAX_CONNECTIONS + 1);
+        if low_fd_limit || config.max_connections > 0 || large_job {
             out.push(("FI_AV_REMOVE_CLEANUP", "1".into()));
         }
         if p.starts_with("tcp") {
@@ -173,7 +179,8 @@ pub fn reason(name: &str) -> &'static str {
         }
         "FI_AV_REMOVE_CLEANUP" => {
             "rxm: fi_av_remove closes the peer's connection, so a reader endpoint keeps a \
-             bounded set of live connections where `ulimit -n` is below one per peer"
+             bounded set of live connections where `ulimit -n` is below one per peer, or the \
+             job has more ranks than the set (DDSTORE_MAX_CONNECTIONS)"
         }
         "FI_OFI_RXM_EAGER_LIMIT" => {
             "tcp: gather replies up to DDSTORE_MAX_READ_BYTES go eager, straight into the \
@@ -257,6 +264,32 @@ mod tests {
             true,
             true,
         )
+    }
+
+    #[test]
+    fn av_removal_closes_connections_where_the_bounded_set_can_be_needed() {
+        let cleanup = |size: &str, max_connections: &str| {
+            let env = [
+                ("DDSTORE_FABRIC", "tcp"),
+                ("OMPI_COMM_WORLD_RANK", "0"),
+                ("OMPI_COMM_WORLD_SIZE", size),
+                ("DDSTORE_MAX_CONNECTIONS", max_connections),
+            ];
+            let get = |k: &str| {
+                env.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            };
+            defaults_for_machine(get, true, false)
+                .iter()
+                .any(|(k, v)| *k == "FI_AV_REMOVE_CLEANUP" && v == "1")
+        };
+        // A job of more ranks than the default set, or a set asked for.
+        assert!(!cleanup("64", "0"));
+        assert!(!cleanup("1025", "0"));
+        assert!(cleanup("1026", "0"));
+        assert!(cleanup("16384", "0"));
+        assert!(cleanup("64", "8"));
     }
 
     #[test]

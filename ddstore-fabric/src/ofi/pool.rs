@@ -7,8 +7,8 @@
 //! endpoint). The pool opens a further endpoint for a concurrent reader only
 //! while the limit has room for it and all its connections; otherwise the
 //! reader waits for a lent one to come back. Each endpoint keeps a bounded
-//! set of live connections ([`Live::admit`]): as many as the limit allows
-//! (or `DDSTORE_MAX_CONNECTIONS`); past it, idle peers are disconnected
+//! set of live connections ([`Live::admit`]): as many as the limit allows,
+//! at most 1,024 (or `DDSTORE_MAX_CONNECTIONS`); past it, idle peers are disconnected
 //! (`fi_av_remove`) and reconnected on their next read, slower but correct,
 //! and the first time that happens one warning names the limit.
 
@@ -36,7 +36,8 @@ pub struct EndpointPool {
     /// Signalled when an endpoint comes back.
     returned: Condvar,
     quarantined: Mutex<Vec<Live>>,
-    /// `DDSTORE_MAX_CONNECTIONS` (0: as many as the descriptor limit allows).
+    /// `DDSTORE_MAX_CONNECTIONS` (0: as many as the descriptor limit allows,
+    /// at most [`fd_limit::DEFAULT_MAX_CONNECTIONS`]).
     max_connections: usize,
 }
 
@@ -95,7 +96,11 @@ impl EndpointPool {
         *lock(&self.lent) += 1;
         drop(idle);
         let allowed = fd_limit::connections_allowed(self.max_connections);
-        Live::open(&self.domain, window, tagged, allowed).inspect_err(|_| self.came_back())
+        // Set by hand or by the descriptor limit, the set is given up after
+        // each call (owners' descriptors free for their own readers); the
+        // default set, for memory, keeps its least recently used peers.
+        let release = self.max_connections > 0 || allowed < fd_limit::DEFAULT_MAX_CONNECTIONS;
+        Live::open(&self.domain, window, tagged, allowed, release).inspect_err(|_| self.came_back())
     }
 
     /// One lent endpoint is back (or gone): a waiting reader may go on.
@@ -172,12 +177,14 @@ pub(crate) fn warn_bounded(allowed: usize, peers: usize) {
         return;
     }
     let limit = fd_limit::raise_soft_limit().map_or_else(|| "?".into(), |r| r.after.to_string());
+    let default = fd_limit::DEFAULT_MAX_CONNECTIONS;
     eprintln!(
         "pyddstore: warning: a reader endpoint keeps at most {allowed} live connections, fewer \
-         than the {peers} ranks it reads (file descriptor limit {limit}, `ulimit -n`; \
-         DDSTORE_MAX_CONNECTIONS): peers are disconnected and reconnected as reads need them \
-         (correct, slower); for one connection per peer raise `ulimit -n` by about 2 per \
-         remote rank"
+         than the {peers} ranks it reads (DDSTORE_MAX_CONNECTIONS; by default as many as the \
+         file descriptor limit {limit} leaves room for, at most {default}, each connection \
+         holding some 20-110 KiB of the provider's memory): peers are disconnected and \
+         reconnected as reads need them (correct, slower); for one connection per peer set \
+         DDSTORE_MAX_CONNECTIONS={peers} and raise `ulimit -n` by about 2 per remote rank"
     );
 }
 
@@ -217,4 +224,55 @@ fn close_abandoning(live: Live) {
     std::mem::forget(bounce);
     std::mem::forget(requests);
     std::mem::forget(trash);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ofi::{Fabric, Info, InfoRequest};
+
+    fn rss_kib() -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    /// What a reader endpoint spends on a rank it knows but holds no
+    /// connection to (a job of more ranks than its bounded set): the AV
+    /// entry and the address maps, counted at 16,384 synthetic tcp peers.
+    #[test]
+    fn a_peer_known_but_not_connected_costs_under_a_kib() {
+        const PEERS: usize = 16_384;
+        let request = InfoRequest {
+            provider: Some("tcp;ofi_rxm".into()),
+            node: Some("127.0.0.1".into()),
+            tagged: true,
+            ..Default::default()
+        };
+        let info = Info::query(&request).expect("tcp;ofi_rxm on loopback");
+        let fabric = Arc::new(Fabric::open(&info).unwrap());
+        let domain = Domain::open(&fabric).unwrap();
+        let mut live = Live::open(&domain, 16, true, 1024, false).unwrap();
+        let own = live.name.clone();
+        assert_eq!(own.len(), 16, "a sockaddr_in");
+        // Port and host bytes of the sockaddr_in name: 16,384 peers that
+        // are never connected to (nothing is posted to them).
+        let table: Arc<Vec<Vec<u8>>> = Arc::new(
+            (0..PEERS)
+                .map(|i| {
+                    let mut name = own.clone();
+                    name[2..4].copy_from_slice(&(20_000 + (i % 30_000) as u16).to_be_bytes());
+                    name[7] = 2 + (i / 30_000) as u8;
+                    name
+                })
+                .collect(),
+        );
+        let before = rss_kib();
+        live.resolve(&table).unwrap();
+        let per_peer = (rss_kib().saturating_sub(before) * 1024) / PEERS as u64;
+        eprintln!("a known, unconnected peer: {per_peer} B of resident memory");
+        assert!(per_peer < 1024, "{per_peer} B per known peer");
+        assert_eq!(live.peers_fi.len(), PEERS);
+        live.close().unwrap();
+    }
 }

@@ -171,7 +171,8 @@ impl OfiReader {
     fn check_in(&mut self) {
         if let Some(mut live) = self.live.take() {
             self.times = self.times.plus(live.times);
-            let bounded = live.max_connections < self.peers.len().saturating_sub(1);
+            let bounded = live.release_between_calls
+                && live.max_connections < self.peers.len().saturating_sub(1);
             if live.in_flight() {
                 self.pool.quarantine(live);
             } else if bounded && live.disconnect_all().is_err() {

@@ -3,6 +3,7 @@
 //! polling that frees them, which peer a failure names, deadlines, and the
 //! one retry of a post the provider answers with `FI_EAGAIN`.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::os::raw::c_void;
 use std::ptr;
@@ -99,10 +100,16 @@ pub(crate) struct Live {
     /// Messages discarded: trash receives, and replies whose CQ data failed.
     pub(crate) discarded: Arc<AtomicU64>,
     /// Its bounded set of live connections: peers (by AV address) posted to
-    /// since inserted, with when they were last admitted ([`Live::admit`]).
-    pub(crate) connected: HashMap<sys::fi_addr_t, u64>,
+    /// since inserted, with when they were last admitted ([`Live::admit`])
+    /// and their name (to insert again when disconnected).
+    pub(crate) connected: HashMap<sys::fi_addr_t, (u64, Vec<u8>)>,
+    /// The address table `peers_fi` was resolved from (names by rank).
+    current: Option<Arc<AddrTable>>,
     /// At most this many live connections (see `pool.rs`).
     pub(crate) max_connections: usize,
+    /// Whether a bounded set closes every connection after each call
+    /// (see `EndpointPool::take`).
+    pub(crate) release_between_calls: bool,
     /// Admissions so far (the clock of `connected`).
     admissions: u64,
     /// Peers disconnected to stay within `max_connections`.
@@ -198,12 +205,14 @@ pub(crate) const TRASH_BYTES: usize = 256;
 impl Live {
     /// Opens an endpoint (CQ, AV) of `window` operations in `domain`;
     /// `tagged`: for the gather path.
-    /// `max_connections`: its bounded set's size (see [`Live::admit`]).
+    /// `max_connections`: its bounded set's size (see [`Live::admit`]);
+    /// `release_between_calls`: whether it is given up after each call.
     pub(crate) fn open(
         domain: &Arc<Domain>,
         window: usize,
         tagged: bool,
         max_connections: usize,
+        release_between_calls: bool,
     ) -> FabricResult<Live> {
         let format = if tagged {
             sys::FI_CQ_FORMAT_TAGGED
@@ -243,7 +252,9 @@ impl Live {
             // Set to the borrowing reader's counter at each check-out.
             discarded: Arc::default(),
             connected: HashMap::new(),
+            current: None,
             max_connections: max_connections.max(1),
+            release_between_calls,
             admissions: 0,
             evictions: 0,
         })
@@ -258,14 +269,20 @@ impl Live {
         self.admissions += 1;
         let now = self.admissions;
         for &o in owners {
-            self.connected.insert(self.peers_fi[o], now);
+            let name = self.current.as_ref().and_then(|t| t.get(o));
+            match self.connected.entry(self.peers_fi[o]) {
+                Entry::Occupied(mut e) => e.get_mut().0 = now,
+                Entry::Vacant(e) => {
+                    e.insert((now, name.cloned().unwrap_or_default()));
+                }
+            }
         }
         while self.connected.len() > self.max_connections {
             let idle = self
                 .connected
                 .iter()
-                .filter(|(_, &when)| when < now)
-                .min_by_key(|(_, &when)| when)
+                .filter(|(_, (when, _))| *when < now)
+                .min_by_key(|(_, (when, _))| *when)
                 .map(|(&fi, _)| fi);
             let Some(fi) = idle else { break };
             self.disconnect(fi)?;
@@ -284,24 +301,26 @@ impl Live {
     /// Closes the connection to the peer at `fi`: its AV entry is removed
     /// (with `FI_AV_REMOVE_CLEANUP` rxm closes the connection) and its name
     /// inserted again, unconnected until the next operation posted to it.
+    /// The AV gives the name back its old address as a rule (its free list
+    /// hands out the entry just removed), so the per-rank address lists are
+    /// rewritten only where it did not: an eviction does not cost O(ranks).
     fn disconnect(&mut self, fi: sys::fi_addr_t) -> FabricResult<()> {
-        self.connected.remove(&fi);
-        let Some(name) = self
-            .addrs
-            .iter()
-            .find(|(_, &a)| a == fi)
-            .map(|(n, _)| n.clone())
-        else {
+        let Some((_, name)) = self.connected.remove(&fi) else {
             return Ok(());
         };
+        if self.addrs.get(&name) != Some(&fi) {
+            return Ok(()); // not a name of this AV (never posted to)
+        }
         self.ep.av().remove(fi)?;
         let fresh = self.ep.av().insert_one(0, &name, self.name.len())?;
         self.addrs.insert(name, fresh);
-        let lists = self.resolved.iter_mut().map(|(_, fis)| fis);
-        for fis in lists.chain(std::iter::once(&mut self.peers_fi)) {
-            fis.iter_mut()
-                .filter(|a| **a == fi)
-                .for_each(|a| *a = fresh);
+        if fresh != fi {
+            let lists = self.resolved.iter_mut().map(|(_, fis)| fis);
+            for fis in lists.chain(std::iter::once(&mut self.peers_fi)) {
+                fis.iter_mut()
+                    .filter(|a| **a == fi)
+                    .for_each(|a| *a = fresh);
+            }
         }
         self.evictions += 1;
         Ok(())
@@ -316,6 +335,7 @@ impl Live {
             .find(|(list, _)| std::ptr::eq(list.as_ptr(), Arc::as_ptr(peers)));
         if let Some((_, fis)) = known {
             self.peers_fi.clone_from(fis);
+            self.current = Some(peers.clone());
             return Ok(());
         }
         let own_len = self.name.len();
@@ -335,6 +355,7 @@ impl Live {
         self.resolved.retain(|(list, _)| list.strong_count() > 0);
         self.peers_fi.clone_from(&fis);
         self.resolved.push((Arc::downgrade(peers), fis));
+        self.current = Some(peers.clone());
         Ok(())
     }
 

@@ -13,6 +13,8 @@ making the store and in ``add`` (method 2's extra ranks: ``join``):
 MPI messages and bytes through a PMPI counting shim (tests/scripts/pmpi_count.c, built here with
 mpicc), file-communicator file operations through an LD_PRELOAD'ed counter
 (tests/scripts/fileops_count.c); without a source checkout or a compiler those are left out.
+``tcp-bounded`` keeps a bounded set of 4 live connections (``DDSTORE_MAX_CONNECTIONS=4``): with
+``tcp`` it gives what a rank spends at 1,024 and 16,384 ranks with the default set of 1,024.
 On one node every peer is reached through the provider (``DDSTORE_SHM=0``), as a remote one would
 be, so the extrapolation at 8 ranks per node is an upper bound; ``--vcluster K`` also runs the tcp
 job across K virtual nodes (root, scripts/vcluster.py) with same-node peers through memory. Wall
@@ -45,7 +47,14 @@ CONFIGS = {
     # N ranks: N/2 core ranks (one mpirun) and an extra job of N/2 ranks reading them.
     "m2-tcp": (2, "mpi", {"DDSTORE_SHM": "0", "DDSTORE_FABRIC": "tcp"}),
     "file-tcp": (1, "file", {"DDSTORE_SHM": "0", "DDSTORE_FABRIC": "tcp"}),
+    # A job larger than its bounded set of live connections, emulated with a set of EMULATED_SET:
+    # what a rank spends per remote rank beyond its connections.
+    "tcp-bounded": (1, "mpi", {"DDSTORE_SHM": "0", "DDSTORE_FABRIC": "tcp", "DDSTORE_MAX_CONNECTIONS": "4"}),
 }
+# The live connections a reader endpoint keeps by default (fd_limit::DEFAULT_MAX_CONNECTIONS), and
+# the set tcp-bounded emulates it with.
+DEFAULT_SET = 1024
+EMULATED_SET = 4
 # quantity -> (label, unit); per N the figure is the largest over the job's ranks.
 QUANTITIES = {
     "fds": ("descriptors", ""),
@@ -446,6 +455,46 @@ def verdicts(fits: dict, mem_mib: float, shared_mib: float) -> list[str]:
     return out
 
 
+def with_default_set(results: dict) -> dict | None:
+    """tcp at TARGETS with the default bounded set: tcp's fit up to DEFAULT_SET + 1 ranks (one
+    connection per peer, out and in), then tcp-bounded's growth per further rank (its connections
+    are given up after each call: what is left grows with the ranks a rank knows, not reads). That
+    growth is the least-squares slope (at least 0) of its points, not a chosen model: a few hundred
+    bytes per rank are within the noise of 64 ranks and still count over 15,000 more."""
+    full, bounded = results.get("tcp"), results.get("tcp-bounded")
+    if not full or not bounded:
+        return None
+    ok = [p for p in bounded["points"] if not p.get("failed")]
+    out = {}
+    for q in ("fds", "rss_mib", "uss_mib"):
+        f = full["fits"].get(q)
+        pts = [(p["n"], p["summary"][q]) for p in ok if p["summary"].get(q) is not None]
+        if not f or len(pts) < 2:
+            continue
+        at_set = f["a"] + f["b"] * MODELS[f["model"]](DEFAULT_SET + 1)
+        per_rank = max(0.0, float(np.polyfit([n for n, _ in pts], [y for _, y in pts], 1)[0]))
+        out[q] = {
+            "per_rank_past_set": per_rank,
+            **{
+                str(t): f[str(t)] if t <= DEFAULT_SET + 1 else at_set + per_rank * (t - DEFAULT_SET - 1)
+                for t in TARGETS
+            },
+        }
+    return out
+
+
+def print_with_default_set(fits: dict) -> None:
+    print(f"\n# tcp with the default bounded set of {DEFAULT_SET} live connections (emulated: tcp-bounded)")
+    for q, f in fits.items():
+        unit = QUANTITIES[q][1]
+        past = f["per_rank_past_set"] * (1024 if unit == "MiB" else 1)
+        print(
+            f"  {QUANTITIES[q][0]:<26} N=1,024: {_num(f['1024'], unit):>10} {unit:<3}"
+            f" N=16,384: {_num(f['16384'], unit):>10} {unit}"
+            f"  ({past:.2f} {'KiB' if unit == 'MiB' else ''} per rank past the set)"
+        )
+
+
 def print_config(config: str, points: list, fits: dict, mem_mib: float, where: str) -> None:
     cols = list(QUANTITIES)
     print(f"\n# {config} ({where}): the largest over each job's ranks")
@@ -565,6 +614,9 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory(prefix="ddscale-shims-") as tmp:
         shims = build_shims(tmp)
         results = measure(configs, ranks, args, shims)
+        bounded = with_default_set(results)
+        if bounded:
+            print_with_default_set(bounded)
         vcluster = None
         if args.vcluster:
             vcluster = run_vcluster(ranks, args, shims)
@@ -585,6 +637,7 @@ def main(argv=None) -> None:
         "fd_limits": list(FD_LIMITS),
         "node_mem_mib": _mem_total_mib(),
         "configs": results,
+        "with_default_set": bounded,
         "vcluster": vcluster,
     }
     doc["columns"], doc["rows"] = table(results, max(ranks))

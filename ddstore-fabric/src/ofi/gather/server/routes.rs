@@ -2,7 +2,8 @@
 //! connection-oriented providers one connection) of each authenticated
 //! reply name. At most the reader cap (`DDSTORE_GATHER_READERS`) are served
 //! at once; a reader past it gets a route kept only to answer "busy" (at
-//! most [`BUSY_ROUTES`] of those), and retries; idle routes make room.
+//! most [`BUSY_ROUTES`] of those), and retries; idle routes make room
+//! (forgotten, their AV entries and connections kept).
 
 use libfabric_sys as sys;
 
@@ -67,9 +68,12 @@ impl Server {
     }
 
     /// Forgets up to `n` routes with nothing queued or in flight, among the
-    /// busy-only ones or the served ones: their AV entries are removed (over
-    /// rxm this closes the connection; the reader's provider connects again
-    /// at its next request). Whether one was forgotten.
+    /// busy-only ones or the served ones. Their AV entries stay (inserting
+    /// the name again finds the same address): removing one would, with
+    /// `FI_AV_REMOVE_CLEANUP`, close a connection the reader may be reading
+    /// over one-sided or sending its next request on, and that request went
+    /// unanswered. The reader's own bounded set closes idle connections.
+    /// Whether one was forgotten.
     fn forget_idle(&mut self, busy_only: bool, n: usize) -> bool {
         let idle: Vec<(Vec<u8>, sys::fi_addr_t)> = self
             .routes
@@ -85,17 +89,10 @@ impl Server {
             .collect();
         for (name, a) in &idle {
             self.routes.remove(name);
-            self.forget_address(*a);
+            self.busy_routes.remove(a);
+            self.peers.remove(a);
         }
         !idle.is_empty()
-    }
-
-    /// Removes reply address `a` from the AV and forgets its state (its
-    /// route must be gone already).
-    pub(super) fn forget_address(&mut self, a: sys::fi_addr_t) {
-        self.busy_routes.remove(&a);
-        self.peers.remove(&a);
-        let _ = self.ep.av().remove(a);
     }
 
     /// Whether `name` (from an authenticated request) looks like an
