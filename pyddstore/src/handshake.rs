@@ -112,3 +112,35 @@ impl PyHandshakeDir {
         }
     }
 }
+
+/// Method 2: every rank's share record of a variable split into the
+/// provider and the ranks' addresses (published once per store) and the
+/// packed per-rank shares (published per variable): `(provider, addrs, shares)`.
+#[pyfunction]
+pub fn split_share_records(
+    py: Python<'_>,
+    records: Vec<Vec<u8>>,
+) -> PyResult<(String, Vec<Bound<'_, PyBytes>>, Bound<'_, PyBytes>)> {
+    let split = py
+        .detach(|| ddstore_fabric::ofi::split_records(&records))
+        .map_err(ddstore_core::Error::from)
+        .py(py)?;
+    let addrs = split.addrs.iter().map(|a| PyBytes::new(py, a)).collect();
+    Ok((split.provider, addrs, PyBytes::new(py, &split.shares)))
+}
+
+/// Every rank's share record again from `split_share_records`' parts (as
+/// read from a method-2 core job's files: every field is bounded).
+#[pyfunction]
+pub fn join_share_records<'py>(
+    py: Python<'py>,
+    provider: &str,
+    addrs: Vec<Vec<u8>>,
+    shares: Vec<u8>,
+) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+    let records = py
+        .detach(|| ddstore_fabric::ofi::join_records(provider, &addrs, &shares))
+        .map_err(ddstore_core::Error::from)
+        .py(py)?;
+    Ok(records.iter().map(|r| PyBytes::new(py, r)).collect())
+}

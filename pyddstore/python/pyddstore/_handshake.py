@@ -1,5 +1,9 @@
 """Method 2: a core group publishes each variable as one record file in
-``handshake_dir``; extra jobs wait for it, validate it and attach.
+``handshake_dir``; extra jobs wait for it, validate it and attach. What every variable of a
+store shares (the provider and each core rank's endpoint address) is published once per store,
+in an address file (``+peers-{id}{.gN}.ddstore.json``, a name no variable's quoting gives) that
+each record names; a record holds per core rank only its packed share (base, key, length,
+registered length, gather flag: 33 bytes, base64), so its size does not depend on the address.
 
 Every file operation goes through ``_native.HandshakeDir`` (Rust,
 ``ddstore_core::private_dir``): the directory must be owned by this user and
@@ -18,10 +22,13 @@ an owner-only token file beside each record. A record holds the token's
 SHA-256 and an HMAC, keyed by the token, over everything a reader uses (the
 memory keys, addresses, counts, dtype). An extra job must present the token;
 a wrong token, or a record whose keys or addresses were altered, is refused
-with DDStoreAccessError before any read is posted."""
+with DDStoreAccessError before any read is posted. The address file carries its own HMAC over
+its addresses, and the record the id and HMAC of the address file it was written with (signed),
+so an address file altered, or swapped for another store's, is refused too."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -41,12 +48,17 @@ from ._errors import (
 )
 from ._kinds import RAGGED_VALUES, ragged_parts
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 SUFFIX = ".ddstore.json"
 TOKEN_ENV = "DDSTORE_JOB_TOKEN"
 # What a reader relies on: covered by the record's HMAC.
 SIGNED_FIELDS = ("name", "n_core", "group", "transport", "dtype", "row_bytes", "itemsize", "counts")
-SIGNED_FIELDS += ("records", "node", "unit_shape")
+SIGNED_FIELDS += ("peers", "shares", "node", "unit_shape")
+# What a reader relies on of an address file: covered by its HMAC.
+PEERS_SIGNED_FIELDS = ("kind", "id", "n_core", "group", "transport", "provider", "addrs")
+# Longest endpoint address and provider name an address file may give (fi_getname gives far less).
+MAX_ADDR_BYTES = 1024
+MAX_PROVIDER_BYTES = 256
 
 
 # Largest record, meta or token file read back (a record grows with the number of core ranks).
@@ -77,6 +89,17 @@ def record_path(directory: str, name: str, group_id: int = 0) -> str:
     return os.path.join(directory, record_stem(name, group_id) + ".json")
 
 
+def peers_stem(peers_id: str, group_id: int = 0) -> str:
+    """The stem of a store's address file: ``+`` is quoted in every variable's stem, so no
+    variable's record, lock or token file can take its name."""
+    group = "" if group_id == 0 else f".g{group_id}"
+    return f"+peers-{peers_id}{group}.ddstore"
+
+
+def peers_path(directory: str, peers_id: str, group_id: int = 0) -> str:
+    return os.path.join(directory, peers_stem(peers_id, group_id) + ".json")
+
+
 def token_path(directory: str, name: str, group_id: int = 0) -> str:
     """The owner-only file holding the core job's token beside `name`'s record."""
     return os.path.join(directory, "." + record_stem(name, group_id) + ".token")
@@ -91,9 +114,9 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def record_mac(token: str, body: dict) -> str:
+def record_mac(token: str, body: dict, fields: tuple = SIGNED_FIELDS) -> str:
     """HMAC-SHA256, keyed by the job token, of the fields a reader relies on."""
-    signed = {k: body.get(k) for k in SIGNED_FIELDS}
+    signed = {k: body.get(k) for k in fields}
     canonical = json.dumps(signed, sort_keys=True, separators=(",", ":")).encode()
     return hmac.new(token.encode(), canonical, hashlib.sha256).hexdigest()
 
@@ -144,6 +167,10 @@ class Publisher:
         self.locks: dict = {}
         self.token_key: tuple[str, int] | None = None
         self.hdir = None
+        # The address files this store published (their stems and locks), and the last one's
+        # addresses with its reference ({"id", "mac"}) that records carry.
+        self.peer_files: list[tuple[str, object]] = []
+        self.peers: tuple | None = None
         problem = None
         if store.rank == 0:
             try:
@@ -199,11 +226,43 @@ class Publisher:
         if agreed is not None:
             raise DDStoreAccessError(agreed)
 
+    def publish_peers(self, provider: str, addrs: list) -> dict:
+        """The reference ({"id", "mac"}) of the address file holding `provider` and `addrs`:
+        written (and its name locked) once per store, again only if a variable's addresses
+        differ from the last file's."""
+        if self.peers is not None and self.peers[0] == (provider, addrs):
+            return self.peers[1]
+        peers_id = secrets.token_hex(8)
+        stem = peers_stem(peers_id, self.store.group_id)
+        lock = self.hdir.try_lock(stem + ".lock", holder_text())
+        if isinstance(lock, str):  # a fresh random name: only a hostile party holds it
+            raise DDStoreAccessError(f"address file lock {stem}.lock in {self.directory} is held ({lock})")
+        self.peer_files.append((stem, lock))
+        body = {
+            "format": FORMAT_VERSION,
+            "kind": "peers",
+            "id": peers_id,
+            "token_sha256": token_digest(self.token),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "created": time.time(),
+            "n_core": self.store.size,
+            "group": self.store.group_id,
+            "transport": self.store._native.transport,
+            "provider": provider,
+            "addrs": [a.hex() for a in addrs],
+        }
+        body["mac"] = record_mac(self.token, body, PEERS_SIGNED_FIELDS)
+        self.hdir.write(stem + ".json", json.dumps(body).encode())
+        self.peers = ((provider, addrs), {"id": peers_id, "mac": body["mac"]})
+        return self.peers[1]
+
     def publish(self, name: str) -> None:
-        native = self.store._native
-        records = [bytes(r) for r in native.records(name)]
         if self.store.rank != 0:
             return
+        native = self.store._native
+        provider, addrs, shares = _native.split_share_records([bytes(r) for r in native.records(name)])
+        peers = self.publish_peers(provider, [bytes(a) for a in addrs])
         total, disp, itemsize = native.info(name)
         # A ragged variable's values part: the shape of one unit (what a row's entries look like).
         values = name.endswith(RAGGED_VALUES)
@@ -222,7 +281,8 @@ class Publisher:
             "row_bytes": native.row_bytes(name),
             "itemsize": itemsize,
             "counts": list(native.counts(name)),
-            "records": [r.hex() for r in records],
+            "peers": peers,
+            "shares": base64.b64encode(shares).decode(),
             # Same-node extra jobs map these shares instead of reading them remotely.
             "node": list(native.node_records(name)),
             "unit_shape": None if unit is None else [int(d) for d in unit],
@@ -249,8 +309,11 @@ class Publisher:
             stem = record_stem(name, self.store.group_id)
             self.hdir.remove(stem + ".json")
             self.hdir.remove("." + stem + ".token")
+        peer_files, self.peer_files, self.peers = self.peer_files, [], None
+        for stem, _ in peer_files:
+            self.hdir.remove(stem + ".json")
         locks, self.locks = self.locks, {}
-        for lock in locks.values():
+        for lock in [*locks.values(), *(lock for _, lock in peer_files)]:
             lock.release()
 
 
@@ -343,7 +406,8 @@ def parse_record(raw: bytes, path: str, n_core: int) -> dict:
         "row_bytes": int,
         "itemsize": int,
         "counts": list,
-        "records": list,
+        "peers": dict,
+        "shares": str,
     }
     for key, typ in required.items():
         if not isinstance(body.get(key), typ) or isinstance(body.get(key), bool):
@@ -354,16 +418,22 @@ def parse_record(raw: bytes, path: str, n_core: int) -> dict:
         raise DDStoreValueError(
             f"handshake record {path} was published by {body['n_core']} core ranks, but n_core={n_core}"
         )
-    if len(body["counts"]) != n_core or len(body["records"]) != n_core:
-        raise DDStoreValueError(f"handshake record {path}: expected {n_core} counts and records")
+    if len(body["counts"]) != n_core:
+        raise DDStoreValueError(f"handshake record {path}: expected {n_core} counts")
+    node = body.get("node")
+    if node is not None and (not isinstance(node, list) or len(node) not in (0, n_core)):
+        raise DDStoreValueError(f"handshake record {path}: field 'node' must list 0 or {n_core} locators")
+    ref = body["peers"]
+    if sorted(ref) != ["id", "mac"] or not _is_hex(ref["id"], 16) or not _is_hex(ref["mac"], 64):
+        raise DDStoreValueError(
+            f"handshake record {path}: field 'peers' must be the id (16 hex digits) and mac (64) of "
+            "its core job's address file"
+        )
     if not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 2**62 for c in body["counts"]):
         raise DDStoreValueError(f"handshake record {path}: counts must be non-negative integers")
     if not (0 < body["pid"] < 2**31) or body["row_bytes"] >= 2**40 or body["itemsize"] > body["row_bytes"]:
         raise DDStoreValueError(f"handshake record {path}: pid, row_bytes or itemsize out of range")
-    for key in ("token_sha256", "mac"):
-        value = body[key]
-        if len(value) != 64 or not all(c in "0123456789abcdef" for c in value):
-            raise DDStoreValueError(f"handshake record {path}: field {key!r} is not a SHA-256 hex digest")
+    check_digests(body, path)
     if body["row_bytes"] <= 0 or body["itemsize"] <= 0:
         raise DDStoreValueError(f"handshake record {path}: row_bytes and itemsize must be positive")
     unit = body.get("unit_shape")
@@ -380,11 +450,87 @@ def parse_record(raw: bytes, path: str, n_core: int) -> dict:
                 f"handshake record {path}: unit_shape {unit} of {body['itemsize']}-byte items does not "
                 f"make rows of {body['row_bytes']} bytes"
             )
-    try:
-        body["records"] = [bytes.fromhex(r) for r in body["records"]]
-    except (TypeError, ValueError):
-        raise DDStoreValueError(f"handshake record {path}: records are not hex strings") from None
     return body
+
+
+def _is_hex(value, digits: int) -> bool:
+    return isinstance(value, str) and len(value) == digits and all(c in "0123456789abcdef" for c in value)
+
+
+def check_digests(body: dict, path: str) -> None:
+    for key in ("token_sha256", "mac"):
+        if not _is_hex(body[key], 64):
+            raise DDStoreValueError(f"handshake record {path}: field {key!r} is not a SHA-256 hex digest")
+
+
+def parse_peers(raw: bytes, path: str, n_core: int, group: int) -> dict:
+    """Validates a core job's address file (see Publisher.publish_peers); every problem names the
+    file and the field. Its addresses come back as bytes."""
+    body = load_json_object(raw, f"handshake address file {path}")
+    if body.get("format") != FORMAT_VERSION or isinstance(body.get("format"), bool):
+        raise DDStoreValueError(
+            f"handshake address file {path} has format {body.get('format')!r}, this pyddstore reads "
+            f"format {FORMAT_VERSION}: use the same pyddstore version in the core and extra jobs"
+        )
+    required = {"kind": str, "id": str, "token_sha256": str, "mac": str, "n_core": int, "group": int}
+    required.update(provider=str, addrs=list)
+    for key, typ in required.items():
+        if not isinstance(body.get(key), typ) or isinstance(body.get(key), bool):
+            raise DDStoreValueError(
+                f"handshake address file {path}: field {key!r} is missing or not a {typ.__name__}"
+            )
+    check_digests(body, path)
+    if body["kind"] != "peers" or not _is_hex(body["id"], 16):
+        raise DDStoreValueError(f"handshake address file {path}: not a core job's address file")
+    if body["n_core"] != n_core or body["group"] != group or len(body["addrs"]) != n_core:
+        raise DDStoreValueError(
+            f"handshake address file {path} holds {len(body['addrs'])} addresses of {body['n_core']} "
+            f"core ranks of group {body['group']}, expected {n_core} of group {group}"
+        )
+    if not 0 < len(body["provider"].encode()) <= MAX_PROVIDER_BYTES:
+        raise DDStoreValueError(f"handshake address file {path}: provider name out of range")
+    addrs = []
+    for rank, a in enumerate(body["addrs"]):
+        if not isinstance(a, str) or not 0 < len(a) <= 2 * MAX_ADDR_BYTES:
+            raise DDStoreValueError(
+                f"handshake address file {path}: core rank {rank}'s address is not 1 to "
+                f"{MAX_ADDR_BYTES} bytes of hex"
+            )
+        try:
+            addrs.append(bytes.fromhex(a))
+        except ValueError:
+            raise DDStoreValueError(
+                f"handshake address file {path}: core rank {rank}'s address is not hex"
+            ) from None
+    return dict(body, addrs=addrs)
+
+
+def check_peers(peers: dict, ppath: str, body: dict, path: str, name: str, token: str) -> None:
+    """Refuses an address file the job token did not sign, or not the one `body` (the record of
+    `name` at `path`, already checked) was written with."""
+    signed = dict(peers, addrs=[a.hex() for a in peers["addrs"]])
+    if not hmac.compare_digest(token_digest(token), peers["token_sha256"]) or not hmac.compare_digest(
+        record_mac(token, signed, PEERS_SIGNED_FIELDS), peers["mac"]
+    ):
+        raise DDStoreAccessError(
+            f"join('{name}'): refused: address file {ppath} fails its integrity check under this job "
+            "token (its addresses were altered after the core job wrote it)"
+        )
+    if peers["id"] != body["peers"]["id"] or not hmac.compare_digest(peers["mac"], body["peers"]["mac"]):
+        raise DDStoreAccessError(
+            f"join('{name}'): refused: address file {ppath} is not the one record {path} was written "
+            "with (another store's or an older one)"
+        )
+
+
+def share_records(peers: dict, body: dict, path: str, ppath: str) -> list:
+    """Every core rank's share record of `body` (the record at `path`) with the addresses of
+    `peers` (the address file at `ppath`)."""
+    try:
+        shares = base64.b64decode(body["shares"], validate=True)
+        return _native.join_share_records(peers["provider"], peers["addrs"], shares)
+    except (ValueError, DDStoreError) as e:
+        raise DDStoreValueError(f"handshake record {path} with address file {ppath}: {e}") from None
 
 
 def presented_token(directory: str, name: str, group_id: int, token: str | None, settings) -> tuple[str, str]:
@@ -461,23 +607,39 @@ def join(store, name: str, timeout_s: float | None = None, token: str | None = N
             f"join('{name}'): no record {path} after {timeout_s:g} s: is the core job running with "
             f"handshake_dir={store.handshake_dir!r}? (DDSTORE_HANDSHAKE_TIMEOUT_S sets the wait)",
         )
-        parse_record(raw, path, store.n_core)  # the reader's problems are every member's
-        if token is not None or store.settings.job_token:
-            return {"raw": raw, "token": None}
-        return {
-            "raw": raw,
-            "token": list(presented_token(store.handshake_dir, name, group, None, store.settings)),
-        }
+        ref = parse_record(raw, path, store.n_core)["peers"]  # the reader's problems are every member's
+        got = {"raw": raw, "peers": None, "token": None}
+        if (ref["id"], ref["mac"]) not in store._peer_tables:  # once per store of the core job
+            ppath = peers_path(store.handshake_dir, ref["id"], group)
+            got["peers"] = open_dir(store.handshake_dir).read(os.path.basename(ppath), RECORD_CAP)
+            if got["peers"] is None:
+                raise DDStoreError(
+                    f"join('{name}'): record {path} names the core job's address file {ppath}, which "
+                    "does not exist: the core job withdrew it, or the record is stale"
+                )
+            parse_peers(got["peers"], ppath, store.n_core, group)
+        if token is None and not store.settings.job_token:
+            got["token"] = list(presented_token(store.handshake_dir, name, group, None, store.settings))
+        return got
 
-    # One member of the extra job reads the record (and the token file); every member checks.
+    # One member of the extra job reads the record, the address file (once per core store) and
+    # the token file; every member checks.
     got = read_once(store._record_comm, read)
     body = parse_record(got["raw"], path, store.n_core)
-    signed = dict(body, records=[r.hex() for r in body["records"]])
     if got["token"] is not None and token is None and not store.settings.job_token:
         presented, source = got["token"]
     else:
         presented, source = presented_token(store.handshake_dir, name, group, token, store.settings)
-    check_access(signed, path, name, presented, source)
+    check_access(body, path, name, presented, source)
+    ref = (body["peers"]["id"], body["peers"]["mac"])
+    ppath = peers_path(store.handshake_dir, ref[0], group)
+    peers = store._peer_tables.get(ref)
+    if peers is None:
+        if got["peers"] is None:
+            raise DDStoreError(f"join('{name}'): no member read the core job's address file {ppath}")
+        peers = parse_peers(got["peers"], ppath, store.n_core, group)
+        check_peers(peers, ppath, body, path, name, presented)
+        store._peer_tables[ref] = peers
     if body["name"] != name:
         raise DDStoreValueError(f"handshake record {path} is for {body['name']!r}, not {name!r}")
     if body["host"] == socket.gethostname() and not _pid_alive(body["pid"]):
@@ -489,8 +651,9 @@ def join(store, name: str, timeout_s: float | None = None, token: str | None = N
     store._native.set_secret(presented.encode())
     node = body.get("node")
     node = node if isinstance(node, list) and all(isinstance(n, (str, type(None))) for n in node) else None
+    records = share_records(peers, body, path, ppath)
     store._native.attach(
-        name, body["dtype"], body["row_bytes"], body["itemsize"], body["counts"], body["records"], node
+        name, body["dtype"], body["row_bytes"], body["itemsize"], body["counts"], records, node
     )
     return body
 
