@@ -434,6 +434,16 @@ def parse_record(raw: bytes, path: str, n_core: int) -> dict:
     if not (0 < body["pid"] < 2**31) or body["row_bytes"] >= 2**40 or body["itemsize"] > body["row_bytes"]:
         raise DDStoreValueError(f"handshake record {path}: pid, row_bytes or itemsize out of range")
     check_digests(body, path)
+    try:
+        packed = base64.b64decode(body["shares"], validate=True)
+    except ValueError:
+        raise DDStoreValueError(f"handshake record {path}: field 'shares' is not base64") from None
+    if len(packed) != n_core * _native.PACKED_SHARE_BYTES:
+        raise DDStoreValueError(
+            f"handshake record {path}: field 'shares' holds {len(packed)} bytes, expected "
+            f"{_native.PACKED_SHARE_BYTES} per core rank ({n_core})"
+        )
+    body["packed_shares"] = packed
     if body["row_bytes"] <= 0 or body["itemsize"] <= 0:
         raise DDStoreValueError(f"handshake record {path}: row_bytes and itemsize must be positive")
     unit = body.get("unit_shape")
@@ -527,9 +537,8 @@ def share_records(peers: dict, body: dict, path: str, ppath: str) -> list:
     """Every core rank's share record of `body` (the record at `path`) with the addresses of
     `peers` (the address file at `ppath`)."""
     try:
-        shares = base64.b64decode(body["shares"], validate=True)
-        return _native.join_share_records(peers["provider"], peers["addrs"], shares)
-    except (ValueError, DDStoreError) as e:
+        return _native.join_share_records(peers["provider"], peers["addrs"], body["packed_shares"])
+    except DDStoreError as e:
         raise DDStoreValueError(f"handshake record {path} with address file {ppath}: {e}") from None
 
 
@@ -593,12 +602,35 @@ def freed_record(directory: str, group: int, joined: list) -> str | None:
 
 
 def join(store, name: str, timeout_s: float | None = None, token: str | None = None) -> dict:
-    """Extra side: waits for ``name``'s record, checks it and the job token, attaches."""
+    """Extra side: waits for ``name``'s record, checks it and the job token, reads the core
+    store's address file it names (once per extra store), attaches."""
     if timeout_s is None:
         timeout_s = store.settings.handshake_timeout_s
     group = store.settings.core_group
     check_name_length(name, group)
     path = record_path(store.handshake_dir, name, group)
+
+    def presented_for(got: dict) -> tuple:
+        """The token this member presents and where it came from (see presented_token)."""
+        if got["token"] is not None:
+            return tuple(got["token"])
+        return presented_token(store.handshake_dir, name, group, token, store.settings)
+
+    def checked(got: dict) -> tuple[dict, str]:
+        """The record read, and the token presented: refused for a wrong token, an altered
+        record, another name or a core job gone (on this host)."""
+        body = parse_record(got["raw"], path, store.n_core)
+        presented, source = presented_for(got)
+        check_access(body, path, name, presented, source)
+        if body["name"] != name:
+            raise DDStoreValueError(f"handshake record {path} is for {body['name']!r}, not {name!r}")
+        if body["host"] == socket.gethostname() and not _pid_alive(body["pid"]):
+            raise DDStoreError(
+                f"join('{name}'): stale record {path}: its core job (pid {body['pid']} on "
+                f"{body['host']}) is no longer running; start the core job, or clear the "
+                "handshake_dir of old records"
+            )
+        return body, presented
 
     def read() -> dict:
         raw = wait_and_read(
@@ -607,30 +639,30 @@ def join(store, name: str, timeout_s: float | None = None, token: str | None = N
             f"join('{name}'): no record {path} after {timeout_s:g} s: is the core job running with "
             f"handshake_dir={store.handshake_dir!r}? (DDSTORE_HANDSHAKE_TIMEOUT_S sets the wait)",
         )
-        ref = parse_record(raw, path, store.n_core)["peers"]  # the reader's problems are every member's
         got = {"raw": raw, "peers": None, "token": None}
+        if token is None and not store.settings.job_token:
+            got["token"] = list(presented_token(store.handshake_dir, name, group, None, store.settings))
+        # The reader's problems are every member's: a refused record reads no address file.
+        body, presented = checked(got)
+        ref = body["peers"]
         if (ref["id"], ref["mac"]) not in store._peer_tables:  # once per store of the core job
             ppath = peers_path(store.handshake_dir, ref["id"], group)
             got["peers"] = open_dir(store.handshake_dir).read(os.path.basename(ppath), RECORD_CAP)
             if got["peers"] is None:
                 raise DDStoreError(
                     f"join('{name}'): record {path} names the core job's address file {ppath}, which "
-                    "does not exist: the core job withdrew it, or the record is stale"
+                    "does not exist: the core job withdrew it (it freed the store), or the record "
+                    "is stale"
                 )
-            parse_peers(got["peers"], ppath, store.n_core, group)
-        if token is None and not store.settings.job_token:
-            got["token"] = list(presented_token(store.handshake_dir, name, group, None, store.settings))
+            check_peers(
+                parse_peers(got["peers"], ppath, store.n_core, group), ppath, body, path, name, presented
+            )
         return got
 
     # One member of the extra job reads the record, the address file (once per core store) and
     # the token file; every member checks.
     got = read_once(store._record_comm, read)
-    body = parse_record(got["raw"], path, store.n_core)
-    if got["token"] is not None and token is None and not store.settings.job_token:
-        presented, source = got["token"]
-    else:
-        presented, source = presented_token(store.handshake_dir, name, group, token, store.settings)
-    check_access(body, path, name, presented, source)
+    body, presented = checked(got)
     ref = (body["peers"]["id"], body["peers"]["mac"])
     ppath = peers_path(store.handshake_dir, ref[0], group)
     peers = store._peer_tables.get(ref)
@@ -640,13 +672,6 @@ def join(store, name: str, timeout_s: float | None = None, token: str | None = N
         peers = parse_peers(got["peers"], ppath, store.n_core, group)
         check_peers(peers, ppath, body, path, name, presented)
         store._peer_tables[ref] = peers
-    if body["name"] != name:
-        raise DDStoreValueError(f"handshake record {path} is for {body['name']!r}, not {name!r}")
-    if body["host"] == socket.gethostname() and not _pid_alive(body["pid"]):
-        raise DDStoreError(
-            f"join('{name}'): stale record {path}: its core job (pid {body['pid']} on {body['host']}) is no "
-            "longer running; start the core job, or clear the handshake_dir of old records"
-        )
     # This job's requests to the core job's owners carry proof of the token.
     store._native.set_secret(presented.encode())
     node = body.get("node")
