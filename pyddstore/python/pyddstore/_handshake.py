@@ -121,6 +121,32 @@ def record_mac(token: str, body: dict, fields: tuple = SIGNED_FIELDS) -> str:
     return hmac.new(token.encode(), canonical, hashlib.sha256).hexdigest()
 
 
+def signed_body(token: str, fields: tuple, **body) -> dict:
+    """A file's body: `body` with the format, the token's digest, the writer (host, pid, time)
+    and the HMAC, keyed by `token`, over `fields`."""
+    body = {"format": FORMAT_VERSION, **body, "token_sha256": token_digest(token)}
+    body.update(host=socket.gethostname(), pid=os.getpid(), created=time.time())
+    body["mac"] = record_mac(token, body, fields)
+    return body
+
+
+def peers_body(token: str, peers_id: str, provider: str, addrs: list, **store) -> dict:
+    """A core store's address file: the provider and, per core rank, its endpoint's address (hex);
+    `store` gives n_core, group and transport."""
+    addrs = [a.hex() for a in addrs]
+    return signed_body(
+        token, PEERS_SIGNED_FIELDS, kind="peers", id=peers_id, **store, provider=provider, addrs=addrs
+    )
+
+
+def record_body(token: str, peers: dict, shares: bytes, node: list, **variable) -> dict:
+    """A variable's record: `variable` (name, n_core, group, transport, dtype, row_bytes, itemsize,
+    counts, unit_shape), the reference of its store's address file (`peers`, see
+    Publisher.publish_peers), per core rank its packed share (base64) and its same-node locator."""
+    shares = base64.b64encode(shares).decode()
+    return signed_body(token, SIGNED_FIELDS, **variable, peers=peers, shares=shares, node=node)
+
+
 def ensure_private_dir(directory: str) -> None:
     open_dir(directory)
 
@@ -238,21 +264,15 @@ class Publisher:
         if isinstance(lock, str):  # a fresh random name: only a hostile party holds it
             raise DDStoreAccessError(f"address file lock {stem}.lock in {self.directory} is held ({lock})")
         self.peer_files.append((stem, lock))
-        body = {
-            "format": FORMAT_VERSION,
-            "kind": "peers",
-            "id": peers_id,
-            "token_sha256": token_digest(self.token),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "created": time.time(),
-            "n_core": self.store.size,
-            "group": self.store.group_id,
-            "transport": self.store._native.transport,
-            "provider": provider,
-            "addrs": [a.hex() for a in addrs],
-        }
-        body["mac"] = record_mac(self.token, body, PEERS_SIGNED_FIELDS)
+        body = peers_body(
+            self.token,
+            peers_id,
+            provider,
+            addrs,
+            n_core=self.store.size,
+            group=self.store.group_id,
+            transport=self.store._native.transport,
+        )
         self.hdir.write(stem + ".json", json.dumps(body).encode())
         self.peers = ((provider, addrs), {"id": peers_id, "mac": body["mac"]})
         return self.peers[1]
@@ -267,27 +287,22 @@ class Publisher:
         # A ragged variable's values part: the shape of one unit (what a row's entries look like).
         values = name.endswith(RAGGED_VALUES)
         unit = self.store._ragged_units.get(name[: -len(RAGGED_VALUES)]) if values else None
-        body = {
-            "format": FORMAT_VERSION,
-            "name": name,
-            "token_sha256": token_digest(self.token),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "created": time.time(),
-            "n_core": self.store.size,
-            "group": self.store.group_id,
-            "transport": native.transport,
-            "dtype": native.dtype(name),
-            "row_bytes": native.row_bytes(name),
-            "itemsize": itemsize,
-            "counts": list(native.counts(name)),
-            "peers": peers,
-            "shares": base64.b64encode(shares).decode(),
+        body = record_body(
+            self.token,
+            peers,
+            shares,
             # Same-node extra jobs map these shares instead of reading them remotely.
-            "node": list(native.node_records(name)),
-            "unit_shape": None if unit is None else [int(d) for d in unit],
-        }
-        body["mac"] = record_mac(self.token, body)
+            list(native.node_records(name)),
+            name=name,
+            n_core=self.store.size,
+            group=self.store.group_id,
+            transport=native.transport,
+            dtype=native.dtype(name),
+            row_bytes=native.row_bytes(name),
+            itemsize=itemsize,
+            counts=list(native.counts(name)),
+            unit_shape=None if unit is None else [int(d) for d in unit],
+        )
         stem = record_stem(name, self.store.group_id)
         if not self.store.settings.job_token:
             self.hdir.write("." + stem + ".token", self.token.encode())
