@@ -8,6 +8,7 @@ import os
 import random
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,10 @@ from conftest import SCRIPTS, _env, start_procs
 from pyddstore import DDStoreError, _handshake, _native
 
 # -- the record parser on random, mutated and truncated input -----------------------
+
+
+# Two core ranks' same-node locators, packed: one on host 0, one without.
+SAME_NODE = struct.pack("<IIiQQQ", 0, 1234, 40, 4096, 4096, 7) + struct.pack("<I32x", 2**32 - 1)
 
 
 def valid_body(n_core=2) -> dict:
@@ -41,6 +46,7 @@ def valid_body(n_core=2) -> dict:
         "counts": [12] * n_core,
         "peers": {"id": "0f" * 8, "mac": "ef" * 32},
         "shares": base64.b64encode(bytes(_native.PACKED_SHARE_BYTES * n_core)).decode(),
+        "node": {"hosts": ["host/boot"], "packed": base64.b64encode(SAME_NODE).decode()},
         "unit_shape": [4, 2],
     }
 

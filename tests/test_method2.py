@@ -177,8 +177,13 @@ def test_record_bytes_per_core_rank_are_constant_and_hold_no_address():
         # The address file: the address (16 bytes, hex) once per core rank, once per store.
         per_rank = (b["address_file"] - a["address_file"]) / (b["n_core"] - a["n_core"])
         assert per_rank == pytest.approx(2 * 16 + len('"", '), abs=0.01), (a, b)
+        # Same-node locators (the default): a packed locator per rank, each host id once.
+        per_rank = (b["record_shm"] - a["record_shm"]) / (b["n_core"] - a["n_core"])
+        locator = 4 * _native.PACKED_LOCATOR_BYTES // 3
+        assert share + count + locator < per_rank < share + count + locator + 64 / 8, (a, b)
     print(f"method-2 files at 16,384 core ranks: {large}")
     assert large["record"] < 1_000_000  # format 3: 5.5 MB, 336 B per core rank
+    assert large["record_shm"] < 2_000_000  # format 3: 8.0 MB, 487 B per core rank
 
 
 def test_join_times_out_without_core(handshake_dir):

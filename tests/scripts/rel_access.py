@@ -90,6 +90,8 @@ def tamper_cases(body, peers, token):
     other_key = shares(
         8, (int.from_bytes(base64.b64decode(body["shares"])[8:16], "little") ^ 1 << 40).to_bytes(8, "little")
     )
+    # The core runs with same-node sharing: its record packs both ranks' locators.
+    node_packed = body["node"]["packed"]
     addrs = peers["addrs"]
     other_addr = addrs[1][:-2] + ("00" if addrs[1][-2:] != "00" else "01")
     wrong = [
@@ -122,6 +124,9 @@ def tamper_cases(body, peers, token):
         ("peers-missing", edit(peers=KeyError), "peers", token),
         ("peers-not-hex", edit(peers={"id": "zz" * 8, "mac": body["peers"]["mac"]}), "peers", token),
         ("peers-other", edit(peers={"id": "12" * 8, "mac": body["peers"]["mac"]}), "does not exist", token),
+        ("node-not-packed", edit(node=[None, None]), "node", token),
+        ("node-short", edit(node={"hosts": ["h"], "packed": "AAAA"}), "node", token),
+        ("node-host-index", edit(node={"hosts": [], "packed": node_packed}), "host index", token),
         ("counts-negative", edit(counts=[-1, body["counts"][1]]), "counts", token),
         ("counts-huge", edit(counts=[2**64, body["counts"][1]]), "counts", token),
         ("counts-past-share", edit(counts=[body["counts"][0] * 1000, body["counts"][1]]), "count", token),

@@ -142,9 +142,14 @@ def peers_body(token: str, peers_id: str, provider: str, addrs: list, **store) -
 def record_body(token: str, peers: dict, shares: bytes, node: list, **variable) -> dict:
     """A variable's record: `variable` (name, n_core, group, transport, dtype, row_bytes, itemsize,
     counts, unit_shape), the reference of its store's address file (`peers`, see
-    Publisher.publish_peers), per core rank its packed share (base64) and its same-node locator."""
+    Publisher.publish_peers), per core rank its packed share (base64) and its same-node locator
+    (`node`, JSON or None per rank: packed, each host once; None when no rank has one)."""
     shares = base64.b64encode(shares).decode()
-    return signed_body(token, SIGNED_FIELDS, **variable, peers=peers, shares=shares, node=node)
+    packed_node = None
+    if any(n is not None for n in node):
+        hosts, packed = _native.pack_node_records(node)
+        packed_node = {"hosts": hosts, "packed": base64.b64encode(packed).decode()}
+    return signed_body(token, SIGNED_FIELDS, **variable, peers=peers, shares=shares, node=packed_node)
 
 
 def ensure_private_dir(directory: str) -> None:
@@ -436,8 +441,17 @@ def parse_record(raw: bytes, path: str, n_core: int) -> dict:
     if len(body["counts"]) != n_core:
         raise DDStoreValueError(f"handshake record {path}: expected {n_core} counts")
     node = body.get("node")
-    if node is not None and (not isinstance(node, list) or len(node) not in (0, n_core)):
-        raise DDStoreValueError(f"handshake record {path}: field 'node' must list 0 or {n_core} locators")
+    if node is not None and not (
+        isinstance(node, dict)
+        and sorted(node) == ["hosts", "packed"]
+        and isinstance(node["hosts"], list)
+        and all(isinstance(h, str) for h in node["hosts"])
+        and isinstance(node["packed"], str)
+    ):
+        raise DDStoreValueError(
+            f"handshake record {path}: field 'node' must be null or the same-node locators' hosts "
+            "(strings) and packed bytes (base64)"
+        )
     ref = body["peers"]
     if sorted(ref) != ["id", "mac"] or not _is_hex(ref["id"], 16) or not _is_hex(ref["mac"], 64):
         raise DDStoreValueError(
@@ -449,16 +463,13 @@ def parse_record(raw: bytes, path: str, n_core: int) -> dict:
     if not (0 < body["pid"] < 2**31) or body["row_bytes"] >= 2**40 or body["itemsize"] > body["row_bytes"]:
         raise DDStoreValueError(f"handshake record {path}: pid, row_bytes or itemsize out of range")
     check_digests(body, path)
-    try:
-        packed = base64.b64decode(body["shares"], validate=True)
-    except ValueError:
-        raise DDStoreValueError(f"handshake record {path}: field 'shares' is not base64") from None
-    if len(packed) != n_core * _native.PACKED_SHARE_BYTES:
-        raise DDStoreValueError(
-            f"handshake record {path}: field 'shares' holds {len(packed)} bytes, expected "
-            f"{_native.PACKED_SHARE_BYTES} per core rank ({n_core})"
-        )
-    body["packed_shares"] = packed
+    body["packed_shares"] = packed_field(body["shares"], path, "shares", n_core, _native.PACKED_SHARE_BYTES)
+    if node is not None:
+        packed = packed_field(node["packed"], path, "node", n_core, _native.PACKED_LOCATOR_BYTES)
+        try:
+            body["node_records"] = _native.unpack_node_records(node["hosts"], packed)
+        except DDStoreError as e:
+            raise DDStoreValueError(f"handshake record {path}: field 'node': {e}") from None
     if body["row_bytes"] <= 0 or body["itemsize"] <= 0:
         raise DDStoreValueError(f"handshake record {path}: row_bytes and itemsize must be positive")
     unit = body.get("unit_shape")
@@ -476,6 +487,20 @@ def parse_record(raw: bytes, path: str, n_core: int) -> dict:
                 f"make rows of {body['row_bytes']} bytes"
             )
     return body
+
+
+def packed_field(text: str, path: str, field: str, n_core: int, per_rank: int) -> bytes:
+    """The bytes of a record's base64 `field`, which must hold `per_rank` bytes per core rank."""
+    try:
+        packed = base64.b64decode(text, validate=True)
+    except ValueError:
+        raise DDStoreValueError(f"handshake record {path}: field {field!r} is not base64") from None
+    if len(packed) != n_core * per_rank:
+        raise DDStoreValueError(
+            f"handshake record {path}: field {field!r} holds {len(packed)} bytes, expected {per_rank} "
+            f"per core rank ({n_core})"
+        )
+    return packed
 
 
 def _is_hex(value, digits: int) -> bool:
@@ -689,8 +714,7 @@ def join(store, name: str, timeout_s: float | None = None, token: str | None = N
         store._peer_tables[ref] = peers
     # This job's requests to the core job's owners carry proof of the token.
     store._native.set_secret(presented.encode())
-    node = body.get("node")
-    node = node if isinstance(node, list) and all(isinstance(n, (str, type(None))) for n in node) else None
+    node = body.get("node_records")
     records = share_records(peers, body, path, ppath)
     store._native.attach(
         name, body["dtype"], body["row_bytes"], body["itemsize"], body["counts"], records, node

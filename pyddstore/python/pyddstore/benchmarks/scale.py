@@ -506,7 +506,8 @@ def method2_files(n_core: int) -> dict:
     """Bytes of the files a method-2 core job of `n_core` ranks publishes, through the publisher's
     own encoding (_handshake.peers_body, record_body) of synthetic shares as tcp registers them (a
     sockaddr_in address, a random 64-bit key, 786,432 bytes per rank): the address file, once per
-    store, and a variable's record."""
+    store, and a variable's record without same-node locators (DDSTORE_SHM=0) and with them (the
+    default: a host id and the share's file per rank, PER_NODE ranks per host)."""
     from .. import _handshake, _native
 
     rng = np.random.default_rng(n_core)
@@ -524,30 +525,37 @@ def method2_files(n_core: int) -> dict:
     token, store = "0" * 32, {"n_core": n_core, "group": 0, "transport": "ofi:" + provider}
     peers = _handshake.peers_body(token, "0" * 16, provider, addrs, **store)
     ref = {"id": peers["id"], "mac": peers["mac"]}
-    counts = [256] * n_core
-    record = _handshake.record_body(
-        token,
-        ref,
-        shares,
-        [],
-        name="x",
-        dtype="float32",
-        row_bytes=3072,
-        itemsize=4,
-        counts=counts,
-        unit_shape=None,
-        **store,
-    )
-    return {"n_core": n_core, "address_file": len(json.dumps(peers)), "record": len(json.dumps(record))}
+    variable = {"name": "x", "dtype": "float32", "row_bytes": 3072, "itemsize": 4, "counts": [256] * n_core}
+    variable.update(unit_shape=None, **store)
+    # A locator as ddstore_core::region::NodeLocator serialises (host id: hostname/boot id).
+    node = [
+        json.dumps(
+            {
+                "host": f"frontier{r // PER_NODE:05d}/{r // PER_NODE:08x}-1c2d-4e5f-8a9b-0c1d2e3f4a5b",
+                "pid": 100000 + r,
+            }
+            | {"fd": 40, "len": 786432, "ctl": 786432, "id": int(rng.integers(2**63))},
+            separators=(",", ":"),
+        )
+        for r in range(n_core)
+    ]
+    return {
+        "n_core": n_core,
+        "address_file": len(json.dumps(peers)),
+        "record": len(json.dumps(_handshake.record_body(token, ref, shares, [None] * n_core, **variable))),
+        "record_shm": len(json.dumps(_handshake.record_body(token, ref, shares, node, **variable))),
+    }
 
 
 def print_method2_files() -> list:
     rows = [method2_files(n) for n in FILE_TARGETS]
     print("# method 2's files: the address file once per store, a record per variable")
     for r in rows:
+        n = r["n_core"]
         print(
-            f"  {r['n_core']:>6,} core ranks: address file {r['address_file']:>12,} B, record "
-            f"{r['record']:>12,} B per variable ({r['record'] / r['n_core']:.1f} B per core rank)"
+            f"  {n:>6,} core ranks: address file {r['address_file']:>10,} B; record {r['record']:>10,} B "
+            f"({r['record'] / n:.1f} B per core rank), with same-node locators {r['record_shm']:>10,} B "
+            f"({r['record_shm'] / n:.1f} B per core rank)"
         )
     return rows
 
