@@ -206,7 +206,7 @@ pub fn unpack_node_records(
     packed: Vec<u8>,
 ) -> PyResult<Vec<Option<String>>> {
     let ranks = packed.len() / PACKED_LOCATOR_BYTES;
-    if packed.len() % PACKED_LOCATOR_BYTES != 0 || hosts.len() > ranks {
+    if !packed.len().is_multiple_of(PACKED_LOCATOR_BYTES) || hosts.len() > ranks {
         return Err(value_error(
             py,
             format!(
