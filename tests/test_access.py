@@ -2,11 +2,13 @@
 or its method-2 handshake records; tampered records are refused by join()
 with a clear error; the record parser only ever raises DDStoreError."""
 
+import base64
 import json
 import os
 import random
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -17,9 +19,13 @@ from pathlib import Path
 import pytest
 from conftest import SCRIPTS, _env, start_procs
 
-from pyddstore import DDStoreError, _handshake
+from pyddstore import DDStoreError, _handshake, _native
 
 # -- the record parser on random, mutated and truncated input -----------------------
+
+
+# Two core ranks' same-node locators, packed: one on host 0, one without.
+SAME_NODE = struct.pack("<IIiQQQ", 0, 1234, 40, 4096, 4096, 7) + struct.pack("<I32x", 2**32 - 1)
 
 
 def valid_body(n_core=2) -> dict:
@@ -38,7 +44,9 @@ def valid_body(n_core=2) -> dict:
         "row_bytes": 32,
         "itemsize": 4,
         "counts": [12] * n_core,
-        "records": [(b"DDFI" + b'{"format":1}').hex()] * n_core,
+        "peers": {"id": "0f" * 8, "mac": "ef" * 32},
+        "shares": base64.b64encode(bytes(_native.PACKED_SHARE_BYTES * n_core)).decode(),
+        "node": {"hosts": ["host/boot"], "packed": base64.b64encode(SAME_NODE).decode()},
         "unit_shape": [4, 2],
     }
 
@@ -69,27 +77,54 @@ def mutations(rng: random.Random, body: dict):
         return json.dumps(b).encode()
     if kind == 5:
         b = dict(body)
-        key = rng.choice([k for k in ("counts", "records", "fields", "shape") if k in b] or list(b))
+        key = rng.choice([k for k in ("counts", "peers", "addrs", "node", "shape") if k in b] or list(b))
         b[key] = [rng.choice(ODD_VALUES) for _ in range(rng.randint(0, 3))]
         return json.dumps(b).encode()
     return json.dumps(rng.choice(ODD_VALUES + [list(body.values()), [body]])).encode()
 
 
-def test_parse_record_fuzz_raises_only_ddstore_errors():
+def valid_peers(n_core=2) -> dict:
+    """A core store's address file (method 2), as Publisher.publish_peers writes it."""
+    return {
+        "format": _handshake.FORMAT_VERSION,
+        "kind": "peers",
+        "id": "0f" * 8,
+        "token_sha256": "ab" * 32,
+        "mac": "cd" * 32,
+        "host": "h",
+        "pid": 1,
+        "created": 0.0,
+        "n_core": n_core,
+        "group": 0,
+        "transport": "ofi:tcp;ofi_rxm",
+        "provider": "tcp;ofi_rxm",
+        "addrs": ["02001f90" + "7f000001" + "00" * 8] * n_core,
+    }
+
+
+PARSERS = {
+    "record": (lambda raw: _handshake.parse_record(raw, "rec.json", 2), valid_body),
+    "address file": (lambda raw: _handshake.parse_peers(raw, "peers.json", 2, 0), valid_peers),
+}
+
+
+@pytest.mark.parametrize("what", sorted(PARSERS))
+def test_parse_record_fuzz_raises_only_ddstore_errors(what):
+    parse, valid = PARSERS[what]
     rng = random.Random(8)
     start, cases, accepted = time.monotonic(), 0, 0
     for _ in range(3000):
-        raw = mutations(rng, valid_body())
+        raw = mutations(rng, valid())
         cases += 1
         try:
-            _handshake.parse_record(raw, "rec.json", 2)
+            parse(raw)
             accepted += 1
         except DDStoreError:
             pass
         except Exception as e:  # noqa: BLE001 - the finding
-            pytest.fail(f"parse_record raised {type(e).__name__} on {raw[:200]!r}: {e}")
-    print(f"parse_record fuzz: {cases} cases, {accepted} accepted, {time.monotonic() - start:.2f} s")
-    assert _handshake.parse_record(json.dumps(valid_body()).encode(), "rec.json", 2)["n_core"] == 2
+            pytest.fail(f"parsing the {what} raised {type(e).__name__} on {raw[:200]!r}: {e}")
+    print(f"{what} fuzz: {cases} cases, {accepted} accepted, {time.monotonic() - start:.2f} s")
+    assert parse(json.dumps(valid()).encode())["n_core"] == 2
 
 
 @pytest.mark.parametrize("depth", [10_000, 100_000])
@@ -243,6 +278,7 @@ def test_other_user_cannot_read_handshake_records(core_job, other_user):
     records = sorted(hs.iterdir())
     published = _handshake.record_path(str(hs), "v")
     assert Path(published) in records, records
+    assert any(p.name.startswith("+peers-") for p in records), records  # the store's addresses
     modes = {p.name: oct(p.stat().st_mode & 0o777) for p in records}
     print("handshake files:", modes)
     assert all(m == "0o600" for m in modes.values()), modes

@@ -125,6 +125,67 @@ def test_records_are_owner_only(handshake_dir):
         core.stop()
 
 
+def test_a_store_publishes_its_addresses_once(handshake_dir):
+    """The core ranks' endpoint addresses are in one address file per store; each variable's
+    record holds per core rank only its packed share (no address), and names the address file.
+    A truncated address file is refused naming it."""
+    from pyddstore import DDStoreError, _handshake, _native
+
+    core = Core(handshake_dir, {"DDSTORE_FABRIC": "tcp", "DDSTORE_SHM": "0"})
+    try:
+        core.wait_ready(RECORDS)
+        address_files = sorted(handshake_dir.glob("+peers-*.ddstore.json"))
+        assert len(address_files) == 1, address_files  # one store: one address file
+        where = str(address_files[0])
+        raw = address_files[0].read_bytes()
+        assert stat.S_IMODE(address_files[0].stat().st_mode) == 0o600
+        peers = _handshake.parse_peers(raw, where, 2, 0)
+        assert peers["provider"].startswith("tcp") and len(set(peers["addrs"])) == 2, peers
+        records = sorted(set(handshake_dir.glob("*.ddstore.json")) - set(address_files))
+        assert len(records) == 5, records  # a, b, c and the ragged variable's two parts
+        for path in records:
+            text = path.read_bytes()
+            body = _handshake.parse_record(text, str(path), 2)
+            assert body["peers"] == {"id": peers["id"], "mac": peers["mac"]}, path
+            assert len(body["packed_shares"]) == 2 * _native.PACKED_SHARE_BYTES, path
+            assert "records" not in body
+            assert not any(a.hex().encode() in text for a in peers["addrs"]), path
+        for cut in (0, 40, len(raw) // 2, len(raw) - 1):
+            with pytest.raises(DDStoreError, match=r"address file .*\+peers-.*(corrupt|truncated)"):
+                _handshake.parse_peers(raw[:cut], where, 2, 0)
+        assert core.stop() == 0, core.output()
+    finally:
+        core.kill()
+    assert not list(handshake_dir.glob("+peers-*")), "free() removes the address file and its lock"
+
+
+def test_record_bytes_per_core_rank_are_constant_and_hold_no_address():
+    """Synthetic records at 1,024 to 65,536 core ranks (the scale bench's figure): a variable's
+    record grows by the same bytes per core rank (its packed share, base64, and its count), and
+    the addresses are in the store's address file only."""
+    from pyddstore.benchmarks.scale import method2_files
+
+    from pyddstore import _native
+
+    small, large, largest = (method2_files(n) for n in (1024, 16384, 65536))
+    share = 4 * _native.PACKED_SHARE_BYTES // 3  # base64
+    count = len("256, ")
+    # Per core rank (a byte or two of the whole is the writer's time, whose digits vary).
+    for a, b in ((small, large), (large, largest)):
+        per_rank = (b["record"] - a["record"]) / (b["n_core"] - a["n_core"])
+        assert per_rank == pytest.approx(share + count, abs=0.01), (a, b)
+        # The address file: the address (16 bytes, hex) once per core rank, once per store.
+        per_rank = (b["address_file"] - a["address_file"]) / (b["n_core"] - a["n_core"])
+        assert per_rank == pytest.approx(2 * 16 + len('"", '), abs=0.01), (a, b)
+        # Same-node locators (the default): a packed locator per rank, each host id once.
+        per_rank = (b["record_shm"] - a["record_shm"]) / (b["n_core"] - a["n_core"])
+        locator = 4 * _native.PACKED_LOCATOR_BYTES // 3
+        assert share + count + locator < per_rank < share + count + locator + 64 / 8, (a, b)
+    print(f"method-2 files at 16,384 core ranks: {large}")
+    assert large["record"] < 1_000_000  # format 3: 5.5 MB, 336 B per core rank
+    assert large["record_shm"] < 2_000_000  # format 3: 8.0 MB, 487 B per core rank
+
+
 def test_join_times_out_without_core(handshake_dir):
     env = extra_env(handshake_dir, {"DDSTORE_FABRIC": "tcp", "DDSTORE_HANDSHAKE_TIMEOUT_S": "2"})
     args = ("timeout", "--hs", str(handshake_dir), "--n-core", "2")

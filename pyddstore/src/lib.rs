@@ -165,6 +165,15 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(setting, m)?)?;
     m.add_function(wrap_pyfunction!(libfabric_env, m)?)?;
     m.add_function(wrap_pyfunction!(pid_alive, m)?)?;
+    m.add(
+        "PACKED_SHARE_BYTES",
+        ddstore_fabric::ofi::PACKED_SHARE_BYTES,
+    )?;
+    m.add_function(wrap_pyfunction!(handshake::split_share_records, m)?)?;
+    m.add_function(wrap_pyfunction!(handshake::join_share_records, m)?)?;
+    m.add("PACKED_LOCATOR_BYTES", handshake::PACKED_LOCATOR_BYTES)?;
+    m.add_function(wrap_pyfunction!(handshake::pack_node_records, m)?)?;
+    m.add_function(wrap_pyfunction!(handshake::unpack_node_records, m)?)?;
     m.add_function(wrap_pyfunction!(provider_signal_handlers, m)?)?;
     m.add(
         "PROVIDER_SIGNAL_VARIABLES",

@@ -3,6 +3,7 @@ expected builtin type with a message naming what is wrong, and a valid read
 right after proves the store (and dataset) still works. Runs under
 `mpirun -n 2` with method 1 (tcp), so reads cross ranks."""
 
+import base64
 import json
 import os
 import subprocess
@@ -23,7 +24,7 @@ from pyddstore.torch import (
 )
 
 import pyddstore
-from pyddstore import DDStoreError, _handshake
+from pyddstore import DDStoreError, _handshake, _native
 
 N, SHAPE = 23, (4,)
 
@@ -80,7 +81,8 @@ def main():
         "row_bytes": 4,
         "itemsize": 1,
         "counts": [1, 1],
-        "records": ["00", "00"],
+        "peers": {"id": "0f" * 8, "mac": "ef" * 32},
+        "shares": base64.b64encode(bytes(2 * _native.PACKED_SHARE_BYTES)).decode(),
     }
     record["mac"] = _handshake.record_mac("right", record)
 
@@ -261,11 +263,11 @@ def main():
             json.dumps({**record, "counts": [1, -1]}),
         ),
         (
-            "record not hex",
+            "record shares not base64",
             ValueError,
-            "hex",
+            "base64",
             corrupt_record,
-            json.dumps({**record, "records": ["zz", "00"]}),
+            json.dumps({**record, "shares": "zz!"}),
         ),
         (
             "record stale",
@@ -287,7 +289,9 @@ def main():
             PermissionError,
             "integrity",
             corrupt_record,
-            json.dumps({**record, "records": ["01", "00"]}),
+            json.dumps(
+                {**record, "shares": base64.b64encode(b"\x01" * 2 * _native.PACKED_SHARE_BYTES).decode()}
+            ),
         ),
         ("record, no job token", PermissionError, "no job token", corrupt_record, json.dumps(record), None),
         # DistDataset / WindowedDataset / row_of / DistDatasetReader

@@ -6,11 +6,13 @@ python rel_access.py core <handshake_dir> <ready_file> <done_file>
     then the method-2 variable; rank 0 writes <ready_file>, and all wait
     for <done_file>.
 python rel_access.py tamper <core_handshake_dir> <scratch_dir>
-    an extra member joins tampered copies of the published record; each
-    must be refused with a DDStoreError whose message names the problem;
-    the untampered copy must join and read correctly.
+    an extra member joins tampered copies of the published record and of
+    the store's address file; each must be refused with a DDStoreError
+    whose message names the problem; the untampered copies must join and
+    read correctly.
 """
 
+import base64
 import json
 import os
 import sys
@@ -53,10 +55,11 @@ def core(handshake_dir, ready_file, done_file):
     print(f"rank {store.rank}: core ok", flush=True)
 
 
-def tamper_cases(body, token):
-    """(label, mutate(body) -> bytes, fragment the error must contain, token presented)."""
+def tamper_cases(body, peers, token):
+    """(label, mutate(body) -> bytes, mutate(peers) -> bytes or None (no address file), fragment the
+    error must contain, token presented): the record, then the address file, tampered."""
 
-    def edit(sign=True, **changes):
+    def edit(sign=True, fields=_handshake.SIGNED_FIELDS, **changes):
         """Changes fields; sign=True signs the result with the core's token, as if the
         core had written it (what is checked behind the signature), sign=False keeps
         the original signature (what the signature itself catches)."""
@@ -69,23 +72,36 @@ def tamper_cases(body, token):
                 else:
                     b[k] = v
             if sign:
-                b["mac"] = _handshake.record_mac(token, b)
+                b["mac"] = _handshake.record_mac(token, b, fields)
             return json.dumps(b).encode()
 
         return mutate
 
-    first = bytes.fromhex(body["records"][0])
-    other_key = json.loads(first[4:])
-    other_key["key"] ^= 1 << 40
-    other_key = (b"DDFI" + json.dumps(other_key).encode()).hex()
-    return [
+    def pedit(sign=True, **changes):
+        return edit(sign, _handshake.PEERS_SIGNED_FIELDS, **changes)
+
+    def shares(offset, value):
+        """The record's shares with rank 0's bytes from `offset` replaced by `value`."""
+        packed = bytearray(base64.b64decode(body["shares"]))
+        packed[offset : offset + len(value)] = value
+        return base64.b64encode(bytes(packed)).decode()
+
+    same = edit(sign=False)
+    other_key = shares(
+        8, (int.from_bytes(base64.b64decode(body["shares"])[8:16], "little") ^ 1 << 40).to_bytes(8, "little")
+    )
+    # The core runs with same-node sharing: its record packs both ranks' locators.
+    node_packed = body["node"]["packed"]
+    addrs = peers["addrs"]
+    other_addr = addrs[1][:-2] + ("00" if addrs[1][-2:] != "00" else "01")
+    wrong = [
         ("format", edit(format=9), "format", token),
         ("format-bool", edit(format=True), "format", token),
         ("no-token", edit(token_sha256=KeyError), "token", token),
         ("token-other", edit(token_sha256="00" * 32), "token", token),
         ("token-presented-wrong", edit(), "not the token", "f" * 32),
         ("mac-missing", edit(sign=False, mac=KeyError), "mac", token),
-        ("key-unsigned", edit(sign=False, records=[other_key, body["records"][1]]), "integrity", token),
+        ("key-unsigned", edit(sign=False, shares=other_key), "integrity", token),
         (
             "counts-unsigned",
             edit(sign=False, counts=[body["counts"][0] + 1, body["counts"][1]]),
@@ -94,18 +110,23 @@ def tamper_cases(body, token):
         ),
         ("dtype-unsigned", edit(sign=False, dtype="float64"), "integrity", token),
         # Signed with the right token, so join() accepts it: the fabric must refuse the key.
-        ("key-signed", edit(records=[other_key, body["records"][1]]), "memory key", token),
+        ("key-signed", edit(shares=other_key), "memory key", token),
         ("n_core", edit(n_core=3), "n_core", token),
-        ("records-not-hex", edit(records=["zz", body["records"][1]]), "hex", token),
-        ("records-junk", edit(records=[b"junk".hex(), body["records"][1]]), "not valid", token),
-        ("record-magic", edit(records=[(b"XXXX" + first[4:]).hex(), body["records"][1]]), "not valid", token),
+        ("shares-not-base64", edit(shares="zz!"), "base64", token),
+        ("shares-short", edit(shares=body["shares"][:-8]), "per core rank", token),
+        ("share-flags", edit(shares=shares(32, b"\x80")), "flags", token),
         (
-            "record-format",
-            edit(records=[first.replace(b'"format":1', b'"format":7').hex(), body["records"][1]]),
-            "format",
+            "share-registered-past-length",
+            edit(shares=shares(24, (2**63).to_bytes(8, "little"))),
+            "registers",
             token,
         ),
-        ("records-short", edit(records=body["records"][:1]), "records", token),
+        ("peers-missing", edit(peers=KeyError), "peers", token),
+        ("peers-not-hex", edit(peers={"id": "zz" * 8, "mac": body["peers"]["mac"]}), "peers", token),
+        ("peers-other", edit(peers={"id": "12" * 8, "mac": body["peers"]["mac"]}), "does not exist", token),
+        ("node-not-packed", edit(node=[None, None]), "node", token),
+        ("node-short", edit(node={"hosts": ["h"], "packed": "AAAA"}), "node", token),
+        ("node-host-index", edit(node={"hosts": [], "packed": node_packed}), "host index", token),
         ("counts-negative", edit(counts=[-1, body["counts"][1]]), "counts", token),
         ("counts-huge", edit(counts=[2**64, body["counts"][1]]), "counts", token),
         ("counts-past-share", edit(counts=[body["counts"][0] * 1000, body["counts"][1]]), "count", token),
@@ -116,6 +137,29 @@ def tamper_cases(body, token):
         ("truncated", lambda b: json.dumps(b).encode()[:40], "corrupt", token),
         ("not-json", lambda b: b"\x00\xff" * 10, "corrupt", token),
     ]
+    cases = [
+        (label, mutate, pedit(sign=False), fragment, presented)
+        for label, mutate, fragment, presented in wrong
+    ]
+    wrong_peers = [
+        ("addrs-absent", None, "does not exist"),
+        ("addr-unsigned", pedit(sign=False, addrs=[addrs[0], other_addr]), "integrity"),
+        # Signed with the job's token, as another store's address file is: not the record's.
+        ("addr-signed", pedit(addrs=[addrs[0], other_addr]), "not the one"),
+        ("addrs-token-other", pedit(token_sha256="00" * 32), "integrity"),
+        ("addrs-format", pedit(format=3), "format"),
+        ("addrs-kind", pedit(kind="record"), "not a core job's address file"),
+        ("addrs-n_core", pedit(n_core=3), "expected 2"),
+        ("addrs-short", pedit(addrs=addrs[:1]), "addresses"),
+        ("addr-huge", pedit(addrs=[addrs[0], "00" * 2000]), "address"),
+        ("addr-empty", pedit(addrs=[addrs[0], ""]), "address"),
+        ("addr-not-hex", pedit(addrs=[addrs[0], "zz"]), "hex"),
+        ("addrs-provider", pedit(provider=""), "provider"),
+        ("addrs-truncated", lambda p: json.dumps(p).encode()[:60], "corrupt"),
+        ("addrs-not-json", lambda p: b"\x00\xff" * 10, "corrupt"),
+    ]
+    cases += [(label, same, mutate, fragment, token) for label, mutate, fragment in wrong_peers]
+    return cases
 
 
 def read_past_share(extra, real_count):
@@ -145,13 +189,18 @@ def tamper(core_dir, scratch):
     path = _handshake.record_path(core_dir, NAME)
     with open(path, "rb") as f:
         body = json.loads(f.read())
+    peers_path = _handshake.peers_path(core_dir, body["peers"]["id"])
+    with open(peers_path, "rb") as f:
+        peers = json.loads(f.read())
     with open(_handshake.token_path(core_dir, NAME), encoding="utf-8") as f:
         token = f.read()
     results = {}
-    for label, mutate, fragment, presented in tamper_cases(body, token):
+    for label, mutate, mutate_peers, fragment, presented in tamper_cases(body, peers, token):
         d = os.path.join(scratch, label)
         os.makedirs(d, mode=0o700)
         _handshake.write_private(_handshake.record_path(d, NAME), mutate(body))
+        if mutate_peers is not None:
+            _handshake.write_private(_handshake.peers_path(d, peers["id"]), mutate_peers(peers))
         extra = pyddstore.PyDDStore(None, method=2, n_core=2, handshake_dir=d)
         try:
             extra.join(NAME, timeout_s=5, token=presented)
@@ -166,11 +215,12 @@ def tamper(core_dir, scratch):
             outcome = f"WRONG-TYPE {type(e).__name__}: {e}"
         results[label] = outcome
         print(f"tamper {label}: {outcome}", flush=True)
-    # Control: the untampered record, with the core's token file beside it as the
-    # core job leaves it, joins without a token argument and reads every row.
+    # Control: the untampered record and address file, with the core's token file beside them as
+    # the core job leaves it, join without a token argument and read every row.
     d = os.path.join(scratch, "control")
     os.makedirs(d, mode=0o700)
     _handshake.write_private(_handshake.record_path(d, NAME), json.dumps(body).encode())
+    _handshake.write_private(_handshake.peers_path(d, peers["id"]), json.dumps(peers).encode())
     _handshake.write_private(_handshake.token_path(d, NAME), token.encode())
     extra = pyddstore.PyDDStore(None, method=2, n_core=2, handshake_dir=d)
     extra.join(NAME, timeout_s=5)

@@ -53,7 +53,10 @@ pub mod wire {
         MAC_BYTES, REQUEST_TAG, STATUS_MASK,
     };
 }
-pub use record::{PeerShare, Peers, ShareRecord};
+pub use record::{
+    join_records, split_records, PeerShare, Peers, ShareRecord, SplitRecords, MAX_ADDR_BYTES,
+    PACKED_SHARE_BYTES,
+};
 pub use select::{
     is_provider_name, nic_for_rank, provider_candidates, InfoRequest, DEFAULT_CANDIDATES,
     FABRIC_VALUES,

@@ -179,6 +179,130 @@ impl Peers {
     }
 }
 
+/// Bytes of one rank's share in a packed table ([`split_records`]): base,
+/// key, length and registered length (little-endian u64 each), then flags.
+pub const PACKED_SHARE_BYTES: usize = 33;
+/// Longest endpoint address [`join_records`] accepts (`fi_getname` gives far less).
+pub const MAX_ADDR_BYTES: usize = 1024;
+/// Longest provider name [`join_records`] accepts.
+const MAX_PROVIDER_BYTES: usize = 256;
+/// Flag bit: the owner answers gather requests for the share.
+const GATHER_FLAG: u8 = 1;
+
+/// Every rank's record of one variable split into what a store's variables
+/// share (the provider, the ranks' addresses) and what differs per variable:
+/// per rank its [`PeerShare`], packed in [`PACKED_SHARE_BYTES`] bytes (method
+/// 2 publishes the first once per store and the second per variable).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SplitRecords {
+    /// The provider every rank registered its share with.
+    pub provider: String,
+    /// Per rank, its endpoint's address.
+    pub addrs: Vec<Vec<u8>>,
+    /// Per rank, its share, packed.
+    pub shares: Vec<u8>,
+}
+
+/// Splits every rank's encoded record (see [`SplitRecords`]); a malformed
+/// record, or ranks of different providers, is `FabricError::Invalid`.
+pub fn split_records(records: &[Vec<u8>]) -> FabricResult<SplitRecords> {
+    let decoded = records
+        .iter()
+        .enumerate()
+        .map(|(rank, raw)| ShareRecord::decode(rank, raw))
+        .collect::<FabricResult<Vec<_>>>()?;
+    let provider = decoded
+        .first()
+        .map(|r| r.provider.clone())
+        .unwrap_or_default();
+    if let Some((rank, r)) = decoded
+        .iter()
+        .enumerate()
+        .find(|(_, r)| r.provider != provider)
+    {
+        return Err(FabricError::Invalid(format!(
+            "rank {rank} registered its share with provider {:?}, rank 0 with {provider:?}",
+            r.provider
+        )));
+    }
+    let peers = Peers::from_records(decoded, None);
+    let mut shares = Vec::with_capacity(peers.len() * PACKED_SHARE_BYTES);
+    for p in &peers.shares {
+        for word in [p.base, p.key, p.len, p.mem_len] {
+            shares.extend_from_slice(&word.to_le_bytes());
+        }
+        shares.push(if p.gather { GATHER_FLAG } else { 0 });
+    }
+    let addrs = Arc::try_unwrap(peers.addrs).unwrap_or_else(|a| (*a).clone());
+    Ok(SplitRecords {
+        provider,
+        addrs,
+        shares,
+    })
+}
+
+/// Every rank's encoded record again from a [`split_records`] split (as
+/// read from files: every field is checked against its bound, and anything
+/// out of bounds is `FabricError::Invalid`).
+pub fn join_records(
+    provider: &str,
+    addrs: &[Vec<u8>],
+    shares: &[u8],
+) -> FabricResult<Vec<Vec<u8>>> {
+    let bad = |why: String| FabricError::Invalid(format!("packed share records: {why}"));
+    if provider.is_empty() || provider.len() > MAX_PROVIDER_BYTES {
+        return Err(bad(format!(
+            "a provider name of {} bytes (expected 1 to {MAX_PROVIDER_BYTES})",
+            provider.len()
+        )));
+    }
+    if shares.len() != addrs.len() * PACKED_SHARE_BYTES {
+        return Err(bad(format!(
+            "{} bytes of shares for {} ranks (expected {PACKED_SHARE_BYTES} per rank)",
+            shares.len(),
+            addrs.len()
+        )));
+    }
+    if let Some(rank) = addrs
+        .iter()
+        .position(|a| a.is_empty() || a.len() > MAX_ADDR_BYTES)
+    {
+        return Err(bad(format!(
+            "rank {rank}'s address has {} bytes (expected 1 to {MAX_ADDR_BYTES})",
+            addrs[rank].len()
+        )));
+    }
+    let word = |b: &[u8], i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().unwrap());
+    let shares = shares
+        .chunks_exact(PACKED_SHARE_BYTES)
+        .enumerate()
+        .map(|(rank, b)| {
+            let p = PeerShare {
+                base: word(b, 0),
+                key: word(b, 1),
+                len: word(b, 2),
+                mem_len: word(b, 3),
+                gather: b[32] & GATHER_FLAG != 0,
+            };
+            if b[32] & !GATHER_FLAG != 0 || p.mem_len > p.len {
+                return Err(bad(format!(
+                    "rank {rank}'s share has flags {:#x} and registers {} of its {} bytes \
+                     (expected flags 0 or 1 and at most its length)",
+                    b[32], p.mem_len, p.len
+                )));
+            }
+            Ok(p)
+        })
+        .collect::<FabricResult<Vec<_>>>()?;
+    let peers = Peers {
+        addrs: Arc::new(addrs.to_vec()),
+        shares,
+    };
+    Ok((0..peers.len())
+        .map(|r| peers.record(provider, r).encode())
+        .collect())
+}
+
 impl std::ops::Index<usize> for Peers {
     type Output = PeerShare;
     fn index(&self, rank: usize) -> &PeerShare {
@@ -213,6 +337,47 @@ mod tests {
         assert_eq!(third.record("tcp", 1), moved[1]);
         // Per variable and rank: base, key, length, registered length, gather flag.
         assert!(std::mem::size_of::<PeerShare>() <= 40);
+    }
+
+    #[test]
+    fn records_split_into_addresses_and_packed_shares_and_join_again() {
+        let recs: Vec<ShareRecord> = (0..4u64)
+            .map(|r| {
+                let mut rec = ShareRecord::new("tcp".into(), vec![r as u8; 16], 4096 * r, r, 100);
+                rec.gather = r % 2 == 0;
+                rec.mem_len = (r == 3).then_some(40);
+                rec
+            })
+            .collect();
+        let encoded: Vec<Vec<u8>> = recs.iter().map(ShareRecord::encode).collect();
+        let split = split_records(&encoded).unwrap();
+        assert_eq!(split.provider, "tcp");
+        assert_eq!(split.addrs[2], vec![2; 16]);
+        // Per rank and variable: a constant size, no address.
+        assert_eq!(split.shares.len(), 4 * PACKED_SHARE_BYTES);
+        let joined = join_records(&split.provider, &split.addrs, &split.shares).unwrap();
+        assert_eq!(joined, encoded);
+        let err = |r: FabricResult<Vec<Vec<u8>>>| r.unwrap_err().to_string();
+        let (addrs, shares) = (&split.addrs, &split.shares);
+        assert!(err(join_records("tcp", addrs, &shares[1..])).contains("per rank"));
+        assert!(err(join_records("tcp", &addrs[1..], shares)).contains("3 ranks"));
+        assert!(err(join_records("", addrs, shares)).contains("provider"));
+        let mut long = addrs.clone();
+        long[1] = vec![0; MAX_ADDR_BYTES + 1];
+        assert!(err(join_records("tcp", &long, shares)).contains("rank 1's address"));
+        let mut flags = shares.clone();
+        flags[PACKED_SHARE_BYTES + 32] = 7;
+        assert!(err(join_records("tcp", addrs, &flags)).contains("rank 1's share"));
+        let mut over = shares.clone();
+        over[3 * PACKED_SHARE_BYTES + 24..3 * PACKED_SHARE_BYTES + 32]
+            .copy_from_slice(&1000u64.to_le_bytes());
+        assert!(err(join_records("tcp", addrs, &over)).contains("rank 3's share"));
+        let mut mixed = encoded.clone();
+        mixed[2] = ShareRecord::new("shm".into(), vec![1], 0, 0, 0).encode();
+        assert!(split_records(&mixed)
+            .unwrap_err()
+            .to_string()
+            .contains("rank 2"));
     }
 
     #[test]

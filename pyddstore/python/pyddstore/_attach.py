@@ -105,6 +105,7 @@ def attach_store(handle: dict) -> Any:
     # frees a variable (the state word), fabric reads fail as the parent's shares go.
     store._joined = {}
     store._freed_names = {}
+    store._peer_tables = {}
     store._native = _native.Store(_native.Comm.single(), 2, None, settings)
     if handle.get("secret"):
         store._native.set_secret(bytes(handle["secret"]))

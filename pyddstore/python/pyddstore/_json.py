@@ -11,8 +11,9 @@ import re
 # Deeper than any document pyddstore writes (manifests nest about 6 levels).
 MAX_DEPTH = 64
 
-# Strings may hold brackets; they are blanked before the brackets are counted.
-_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
+# Strings may hold brackets; they are blanked before the brackets are counted (the loop unrolled:
+# a character at a time, a megabyte-long string of a method-2 record took 0.2 s).
+_STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 

@@ -201,6 +201,8 @@ class PyDDStore(StoreCollectives, ProfileCounters, RecvBuffers, ExtraMember, Sto
         # and the names found freed by the core job (later reads fail at once, no timeout).
         self._joined: dict = {}
         self._freed_names: dict = {}
+        # Extra members: the core job's address files read so far (see _handshake.join).
+        self._peer_tables: dict = {}
         self._publisher = None
         if method == Method.LIBFABRIC_EXTRA_JOBS and not self.is_extra:
             self._publisher = _handshake.Publisher(self, self.handshake_dir)

@@ -19,6 +19,10 @@ On one node every peer is reached through the provider (``DDSTORE_SHM=0``), as a
 be, so the extrapolation at 8 ranks per node is an upper bound; ``--vcluster K`` also runs the tcp
 job across K virtual nodes (root, scripts/vcluster.py) with same-node peers through memory. Wall
 times on an oversubscribed node measure the node; CPU times and counts measure a rank.
+
+It also prints the bytes of the files a method-2 core job publishes at 1,024 to 65,536 core
+ranks (the store's address file, once, and a variable's record), from synthetic shares through
+the publisher's own encoding; ``--method2-files`` prints only those.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import json
 import math
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -543,6 +548,67 @@ def table(results: dict, largest: int) -> tuple[list, list]:
     return columns, rows
 
 
+FILE_TARGETS = (1024, 16384, 65536)
+
+
+def method2_files(n_core: int) -> dict:
+    """Bytes of the files a method-2 core job of `n_core` ranks publishes, through the publisher's
+    own encoding (_handshake.peers_body, record_body) of synthetic shares as tcp registers them (a
+    sockaddr_in address, a random 64-bit key, 786,432 bytes per rank): the address file, once per
+    store, and a variable's record without same-node locators (DDSTORE_SHM=0) and with them (the
+    default: a host id and the share's file per rank, PER_NODE ranks per host)."""
+    from .. import _handshake, _native
+
+    rng = np.random.default_rng(n_core)
+    addrs = [
+        struct.pack(">HH4s8x", 0x0200, 7000 + r % 8, bytes([10, r >> 16 & 255, r >> 8 & 255, r & 255]))
+        for r in range(n_core)
+    ]
+    # The packed layout (PACKED_SHARE_BYTES): base, key, length, registered length, gather flag.
+    packed = b"".join(
+        struct.pack("<QQQQB", 0x7F00_0000_0000 + r * 2**30, int(rng.integers(2**63)), 786432, 786432, 1)
+        for r in range(n_core)
+    )
+    records = _native.join_share_records("tcp;ofi_rxm", addrs, packed)
+    provider, addrs, shares = _native.split_share_records(records)
+    token, store = "0" * 32, {"n_core": n_core, "group": 0, "transport": "ofi:" + provider}
+    peers = _handshake.peers_body(token, "0" * 16, provider, addrs, **store)
+    ref = {"id": peers["id"], "mac": peers["mac"]}
+    variable = {"name": "x", "dtype": "float32", "row_bytes": 3072, "itemsize": 4, "counts": [256] * n_core}
+    variable.update(unit_shape=None, **store)
+    # A locator as ddstore_core::region::NodeLocator serialises (host id: hostname/boot id).
+    node = [
+        json.dumps(
+            {
+                "host": f"frontier{r // PER_NODE:05d}/{r // PER_NODE:08x}-1c2d-4e5f-8a9b-0c1d2e3f4a5b",
+                "pid": 100000 + r,
+            }
+            | {"fd": 40, "len": 786432, "ctl": 786432, "id": int(rng.integers(2**63))},
+            separators=(",", ":"),
+        )
+        for r in range(n_core)
+    ]
+    return {
+        "n_core": n_core,
+        "address_file": len(json.dumps(peers)),
+        "record": len(json.dumps(_handshake.record_body(token, ref, shares, [None] * n_core, **variable))),
+        "record_shm": len(json.dumps(_handshake.record_body(token, ref, shares, node, **variable))),
+    }
+
+
+def print_method2_files() -> list:
+    rows = [method2_files(n) for n in FILE_TARGETS]
+    print("# method 2's files: the address file once per store, a record per variable")
+    for r in rows:
+        n = r["n_core"]
+        print(
+            f"  {n:>6,} core ranks: address file {r['address_file']:>10,} B; record {r['record']:>10,} B "
+            f"({r['record'] / n:.1f} B per core rank), with same-node locators {r['record_shm']:>10,} B "
+            f"({r['record_shm'] / n:.1f} B per core rank)"
+        )
+    return rows
+
+
 def measure(configs: list[str], ranks: list[int], args, shims: dict, cluster=None, nodes: int = 1) -> dict:
     where = f"{nodes} virtual nodes" if cluster is not None else "one node"
     mem = _mem_total_mib()
@@ -599,7 +665,11 @@ def main(argv=None) -> None:
         "--vcluster", type=int, default=0, help="also run tcp across this many virtual nodes (root)"
     )
     ap.add_argument("--json", help="write the figures to this file")
+    ap.add_argument("--method2-files", action="store_true", help="print only method 2's file sizes")
     args = ap.parse_args(argv)
+    if args.method2_files:
+        print_method2_files()
+        return
     if os.environ.get("OMPI_COMM_WORLD_SIZE"):
         raise SystemExit("the scale bench starts its own jobs: run it as a plain process, not under mpirun")
     configs = args.configs.split(",")
@@ -639,6 +709,7 @@ def main(argv=None) -> None:
         "configs": results,
         "with_default_set": bounded,
         "vcluster": vcluster,
+        "method2_files": print_method2_files(),
     }
     doc["columns"], doc["rows"] = table(results, max(ranks))
     if args.json:
