@@ -318,6 +318,15 @@ impl Memory for Region {
     fn prepare_write(&self, offset: usize, len: usize) {
         self.memory.prepare_write(offset, len)
     }
+    /// A shared region only: `fork()` copies the page tables of private
+    /// memory, so a forked child lacks only those of shared mappings.
+    fn populate_read(&self) -> usize {
+        if self.file.is_some() {
+            self.memory.populate_read()
+        } else {
+            0
+        }
+    }
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.memory.read_at(offset, dst)
     }
