@@ -631,6 +631,23 @@ mod tests {
     }
 
     #[test]
+    fn shared_regions_and_peer_mappings_populate_their_page_tables() {
+        let len = 3 * PAGE + 5;
+        let r = Region::shared("p", len).unwrap();
+        let loc = r.locator().unwrap();
+        let peer = map_peer(&loc).unwrap();
+        let populated = r.populate_read();
+        if populated != 0 {
+            // (0: a kernel without MADV_POPULATE_READ.)
+            assert_eq!(populated, len);
+            assert_eq!(peer.memory.populate_read(), len);
+        }
+        // Private memory's page tables are copied by fork; a peer read by file maps nothing.
+        assert_eq!(Region::anonymous(len).unwrap().populate_read(), 0);
+        assert_eq!(PeerFile::open(&loc).unwrap().populate_read(), 0);
+    }
+
+    #[test]
     fn a_freed_region_reads_retired_through_a_mapping_that_outlives_it() {
         let r = Region::shared("v", 100).unwrap();
         r.write_at(0, b"old").unwrap();
