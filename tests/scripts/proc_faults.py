@@ -2,8 +2,8 @@
 workers per rank reads a method-1 DistDataset whose rows are all same-node (this rank's share
 and its peer's mapping). fork() copies no page tables of shared mappings, so a worker that did
 not populate them faults them in on first touch, a few dozen minor faults per batch; with the
-shares populated at its first read, it reads later epochs' new rows without faulting. Every
-batch is checked against the rows the owning rank stored; the workers' minor faults (from
+shares populated when it starts (persistent workers), it reads later epochs' new rows without
+faulting. Every batch is checked against the rows the owning rank stored; the workers' minor faults (from
 /proc/<pid>/stat) are counted over the epochs after the first.
 
     python proc_faults.py --comm file --hs DIR   (2 plain processes)
@@ -51,9 +51,9 @@ def main() -> None:
     ds = DistDataset(Src(), "proc_faults", world.comm, method=1)
     store = ds.ddstore
     # Both ranks' shares are mapped here: the main process populates all of them (a no-op for
-    # its own pages, which are mapped already), as a worker does at its first read.
+    # its own pages, which are mapped already), as a persistent worker does when it starts.
     share_bytes = N * (int(np.prod(SHAPE)) * 4 + 8)
-    populated = store._populate_node_shares([f.var for f in ds.schema.fields], 4 << 30)
+    populated = ds._populate_node_shares()
     print(f"rank {world.rank}: populated {populated} of {share_bytes} bytes", flush=True)
     assert populated in (0, share_bytes), (populated, share_bytes)
     if populated == 0:
@@ -81,7 +81,7 @@ def main() -> None:
     per_batch = faults / batches
     print(f"rank {world.rank}: workers' minor faults per batch {per_batch:.1f} ({faults} in {batches})")
     if populated:
-        # Without the populate: 30-90 per batch (each 64 KiB of new rows one fault).
+        # Without the populate: 28-29 per batch here (each 64 KiB of new rows one fault).
         assert per_batch < 8, f"rank {world.rank}: {per_batch:.1f} minor faults per batch in the workers"
     world.barrier()
     ds.free()

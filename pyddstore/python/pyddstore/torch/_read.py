@@ -30,8 +30,8 @@ from ._meta import write_meta
 from ._pickle import dataset_state, restore_dataset
 from ._schema import Schema
 
-# Same-node share bytes a forked reader maps into its page tables at its first read (see
-# _ensure_reader): about 2 MiB of page tables per GiB and 0.07 s per GiB, in every worker.
+# Same-node share bytes a long-lived worker process maps into its page tables when it starts
+# (see _populate_node_shares): about 2 MiB of page tables and 0.07 s per GiB, in every worker.
 _POPULATE_MAX = 4 << 30
 _STORE_WIDE_PROFILE_KEYS = ("py_get", "py_gets", "py_sync", "epoch_sync", "recv_registered")
 
@@ -195,11 +195,7 @@ class _StoredDataset(Dataset):
         return os.getpid() != self._pid
 
     def _ensure_reader(self) -> None:
-        """In a forked child (a DataLoader worker), open this process's own reader once, and
-        map the same-node shares it copies rows from into its page tables at once (up to
-        _POPULATE_MAX bytes): fork() copies no page tables of shared mappings, so the child's
-        reads would otherwise fault them in 64 KiB at a time, every batch a few dozen faults,
-        for as long as it reads rows it has not read before."""
+        """In a forked child (a DataLoader worker), open this process's own reader once."""
         if self._freed:
             raise DDStoreFreedError("this dataset was freed")
         pid = os.getpid()
@@ -212,8 +208,17 @@ class _StoredDataset(Dataset):
                 "DDSTORE_FORK_WORKERS=1"
             )
         self._store.fork_reader()
-        self._store._populate_node_shares([f.var for f in self._schema.fields], _POPULATE_MAX)
         self._reader_pid = pid
+
+    def _populate_node_shares(self) -> int:
+        """Maps the same-node shares this process copies rows from into its page tables now
+        (up to _POPULATE_MAX bytes), for a worker process that will read many batches: fork()
+        copies no page tables of shared mappings (and a spawned worker maps them afresh), so
+        its reads would otherwise fault them in 64 KiB at a time, a few dozen faults per batch
+        for as long as it reads rows it has not read before. The bytes populated."""
+        if self._freed:
+            return 0
+        return self._store._populate_node_shares([f.var for f in self._schema.fields], _POPULATE_MAX)
 
     def _device_now(self) -> torch.device | None:
         # A forked process cannot use CUDA: samples stay in host memory there.
