@@ -49,7 +49,6 @@ def main() -> None:
     a = tc.args()
     world = tc.World(a)
     ds = DistDataset(Src(), "proc_faults", world.comm, method=1)
-    store = ds.ddstore
     # Both ranks' shares are mapped here: the main process populates all of them (a no-op for
     # its own pages, which are mapped already), as a persistent worker does when it starts.
     share_bytes = N * (int(np.prod(SHAPE)) * 4 + 8)
