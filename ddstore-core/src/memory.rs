@@ -77,6 +77,14 @@ pub trait Memory: Send + Sync {
     fn prepare_write(&self, offset: usize, len: usize) {
         let _ = (offset, len);
     }
+    /// Maps every page of this memory into this process's page tables for
+    /// reading, ahead of reads (see `RawMemory::populate_read`); the bytes
+    /// populated, 0 where there is nothing mapped to populate (a file, device
+    /// memory) or the kernel refused. Best effort: reads fault pages in as
+    /// usual either way.
+    fn populate_read(&self) -> usize {
+        0
+    }
 }
 
 /// Writes and file reads of at least this many bytes fault their pages in
@@ -154,6 +162,38 @@ impl RawMemory {
             )
         };
     }
+
+    /// Maps all of this memory into this process's page tables with one
+    /// `madvise` (`MADV_POPULATE_READ`, Linux 5.14+). A forked child
+    /// inherits no page tables of its parent's shared mappings (`fork()`
+    /// copies only those of private memory), so it would otherwise fault
+    /// them in 16 pages at a time on first touch, in the middle of its reads.
+    /// Populating costs a page-table entry per page (8 bytes per 4 KiB) and
+    /// about half the time of the faults it saves. The bytes populated, or 0
+    /// where the kernel refuses (older kernels, memory it cannot populate).
+    fn populate_read(&self) -> usize {
+        if self.len == 0 {
+            return 0;
+        }
+        let start = self.ptr as usize;
+        let aligned = start - start % PAGE;
+        // SAFETY: ptr..ptr+len is mapped, kept alive by `_owner`; aligning
+        // down stays within its first page. POPULATE_READ only fills page
+        // tables: it changes no contents and no protection, and a range it
+        // cannot populate makes it fail, nothing else.
+        let rc = unsafe {
+            libc::madvise(
+                aligned as *mut libc::c_void,
+                self.len + (start - aligned),
+                libc::MADV_POPULATE_READ,
+            )
+        };
+        if rc == 0 {
+            self.len
+        } else {
+            0
+        }
+    }
 }
 
 impl Memory for RawMemory {
@@ -167,6 +207,9 @@ impl Memory for RawMemory {
         if self.writable && check_range("write", offset, len, self.len).is_ok() {
             self.populate(offset, len);
         }
+    }
+    fn populate_read(&self) -> usize {
+        RawMemory::populate_read(self)
     }
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         check_range("read", offset, dst.len(), self.len)?;

@@ -318,6 +318,15 @@ impl Memory for Region {
     fn prepare_write(&self, offset: usize, len: usize) {
         self.memory.prepare_write(offset, len)
     }
+    /// A shared region only: `fork()` copies the page tables of private
+    /// memory, so a forked child lacks only those of shared mappings.
+    fn populate_read(&self) -> usize {
+        if self.file.is_some() {
+            self.memory.populate_read()
+        } else {
+            0
+        }
+    }
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.memory.read_at(offset, dst)
     }
@@ -619,6 +628,23 @@ mod tests {
             views.iter().map(|v| v.is_some()).collect::<Vec<_>>(),
             [false, false, false, true]
         );
+    }
+
+    #[test]
+    fn shared_regions_and_peer_mappings_populate_their_page_tables() {
+        let len = 3 * PAGE + 5;
+        let r = Region::shared("p", len).unwrap();
+        let loc = r.locator().unwrap();
+        let peer = map_peer(&loc).unwrap();
+        let populated = r.populate_read();
+        if populated != 0 {
+            // (0: a kernel without MADV_POPULATE_READ.)
+            assert_eq!(populated, len);
+            assert_eq!(peer.memory.populate_read(), len);
+        }
+        // Private memory's page tables are copied by fork; a peer read by file maps nothing.
+        assert_eq!(Region::anonymous(len).unwrap().populate_read(), 0);
+        assert_eq!(PeerFile::open(&loc).unwrap().populate_read(), 0);
     }
 
     #[test]

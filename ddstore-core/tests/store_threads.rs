@@ -84,3 +84,65 @@ fn ranks_read_every_row_with_repeats_and_errors_do_not_poison() {
         h.join().unwrap();
     }
 }
+
+#[test]
+fn populating_node_shares_maps_own_and_peer_shares_within_the_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let (n, rows_a, rows_b) = (2usize, 3u64, 5u64);
+    let row_bytes = 4096 + 8; // shares that do not end on a page
+    let handles: Vec<_> = (0..n)
+        .map(|rank| {
+            let dir = dir.path().to_path_buf();
+            std::thread::spawn(move || {
+                let comm: Arc<dyn Comm> = Arc::new(
+                    FileComm::new(
+                        &dir,
+                        Some(rank),
+                        Some(n),
+                        Some("p".into()),
+                        Duration::from_secs(20),
+                    )
+                    .unwrap(),
+                );
+                let store = Store::new(comm, Arc::new(NodeOnlyTransport), Config::default());
+                store.init("a", rows_a, row_bytes, DType::Uint8).unwrap();
+                store.init("b", rows_b, row_bytes, DType::Uint8).unwrap();
+                let (a, b) = (
+                    n * rows_a as usize * row_bytes,
+                    n * rows_b as usize * row_bytes,
+                );
+                let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+                let all = store
+                    .populate_node_shares(&names(&["a", "b"]), usize::MAX)
+                    .unwrap();
+                if all != 0 {
+                    // (0: a kernel without MADV_POPULATE_READ, which populates nothing.)
+                    assert_eq!(all, a + b, "every rank's share of both, own and peer");
+                    // A share that would pass the bound is left out: b's own share fits
+                    // after a's two, b's peer share does not.
+                    let bound = a + rows_b as usize * row_bytes;
+                    let some = store
+                        .populate_node_shares(&names(&["a", "b"]), bound)
+                        .unwrap();
+                    assert_eq!(some, bound);
+                    let one_b = rows_b as usize * row_bytes;
+                    assert_eq!(
+                        store
+                            .populate_node_shares(&names(&["b"]), one_b - 1)
+                            .unwrap(),
+                        0
+                    );
+                }
+                assert!(matches!(
+                    store.populate_node_shares(&names(&["c"]), usize::MAX),
+                    Err(Error::UnknownVariable { .. })
+                ));
+                store.comm().barrier().unwrap();
+                store.free().unwrap();
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}

@@ -204,6 +204,33 @@ impl Store {
         Ok(())
     }
 
+    /// Maps the memory this process copies rows of `names` from (its own
+    /// shares, same-node peers' mappings) into its page tables ahead of
+    /// reads, at most `max_bytes` of it (a share that would pass the bound is
+    /// left out): for a forked reader (a loader's worker process), which
+    /// inherits no page tables of shared mappings and would otherwise fault
+    /// them in during its reads. A ragged variable counts both its parts.
+    /// Returns the bytes populated (see [`crate::memory::Memory::populate_read`]).
+    pub fn populate_node_shares(&self, names: &[String], max_bytes: usize) -> Result<usize> {
+        let mut vars = Vec::new();
+        for name in names {
+            if self.is_ragged(name) {
+                for part in RaggedPart::ALL {
+                    vars.push(self.var(&part.of(name))?);
+                }
+            } else {
+                vars.push(self.var(name)?);
+            }
+        }
+        let (mut left, mut done) = (max_bytes, 0);
+        for var in vars {
+            let (tried, populated) = var.populate_node_shares(left);
+            left -= tried;
+            done += populated;
+        }
+        Ok(done)
+    }
+
     /// Releases every variable; later calls fail with `Error::Freed`.
     /// Collective: every rank of the group calls it, and no rank tears its
     /// shares down before every rank has stopped reading them. The barrier is

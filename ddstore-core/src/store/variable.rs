@@ -370,6 +370,23 @@ impl Variable {
         self.node_peers.get(owner).and_then(|p| p.as_deref())
     }
 
+    /// Populates this process's page tables for the memory its copies read
+    /// (its own share, same-node peers' mappings), each while the bytes
+    /// attempted stay within `budget`; returns (bytes attempted, bytes
+    /// populated). See [`Memory::populate_read`].
+    pub(crate) fn populate_node_shares(&self, budget: usize) -> (usize, usize) {
+        let (mut tried, mut done) = (0usize, 0usize);
+        for mem in self.local.iter().chain(self.node_peers.iter().flatten()) {
+            let len = mem.mapped_len();
+            if len == 0 || tried + len > budget {
+                continue;
+            }
+            tried += len;
+            done += mem.populate_read();
+        }
+        (tried, done)
+    }
+
     /// The gather key `owner` serves this share under (`None`: one-sided).
     pub(crate) fn gather_key(&self, owner: usize) -> Option<u64> {
         self.remote.gather_key(owner)

@@ -76,6 +76,12 @@ class StoreInternals:
         read; returns how many it staged."""
         return self._native.prefetch(name, rows)
 
+    def _populate_node_shares(self, names: list, max_bytes: int) -> int:
+        """Maps the same-node memory reads of `names` copy from (own shares, same-node peers'
+        mappings) into this process's page tables, at most `max_bytes` of it: what a forked
+        reader lacks (fork() copies no page tables of shared mappings). The bytes populated."""
+        return self._native.populate_node_shares(list(names), int(max_bytes))
+
     def _stage_capacity(self, name: str) -> int:
         """Bytes of `name`'s read-ahead stage on this rank (0: it stages nothing)."""
         return self._native.stage_capacity(name)

@@ -105,4 +105,17 @@ impl PyStore {
         let (addr, len) = (arg.array.addr(), arg.array.nbytes());
         self.store.unregister_dst(&name, addr, len).py(py)
     }
+
+    /// Maps the same-node memory that reads of `names` copy from into this
+    /// process's page tables, at most `max_bytes` of it (a forked worker's
+    /// first reads fault it in otherwise); the bytes populated
+    /// (`Store::populate_node_shares`).
+    fn populate_node_shares(
+        &self,
+        py: Python<'_>,
+        names: Vec<String>,
+        max_bytes: usize,
+    ) -> PyResult<usize> {
+        self.detached(py, |s| s.populate_node_shares(&names, max_bytes))
+    }
 }

@@ -372,8 +372,11 @@ def _worker_loop(
     tasks: Any,
     answers: Any,
     done_event: Any,
+    populate: bool,
 ) -> None:
-    """One worker process: fetch (or read straight into the slot) the batches sent to it."""
+    """One worker process: fetch (or read straight into the slot) the batches sent to it. A
+    worker that outlives its epoch (`populate`) first maps the dataset's same-node shares into
+    its page tables (DistDataset._populate_node_shares): it will read most of their pages."""
     init_error = None
     fetcher = direct = None
     writer = _SlotWriter()
@@ -386,6 +389,8 @@ def _worker_loop(
         _tc.set_process_worker_info(wid, num_workers, seed, dataset)
         if init_fn is not None:
             init_fn(wid)
+        if populate and hasattr(dataset, "_populate_node_shares"):
+            dataset._populate_node_shares()
         if collate_fn is _tc.default_collate:
             collate_fn = _tc.thread_collate
         collate_fn = _tc.without_worker_info(collate_fn)
@@ -615,6 +620,7 @@ class ProcessIter(PositionTracking, _tc.BaseLoaderIter):
                         _Line(task_r, tasks_posted),
                         _Line(answer_w, self._answers_posted),
                         self._done_event,
+                        self._persistent_workers,
                     ),
                     name=f"ddstore-loader-{wid}",
                     daemon=True,
