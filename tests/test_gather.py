@@ -150,7 +150,8 @@ def test_auth_cost_bench_smoke(tmp_path):
 def test_paths_bench_smoke(tmp_path):
     """python -m pyddstore.benchmarks.paths: both paths and the plain-socket line alternated, every
     rank reading, rows checked by the bench; each line has the three times, its ratio's quartiles
-    and the gather path's ratio to the socket line, printed (the 3 KB x 128 line as a sentence)."""
+    and the gather path's ratio to the socket line, printed (the 3 KB x 128 line as a sentence, with
+    both lines' CPU time per batch)."""
     out = tmp_path / "paths.json"
     args = ["--row-sizes", "3072", "--batch-sizes", "1,128", "--rounds", "2", "--seconds", "0.02"]
     proc = run_mpi(2, "paths_run.py", *args, "--share-bytes", "1e6", "--json", str(out), timeout=240)
@@ -161,6 +162,8 @@ def test_paths_bench_smoke(tmp_path):
         assert 0 < x["ratio_q1"] <= x["ratio_median"] <= x["ratio_q3"], x
         assert x["socket_us_per_row"] > 0, x
         assert 0 < x["auto_vs_socket_q1"] <= x["auto_vs_socket"] <= x["auto_vs_socket_q3"], x
+        assert x["auto_cpu_us_per_batch"] > 0 and x["socket_cpu_us_per_batch"] > 0, x
     assert "socket us/row" in proc.stdout and "x socket" in proc.stdout, proc.stdout
+    assert "# CPU per batch: " in proc.stdout, proc.stdout
     headline = f"is {lines[1]['auto_vs_socket']:.2f}x a plain-socket gather of 128 x 3 KB rows"
     assert headline in proc.stdout, proc.stdout

@@ -14,7 +14,10 @@ are checked against the owners' data first.
 Each round also times the line a user could write in an afternoon: a plain Python program that
 gathers the same batches over TCP sockets (one request per owner and batch listing its rows, the
 owner, a process of its own per rank, packs the rows into one reply). The gather path's ratio to
-it (auto / socket) is printed and written with every line.
+it (auto / socket) is printed and written with every line, with the CPU time per batch of each
+(``auto_cpu_us_per_batch``: a rank's process, that is its reader and its owner thread serving the
+others; ``socket_cpu_us_per_batch``: the socket reader and its owner process), which a loaded machine
+moves less than the times.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import statistics
 import struct
@@ -108,11 +112,22 @@ class SocketGather:
                 _recv_into(self.conns[int(o)], memoryview(part).cast("B"))
                 out[mask] = part
 
+    def owner_cpu_s(self) -> float:
+        """CPU seconds this rank's owner process has used (user + system)."""
+        fields = open(f"/proc/{self.server.pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def close(self) -> None:
         for c in self.conns.values():
             c.close()
         self.server.kill()
         self.server.wait()
+
+
+def process_cpu_s() -> float:
+    """CPU seconds this process (all its threads) has used."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def measure(args, comm) -> list[dict]:
@@ -149,12 +164,19 @@ def measure(args, comm) -> list[dict]:
                     raise SystemExit(f"socket: wrong data for rows {batches[0][:8]}")
             fns["socket"] = lambda r, t: sockets.gather(out, r)
             per_round = {p: [] for p in fns}
+            # CPU seconds and batches per path over all rounds: this rank's process (its
+            # reader and its owner thread), plus its owner process for the socket line.
+            cpu = {p: [0.0, 0] for p in fns}
             for _ in range(args.rounds):
                 for path, fn in fns.items():
                     quiet_wait(comm)
                     if reads:
+                        cpu0 = process_cpu_s() + (sockets.owner_cpu_s() if path == "socket" else 0)
                         secs, rows = timed(fn, batches, args.seconds, 1)
+                        cpu1 = process_cpu_s() + (sockets.owner_cpu_s() if path == "socket" else 0)
                         per_round[path].append(secs / rows * 1e6)
+                        cpu[path][0] += cpu1 - cpu0
+                        cpu[path][1] += rows // batch
             if reads:
                 ratios = [a / b for a, b in zip(per_round["auto"], per_round["one-sided"])]
                 vs_socket = [a / b for a, b in zip(per_round["auto"], per_round["socket"])]
@@ -168,6 +190,8 @@ def measure(args, comm) -> list[dict]:
                         "socket_us_per_row": statistics.median(per_round["socket"]),
                         "ratios": ratios,
                         "vs_socket": vs_socket,
+                        "auto_cpu_us_per_batch": cpu["auto"][0] / cpu["auto"][1] * 1e6,
+                        "socket_cpu_us_per_batch": cpu["socket"][0] / cpu["socket"][1] * 1e6,
                     }
                 )
         quiet_wait(comm)
@@ -200,6 +224,8 @@ def summarize(per_rank: list) -> list[dict]:
                 "auto_vs_socket": statistics.median(vs_socket),
                 "auto_vs_socket_q1": vs_socket[len(vs_socket) // 4],
                 "auto_vs_socket_q3": vs_socket[(3 * len(vs_socket)) // 4],
+                "auto_cpu_us_per_batch": statistics.median(r["auto_cpu_us_per_batch"] for r in rs),
+                "socket_cpu_us_per_batch": statistics.median(r["socket_cpu_us_per_batch"] for r in rs),
             }
         )
     return out
@@ -256,6 +282,12 @@ def main(argv=None) -> None:
                 f" of 128 x 3 KB rows ({r['auto_us_per_row']:.2f} vs {r['socket_us_per_row']:.2f} us per row;"
                 f" goal: at most 1.3x)"
             )
+            if args.readers == "all":
+                print(
+                    f"# CPU per batch: {r['auto_cpu_us_per_batch']:.0f} us gathered (a rank's process: its"
+                    f" reader and its owner thread), {r['socket_cpu_us_per_batch']:.0f} us socket (reader"
+                    f" and owner processes)"
+                )
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
