@@ -508,6 +508,17 @@ pub fn read_node_peers_by_file(
     }
 }
 
+/// The locators of this host's ranks, the others' dropped: a rank keeps
+/// other hosts' locators only to publish them (a method-2 core's rank 0),
+/// as each costs about 130 bytes per rank and variable.
+pub fn same_host_only(locators: Vec<Option<NodeLocator>>) -> Vec<Option<NodeLocator>> {
+    let host = host_id();
+    locators
+        .into_iter()
+        .map(|l| l.filter(|l| l.host == host))
+        .collect()
+}
+
 /// Maps every locator on this host except rank `own`'s (`None`: read remotely).
 pub fn map_node_peers(
     locators: &[Option<NodeLocator>],
@@ -661,6 +672,18 @@ mod tests {
         peer.memory.read_at(0, &mut out).unwrap();
         assert_eq!(&out, b"old");
         assert!(!peer.state.is_live());
+    }
+
+    #[test]
+    fn only_this_hosts_locators_are_kept() {
+        let r = Region::shared("h", 4096).unwrap();
+        let here = r.locator().unwrap();
+        let elsewhere = NodeLocator {
+            host: format!("{}-other", here.host),
+            ..here.clone()
+        };
+        let kept = same_host_only(vec![Some(here.clone()), Some(elsewhere), None]);
+        assert_eq!(kept, vec![Some(here), None, None]);
     }
 
     #[test]

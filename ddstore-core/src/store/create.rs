@@ -430,7 +430,13 @@ impl Store {
                 let remote = transport.connect(prepared, &records)?;
                 let (node_peers, node_locators) = if self.config.node_sharing {
                     let views = crate::region::map_node_peers(&locators, Some(self.comm.rank()));
-                    (views, locators)
+                    let publishes = self.config.read_by_other_jobs && self.comm.rank() == 0;
+                    let kept = if publishes {
+                        locators
+                    } else {
+                        crate::region::same_host_only(locators)
+                    };
+                    (views, kept)
                 } else {
                     ((0..all.len()).map(|_| None).collect(), Vec::new())
                 };
