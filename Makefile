@@ -21,7 +21,7 @@ setup:  ## install OS and Python dependencies, build the extension into .venv
 
 DEMO_ARGS ?=
 demo:  ## the main job: 4-rank demo + VAE example on this machine (DEMO_ARGS: demo.py's options)
-	bash scripts/run-demo.sh $(DEMO_ARGS)
+	$(SETUP) && SKIP_SETUP=1 bash scripts/run-demo.sh $(DEMO_ARGS)
 
 test:  ## every test (cargo test + pytest with real multi-rank jobs)
 	bash scripts/run-tests.sh

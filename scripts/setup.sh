@@ -43,14 +43,39 @@ need=""
 for p in $want; do
     python -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('$p') is None)" 2>/dev/null || need="$need $p"
 done
+# The extension is built from these; `.venv/.pyddstore-built` is newer than all of them after a build.
+stamp=.venv/.pyddstore-built
+sources=(Cargo.toml Cargo.lock pyproject.toml ddstore-core ddstore-fabric pyddstore/Cargo.toml pyddstore/src)
+built_since_sources() { [ -f "$stamp" ] && [ -z "$(find "${sources[@]}" -newer "$stamp" -print -quit)" ]; }
+build_pid=""
 if [ -n "$need" ]; then
     echo "==> pip install$need"
     python -m pip install -q --no-cache-dir --upgrade pip >/dev/null
+    if ! built_since_sources; then
+        # The Rust build (CPU) beside the downloads below (network): maturin first, then the
+        # extension built in place in the background; `maturin develop` below finds it built.
+        python -m pip install -q --no-cache-dir -c scripts/constraints.txt maturin
+        touch "$stamp.new"
+        maturin develop --release --skip-install -q >.venv/.pyddstore-build.log 2>&1 &
+        build_pid=$!
+    fi
     # import names -> pip names (the docs toolchain: mkdocs-material + mkdocstrings)
     need=$(echo "$need" | sed -e 's/ xdist/ pytest-xdist/' -e 's/ material/ mkdocs-material/' -e 's/ mkdocstrings_handlers.python/ mkdocstrings-python/')
     python -m pip install -q --no-cache-dir -c scripts/constraints.txt $need   # the versions CI was green with
 fi
 
-echo "==> building the extension (maturin develop --release)"
-maturin develop --release -q 2>&1 | grep -v "^$" | tail -n 3
+# `maturin develop` reinstalls the package (its .pth and entry point go away for a moment), which
+# breaks a pyddstore that another process imports then (tests beside `make demo`): skipped when the
+# installed build is newer than every file it is built from (`rm .venv/.pyddstore-built` forces it).
+if [ -n "$build_pid" ]; then
+    wait "$build_pid" || { cat .venv/.pyddstore-build.log >&2; exit 1; }
+fi
+if built_since_sources && python -c "import pyddstore._native" 2>/dev/null; then
+    echo "==> the extension is up to date (built $(date -r "$stamp" '+%F %T'))"
+else
+    echo "==> building the extension (maturin develop --release)"
+    [ -f "$stamp.new" ] || touch "$stamp.new"
+    maturin develop --release -q 2>&1 | grep -v "^$" | tail -n 3
+    mv "$stamp.new" "$stamp"
+fi
 python -c "import pyddstore; print('pyddstore', pyddstore.__version__, 'ready')"
