@@ -94,26 +94,30 @@ class ListSrc(Dataset):
 
 def same(a, b, where: str = "") -> None:
     """Strict equality: same types, dtypes, shapes and values, recursively."""
-    msg = f"{where}: {a!r} != {b!r}"
+
+    def check(ok: bool) -> None:
+        # The message only on failure: repr() of a tensor costs more than the comparison.
+        assert ok, f"{where}: {a!r} != {b!r}"
+
     if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor), msg
-        assert a.dtype == b.dtype and a.shape == b.shape and a.device == b.device, msg
-        assert torch.equal(a, b), msg
+        check(isinstance(b, torch.Tensor))
+        check(a.dtype == b.dtype and a.shape == b.shape and a.device == b.device)
+        check(torch.equal(a, b))
     elif isinstance(a, np.ndarray):
-        assert type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape, msg
-        assert a.tobytes() == b.tobytes(), msg
+        check(type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape)
+        check(a.tobytes() == b.tobytes())
     elif isinstance(a, np.void):
-        assert type(a) is type(b) and a.dtype == b.dtype and a.tobytes() == b.tobytes(), msg
+        check(type(a) is type(b) and a.dtype == b.dtype and a.tobytes() == b.tobytes())
     elif isinstance(a, (tuple, list)):
-        assert type(a) is type(b) and len(a) == len(b), msg
+        check(type(a) is type(b) and len(a) == len(b))
         for k, (x, y) in enumerate(zip(a, b)):
             same(x, y, f"{where}[{k}]")
     elif isinstance(a, dict):
-        assert type(a) is type(b) and list(a) == list(b), msg
+        check(type(a) is type(b) and list(a) == list(b))
         for k in a:
             same(a[k], b[k], f"{where}[{k!r}]")
     else:
-        assert type(a) is type(b) and a == b, msg
+        check(type(a) is type(b) and a == b)
 
 
 def raises(exc, fn, *must_contain):
