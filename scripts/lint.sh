@@ -15,8 +15,5 @@ python scripts/check_stub.py
 echo "==> shellcheck (jobs/, scripts/: warnings and errors)"
 shellcheck -S warning jobs/*.sh scripts/*.sh
 echo "==> clippy"
-# Its own target dir: the test command runs this beside `cargo test`, whose build would otherwise
-# wait for clippy's lock on the shared one (and clippy's check artifacts are its own anyway).
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}/lint"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo clippy -p pyddstore -p ddstore-fabric --no-default-features --all-targets --quiet -- -D warnings

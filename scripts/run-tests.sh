@@ -86,29 +86,22 @@ join() {
 LF2_LOG=target/libfabric2-build.log
 background $LF2_LOG bash scripts/test-libfabric2.sh --build-only
 lf2_pid=$bg_pid
-lint_pid=""
 # The background jobs end with this script, whichever way it ends.
 stop_background() {
     local pid
-    for pid in $compat_pid $lf2_pid $lint_pid; do kill -- -"$pid" 2>/dev/null || true; done
+    for pid in $compat_pid $lf2_pid; do kill -- -"$pid" 2>/dev/null || true; done
 }
 trap stop_background EXIT
 
-# Lint beside cargo test: clippy checks in its own target dir (scripts/lint.sh), so neither build
-# waits for the other's lock, and the two cores stay busy while one of them links or runs tests.
-LINT_LOG=target/lint.log
-stamp "lint and cargo test (lint beside it)"
-background $LINT_LOG bash scripts/lint.sh
-lint_pid=$bg_pid
+stamp "lint"
+bash scripts/lint.sh
+stamp "cargo test"
 echo "==> cargo test"
 cargo test --workspace --exclude pyddstore --quiet
 # The binding's unit tests (its error mapping, buffer claims): built without pyo3's
 # extension-module, so they link the venv's libpython (found at run time through LIBDIR).
 LD_LIBRARY_PATH=$(python -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
     cargo test -p pyddstore --lib --quiet
-stamp "lint (ran beside cargo test)"
-join "$lint_pid" $LINT_LOG "lint"
-lint_pid=""
 stamp "libfabric 2.3.1 (built beside lint and cargo test, then its tests)"
 join "$lf2_pid" $LF2_LOG "the libfabric 2.3.1 build or its transport tests"
 lf2_pid=""

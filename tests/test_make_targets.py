@@ -8,7 +8,7 @@ OMPI_ALLOW_RUN_AS_ROOT*: each target must set what its mpirun needs.
 
 Not run here, and why:
 - test, test-long: the test command itself and its longer variants (this test runs inside it).
-- lint: scripts/run-tests.sh runs the same `bash scripts/lint.sh` (beside its cargo test).
+- lint: scripts/run-tests.sh runs the same `bash scripts/lint.sh` first.
 - fmt: rewrites the sources (lint's --check covers formatting); clean: deletes .venv and target/.
 - test-libfabric2: builds libfabric 2.3.1 from the vendored tarball (minutes).
 - test-torch-min, test-torch-latest, setup-alt: download torch 2.6 / the newest torch / litdata,
