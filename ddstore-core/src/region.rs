@@ -330,6 +330,9 @@ impl Memory for Region {
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.memory.read_at(offset, dst)
     }
+    fn read_ranges(&self, ranges: &[(u64, u64)], dst: &mut [u8]) -> Result<()> {
+        self.memory.read_ranges(ranges, dst)
+    }
     fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
         self.memory.write_at(offset, src)
     }
@@ -614,6 +617,31 @@ mod tests {
         assert_eq!(r.as_ptr() as usize % 4096, 0);
         assert!(r.read_at(98, &mut out).is_err());
         assert!(r.write_at(usize::MAX, &out).is_err());
+    }
+
+    #[test]
+    fn scattered_ranges_pack_in_order_up_to_the_last_byte() {
+        // A gather reply's packing: rows from anywhere, the last one ending the region
+        // (where the next range's prefetch must stay inside it), and a range past it refused.
+        let len = 3 * PAGE + 100;
+        let r = Region::anonymous(len).unwrap();
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+        r.write_at(0, &bytes).unwrap();
+        let ranges = [
+            (5000u64, 3000u64),
+            (0, 10),
+            (len as u64 - 1500, 1500),
+            (4096, 1),
+        ];
+        let mut out = vec![0u8; 4511];
+        r.read_ranges(&ranges, &mut out).unwrap();
+        let want: Vec<u8> = ranges
+            .iter()
+            .flat_map(|&(o, l)| bytes[o as usize..(o + l) as usize].to_vec())
+            .collect();
+        assert_eq!(out, want);
+        let past = [(0u64, 10u64), (len as u64 - 5, 10)];
+        assert!(r.read_ranges(&past, &mut [0u8; 20]).is_err());
     }
 
     #[test]
