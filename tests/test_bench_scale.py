@@ -72,6 +72,24 @@ def test_scale_bench_runs_jobs_and_reports_every_rank(tmp_path):
     assert "descriptors per rank" in proc.stdout and "GiB per node of 8 ranks" in proc.stdout, proc.stdout
 
 
+def test_idle_threads_are_timed_at_each_descriptor_count():
+    """--idle-threads: a lone tcp store holding 64, 512 and 2,100 descriptors, its own threads
+    (the silent-connection sweeper among them) listed with the CPU they used."""
+    from pyddstore.benchmarks.scale import IDLE_FDS
+
+    cmd = [sys.executable, "-m", "pyddstore.benchmarks.scale", "--idle-threads", "--idle-seconds", "0.3"]
+    proc = subprocess.run(
+        cmd, env=_env({"OMPI_COMM_WORLD_SIZE": None}), capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if "descriptors:" in line]
+    assert len(lines) == len(IDLE_FDS), proc.stdout
+    for want, line in zip(IDLE_FDS, lines):
+        held = int(line.split("descriptors:")[0].replace(",", ""))
+        assert want - 2 <= held <= want + 2, line
+        assert "ddstore-silent" in line, line
+
+
 @pytest.mark.slow
 @pytest.mark.serial
 def test_scale_bench_on_the_virtual_cluster(tmp_path):

@@ -352,7 +352,9 @@ def test_extra_reads_of_freed_variables_raise(fabric, handshake_dir):
         args = ["--hs", str(handshake_dir), "--n-core", "2"]
         for tag, extra, more in [
             ("shm", {"DDSTORE_SHM": "1"}, ["--race"]),
-            ("fabric", {"DDSTORE_SHM": "0", "DDSTORE_TIMEOUT_S": "5"}, []),
+            # 15 s: a fresh join's first one-sided reads over shm timed out at 5 s once (fi_read
+            # kept returning FI_EAGAIN) beside the test command's pool of 4 workers on 2 cores.
+            ("fabric", {"DDSTORE_SHM": "0", "DDSTORE_TIMEOUT_S": "15"}, []),
         ]:
             cmd = [sys.executable, str(SCRIPTS / "m2_free_extra.py"), *args, "--tag", tag, *more]
             extras[tag] = subprocess.Popen(

@@ -22,7 +22,10 @@ times on an oversubscribed node measure the node; CPU times and counts measure a
 
 It also prints the bytes of the files a method-2 core job publishes at 1,024 to 65,536 core
 ranks (the store's address file, once, and a variable's record), from synthetic shares through
-the publisher's own encoding; ``--method2-files`` prints only those.
+the publisher's own encoding; ``--method2-files`` prints only those. ``--idle-threads`` prints
+only the CPU a store's own threads spend while nobody reads, in a lone tcp store holding 64 to
+2,100 descriptors (a rank at 16,384 ranks with the default set of live connections holds about
+2,100): what a rank pays in the background whatever the job does.
 """
 
 from __future__ import annotations
@@ -609,6 +612,58 @@ def print_method2_files() -> list:
     return rows
 
 
+# Descriptors a lone store holds while its threads are timed (--idle-threads).
+IDLE_FDS = (64, 512, 2100)
+IDLE_CODE = """
+import glob, json, os, resource, sys, time
+import numpy as np
+from pyddstore import PyDDStore
+want, seconds = int(sys.argv[1]), float(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_NOFILE, (max(want + 64, 1024),) * 2)
+store = PyDDStore(None, method=1)
+store.add("x", np.zeros((16, 8), np.float32))
+held = [os.open(os.devnull, os.O_RDONLY) for _ in range(max(0, want - len(os.listdir("/proc/self/fd"))))]
+def cpu():
+    out = {}
+    for task in glob.glob("/proc/self/task/*/stat"):
+        head, _, rest = open(task).read().rpartition(")")
+        name, f = head.partition("(")[2], rest.split()
+        if name.startswith("ddstore"):
+            out[name] = out.get(name, 0) + (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+time.sleep(1)
+before = cpu()
+time.sleep(seconds)
+after = cpu()
+fds = len(os.listdir("/proc/self/fd")) - 1
+print(json.dumps({"fds": fds, "cpu_pct": {k: 100 * (after[k] - before.get(k, 0)) / seconds for k in after}}))
+store.free()
+"""
+
+
+def idle_threads(seconds: float = 5.0) -> list:
+    """Per descriptor count in IDLE_FDS: the percent of a core each of a lone method-1 tcp store's
+    threads (ddstore-*) used over `seconds` with nothing read, in a process of its own."""
+    env = _env({"DDSTORE_SHM": "0", "DDSTORE_FABRIC": "tcp"})
+    rows = []
+    for want in IDLE_FDS:
+        got = subprocess.run(
+            [sys.executable, "-c", IDLE_CODE, str(want), str(seconds)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120 + seconds,
+        )
+        if got.returncode != 0:
+            raise SystemExit(f"--idle-threads at {want} descriptors failed:\n{got.stderr[-2000:]}")
+        rows.append(json.loads(got.stdout.strip().splitlines()[-1]))
+    print("# a lone tcp store's threads while nobody reads (percent of a core)")
+    for r in rows:
+        each = ", ".join(f"{k} {v:.1f}%" for k, v in sorted(r["cpu_pct"].items()))
+        print(f"  {r['fds']:>6,} descriptors: {sum(r['cpu_pct'].values()):.1f}% ({each})")
+    return rows
+
+
 def measure(configs: list[str], ranks: list[int], args, shims: dict, cluster=None, nodes: int = 1) -> dict:
     where = f"{nodes} virtual nodes" if cluster is not None else "one node"
     mem = _mem_total_mib()
@@ -666,9 +721,14 @@ def main(argv=None) -> None:
     )
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--method2-files", action="store_true", help="print only method 2's file sizes")
+    ap.add_argument("--idle-threads", action="store_true", help="print only a lone store's background CPU")
+    ap.add_argument("--idle-seconds", type=float, default=5.0, help="time per --idle-threads line")
     args = ap.parse_args(argv)
     if args.method2_files:
         print_method2_files()
+        return
+    if args.idle_threads:
+        idle_threads(args.idle_seconds)
         return
     if os.environ.get("OMPI_COMM_WORLD_SIZE"):
         raise SystemExit("the scale bench starts its own jobs: run it as a plain process, not under mpirun")

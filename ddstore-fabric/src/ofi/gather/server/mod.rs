@@ -135,6 +135,9 @@ pub struct Server {
     peers: HashMap<sys::fi_addr_t, Peer>,
     /// Peers with queued replies, in turn.
     ready: VecDeque<sys::fi_addr_t>,
+    /// Peers whose last send was refused (their `retry_at` set): what the
+    /// next completion looks at, not every peer (4,096 at the reader cap).
+    refused: HashSet<sys::fi_addr_t>,
     queued_total: usize,
     /// Bytes of packed replies held (built and queued, being read from a
     /// spill file, or in flight).
@@ -195,6 +198,7 @@ impl Server {
             free_sends: (0..SEND_SLOTS).rev().collect(),
             peers: HashMap::new(),
             ready: VecDeque::new(),
+            refused: HashSet::new(),
             queued_total: 0,
             packed_held: 0,
             freed_since_trim: 0,
@@ -295,11 +299,15 @@ impl Server {
                     // The provider made progress: refused sends of addresses
                     // with sends in flight (connected) or just completed may
                     // go now; the others wait out their time.
-                    for p in self.peers.values_mut() {
-                        if !p.is_stuck() {
+                    let peers = &mut self.peers;
+                    self.refused.retain(|a| match peers.get_mut(a) {
+                        Some(p) if !p.is_stuck() => {
                             p.retry_at = None;
+                            false
                         }
-                    }
+                        Some(_) => true,
+                        None => false,
+                    });
                 }
                 n > 0
             }

@@ -331,6 +331,7 @@ impl Server {
                         self.recycle(buf);
                     }
                 }
+                self.refused.insert(peer);
                 self.requeue(peer, reply);
                 Flushed::Later
             }
