@@ -199,6 +199,7 @@ LONGEST = {
     "test_torch_graphs.py::test_method2_reader_job": 15,
     "test_load.py::test_snapshot_other_rank_counts_and_damage": 15,
     "test_spill.py::test_a_128_mib_budget_holds_with_same_node_reads_of_the_peers_rows": 23,
+    "test_bench_scale.py::test_idle_threads_are_timed_at_each_descriptor_count": 12,
 }
 
 
