@@ -13,7 +13,7 @@ use crate::{Error, Result};
 
 /// A page: shares are page-aligned; `populate` aligns to it.
 pub(crate) const PAGE: usize = 4096;
-/// Bytes of the next range [`RawMemory`]'s `read_ranges` prefetches: the
+/// Bytes of the next range [`RawMemory`] prefetches in `read_ranges`: the
 /// first 1 KiB of a row; the hardware prefetcher follows on from there (a
 /// 128 x 3 KB gather reply packed 10-15% faster, alternated call by call).
 const PREFETCH_BYTES: usize = 1024;
@@ -39,12 +39,21 @@ pub trait Memory: Send + Sync {
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()>;
     /// Copies `src` to `offset`; out of range is an error.
     fn write_at(&self, offset: usize, src: &[u8]) -> Result<()>;
+    /// A hint that `offset..offset + len` is read next (memory the CPU can
+    /// fetch ahead); nothing by default.
+    fn prefetch(&self, offset: usize, len: usize) {
+        let _ = (offset, len);
+    }
     /// Copies `ranges` (offset, length) one after another into `dst` (their
-    /// lengths add up to `dst.len()`); a spilled share reads its file's
-    /// ranges many at a time.
+    /// lengths add up to `dst.len()`), asking for each next range while the
+    /// current one is copied ([`Memory::prefetch`]); a spilled share reads
+    /// its file's ranges many at a time.
     fn read_ranges(&self, ranges: &[(u64, u64)], dst: &mut [u8]) -> Result<()> {
         let mut at = 0usize;
-        for &(off, len) in ranges {
+        for (i, &(off, len)) in ranges.iter().enumerate() {
+            if let Some(&(next, next_len)) = ranges.get(i + 1) {
+                self.prefetch(next as usize, next_len as usize);
+            }
             let len = len as usize;
             self.read_at(off as usize, &mut dst[at..at + len])?;
             at += len;
@@ -167,8 +176,11 @@ impl RawMemory {
         };
     }
 
-    /// Hints the CPU to fetch the first [`PREFETCH_BYTES`] of `offset..offset
-    /// + len` into its caches (nothing outside this memory; a no-op off x86-64).
+    /// Hints the CPU to fetch up to [`PREFETCH_BYTES`] of the `len` bytes at
+    /// `offset` into its caches (nothing outside this memory; a no-op off
+    /// x86-64): a gather reply packs rows from random places of the share,
+    /// and the hardware prefetcher only finds a row's lines once the copy has
+    /// missed on its first ones.
     fn prefetch(&self, offset: usize, len: usize) {
         #[cfg(target_arch = "x86_64")]
         {
@@ -239,21 +251,8 @@ impl Memory for RawMemory {
         unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
-    /// As the default, but asks the CPU for the start of each next range
-    /// while the current one is copied: a gather reply packs rows from
-    /// random places of the share, and the hardware prefetcher only finds a
-    /// row's lines once the copy has missed on its first ones.
-    fn read_ranges(&self, ranges: &[(u64, u64)], dst: &mut [u8]) -> Result<()> {
-        let mut at = 0usize;
-        for (i, &(off, len)) in ranges.iter().enumerate() {
-            if let Some(&(next, next_len)) = ranges.get(i + 1) {
-                self.prefetch(next as usize, next_len as usize);
-            }
-            let len = len as usize;
-            self.read_at(off as usize, &mut dst[at..at + len])?;
-            at += len;
-        }
-        Ok(())
+    fn prefetch(&self, offset: usize, len: usize) {
+        RawMemory::prefetch(self, offset, len)
     }
     fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
         if !self.writable {

@@ -330,8 +330,8 @@ impl Memory for Region {
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.memory.read_at(offset, dst)
     }
-    fn read_ranges(&self, ranges: &[(u64, u64)], dst: &mut [u8]) -> Result<()> {
-        self.memory.read_ranges(ranges, dst)
+    fn prefetch(&self, offset: usize, len: usize) {
+        self.memory.prefetch(offset, len)
     }
     fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
         self.memory.write_at(offset, src)

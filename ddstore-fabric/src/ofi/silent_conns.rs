@@ -157,7 +157,7 @@ impl Sweeper {
                 continue;
             }
             let counting = Instant::now();
-            let (open, mut listed) = match open_fd_count() {
+            let (open, listed) = match open_fd_count() {
                 Some(n) => (n, None),
                 None => {
                     let fds = self.list();
@@ -168,7 +168,7 @@ impl Sweeper {
             let burst = open > count + SILENT_CAP / 2;
             count = open;
             if burst || Instant::now() >= next {
-                let fds = listed.take().unwrap_or_else(|| self.list());
+                let fds = listed.unwrap_or_else(|| self.list());
                 next = Instant::now() + self.sweep(ports, fds);
             }
         }
