@@ -12,7 +12,7 @@
 //! (`fi_av_remove`) and reconnected on their next read, slower but correct,
 //! and the first time that happens one warning names the limit.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -33,8 +33,12 @@ pub struct EndpointPool {
     idle: Mutex<Vec<Live>>,
     /// Endpoints lent now (counted under `idle`'s lock).
     lent: Mutex<usize>,
-    /// Signalled when an endpoint comes back.
+    /// Signalled when an endpoint comes back, only while a reader waits
+    /// for one: a `Condvar` notify is a system call even with nobody
+    /// waiting, and every batch gives its endpoint back.
     returned: Condvar,
+    /// Readers in [`EndpointPool::take`] that may wait for an endpoint.
+    waiting: AtomicUsize,
     quarantined: Mutex<Vec<Live>>,
     /// `DDSTORE_MAX_CONNECTIONS` (0: as many as the descriptor limit allows,
     /// at most [`fd_limit::DEFAULT_MAX_CONNECTIONS`]).
@@ -56,6 +60,7 @@ impl EndpointPool {
             idle: Mutex::new(Vec::new()),
             lent: Mutex::new(0),
             returned: Condvar::new(),
+            waiting: AtomicUsize::new(0),
             quarantined: Mutex::new(Vec::new()),
             max_connections,
         })
@@ -84,7 +89,11 @@ impl EndpointPool {
                 *lock(&self.lent) += 1;
                 return Ok(idle.swap_remove(i));
             }
+            // Counted as waiting before `lent` is read: an endpoint that
+            // comes back after that read sees the count and wakes us.
+            self.waiting.fetch_add(1, Ordering::SeqCst);
             if *lock(&self.lent) == 0 || fd_limit::room_for_endpoint(peers) {
+                self.waiting.fetch_sub(1, Ordering::SeqCst);
                 break;
             }
             idle = self
@@ -92,6 +101,7 @@ impl EndpointPool {
                 .wait_timeout(idle, WAIT_FOR_ENDPOINT)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
         }
         *lock(&self.lent) += 1;
         drop(idle);
@@ -105,9 +115,16 @@ impl EndpointPool {
 
     /// One lent endpoint is back (or gone): a waiting reader may go on.
     fn came_back(&self) {
-        let mut lent = lock(&self.lent);
-        *lent = lent.saturating_sub(1);
-        self.returned.notify_one();
+        {
+            let mut lent = lock(&self.lent);
+            *lent = lent.saturating_sub(1);
+        }
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            // A waiter holds `idle` until it sleeps: taking it here means
+            // the notification cannot fall between its check and its sleep.
+            drop(lock(&self.idle));
+            self.returned.notify_one();
+        }
     }
 
     /// Closes the idle endpoints now, reporting the first failure;
