@@ -9,7 +9,8 @@
 // the exchanges. Measured on libfabric 1.17 and 2.3.1: one connection each, every run.
 // A second argument `evict` then has side 0 remove the peer from its AV and insert it again (with
 // FI_AV_REMOVE_CLEANUP=1: rxm closes the connection), as the bounded set of live connections
-// does, and both sides exchange once more over a new connection.
+// does, and both sides exchange once more over a new connection. A round that does not complete
+// within 5 s is reported (exit status 2).
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -19,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define CHECK(call)                                                                        \
@@ -95,11 +97,16 @@ static void side(int me, int to_peer, int from_peer, int rounds, int evict) {
         while ((sent = fi_tsend(ep, out, sizeof out, NULL, peer, 7, out)) == -FI_EAGAIN)
             fi_cq_read(cq, NULL, 0);
         CHECK((int)sent);
+        time_t deadline = time(NULL) + 5;
         for (int done = 0; done < 2;) {
             struct fi_cq_tagged_entry entry;
             ssize_t n = fi_cq_read(cq, &entry, 1);
             if (n > 0) {
                 done++;
+            } else if (n == -FI_EAGAIN && time(NULL) > deadline) {
+                fprintf(stderr, "side %d: round %d did not complete within 5 s (a message lost)\n",
+                        me, r);
+                exit(2);
             } else if (n != -FI_EAGAIN) {
                 struct fi_cq_err_entry err = {0};
                 fi_cq_readerr(cq, &err, 0);
