@@ -17,11 +17,13 @@ def main():
     report = {"rank": store.rank}
     t0 = time.monotonic()
     if store.rank == late:
-        time.sleep(timeout + 8)  # past the others' timeout and grace
+        # Past the others' timeout, grace and verdict even on a loaded machine: a late rank that
+        # came while they still agreed on the verdict failed once in CI before they printed.
+        time.sleep(timeout + 15)
         try:
-            store.barrier()  # the others' barrier is still posted: it may pass, or time out
+            store.barrier()  # the others' barrier is still posted: it may pass, or fail
             report["late"] = "passed"
-        except pyddstore.DDStoreTimeoutError as e:
+        except pyddstore.DDStoreError as e:
             report["late"] = str(e)
     else:
         try:
