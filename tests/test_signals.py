@@ -55,6 +55,10 @@ def child_env() -> dict:
     return env
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(tmp_path, mode: str, *flags: str):
     """The child, started in `tmp_path`, once it reported ready: (process, its report)."""
     if "preloaded" in flags and ctypes.util.find_library("infinipath") is None:
@@ -66,6 +70,9 @@ def start(tmp_path, mode: str, *flags: str):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As a terminal's command starts: a test run started in the background by a shell
+        # without job control inherits SIGINT ignored, and Python then installs no handler.
+        preexec_fn=_sigint_default,
     )
     line = proc.stdout.readline()
     if not line.startswith("ready "):
