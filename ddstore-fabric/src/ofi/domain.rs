@@ -52,6 +52,11 @@ impl Domain {
         }))
     }
 
+    /// The fabric it was opened in.
+    pub(crate) fn fabric(&self) -> &Arc<Fabric> {
+        &self.fabric
+    }
+
     /// The `fi_info` entry this domain was opened with (as the provider returned it).
     pub fn info(&self) -> InfoEntry<'_> {
         self.fabric.info().first()
