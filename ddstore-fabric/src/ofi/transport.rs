@@ -762,7 +762,10 @@ mod tests {
         let node = node_over("tcp;ofi_rxm");
         assert!(node.domain.info().manual_data_progress());
         assert!(!Arc::ptr_eq(node.readers.domain(), &node.domain));
-        assert!(Arc::ptr_eq(node.readers.domain().fabric(), node.domain.fabric()));
+        assert!(Arc::ptr_eq(
+            node.readers.domain().fabric(),
+            node.domain.fabric()
+        ));
         node.close().unwrap();
     }
 }
