@@ -151,7 +151,7 @@ from pyddstore import _native
 libc = ctypes.CDLL(None)
 libc.getenv.restype = ctypes.c_char_p
 names = ["FI_CXI_DISABLE_HOST_REGISTER", "FI_UNIVERSE_SIZE", "FI_OFI_RXM_BUFFER_SIZE",
-         "FI_OFI_RXM_EAGER_LIMIT", "FI_MR_CACHE_MONITOR"]
+         "FI_OFI_RXM_EAGER_LIMIT", "FI_TCP_MAX_RX_SIZE", "FI_MR_CACHE_MONITOR"]
 env = lambda: {n: (libc.getenv(n.encode()) or b"").decode() for n in names}
 before = _native.libfabric_env()
 at_import = env()
@@ -165,7 +165,14 @@ print(json.dumps({"before": before, "at_import": at_import, "after": after}))
 def _libfabric_run(extra: dict) -> dict:
     import json
 
-    prefixes = ("DDSTORE_", "FI_MR_CACHE", "FI_UNIVERSE", "FI_OFI_RXM_", "FI_CXI_DISABLE_HOST_REGISTER")
+    prefixes = (
+        "DDSTORE_",
+        "FI_MR_CACHE",
+        "FI_UNIVERSE",
+        "FI_OFI_RXM_",
+        "FI_TCP_MAX_RX",
+        "FI_CXI_DISABLE_HOST_REGISTER",
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
     env.update({"DDSTORE_MPI": "0", **extra})
     proc = subprocess.run(
@@ -184,6 +191,7 @@ def test_libfabric_defaults_are_set_at_import_before_the_fabric_starts():
     imp = got["at_import"]
     assert imp["FI_CXI_DISABLE_HOST_REGISTER"] == "1" and imp["FI_OFI_RXM_BUFFER_SIZE"] == "1024", imp
     assert imp["FI_UNIVERSE_SIZE"] == "16" and imp["FI_OFI_RXM_EAGER_LIMIT"] == "65536", imp
+    assert imp["FI_TCP_MAX_RX_SIZE"] == "1024", imp
     assert imp["FI_MR_CACHE_MONITOR"] == "memhooks", imp
     # ...and libfabric started (the store's first fi_getinfo) only after them.
     assert got["after"]["started_after_defaults"] is True, got
@@ -206,6 +214,7 @@ def test_libfabric_defaults_keep_what_the_user_set():
     assert got["at_import"]["FI_UNIVERSE_SIZE"] == "" and got["at_import"]["FI_OFI_RXM_BUFFER_SIZE"] == "", (
         got
     )
+    assert got["at_import"]["FI_TCP_MAX_RX_SIZE"] == "", got
 
 
 def test_file_comm_timeout_is_checked_as_its_setting_is(tmp_path):

@@ -34,6 +34,10 @@ pub const PROVIDER_SIGNAL_VARIABLES: [&str; 2] = ["IPATH_NO_BACKTRACE", "HFI_NO_
 /// rxm's receive buffer size for the (control-only) messages of a store.
 pub(crate) const RXM_BUFFER_BYTES: usize = 1024;
 
+/// libfabric 2.x tcp's buffer size (`FI_TCP_MAX_RX_SIZE`): rxm's, which posts
+/// the receives; each domain's pool of 1,024 transfers holds one buffer each.
+const TCP_RX_BUFFER_BYTES: usize = RXM_BUFFER_BYTES;
+
 /// What [`apply_libfabric_defaults`] did, for `python -m pyddstore info` and tests.
 #[derive(Clone, Debug, Default)]
 pub struct Applied {
@@ -85,7 +89,10 @@ pub(crate) fn universe_size_for(config: &Config) -> usize {
 ///   connection it means to close).
 /// - over tcp, `FI_OFI_RXM_EAGER_LIMIT` = `DDSTORE_MAX_READ_BYTES`: gather
 ///   replies go eager, straight into the reader's posted buffer (1 x 3 KB
-///   rows 130 -> 60 µs, measured with `python -m pyddstore.bench`).
+///   rows 130 -> 60 µs, measured with `python -m pyddstore.bench`; libfabric
+///   1.x: 2.x has no such variable), and `FI_TCP_MAX_RX_SIZE=1024` (libfabric
+///   2.x: tcp's buffers, in a pool of 1,024 per domain and its receives, 16 KiB
+///   each by default: 234 -> 80 MiB per 4-rank process; 1.x has no such variable).
 ///
 /// With `DDSTORE_FABRIC` unset the provider is chosen later, among cxi, efa,
 /// opx, verbs and tcp: on a machine with no such NIC ([`rdma_nic_present`])
@@ -150,6 +157,7 @@ fn defaults_for_machine(
         }
         if p.starts_with("tcp") {
             out.push(("FI_OFI_RXM_EAGER_LIMIT", config.max_read_bytes.to_string()));
+            out.push(("FI_TCP_MAX_RX_SIZE", TCP_RX_BUFFER_BYTES.to_string()));
         }
     }
     out
@@ -183,8 +191,12 @@ pub fn reason(name: &str) -> &'static str {
              job has more ranks than the set (DDSTORE_MAX_CONNECTIONS)"
         }
         "FI_OFI_RXM_EAGER_LIMIT" => {
-            "tcp: gather replies up to DDSTORE_MAX_READ_BYTES go eager, straight into the \
-             reader's buffer (1 x 3 KB rows 130 -> 60 us)"
+            "tcp (libfabric 1.x): gather replies up to DDSTORE_MAX_READ_BYTES go eager, \
+             straight into the reader's buffer (1 x 3 KB rows 130 -> 60 us)"
+        }
+        "FI_TCP_MAX_RX_SIZE" => {
+            "tcp (libfabric 2.x): its transfer pools and receives hold buffers of this size, \
+             16 KiB each by default (234 -> 80 MiB per 4-rank process, same read speed)"
         }
         _ => "",
     }
@@ -311,9 +323,11 @@ mod tests {
         assert!(tcp.contains(&("FI_OFI_RXM_BUFFER_SIZE", "1024".into())));
         assert!(tcp.contains(&("FI_AV_REMOVE_CLEANUP", "1".into())));
         assert!(tcp.contains(&("FI_OFI_RXM_EAGER_LIMIT", "4096".into())));
+        assert!(tcp.contains(&("FI_TCP_MAX_RX_SIZE", "1024".into())));
         let verbs = names(&[("DDSTORE_FABRIC", "verbs")]);
         assert!(verbs.iter().any(|(k, _)| *k == "FI_UNIVERSE_SIZE"));
         assert!(!verbs.iter().any(|(k, _)| *k == "FI_OFI_RXM_EAGER_LIMIT"));
+        assert!(!verbs.iter().any(|(k, _)| *k == "FI_TCP_MAX_RX_SIZE"));
         let fork = names(&[
             ("DDSTORE_FORK_WORKERS", "1"),
             ("FI_MR_CACHE_MONITOR", "kdreg2"),
