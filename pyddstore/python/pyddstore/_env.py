@@ -15,7 +15,8 @@ The libfabric variables pyddstore defaults (``FI_CXI_DISABLE_HOST_REGISTER``,
 ``FI_MR_CACHE_MONITOR`` with ``DDSTORE_FORK_WORKERS=1``, and for rxm providers
 ``FI_UNIVERSE_SIZE``, ``FI_OFI_RXM_BUFFER_SIZE``, ``FI_AV_REMOVE_CLEANUP``,
 ``FI_OFI_RXM_EAGER_LIMIT`` and ``FI_TCP_MAX_RX_SIZE`` over tcp) are set by the extension when it
-is imported, before any thread of pyddstore or libfabric exists (``ddstore_fabric::ofi::env``; ``_native.libfabric_env()`` says what it set).
+is imported, before any thread of pyddstore or libfabric exists (``ddstore_fabric::ofi::env``;
+``_native.libfabric_env()`` says what it set).
 """
 
 from __future__ import annotations
