@@ -34,10 +34,6 @@ pub const PROVIDER_SIGNAL_VARIABLES: [&str; 2] = ["IPATH_NO_BACKTRACE", "HFI_NO_
 /// rxm's receive buffer size for the (control-only) messages of a store.
 pub(crate) const RXM_BUFFER_BYTES: usize = 1024;
 
-/// libfabric 2.x tcp's buffer size (`FI_TCP_MAX_RX_SIZE`): rxm's, which posts
-/// the receives; each domain's pool of 1,024 transfers holds one buffer each.
-const TCP_RX_BUFFER_BYTES: usize = RXM_BUFFER_BYTES;
-
 /// What [`apply_libfabric_defaults`] did, for `python -m pyddstore info` and tests.
 #[derive(Clone, Debug, Default)]
 pub struct Applied {
@@ -157,7 +153,9 @@ fn defaults_for_machine(
         }
         if p.starts_with("tcp") {
             out.push(("FI_OFI_RXM_EAGER_LIMIT", config.max_read_bytes.to_string()));
-            out.push(("FI_TCP_MAX_RX_SIZE", TCP_RX_BUFFER_BYTES.to_string()));
+            // libfabric 2.x tcp's buffers (each domain's pool of 1,024 transfers, and
+            // its receives): rxm's size, as rxm posts the receives.
+            out.push(("FI_TCP_MAX_RX_SIZE", RXM_BUFFER_BYTES.to_string()));
         }
     }
     out

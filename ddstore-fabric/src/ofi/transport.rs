@@ -743,23 +743,19 @@ impl RemoteShares for OfiShares {
 mod tests {
     use super::*;
 
-    fn node_over(provider: &str) -> Node {
-        let request = InfoRequest {
-            provider: Some(provider.into()),
-            node: Some("127.0.0.1".into()),
-            tagged: true,
-            ..Default::default()
-        };
-        let info = Info::query(&request).expect("the provider on loopback");
-        let timeout = std::time::Duration::from_secs(5);
-        Node::open(&info, true, timeout, 64, &Arc::default(), 1024).expect("a node")
-    }
-
     #[test]
     fn readers_have_a_domain_of_their_own_where_progress_is_manual() {
         // tcp;ofi_rxm (manual progress): the readers' endpoints and the
         // gather server's progress thread never share a domain's progress.
-        let node = node_over("tcp;ofi_rxm");
+        let request = InfoRequest {
+            provider: Some("tcp;ofi_rxm".into()),
+            node: Some("127.0.0.1".into()),
+            tagged: true,
+            ..Default::default()
+        };
+        let info = Info::query(&request).expect("tcp;ofi_rxm on loopback");
+        let timeout = std::time::Duration::from_secs(5);
+        let node = Node::open(&info, true, timeout, 64, &Arc::default(), 1024).expect("a node");
         assert!(node.domain.info().manual_data_progress());
         assert!(!Arc::ptr_eq(node.readers.domain(), &node.domain));
         assert!(Arc::ptr_eq(
