@@ -18,7 +18,7 @@ if [ -n "${LIBFABRIC_HOME:-}" ]; then
 fi
 cc -O1 -o "$dir/conn_memory" "$(dirname "$0")/conn_memory.c" "${flags[@]}"
 export FI_TCP_IFACE=${FI_TCP_IFACE:-lo} FI_PROVIDER='tcp;ofi_rxm'
-export FI_UNIVERSE_SIZE=16 FI_OFI_RXM_BUFFER_SIZE=1024 FI_OFI_RXM_MSG_RX_SIZE=64
+export FI_UNIVERSE_SIZE=16 FI_OFI_RXM_BUFFER_SIZE=1024 FI_TCP_MAX_RX_SIZE=1024
 for setting in "$@"; do export "${setting?}"; done
 if [ "$mode" = in ]; then
     "$dir/conn_memory" spokes "$peers" "$dir" &
